@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Builds the real components Selkie's tests run against, from their published Go modules:
+#   kube-apiserver + kubectl  from k8s.io/kubernetes (staging modules replaced by their published tags)
+#   etcd                      from go.etcd.io/etcd/server/v3
+# Each build lives in a cache outside the repository, keyed by version:
+#   ${SELKIE_CACHE_DIR:-~/.cache/selkie}/components/<name>-<version>/bin/
+# A finished build is marked by a stamp file, so a second run only checks the stamp (seconds).
+# Concurrent runs serialise on a lock file. Prints `<name>=<bin-dir>` and `<name>_version=<version>`
+# per component on stdout; progress and errors go to stderr.
+#
+# usage: build-components.sh [kubernetes|etcd|all]      (default: all)
+set -euo pipefail
+
+K8S_VERSION="${SELKIE_K8S_VERSION:-1.35.4}"
+ETCD_VERSION="${SELKIE_ETCD_VERSION:-3.6.16}"
+CACHE_DIR="${SELKIE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/selkie}/components"
+# Bump when the recipe below changes, so cached builds made by an older recipe are rebuilt.
+RECIPE=1
+
+log() { printf '[build-components] %s\n' "$*" >&2; }
+die() { printf '[build-components] error: %s\n' "$*" >&2; exit 1; }
+
+command -v go >/dev/null || die "go is not on PATH; the components are built from Go modules (install Go 1.24+)"
+mkdir -p "$CACHE_DIR"
+
+# run_logged NAME DIR CMD...: runs CMD in DIR with output to DIR/build.log; on failure names the
+# component and command and shows the tail of the log, then exits non-zero.
+run_logged() {
+  local name=$1 dir=$2; shift 2
+  if ! (cd "$dir" && "$@") >>"$dir/build.log" 2>&1; then
+    printf '[build-components] error: building %s failed: %s\n--- last 30 lines of %s ---\n' \
+      "$name" "$*" "$dir/build.log" >&2
+    tail -n 30 "$dir/build.log" >&2
+    exit 1
+  fi
+}
+
+# with_cache NAME VERSION BUILD_FN: runs BUILD_FN in a fresh work dir unless the stamp says this exact
+# version and recipe are already built; publishes the result atomically.
+with_cache() {
+  local name=$1 version=$2 build_fn=$3
+  local dest="$CACHE_DIR/$name-$version" stamp="$CACHE_DIR/$name-$version/.stamp"
+  local want="name=$name version=$version recipe=$RECIPE"
+  exec {lock}>"$CACHE_DIR/.$name-$version.lock"
+  flock "$lock"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    log "$name $version: cached in $dest"
+  else
+    local work="$CACHE_DIR/.$name-$version.work"
+    rm -rf "$work" && mkdir -p "$work"
+    log "$name $version: building in $work (cold builds take minutes; log: $work/build.log)"
+    local start=$SECONDS
+    "$build_fn" "$work" "$version"
+    printf '%s\n' "$want" >"$work/.stamp"
+    local secs=$((SECONDS - start))
+    printf 'build_seconds=%s\nbin_bytes=%s\n' "$secs" "$(du -sb "$work/bin" | cut -f1)" >"$work/build-stats"
+    rm -rf "$dest" && mv "$work" "$dest"
+    log "$name $version: built in ${secs}s, binaries $(du -sh "$dest/bin" | cut -f1)"
+  fi
+  flock -u "$lock"
+  printf '%s=%s\n%s_version=%s\n' "$name" "$dest/bin" "$name" "$version"
+}
+
+build_kubernetes() {
+  local work=$1 version=$2 minor
+  minor=${version#1.}; minor=${minor%%.*}
+  printf 'module local/selkie-k8s-tools\n\ngo 1.24\n' >"$work/go.mod"
+  # The module proxy serves kubernetes' go.mod verbatim, replace lines included: every staging
+  # module it maps to ./staging/src is replaced with its published v0.<minor>.<patch> tag.
+  run_logged kubernetes "$work" sh -c "go mod download -json 'k8s.io/kubernetes@v$version' >download.json; rc=\$?; cat download.json; exit \$rc"
+  local gomod
+  gomod=$(sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' "$work/download.json")
+  [[ -f "$gomod" ]] || die "kubernetes v$version: the module proxy gave no go.mod (see $work/download.json)"
+  local mods
+  mods=$(sed -n 's|^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => \./staging/src/.*|\1|p' "$gomod")
+  [[ -n "$mods" ]] || die "kubernetes v$version: no staging replace lines found in $gomod"
+  local m
+  for m in $mods; do
+    run_logged kubernetes "$work" go mod edit "-replace=$m=$m@v0.${version#1.}"
+  done
+  run_logged kubernetes "$work" go mod edit "-require=k8s.io/kubernetes@v$version"
+  cat >"$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+  run_logged kubernetes "$work" go mod tidy
+  local ld="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $p.gitVersion=v$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+  done
+  mkdir -p "$work/bin"
+  run_logged kubernetes "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o bin/ \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+}
+
+build_etcd() {
+  local work=$1 version=$2
+  printf 'module local/selkie-etcd-tools\n\ngo 1.24\n' >"$work/go.mod"
+  cat >"$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+)
+GO
+  run_logged etcd "$work" go get "go.etcd.io/etcd/server/v3@v$version"
+  run_logged etcd "$work" go mod tidy
+  mkdir -p "$work/bin"
+  run_logged etcd "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/etcd go.etcd.io/etcd/server/v3
+}
+
+case "${1:-all}" in
+  kubernetes) with_cache kubernetes "$K8S_VERSION" build_kubernetes ;;
+  etcd) with_cache etcd "$ETCD_VERSION" build_etcd ;;
+  all)
+    with_cache etcd "$ETCD_VERSION" build_etcd
+    with_cache kubernetes "$K8S_VERSION" build_kubernetes
+    ;;
+  *) die "usage: $0 [kubernetes|etcd|all]" ;;
+esac

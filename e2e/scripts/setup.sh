@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything Selkie's build, tests and demo need on a fresh machine, and does nothing
+# (in about a second) on a machine that already has it:
+#   * Debian packages: util-linux (setpriv), cmake (pingora's zlib-ng), pkg-config;
+#   * Rust components: rustfmt, clippy;
+#   * the real components, built from their Go modules into a cache outside the repository
+#     (build-components.sh).
+# Go and Rust themselves come with the machine image; their absence is a clear error.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+log() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+command -v cargo >/dev/null || die "cargo is not on PATH: install Rust stable (rustup) first"
+command -v go >/dev/null || die "go is not on PATH: install Go 1.24 or newer first"
+
+missing=()
+command -v setpriv >/dev/null || missing+=(util-linux)
+command -v cmake >/dev/null || missing+=(cmake)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  sudo=""
+  [[ $(id -u) == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null || die "cargo $component is missing and rustup is not available to add it"
+    log "adding Rust component $component"
+    rustup component add "$component"
+  fi
+done
+
+"$here/build-components.sh" all >/dev/null
+log "ready"

@@ -1,0 +1,97 @@
+//! The real components' binaries, built from their published Go modules.
+
+use std::{collections::HashMap, path::PathBuf, process::Command, sync::OnceLock};
+
+use crate::HarnessError;
+
+/// The build script, run from the source tree this crate was compiled from.
+pub const BUILD_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-components.sh");
+
+/// Paths of the component binaries and the versions they were built at.
+#[derive(Debug, Clone)]
+pub struct Components {
+    /// `kube-apiserver`.
+    pub kube_apiserver: PathBuf,
+    /// `kubectl`, the same version as the apiserver.
+    pub kubectl: PathBuf,
+    /// `etcd`.
+    pub etcd: PathBuf,
+    /// The Kubernetes version, without the leading `v` (for example `1.35.4`).
+    pub kubernetes_version: String,
+    /// The etcd version, without the leading `v`.
+    pub etcd_version: String,
+}
+
+static COMPONENTS: OnceLock<Result<Components, String>> = OnceLock::new();
+
+impl Components {
+    /// Returns the components, running `scripts/build-components.sh` the first time it is called in
+    /// this process. The script is idempotent and caches its builds outside the repository (keyed
+    /// by version), so a warm call costs a second; a cold one builds for many minutes.
+    ///
+    /// Fails with [`HarnessError::Build`] carrying the script's explanation, and keeps returning
+    /// that failure for the rest of the process instead of rebuilding.
+    pub fn get() -> Result<&'static Components, HarnessError> {
+        COMPONENTS
+            .get_or_init(|| build().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| HarnessError::Build {
+                command: format!("bash {BUILD_SCRIPT} all"),
+                status: "failed earlier in this process".into(),
+                tail: e.clone(),
+            })
+    }
+}
+
+fn build() -> Result<Components, HarnessError> {
+    let command = format!("bash {BUILD_SCRIPT} all");
+    let output = Command::new("bash")
+        .arg(BUILD_SCRIPT)
+        .arg("all")
+        .output()
+        .map_err(|e| HarnessError::io(format!("running `{command}`"), e))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(HarnessError::Build {
+            command,
+            status: output.status.to_string(),
+            tail: tail_lines(&String::from_utf8_lossy(&output.stderr), 40),
+        });
+    }
+    let values: HashMap<&str, &str> = stdout.lines().filter_map(|line| line.split_once('=')).collect();
+    let get = |key: &str| {
+        values
+            .get(key)
+            .map(|v| v.to_string())
+            .ok_or_else(|| HarnessError::Build {
+                command: command.clone(),
+                status: format!("succeeded but did not print `{key}=`"),
+                tail: tail_lines(&stdout, 20),
+            })
+    };
+    let kube_bin = PathBuf::from(get("kubernetes")?);
+    let etcd_bin = PathBuf::from(get("etcd")?);
+    let components = Components {
+        kube_apiserver: kube_bin.join("kube-apiserver"),
+        kubectl: kube_bin.join("kubectl"),
+        etcd: etcd_bin.join("etcd"),
+        kubernetes_version: get("kubernetes_version")?,
+        etcd_version: get("etcd_version")?,
+    };
+    for path in [&components.kube_apiserver, &components.kubectl, &components.etcd] {
+        if !path.is_file() {
+            return Err(HarnessError::Build {
+                command,
+                status: format!("succeeded but {} is missing", path.display()),
+                tail: String::new(),
+            });
+        }
+    }
+    Ok(components)
+}
+
+/// The last `n` lines of `text`.
+pub(crate) fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,131 @@
+//! The real kubectl, run as a user would.
+
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use tokio::io::AsyncWriteExt;
+
+use crate::HarnessError;
+
+/// How long one kubectl invocation may take before the harness gives up on it.
+pub const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// kubectl with a kubeconfig. Each call is a separate process, exactly as a user runs it.
+#[derive(Debug, Clone)]
+pub struct Kubectl {
+    binary: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+/// What one kubectl invocation did.
+#[derive(Debug, Clone)]
+pub struct KubectlOutput {
+    /// Whether it exited 0.
+    pub success: bool,
+    /// The exit status, as text.
+    pub status: String,
+    /// Everything it printed on stdout.
+    pub stdout: String,
+    /// Everything it printed on stderr.
+    pub stderr: String,
+}
+
+impl Kubectl {
+    /// kubectl at `binary` using `kubeconfig` (and nothing from the environment's `KUBECONFIG`).
+    pub fn new(binary: &Path, kubeconfig: &Path) -> Self {
+        Self {
+            binary: binary.to_path_buf(),
+            kubeconfig: kubeconfig.to_path_buf(),
+        }
+    }
+
+    /// The same kubectl with another kubeconfig.
+    pub fn with_kubeconfig(&self, kubeconfig: &Path) -> Self {
+        Self::new(&self.binary, kubeconfig)
+    }
+
+    /// The kubectl binary.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// Runs `kubectl <args>`, optionally feeding `stdin`, and returns what it did whatever its exit
+    /// status. Fails only if it cannot be run or takes longer than [`KUBECTL_TIMEOUT`].
+    pub async fn output<S: AsRef<OsStr>>(
+        &self,
+        args: &[S],
+        stdin: Option<&str>,
+    ) -> Result<KubectlOutput, HarnessError> {
+        let shown = args
+            .iter()
+            .map(|a| a.as_ref().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut child = tokio::process::Command::new(&self.binary)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            // Discovery cache beside the kubeconfig, not in the user's ~/.kube.
+            .env("KUBECACHEDIR", self.kubeconfig.with_extension("kubectl-cache"))
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| HarnessError::io(format!("starting kubectl {shown}"), e))?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes())
+                .await
+                .map_err(|e| HarnessError::io(format!("writing stdin of kubectl {shown}"), e))?;
+        }
+        let output = tokio::time::timeout(KUBECTL_TIMEOUT, child.wait_with_output())
+            .await
+            .map_err(|_| HarnessError::Kubectl {
+                args: shown.clone(),
+                status: format!("no exit within {KUBECTL_TIMEOUT:?}"),
+                stderr: String::new(),
+            })?
+            .map_err(|e| HarnessError::io(format!("waiting for kubectl {shown}"), e))?;
+        Ok(KubectlOutput {
+            success: output.status.success(),
+            status: output.status.to_string(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        })
+    }
+
+    /// Runs `kubectl <args>` and returns its stdout; a non-zero exit is an error carrying stderr.
+    pub async fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Result<String, HarnessError> {
+        self.run_with_stdin(args, None).await
+    }
+
+    /// Like [`Kubectl::run`], feeding `stdin` (for `kubectl apply -f -`).
+    pub async fn run_with_stdin<S: AsRef<OsStr>>(
+        &self,
+        args: &[S],
+        stdin: Option<&str>,
+    ) -> Result<String, HarnessError> {
+        let output = self.output(args, stdin).await?;
+        if output.success {
+            Ok(output.stdout)
+        } else {
+            Err(HarnessError::Kubectl {
+                args: args
+                    .iter()
+                    .map(|a| a.as_ref().to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                status: output.status,
+                stderr: output.stderr,
+            })
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! # selkie-e2e
+//!
+//! The ground every Selkie test stands on: real components, started by the project's own code, on
+//! loopback only.
+//!
+//! * [`components`] builds (once, cached outside the repository) and locates kube-apiserver,
+//!   kubectl and etcd from their published Go modules (`scripts/build-components.sh`).
+//! * [`pki`] generates the cluster's PKI: serving CA and certificate, the cluster client CA whose
+//!   key tests use as the cluster signing key, the front-proxy CA and client certificate, and the
+//!   service-account signing key. Client certificates carry one `O=` per group.
+//! * [`cluster`] starts etcd and kube-apiserver with RBAC and the aggregation flags, waits for
+//!   `/readyz`, and hands back an admin kubeconfig, `kube::Client`s and the CA material. It stops
+//!   every process on drop and on panic; components die with the test process even when it is
+//!   killed, because each is spawned with a parent-death signal.
+//! * [`kubectl`] runs the real kubectl against a cluster.
+//!
+//! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
+//! the command and the tail of its log.
+
+pub mod cluster;
+pub mod components;
+mod error;
+pub mod kubectl;
+pub mod pki;
+mod process;
+
+pub use cluster::{Cluster, ClusterBuilder};
+pub use error::HarnessError;
+
+/// Installs ring as the process-wide rustls crypto provider, once. Every harness entry point calls
+/// it first: kube and pingora both expect ring, and a second provider compiled in would make
+/// rustls refuse to pick one.
+pub fn install_crypto_provider() {
+    // An Err means a provider is already installed, which is exactly the state we want.
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,309 @@
+//! Test PKI: certificate authorities, serving certificates and Kubernetes client certificates.
+//!
+//! CAs and serving certificates come from rcgen. Client certificates come from `x509-cert`,
+//! because Kubernetes reads one group per `O=` attribute and rcgen keeps only one value per
+//! attribute type. All keys are ECDSA P-256.
+
+use std::time::{Duration, SystemTime};
+
+use p256::{
+    ecdsa::{DerSignature, SigningKey},
+    pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding},
+};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+    IsCa, KeyPair, KeyUsagePurpose,
+};
+use x509_cert::{
+    attr::AttributeTypeAndValue,
+    builder::{Builder, CertificateBuilder, Profile},
+    der::{
+        asn1::{SetOfVec, Utf8StringRef},
+        oid::db::{rfc4519, rfc5280},
+        Any, Decode, EncodePem,
+    },
+    ext::pkix::ExtendedKeyUsage,
+    name::{Name, RdnSequence, RelativeDistinguishedName},
+    serial_number::SerialNumber,
+    spki::SubjectPublicKeyInfoOwned,
+    time::{Time, Validity},
+};
+
+use crate::HarnessError;
+
+/// How long issued certificates are valid. Test clusters live minutes; a day leaves room.
+const VALIDITY: Duration = Duration::from_secs(24 * 3600);
+/// Certificates start this far in the past, so small clock differences do not matter.
+const BACKDATE: Duration = Duration::from_secs(300);
+
+/// A PEM certificate and its PEM (PKCS#8) private key.
+#[derive(Clone)]
+pub struct CertAndKey {
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// The private key, PKCS#8 PEM.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for CertAndKey {
+    // Never print key material, even in test output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertAndKey")
+            .field("key_pem", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// A self-signed certificate authority that can issue serving and client certificates.
+pub struct CertificateAuthority {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    signing_key: SigningKey,
+    issuer_name: Name,
+}
+
+impl std::fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertificateAuthority")
+            .field("subject", &self.issuer_name.to_string())
+            .finish()
+    }
+}
+
+fn pki_err(what: &str) -> impl FnOnce(rcgen::Error) -> HarnessError + '_ {
+    move |e| HarnessError::Pki(format!("{what}: {e}"))
+}
+
+fn validity_window() -> (SystemTime, SystemTime) {
+    let now = SystemTime::now();
+    (now - BACKDATE, now + VALIDITY)
+}
+
+impl CertificateAuthority {
+    /// Generates a new CA with the given common name.
+    pub fn new(common_name: &str) -> Result<Self, HarnessError> {
+        let key = KeyPair::generate().map_err(pki_err("generating a CA key"))?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let (not_before, not_after) = validity_window();
+        params.not_before = not_before.into();
+        params.not_after = (not_after + VALIDITY * 30).into();
+        let signing_key = SigningKey::from_pkcs8_der(key.serialized_der())
+            .map_err(|e| HarnessError::Pki(format!("reading back the CA key: {e}")))?;
+        let issuer = CertifiedIssuer::self_signed(params, key).map_err(pki_err("self-signing the CA"))?;
+        let issuer_name = x509_cert::Certificate::from_der(issuer.der())
+            .map_err(|e| HarnessError::Pki(format!("parsing the CA certificate: {e}")))?
+            .tbs_certificate
+            .subject;
+        Ok(Self {
+            issuer,
+            signing_key,
+            issuer_name,
+        })
+    }
+
+    /// The CA certificate, PEM.
+    pub fn cert_pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// The CA private key, PKCS#8 PEM. For the cluster client CA this stands in for the cluster
+    /// signing key (what kube-controller-manager's `--cluster-signing-key-file` would hold).
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
+    /// Issues a TLS serving certificate for `sans` (DNS names or IP addresses).
+    pub fn issue_serving(&self, common_name: &str, sans: &[&str]) -> Result<CertAndKey, HarnessError> {
+        let key = KeyPair::generate().map_err(pki_err("generating a serving key"))?;
+        let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .map_err(pki_err("serving certificate names"))?;
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let (not_before, not_after) = validity_window();
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(pki_err("signing a serving certificate"))?;
+        Ok(CertAndKey {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Issues a client certificate as Kubernetes reads it: `CN=<user>` and one `O=<group>` per
+    /// group, with the clientAuth extended key usage.
+    pub fn issue_client(&self, user: &str, groups: &[&str]) -> Result<CertAndKey, HarnessError> {
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |e: &dyn std::fmt::Display| HarnessError::Pki(format!("client certificate: {what}: {e}"))
+        };
+        let key = SigningKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
+        let spki = SubjectPublicKeyInfoOwned::from_key(*key.verifying_key()).map_err(|e| err("key")(&e))?;
+        let subject = client_subject(user, groups)?;
+        let (not_before, not_after) = validity_window();
+        let validity = Validity {
+            not_before: Time::try_from(not_before).map_err(|e| err("validity")(&e))?,
+            not_after: Time::try_from(not_after).map_err(|e| err("validity")(&e))?,
+        };
+        let profile = Profile::Leaf {
+            issuer: self.issuer_name.clone(),
+            enable_key_agreement: false,
+            enable_key_encipherment: false,
+        };
+        let mut builder = CertificateBuilder::new(
+            profile,
+            serial_from(&spki)?,
+            validity,
+            subject,
+            spki,
+            &self.signing_key,
+        )
+        .map_err(|e| err("builder")(&e))?;
+        builder
+            .add_extension(&ExtendedKeyUsage(vec![rfc5280::ID_KP_CLIENT_AUTH]))
+            .map_err(|e| err("extended key usage")(&e))?;
+        let cert = builder.build::<DerSignature>().map_err(|e| err("signing")(&e))?;
+        Ok(CertAndKey {
+            cert_pem: cert.to_pem(LineEnding::LF).map_err(|e| err("encoding")(&e))?,
+            key_pem: key
+                .to_pkcs8_pem(LineEnding::LF)
+                .map_err(|e| err("encoding the key")(&e))?
+                .to_string(),
+        })
+    }
+}
+
+/// `CN=<user>, O=<group>...`, one RDN each, in the order given.
+fn client_subject(user: &str, groups: &[&str]) -> Result<Name, HarnessError> {
+    let rdn = |oid, value: &str| -> Result<RelativeDistinguishedName, HarnessError> {
+        let value = Any::from(
+            Utf8StringRef::new(value).map_err(|e| HarnessError::Pki(format!("name {value:?}: {e}")))?,
+        );
+        SetOfVec::try_from(vec![AttributeTypeAndValue { oid, value }])
+            .map(RelativeDistinguishedName::from)
+            .map_err(|e| HarnessError::Pki(format!("name: {e}")))
+    };
+    let mut rdns = vec![rdn(rfc4519::CN, user)?];
+    for group in groups {
+        rdns.push(rdn(rfc4519::O, group)?);
+    }
+    Ok(RdnSequence(rdns))
+}
+
+/// A positive 16-byte serial number taken from the (fresh, random) public key.
+fn serial_from(spki: &SubjectPublicKeyInfoOwned) -> Result<SerialNumber, HarnessError> {
+    let raw = spki.subject_public_key.raw_bytes();
+    let mut bytes = [0u8; 16];
+    for (i, b) in raw.iter().rev().take(16).enumerate() {
+        bytes[i] = *b;
+    }
+    bytes[0] = (bytes[0] & 0x7f) | 0x40;
+    SerialNumber::new(&bytes).map_err(|e| HarnessError::Pki(format!("serial number: {e}")))
+}
+
+/// A service-account token signing key pair.
+#[derive(Clone)]
+pub struct ServiceAccountKey {
+    /// The private key, PKCS#8 PEM (`--service-account-signing-key-file`).
+    pub private_pem: String,
+    /// The public key, SPKI PEM (`--service-account-key-file`).
+    pub public_pem: String,
+}
+
+impl std::fmt::Debug for ServiceAccountKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceAccountKey")
+            .field("public_pem", &self.public_pem)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceAccountKey {
+    /// Generates a new ECDSA P-256 key pair.
+    pub fn generate() -> Result<Self, HarnessError> {
+        let key = KeyPair::generate().map_err(pki_err("generating the service-account key"))?;
+        Ok(Self {
+            private_pem: key.serialize_pem(),
+            public_pem: key.public_key_pem(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use x509_cert::der::DecodePem;
+
+    use super::*;
+
+    #[test]
+    fn client_certificate_carries_user_and_every_group_in_order() {
+        let ca = CertificateAuthority::new("test-ca").unwrap();
+        let issued = ca.issue_client("alice", &["devs", "ops"]).unwrap();
+        let cert = x509_cert::Certificate::from_pem(issued.cert_pem.as_bytes()).unwrap();
+        let subject = &cert.tbs_certificate.subject;
+        let values: Vec<(String, String)> = subject
+            .0
+            .iter()
+            .flat_map(|rdn| rdn.0.iter())
+            .map(|atv| {
+                (
+                    atv.oid.to_string(),
+                    String::from_utf8_lossy(atv.value.value()).into_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            values,
+            vec![
+                (rfc4519::CN.to_string(), "alice".to_string()),
+                (rfc4519::O.to_string(), "devs".to_string()),
+                (rfc4519::O.to_string(), "ops".to_string()),
+            ]
+        );
+        assert_eq!(cert.tbs_certificate.issuer, ca.issuer_name);
+    }
+
+    #[test]
+    fn client_certificate_chains_to_its_ca_under_rustls() {
+        crate::install_crypto_provider();
+        let ca = CertificateAuthority::new("test-ca").unwrap();
+        let other = CertificateAuthority::new("other-ca").unwrap();
+        let issued = ca.issue_client("alice", &["devs"]).unwrap();
+        let verify_with = |root: &CertificateAuthority| {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(pem_to_der(&root.cert_pem())).unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder(std::sync::Arc::new(roots))
+                .build()
+                .unwrap();
+            verifier.verify_client_cert(
+                &pem_to_der(&issued.cert_pem),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+        };
+        assert!(verify_with(&ca).is_ok(), "{:?}", verify_with(&ca));
+        assert!(
+            verify_with(&other).is_err(),
+            "a certificate must not verify under an unrelated CA"
+        );
+    }
+
+    fn pem_to_der(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
+        use rustls::pki_types::pem::PemObject;
+        rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+    }
+}

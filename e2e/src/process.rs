@@ -1,0 +1,175 @@
+//! Child processes that cannot outlive the test process.
+//!
+//! Every component is started through `setpriv --pdeathsig KILL`, so the kernel kills it when its
+//! parent goes away, however the test process ends (normal exit, panic, SIGKILL). Linux ties the
+//! parent-death signal to the *thread* that forked, not the process, and test threads come and go;
+//! so all spawning happens on one spawner thread that lives as long as the process.
+
+use std::{
+    ffi::OsString,
+    fs::File,
+    io::{Read, Seek, SeekFrom},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{mpsc, OnceLock},
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal, unistd::Pid};
+
+use crate::HarnessError;
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
+
+fn spawn_on_spawner_thread(command: Command) -> std::io::Result<Child> {
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        let spawned = thread::Builder::new()
+            .name("selkie-e2e-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    // The requester may have given up; nothing to do then.
+                    let _ = reply.send(command.spawn());
+                }
+            });
+        if let Err(e) = spawned {
+            // Without the thread every request below fails with a clear error instead.
+            eprintln!("selkie-e2e: cannot start the spawner thread: {e}");
+        }
+        tx
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner
+        .send((command, reply_tx))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawner thread did not answer"))?
+}
+
+/// A running component with its log file. Stopped (SIGTERM, then SIGKILL) on drop.
+#[derive(Debug)]
+pub(crate) struct ManagedProcess {
+    name: String,
+    command_line: String,
+    log_path: PathBuf,
+    child: Child,
+}
+
+impl ManagedProcess {
+    /// Starts `program args` with stdout and stderr appended to `log_path`.
+    pub(crate) fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[OsString],
+        log_path: PathBuf,
+    ) -> Result<Self, HarnessError> {
+        let command_line = std::iter::once(program.as_os_str())
+            .chain(args.iter().map(OsString::as_os_str))
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| HarnessError::io(format!("opening the {name} log {}", log_path.display()), e))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| HarnessError::io(format!("duplicating the {name} log handle"), e))?;
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        let child = spawn_on_spawner_thread(command).map_err(|e| HarnessError::Component {
+            component: name.to_string(),
+            problem: format!("could not be started: {e} (is util-linux's `setpriv` installed?)"),
+            command: command_line.clone(),
+            log: log_path.clone(),
+            tail: String::new(),
+        })?;
+        Ok(Self {
+            name: name.to_string(),
+            command_line,
+            log_path,
+            child,
+        })
+    }
+
+    /// The exit status, if the process has ended.
+    pub(crate) fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Builds the error for this component: `problem` plus its command line and log tail.
+    pub(crate) fn failure(&self, problem: impl Into<String>) -> HarnessError {
+        HarnessError::Component {
+            component: self.name.clone(),
+            problem: problem.into(),
+            command: self.command_line.clone(),
+            log: self.log_path.clone(),
+            tail: log_tail(&self.log_path, 25),
+        }
+    }
+
+    /// Fails with the exit status and log tail if the process has already ended.
+    pub(crate) fn check_running(&mut self, during: &str) -> Result<(), HarnessError> {
+        match self.exit_status() {
+            Some(status) => Err(self.failure(format!("exited {during} with {status}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks the process to stop with SIGTERM and waits up to `grace`; then kills it.
+    pub(crate) fn stop(&mut self, grace: Duration) {
+        if self.exit_status().is_some() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = signal::kill(Pid::from_raw(pid), signal::Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.exit_status().is_some() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(10));
+    }
+}
+
+/// The last `lines` lines of a log file (reads at most its last 64 KiB).
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    let read = || -> std::io::Result<String> {
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(crate::components::tail_lines(
+            &String::from_utf8_lossy(&bytes),
+            lines,
+        ))
+    };
+    read().unwrap_or_else(|e| format!("(cannot read {}: {e})", path.display()))
+}

@@ -1,0 +1,28 @@
+//! End-to-end tests against real components. One test binary: every module shares the cluster of
+//! `Cluster::shared()` and isolates itself with its own namespace and uniquely named objects;
+//! tests of the harness's own start-up and shutdown start private clusters.
+
+mod aggregation;
+mod cluster_basics;
+mod harness_failures;
+mod harness_lifecycle;
+mod rbac_client_cert;
+mod resources;
+
+/// Polls `check` every 250 ms until it returns `Ok`, or fails with its last error after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: std::time::Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return Ok(value),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(e.context(format!("still failing after {timeout:?}")))
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+        }
+    }
+}
