@@ -1,10 +1,29 @@
 //! # selkie-filters
 //!
-//! Decides who a request comes from. It will own the identity model (user, uid, groups, extra),
-//! the credential a request presents, the `Filter` trait and the immutable chain the proxy and the
-//! TokenCredentialRequest API run: x509 client certificates, JWTs (Pinniped's JWTAuthenticator and
-//! Kubernetes' structured AuthenticationConfiguration), webhook TokenReview and TokenReview
-//! pass-through, plus the impersonation header policy. It never depends on pingora, so the data
-//! plane stays swappable.
+//! Decides who a request comes from. It owns the identity model ([`identity`]), what an
+//! authenticator answers ([`outcome`]), the immutable [`chain::Chain`] the proxy and the
+//! TokenCredentialRequest API run, and the authenticators:
 //!
-//! Status: empty; the authenticators arrive with the filter-chain work.
+//! * [`tokenreview`]: TokenReview webhooks (Pinniped's WebhookAuthenticator) and kube-apiserver's
+//!   own TokenReview for pass-through of tokens the cluster accepts, with a bounded result cache
+//!   keyed by an HMAC of the token ([`review_cache`]).
+//!
+//! Still to come (see the project's issues): the x509 client-certificate authenticator, the JWT
+//! authenticator (Pinniped's JWTAuthenticator and Kubernetes' structured
+//! AuthenticationConfiguration) and the impersonation header policy.
+//!
+//! It never depends on pingora, so the data plane stays swappable; it never logs a token.
+
+pub mod chain;
+pub mod identity;
+pub mod outcome;
+pub mod review_cache;
+pub mod tokenreview;
+
+#[cfg(test)]
+mod tests_support {
+    /// Unit tests build rustls configurations; they need the process-wide provider installed.
+    pub(crate) fn install_provider() {
+        let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    }
+}

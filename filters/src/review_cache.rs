@@ -1,0 +1,252 @@
+//! A bounded cache of authentication results keyed by an HMAC of the token.
+//!
+//! * Keys are HMAC-SHA256 of the token under a random per-cache key, so the cache never holds a
+//!   token and a memory dump does not reveal one.
+//! * Authenticated results live for the positive TTL, refusals of the credential itself for the
+//!   (shorter) negative TTL; failures to check ([`RejectReason::UpstreamUnavailable`]) are never
+//!   cached.
+//! * Concurrent misses for one token are coalesced: one caller reviews, the others wait for its
+//!   result (and if it is not cacheable, the next waiter reviews).
+//! * Capacity is bounded; the least valuable entries are evicted (S3-FIFO).
+
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
+
+use ring::hmac;
+
+use crate::outcome::{Outcome, RejectReason};
+
+/// Sizes and lifetimes of a [`ReviewCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Most entries held at once.
+    pub capacity: usize,
+    /// How long an authenticated result is reused.
+    pub positive_ttl: Duration,
+    /// How long a refusal of the credential is reused.
+    pub negative_ttl: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 10_000,
+            positive_ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    outcome: Outcome,
+    expires: Instant,
+}
+
+/// See the module documentation.
+pub struct ReviewCache {
+    key: hmac::Key,
+    entries: quick_cache::sync::Cache<[u8; 32], Entry>,
+    config: CacheConfig,
+}
+
+impl std::fmt::Debug for ReviewCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReviewCache")
+            .field("config", &self.config)
+            .field("len", &self.entries.len())
+            .finish()
+    }
+}
+
+/// The HMAC key could not be generated (the system's random source failed).
+#[derive(Debug, thiserror::Error)]
+#[error("generating the cache's HMAC key failed: the system random source is unavailable")]
+pub struct RandomSourceError;
+
+impl ReviewCache {
+    /// An empty cache with a fresh random HMAC key.
+    pub fn new(config: CacheConfig) -> Result<Self, RandomSourceError> {
+        let key = hmac::Key::generate(hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
+            .map_err(|_| RandomSourceError)?;
+        Ok(Self {
+            key,
+            entries: quick_cache::sync::Cache::new(config.capacity.max(1)),
+            config,
+        })
+    }
+
+    /// Returns the cached outcome for `token`, or runs `review` (once, however many callers ask
+    /// for the same token at the same time) and caches what it returns according to the rules
+    /// above.
+    pub async fn get_or_review<F, Fut>(&self, token: &str, review: F) -> Outcome
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Outcome>,
+    {
+        let key = self.key_for(token);
+        let mut review = Some(review);
+        loop {
+            match self.entries.get_value_or_guard_async(&key).await {
+                Ok(entry) if entry.expires > Instant::now() => return entry.outcome,
+                Ok(_expired) => {
+                    self.entries.remove(&key);
+                }
+                Err(guard) => {
+                    let Some(review) = review.take() else {
+                        // Unreachable: the review runs at most once, and this arm returns.
+                        return Outcome::Rejected(RejectReason::UpstreamUnavailable);
+                    };
+                    let outcome = review().await;
+                    if let Some(ttl) = self.ttl_for(&outcome) {
+                        let _ = guard.insert(Entry {
+                            outcome: outcome.clone(),
+                            expires: Instant::now() + ttl,
+                        });
+                    }
+                    return outcome;
+                }
+            }
+        }
+    }
+
+    /// Number of cached entries (expired ones included until they are looked up or evicted).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the cache holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn ttl_for(&self, outcome: &Outcome) -> Option<Duration> {
+        match outcome {
+            Outcome::Authenticated(_) => Some(self.config.positive_ttl),
+            Outcome::Rejected(reason) if reason.is_cacheable() => Some(self.config.negative_ttl),
+            Outcome::Rejected(_) => None,
+            Outcome::NotMine => Some(self.config.negative_ttl),
+        }
+    }
+
+    fn key_for(&self, token: &str) -> [u8; 32] {
+        let tag = hmac::sign(&self.key, token.as_bytes());
+        let mut key = [0u8; 32];
+        key.copy_from_slice(tag.as_ref());
+        key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+
+    use super::*;
+    use crate::identity::{Forwarding, Identity, UserInfo};
+
+    fn identity(name: &str) -> Outcome {
+        Outcome::Authenticated(Arc::new(Identity {
+            user: UserInfo {
+                username: name.into(),
+                ..UserInfo::default()
+            },
+            authenticator: "test".into(),
+            audiences: vec![],
+            forwarding: Forwarding::Impersonate,
+        }))
+    }
+
+    fn cache(positive: u64, negative: u64) -> ReviewCache {
+        ReviewCache::new(CacheConfig {
+            capacity: 16,
+            positive_ttl: Duration::from_millis(positive),
+            negative_ttl: Duration::from_millis(negative),
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_success_is_reused_until_its_ttl_ends() {
+        let cache = cache(200, 10);
+        let calls = AtomicUsize::new(0);
+        let review = || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            identity("alice")
+        };
+        assert_eq!(cache.get_or_review("t", review).await, identity("alice"));
+        assert_eq!(cache.get_or_review("t", review).await, identity("alice"));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        cache.get_or_review("t", review).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "an expired entry must be reviewed again"
+        );
+    }
+
+    #[tokio::test]
+    async fn upstream_failures_are_never_cached_and_refusals_only_briefly() {
+        let cache = cache(10_000, 10_000);
+        let calls = AtomicUsize::new(0);
+        for _ in 0..3 {
+            let outcome = cache
+                .get_or_review("t", || async {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Outcome::Rejected(RejectReason::UpstreamUnavailable)
+                })
+                .await;
+            assert_eq!(outcome, Outcome::Rejected(RejectReason::UpstreamUnavailable));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert!(cache.is_empty());
+
+        let refused = || async { Outcome::Rejected(RejectReason::NotAuthenticated) };
+        cache.get_or_review("u", refused).await;
+        assert_eq!(
+            cache.len(),
+            1,
+            "a refusal of the credential is cached for the negative TTL"
+        );
+    }
+
+    #[tokio::test]
+    async fn different_tokens_do_not_share_entries() {
+        let cache = cache(10_000, 10);
+        cache.get_or_review("a", || async { identity("alice") }).await;
+        assert_eq!(
+            cache.get_or_review("b", || async { identity("bob") }).await,
+            identity("bob")
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_for_one_token_run_one_review() {
+        let cache = Arc::new(cache(10_000, 10));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let cache = cache.clone();
+                let calls = calls.clone();
+                tokio::spawn(async move {
+                    cache
+                        .get_or_review("same", || async {
+                            calls.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            identity("alice")
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), identity("alice"));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}

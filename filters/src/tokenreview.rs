@@ -1,0 +1,457 @@
+//! Authentication by TokenReview: a webhook (Pinniped's WebhookAuthenticator) or kube-apiserver
+//! itself (pass-through of tokens the cluster already accepts, such as service-account tokens).
+//!
+//! Both send `POST <endpoint>` with a `TokenReview` and read `status.authenticated` and
+//! `status.user`. Results are cached ([`ReviewCache`]). The authenticator fails closed: a timeout,
+//! a connection error, a non-2xx answer or a body that is not a TokenReview is
+//! [`RejectReason::UpstreamUnavailable`] and is never cached.
+//!
+//! API version: Pinniped sends `authentication.k8s.io/v1beta1`, which existing webhooks expect,
+//! while kube-apiserver serves only `v1` since 1.22. [`ReviewVersion::Auto`] sends `v1beta1` and,
+//! when the endpoint answers 400 or 404, retries once with `v1` and keeps using `v1`.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::TokioExecutor,
+};
+use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    identity::{Forwarding, Identity, UserInfo},
+    outcome::{Outcome, RejectReason},
+    review_cache::{CacheConfig, RandomSourceError, ReviewCache},
+};
+
+/// Largest TokenReview response read; anything bigger is treated as garbage.
+const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+/// Which `authentication.k8s.io` version to send.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ReviewVersion {
+    /// `v1` only.
+    V1,
+    /// `v1beta1` only (what Pinniped sends).
+    V1beta1,
+    /// `v1beta1` first, switching to `v1` for good when the endpoint rejects it.
+    #[default]
+    Auto,
+}
+
+/// How the authenticator proves itself to the endpoint.
+#[derive(Clone, Default)]
+pub enum ClientAuth {
+    /// No credential (Pinniped's WebhookAuthenticator).
+    #[default]
+    None,
+    /// `Authorization: Bearer <token>`.
+    BearerToken(String),
+    /// A TLS client certificate and its private key, both PEM.
+    Certificate {
+        /// Certificate chain, PEM.
+        cert_pem: String,
+        /// Private key, PEM.
+        key_pem: String,
+    },
+}
+
+impl std::fmt::Debug for ClientAuth {
+    // Credentials never appear in logs or debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClientAuth::None => "None",
+            ClientAuth::BearerToken(_) => "BearerToken(<redacted>)",
+            ClientAuth::Certificate { .. } => "Certificate(<redacted>)",
+        })
+    }
+}
+
+/// What the authenticator does with identities that carry a UID.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UidHandling {
+    /// Impersonate them like any other user (webhooks).
+    #[default]
+    Impersonate,
+    /// Mark them [`Forwarding::PassThroughToken`]: the endpoint is kube-apiserver itself, so the
+    /// original token can be forwarded unchanged.
+    PassThroughToken,
+}
+
+/// Configuration of a [`TokenReviewAuthenticator`].
+#[derive(Debug, Clone)]
+pub struct TokenReviewConfig {
+    /// Name used in audit logs and metrics.
+    pub name: String,
+    /// Full `https://` URL of the TokenReview endpoint.
+    pub endpoint: String,
+    /// PEM bundle of CAs trusted for the endpoint; `None` trusts the system's roots.
+    pub ca_bundle_pem: Option<String>,
+    /// The authenticator's own credential.
+    pub client_auth: ClientAuth,
+    /// The TokenReview version to send.
+    pub version: ReviewVersion,
+    /// Audiences to ask for (`spec.audiences`); empty leaves it to the endpoint.
+    pub audiences: Vec<String>,
+    /// Deadline for one review, connection included.
+    pub timeout: Duration,
+    /// Result cache.
+    pub cache: CacheConfig,
+    /// What to do with identities that carry a UID.
+    pub uid_handling: UidHandling,
+}
+
+impl TokenReviewConfig {
+    /// A configuration with defaults: no client credential, [`ReviewVersion::Auto`], a 10 s
+    /// timeout, the default cache, UIDs impersonated.
+    pub fn new(name: impl Into<String>, endpoint: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            endpoint: endpoint.into(),
+            ca_bundle_pem: None,
+            client_auth: ClientAuth::None,
+            version: ReviewVersion::Auto,
+            audiences: Vec::new(),
+            timeout: Duration::from_secs(10),
+            cache: CacheConfig::default(),
+            uid_handling: UidHandling::Impersonate,
+        }
+    }
+}
+
+/// Why a [`TokenReviewConfig`] cannot be used. Reported when the configuration is built, never per
+/// request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenReviewConfigError {
+    /// The endpoint is not a valid URL.
+    #[error("endpoint {endpoint:?} is not a valid URL: {reason}")]
+    InvalidEndpoint {
+        /// The configured endpoint.
+        endpoint: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The endpoint does not use https.
+    #[error("endpoint {0:?} must use https")]
+    NotHttps(String),
+    /// The CA bundle holds no PEM certificate, or one that cannot be parsed.
+    #[error("the CA bundle is not valid PEM or holds no certificate: {0}")]
+    InvalidCaBundle(String),
+    /// The client certificate or key cannot be parsed or do not match.
+    #[error("the client certificate or key is invalid: {0}")]
+    InvalidClientCertificate(String),
+    /// The system's trusted roots cannot be loaded.
+    #[error("loading the system's trusted CA certificates failed: {0}")]
+    SystemRoots(String),
+    /// See [`RandomSourceError`].
+    #[error(transparent)]
+    RandomSource(#[from] RandomSourceError),
+}
+
+/// Authenticates bearer tokens by asking a TokenReview endpoint. See the module documentation.
+pub struct TokenReviewAuthenticator {
+    name: Arc<str>,
+    endpoint: Uri,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    authorization: Option<http::HeaderValue>,
+    version: ReviewVersion,
+    /// Set once an `Auto` endpoint refused v1beta1.
+    use_v1: AtomicBool,
+    audiences: Vec<String>,
+    timeout: Duration,
+    uid_handling: UidHandling,
+    cache: ReviewCache,
+}
+
+impl std::fmt::Debug for TokenReviewAuthenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenReviewAuthenticator")
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenReviewAuthenticator {
+    /// Validates `config` and builds the authenticator (and its HTTPS client).
+    pub fn new(config: TokenReviewConfig) -> Result<Self, TokenReviewConfigError> {
+        let endpoint: Uri = config.endpoint.parse().map_err(|e: http::uri::InvalidUri| {
+            TokenReviewConfigError::InvalidEndpoint {
+                endpoint: config.endpoint.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        if endpoint.scheme() != Some(&http::uri::Scheme::HTTPS) || endpoint.host().is_none() {
+            return Err(TokenReviewConfigError::NotHttps(config.endpoint));
+        }
+        let tls = tls_config(&config)?;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .enable_http2()
+            .build();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        let authorization = match &config.client_auth {
+            ClientAuth::BearerToken(token) => {
+                let mut value = http::HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+                    TokenReviewConfigError::InvalidClientCertificate(
+                        "the bearer token contains characters not allowed in a header".into(),
+                    )
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            name: config.name.into(),
+            endpoint,
+            client,
+            authorization,
+            version: config.version,
+            use_v1: AtomicBool::new(config.version == ReviewVersion::V1),
+            audiences: config.audiences,
+            timeout: config.timeout,
+            uid_handling: config.uid_handling,
+            cache: ReviewCache::new(config.cache)?,
+        })
+    }
+
+    /// The configured name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Reviews `token` (or reuses a cached result). Never returns [`Outcome::NotMine`]: an
+    /// endpoint either vouches for a token or refuses it.
+    pub async fn authenticate(&self, token: &str) -> Outcome {
+        self.cache.get_or_review(token, || self.review(token)).await
+    }
+
+    async fn review(&self, token: &str) -> Outcome {
+        match tokio::time::timeout(self.timeout, self.review_once_or_fall_back(token)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::warn!(authenticator = %self.name, timeout = ?self.timeout, "token review timed out");
+                Outcome::Rejected(RejectReason::UpstreamUnavailable)
+            }
+        }
+    }
+
+    async fn review_once_or_fall_back(&self, token: &str) -> Outcome {
+        let v1 = self.use_v1.load(Ordering::Relaxed);
+        match self.post(token, v1).await {
+            Err(status)
+                if !v1
+                    && self.version == ReviewVersion::Auto
+                    && matches!(status, Some(StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND)) =>
+            {
+                tracing::info!(authenticator = %self.name, "endpoint refused TokenReview v1beta1; using v1");
+                self.use_v1.store(true, Ordering::Relaxed);
+                self.post(token, true)
+                    .await
+                    .unwrap_or(Outcome::Rejected(RejectReason::UpstreamUnavailable))
+            }
+            Err(_) => Outcome::Rejected(RejectReason::UpstreamUnavailable),
+            Ok(outcome) => outcome,
+        }
+    }
+
+    /// One POST. `Err(Some(status))` for a non-2xx answer, `Err(None)` when there was no usable
+    /// answer at all.
+    async fn post(&self, token: &str, v1: bool) -> Result<Outcome, Option<StatusCode>> {
+        let api_version = if v1 {
+            "authentication.k8s.io/v1"
+        } else {
+            "authentication.k8s.io/v1beta1"
+        };
+        let body = serde_json::to_vec(&ReviewRequest {
+            api_version,
+            kind: "TokenReview",
+            spec: ReviewSpec {
+                token,
+                audiences: &self.audiences,
+            },
+        })
+        .map_err(|_| None)?;
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(self.endpoint.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|_| None)?;
+        if let Some(authorization) = &self.authorization {
+            request
+                .headers_mut()
+                .insert(header::AUTHORIZATION, authorization.clone());
+        }
+        let response = self.client.request(request).await.map_err(|e| {
+            tracing::warn!(authenticator = %self.name, error = %e, "token review request failed");
+            None
+        })?;
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|_| {
+                tracing::warn!(authenticator = %self.name, "token review response unreadable or too large");
+                None
+            })?
+            .to_bytes();
+        if !status.is_success() {
+            tracing::warn!(authenticator = %self.name, %status, "token review endpoint answered an error");
+            return Err(Some(status));
+        }
+        let review: ReviewResponse = serde_json::from_slice(&bytes).map_err(|e| {
+            tracing::warn!(authenticator = %self.name, error = %e, "token review response is not a TokenReview");
+            None
+        })?;
+        Ok(self.outcome_of(review))
+    }
+
+    fn outcome_of(&self, review: ReviewResponse) -> Outcome {
+        let status = review.status.unwrap_or_default();
+        if !status.authenticated {
+            return Outcome::Rejected(RejectReason::NotAuthenticated);
+        }
+        let Some(user) = status.user else {
+            return Outcome::Rejected(RejectReason::EmptyUsername);
+        };
+        if user.username.is_empty() {
+            return Outcome::Rejected(RejectReason::EmptyUsername);
+        }
+        if !self.audiences.is_empty()
+            && !status.audiences.is_empty()
+            && !status.audiences.iter().any(|a| self.audiences.contains(a))
+        {
+            return Outcome::Rejected(RejectReason::WrongAudience);
+        }
+        let uid = Some(user.uid).filter(|uid| !uid.is_empty());
+        let forwarding = match (self.uid_handling, &uid) {
+            (UidHandling::PassThroughToken, Some(_)) => Forwarding::PassThroughToken,
+            _ => Forwarding::Impersonate,
+        };
+        Outcome::Authenticated(Arc::new(Identity {
+            user: UserInfo {
+                username: user.username,
+                uid,
+                groups: user.groups,
+                extra: user.extra,
+            },
+            authenticator: self.name.clone(),
+            audiences: status.audiences,
+            forwarding,
+        }))
+    }
+}
+
+fn tls_config(config: &TokenReviewConfig) -> Result<rustls::ClientConfig, TokenReviewConfigError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match &config.ca_bundle_pem {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                let cert = cert.map_err(|e| TokenReviewConfigError::InvalidCaBundle(e.to_string()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| TokenReviewConfigError::InvalidCaBundle(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(TokenReviewConfigError::InvalidCaBundle(
+                    "no certificate found".into(),
+                ));
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            if let Some(error) = native.errors.first() {
+                if native.certs.is_empty() {
+                    return Err(TokenReviewConfigError::SystemRoots(error.to_string()));
+                }
+            }
+            roots.add_parsable_certificates(native.certs);
+        }
+    }
+    let builder =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TokenReviewConfigError::InvalidCaBundle(e.to_string()))?
+            .with_root_certificates(roots);
+    // ALPN (h2, http/1.1) is set by the connector builder from the enabled protocols.
+    let tls = match &config.client_auth {
+        ClientAuth::Certificate { cert_pem, key_pem } => {
+            let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TokenReviewConfigError::InvalidClientCertificate(e.to_string()))?;
+            let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+                .map_err(|e| TokenReviewConfigError::InvalidClientCertificate(e.to_string()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| TokenReviewConfigError::InvalidClientCertificate(e.to_string()))?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(tls)
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewRequest<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    spec: ReviewSpec<'a>,
+}
+
+#[derive(Serialize)]
+struct ReviewSpec<'a> {
+    token: &'a str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    audiences: &'a [String],
+}
+
+#[derive(Deserialize)]
+struct ReviewResponse {
+    #[serde(default)]
+    status: Option<ReviewStatus>,
+}
+
+#[derive(Deserialize, Default)]
+struct ReviewStatus {
+    #[serde(default)]
+    authenticated: bool,
+    #[serde(default)]
+    user: Option<ReviewUser>,
+    #[serde(default)]
+    audiences: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct ReviewUser {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    groups: Vec<String>,
+    #[serde(default)]
+    extra: BTreeMap<String, Vec<String>>,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,297 @@
+//! Unit tests of the TokenReview client's logic against a scripted HTTPS endpoint. The real
+//! kube-apiserver as endpoint is exercised in `e2e/`.
+
+use std::{
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+};
+
+use http::Response;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// What the scripted endpoint does with one request body.
+type Script = Arc<dyn Fn(&Value) -> (StatusCode, String) + Send + Sync>;
+
+struct Endpoint {
+    url: String,
+    ca_pem: String,
+    hits: Arc<AtomicUsize>,
+}
+
+async fn endpoint(script: Script) -> Endpoint {
+    crate::tests_support::install_provider();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/review",
+        listener.local_addr().unwrap().port()
+    );
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, script, counter) = (acceptor.clone(), script.clone(), counter.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                    let (script, counter) = (script.clone(), counter.clone());
+                    async move {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        let body = request.into_body().collect().await.unwrap().to_bytes();
+                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let (status, text) = script(&body);
+                        let mut response = Response::new(Full::new(Bytes::from(text)));
+                        *response.status_mut() = status;
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    Endpoint {
+        url,
+        ca_pem: ca.pem(),
+        hits,
+    }
+}
+
+fn authenticator(
+    endpoint: &Endpoint,
+    configure: impl FnOnce(&mut TokenReviewConfig),
+) -> TokenReviewAuthenticator {
+    let mut config = TokenReviewConfig::new("test-webhook", &endpoint.url);
+    config.ca_bundle_pem = Some(endpoint.ca_pem.clone());
+    config.timeout = Duration::from_secs(2);
+    configure(&mut config);
+    TokenReviewAuthenticator::new(config).unwrap()
+}
+
+fn accepts_only(version: &'static str, user: Value) -> Script {
+    Arc::new(move |body| {
+        if body["apiVersion"] != version {
+            return (StatusCode::BAD_REQUEST, "wrong version".into());
+        }
+        let authenticated = body["spec"]["token"] == "good";
+        let status = if authenticated {
+            json!({"authenticated": true, "user": user})
+        } else {
+            json!({})
+        };
+        (
+            StatusCode::OK,
+            json!({"apiVersion": version, "kind": "TokenReview", "status": status}).to_string(),
+        )
+    })
+}
+
+fn username(outcome: &Outcome) -> Option<&str> {
+    match outcome {
+        Outcome::Authenticated(identity) => Some(&identity.user.username),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn auto_speaks_v1beta1_to_a_pinniped_style_webhook() {
+    let user = json!({"username": "alice", "groups": ["devs"], "extra": {"k": ["v"]}});
+    let endpoint = endpoint(accepts_only("authentication.k8s.io/v1beta1", user)).await;
+    let webhook = authenticator(&endpoint, |_| {});
+    let outcome = webhook.authenticate("good").await;
+    let Outcome::Authenticated(identity) = outcome else {
+        panic!("expected success, got {outcome:?}")
+    };
+    assert_eq!(identity.user.username, "alice");
+    assert_eq!(identity.user.groups, vec!["devs"]);
+    assert_eq!(identity.user.extra.get("k"), Some(&vec!["v".to_string()]));
+    assert_eq!(identity.user.uid, None);
+    assert_eq!(&*identity.authenticator, "test-webhook");
+    assert_eq!(
+        webhook.authenticate("bad").await,
+        Outcome::Rejected(RejectReason::NotAuthenticated)
+    );
+}
+
+#[tokio::test]
+async fn auto_switches_to_v1_once_when_v1beta1_is_refused() {
+    let endpoint = endpoint(accepts_only(
+        "authentication.k8s.io/v1",
+        json!({"username": "bob"}),
+    ))
+    .await;
+    let webhook = authenticator(&endpoint, |c| c.cache.positive_ttl = Duration::ZERO);
+    assert_eq!(username(&webhook.authenticate("good").await), Some("bob"));
+    assert_eq!(
+        endpoint.hits.load(Ordering::SeqCst),
+        2,
+        "one refused v1beta1 request, then v1"
+    );
+    assert_eq!(username(&webhook.authenticate("good").await), Some("bob"));
+    assert_eq!(endpoint.hits.load(Ordering::SeqCst), 3, "v1 is remembered");
+}
+
+#[tokio::test]
+async fn uid_identities_pass_through_only_when_configured() {
+    let user = json!({"username": "system:serviceaccount:ns:sa", "uid": "1234"});
+    let endpoint = endpoint(accepts_only("authentication.k8s.io/v1", user)).await;
+    let webhook = authenticator(&endpoint, |c| c.version = ReviewVersion::V1);
+    let apiserver = authenticator(&endpoint, |c| {
+        c.version = ReviewVersion::V1;
+        c.uid_handling = UidHandling::PassThroughToken;
+    });
+    let Outcome::Authenticated(impersonated) = webhook.authenticate("good").await else {
+        panic!()
+    };
+    assert_eq!(impersonated.forwarding, Forwarding::Impersonate);
+    assert_eq!(impersonated.user.uid.as_deref(), Some("1234"));
+    let Outcome::Authenticated(passed) = apiserver.authenticate("good").await else {
+        panic!()
+    };
+    assert_eq!(passed.forwarding, Forwarding::PassThroughToken);
+}
+
+#[tokio::test]
+async fn garbage_errors_and_empty_users_are_refused_and_failures_are_not_cached() {
+    let cases: Vec<(Script, RejectReason)> = vec![
+        (
+            Arc::new(|_| (StatusCode::OK, "not json".into())),
+            RejectReason::UpstreamUnavailable,
+        ),
+        (
+            Arc::new(|_| (StatusCode::OK, r#"{"status": {"authenticated": "yes"}}"#.into())),
+            RejectReason::UpstreamUnavailable,
+        ),
+        (
+            Arc::new(|_| {
+                (
+                    StatusCode::OK,
+                    r#"{"status": {"authenticated": true, "user": {"groups": 7}}}"#.into(),
+                )
+            }),
+            RejectReason::UpstreamUnavailable,
+        ),
+        (
+            Arc::new(|_| (StatusCode::INTERNAL_SERVER_ERROR, "boom".into())),
+            RejectReason::UpstreamUnavailable,
+        ),
+        (
+            Arc::new(|_| {
+                (
+                    StatusCode::OK,
+                    r#"{"status": {"authenticated": true, "user": {"username": ""}}}"#.into(),
+                )
+            }),
+            RejectReason::EmptyUsername,
+        ),
+        (
+            Arc::new(|_| (StatusCode::OK, r#"{"status": {"authenticated": true}}"#.into())),
+            RejectReason::EmptyUsername,
+        ),
+        (
+            Arc::new(|_| (StatusCode::OK, "x".repeat(MAX_RESPONSE_BYTES + 1))),
+            RejectReason::UpstreamUnavailable,
+        ),
+    ];
+    for (script, reason) in cases {
+        let endpoint = endpoint(script).await;
+        let webhook = authenticator(&endpoint, |c| c.version = ReviewVersion::V1);
+        assert_eq!(webhook.authenticate("t").await, Outcome::Rejected(reason));
+        webhook.authenticate("t").await;
+        let expected_hits = if reason.is_cacheable() { 1 } else { 2 };
+        assert_eq!(
+            endpoint.hits.load(Ordering::SeqCst),
+            expected_hits,
+            "caching of {reason}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_hanging_endpoint_is_refused_after_the_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/review",
+        listener.local_addr().unwrap().port()
+    );
+    // Accepts TCP and never answers the TLS handshake.
+    let _hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    let mut config = TokenReviewConfig::new("hang", url);
+    let ca = rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .self_signed(&rcgen::KeyPair::generate().unwrap())
+        .unwrap();
+    config.ca_bundle_pem = Some(ca.pem());
+    config.timeout = Duration::from_millis(300);
+    let webhook = TokenReviewAuthenticator::new(config).unwrap();
+    assert_eq!(
+        webhook.authenticate("t").await,
+        Outcome::Rejected(RejectReason::UpstreamUnavailable)
+    );
+}
+
+#[test]
+fn invalid_configurations_are_refused_up_front() {
+    crate::tests_support::install_provider();
+    let cases = [
+        ("http://127.0.0.1/review", None, "must use https"),
+        ("not a url at all", None, "not a valid URL"),
+        ("https://127.0.0.1/review", Some("garbage"), "no certificate"),
+        (
+            "https://127.0.0.1/review",
+            Some("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
+            "CA bundle",
+        ),
+    ];
+    for (endpoint, ca, expected) in cases {
+        let mut config = TokenReviewConfig::new("w", endpoint);
+        config.ca_bundle_pem = ca.map(str::to_string);
+        let error = TokenReviewAuthenticator::new(config)
+            .expect_err(endpoint)
+            .to_string();
+        assert!(error.contains(expected), "{endpoint}: {error}");
+    }
+}
+
+#[test]
+fn credentials_never_show_in_debug_output() {
+    let auth = ClientAuth::BearerToken("secret-token".into());
+    assert!(!format!("{auth:?}").contains("secret-token"));
+    let auth = ClientAuth::Certificate {
+        cert_pem: "CERT".into(),
+        key_pem: "KEY".into(),
+    };
+    assert!(!format!("{auth:?}").contains("KEY"));
+}
