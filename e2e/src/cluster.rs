@@ -297,15 +297,20 @@ impl Cluster {
     /// Issues a client certificate from the cluster client CA (`CN=<user>`, one `O=` per group)
     /// and writes a kubeconfig using it into the cluster directory; returns the kubeconfig path.
     pub fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf, HarnessError> {
-        let cert = self.pki.client_ca.issue_client(user, groups)?;
+        self.kubeconfig_with(&self.pki.client_ca.issue_client(user, groups)?)
+    }
+
+    /// Writes a kubeconfig for this cluster that authenticates with `credential` (a client
+    /// certificate and key) into the cluster directory; returns its path.
+    pub fn kubeconfig_with(&self, credential: &CertAndKey) -> Result<PathBuf, HarnessError> {
         let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
         let path = self.dir().join(format!("user-{n}.kubeconfig"));
         write_kubeconfig(
             &path,
             &self.server_url,
             &self.pki.server_ca.cert_pem(),
-            user,
-            &cert,
+            "user",
+            credential,
         )?;
         Ok(path)
     }

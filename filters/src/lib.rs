@@ -4,11 +4,13 @@
 //! authenticator answers ([`outcome`]), the immutable [`chain::Chain`] the proxy and the
 //! TokenCredentialRequest API run, and the authenticators:
 //!
+//! * [`x509`]: client certificates, verified against one or more CA pools and mapped CN → user,
+//!   O → groups, once per connection;
 //! * [`tokenreview`]: TokenReview webhooks (Pinniped's WebhookAuthenticator) and kube-apiserver's
 //!   own TokenReview for pass-through of tokens the cluster accepts, with a bounded result cache
 //!   keyed by an HMAC of the token ([`review_cache`]).
 //!
-//! Still to come (see the project's issues): the x509 client-certificate authenticator, the JWT
+//! Still to come (see the project's issues): the JWT
 //! authenticator (Pinniped's JWTAuthenticator and Kubernetes' structured
 //! AuthenticationConfiguration) and the impersonation header policy.
 //!
@@ -19,6 +21,7 @@ pub mod identity;
 pub mod outcome;
 pub mod review_cache;
 pub mod tokenreview;
+pub mod x509;
 
 #[cfg(test)]
 mod tests_support {

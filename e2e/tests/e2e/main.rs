@@ -9,6 +9,7 @@ mod harness_lifecycle;
 mod rbac_client_cert;
 mod resources;
 mod token_review;
+mod x509_identity;
 
 /// Polls `check` every 250 ms until it returns `Ok`, or fails with its last error after `timeout`.
 pub async fn eventually<T, F, Fut>(timeout: std::time::Duration, mut check: F) -> anyhow::Result<T>

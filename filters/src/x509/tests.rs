@@ -1,0 +1,182 @@
+//! Verification and subject mapping, with certificates made by rcgen. Multi-group certificates
+//! and agreement with kube-apiserver are tested in `e2e/` with the harness's PKI.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+};
+
+use super::*;
+
+struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+impl Ca {
+    fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "test ca");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        Self(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
+    }
+
+    fn pem(&self) -> String {
+        self.0.pem()
+    }
+
+    fn issue(&self, configure: impl FnOnce(&mut CertificateParams)) -> CertificateDer<'static> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "alice");
+        params.distinguished_name.push(DnType::OrganizationName, "devs");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = rcgen::date_time_ymd(2026, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2026, 1, 2);
+        configure(&mut params);
+        params
+            .signed_by(&KeyPair::generate().unwrap(), &self.0)
+            .unwrap()
+            .der()
+            .clone()
+    }
+}
+
+/// 2026-01-01T12:00:00Z, inside the default validity window of `Ca::issue`.
+fn noon() -> UnixTime {
+    UnixTime::since_unix_epoch(Duration::from_secs(1_767_268_800))
+}
+
+fn at(seconds_after_noon: i64) -> UnixTime {
+    UnixTime::since_unix_epoch(Duration::from_secs(
+        noon().as_secs().saturating_add_signed(seconds_after_noon),
+    ))
+}
+
+fn authenticator(cas: &[&Ca]) -> X509Authenticator {
+    let pems: Vec<String> = cas.iter().map(|ca| ca.pem()).collect();
+    let bundles: Vec<&str> = pems.iter().map(String::as_str).collect();
+    X509Authenticator::new("x509", &bundles, Duration::from_secs(30)).unwrap()
+}
+
+#[test]
+fn a_valid_certificate_becomes_its_subject() {
+    let ca = Ca::new();
+    let outcome = authenticator(&[&ca]).authenticate_at(&[ca.issue(|_| {})], noon());
+    let Outcome::Authenticated(identity) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(identity.user.username, "alice");
+    assert_eq!(identity.user.groups, vec!["devs"]);
+    assert_eq!(identity.user.uid, None);
+    assert_eq!(&*identity.authenticator, "x509");
+}
+
+#[test]
+fn any_of_several_ca_pools_is_trusted() {
+    let (signer, cluster, stranger) = (Ca::new(), Ca::new(), Ca::new());
+    let both = authenticator(&[&signer, &cluster]);
+    assert!(matches!(
+        both.authenticate_at(&[signer.issue(|_| {})], noon()),
+        Outcome::Authenticated(_)
+    ));
+    assert!(matches!(
+        both.authenticate_at(&[cluster.issue(|_| {})], noon()),
+        Outcome::Authenticated(_)
+    ));
+    assert_eq!(
+        both.authenticate_at(&[stranger.issue(|_| {})], noon()),
+        Outcome::Rejected(RejectReason::UntrustedCertificate)
+    );
+}
+
+#[test]
+fn the_validity_window_is_enforced_with_a_small_skew() {
+    let ca = Ca::new();
+    let x509 = authenticator(&[&ca]);
+    let cert = [ca.issue(|p| {
+        p.not_before = rcgen::date_time_ymd(2026, 1, 1) + time::Duration::hours(12);
+        p.not_after = rcgen::date_time_ymd(2026, 1, 1) + time::Duration::hours(13);
+    })];
+    assert!(
+        matches!(x509.authenticate_at(&cert, at(-10)), Outcome::Authenticated(_)),
+        "10 s early is skew"
+    );
+    assert_eq!(
+        x509.authenticate_at(&cert, at(-120)),
+        Outcome::Rejected(RejectReason::NotYetValid)
+    );
+    assert!(
+        matches!(
+            x509.authenticate_at(&cert, at(3600 + 10)),
+            Outcome::Authenticated(_)
+        ),
+        "10 s late"
+    );
+    assert_eq!(
+        x509.authenticate_at(&cert, at(3600 + 120)),
+        Outcome::Rejected(RejectReason::Expired)
+    );
+}
+
+#[test]
+fn the_client_auth_usage_is_required() {
+    let ca = Ca::new();
+    let x509 = authenticator(&[&ca]);
+    let server_only = ca.issue(|p| p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth]);
+    assert_eq!(
+        x509.authenticate_at(&[server_only], noon()),
+        Outcome::Rejected(RejectReason::UntrustedCertificate)
+    );
+    let no_eku = ca.issue(|p| p.extended_key_usages = vec![]);
+    assert_eq!(
+        x509.authenticate_at(&[no_eku], noon()),
+        Outcome::Rejected(RejectReason::UntrustedCertificate)
+    );
+}
+
+#[test]
+fn subjects_without_a_single_non_empty_common_name_are_refused() {
+    let ca = Ca::new();
+    let x509 = authenticator(&[&ca]);
+    let no_cn = ca.issue(|p| {
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(DnType::OrganizationName, "devs");
+    });
+    assert_eq!(
+        x509.authenticate_at(&[no_cn], noon()),
+        Outcome::Rejected(RejectReason::EmptyUsername)
+    );
+    let empty_cn = ca.issue(|p| {
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(DnType::CommonName, "");
+    });
+    assert_eq!(
+        x509.authenticate_at(&[empty_cn], noon()),
+        Outcome::Rejected(RejectReason::EmptyUsername)
+    );
+}
+
+#[test]
+fn no_certificate_is_not_mine_and_garbage_is_malformed() {
+    let ca = Ca::new();
+    let x509 = authenticator(&[&ca]);
+    assert_eq!(x509.authenticate_at(&[], noon()), Outcome::NotMine);
+    let garbage = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01]);
+    assert_eq!(
+        x509.authenticate_at(&[garbage], noon()),
+        Outcome::Rejected(RejectReason::Malformed)
+    );
+}
+
+#[test]
+fn invalid_ca_bundles_are_refused_at_configuration_time() {
+    let error = X509Authenticator::new("x", &["not pem"], DEFAULT_CLOCK_SKEW)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("bundle 0") && error.contains("no PEM certificate"),
+        "{error}"
+    );
+    let ca = Ca::new();
+    let broken = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+    let error = X509Authenticator::new("x", &[&ca.pem(), broken], DEFAULT_CLOCK_SKEW)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("bundle 1"), "{error}");
+}
