@@ -20,9 +20,12 @@ lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-## test: lint, then every test, against real components
+## test: lint, then every test, against real components; ends with one "total: N passed, M failed" line
 test: lint
-	$(CARGO) test --workspace --locked
+	@mkdir -p target
+	$(CARGO) test --workspace --locked 2>&1 | tee target/test-output.log
+	@awk '/^test result:/ { passed += $$4; failed += $$6 } \
+	  END { printf "total: %d passed, %d failed\n", passed, failed }' target/test-output.log
 
 $(SELKIE_CLUSTER): FORCE
 	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-cluster
