@@ -2,17 +2,21 @@
 # Builds the real components Selkie's tests run against, from their published Go modules:
 #   kube-apiserver + kubectl  from k8s.io/kubernetes (staging modules replaced by their published tags)
 #   etcd                      from go.etcd.io/etcd/server/v3
+#   dex                       from github.com/dexidp/dex (the OIDC provider of the JWT tests)
 # Each build lives in a cache outside the repository, keyed by version:
 #   ${SELKIE_CACHE_DIR:-~/.cache/selkie}/components/<name>-<version>/bin/
 # A finished build is marked by a stamp file, so a second run only checks the stamp (seconds).
 # Concurrent runs serialise on a lock file. Prints `<name>=<bin-dir>` and `<name>_version=<version>`
 # per component on stdout; progress and errors go to stderr.
 #
-# usage: build-components.sh [kubernetes|etcd|all]      (default: all)
+# usage: build-components.sh [kubernetes|etcd|dex|all]      (default: all)
 set -euo pipefail
 
 K8S_VERSION="${SELKIE_K8S_VERSION:-1.35.4}"
 ETCD_VERSION="${SELKIE_ETCD_VERSION:-3.6.16}"
+# Dex's module path lacks /v2, so its v2.x tags are not valid module versions: the pseudo-version
+# of the v2.45.1 tag's commit (11d2eeb52b42, 2026-03-03) is the way to name that release.
+DEX_VERSION="${SELKIE_DEX_VERSION:-0.0.0-20260303133905-11d2eeb52b42}"
 CACHE_DIR="${SELKIE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/selkie}/components"
 # Bump when the recipe below changes, so cached builds made by an older recipe are rebuilt.
 RECIPE=1
@@ -117,12 +121,35 @@ GO
   run_logged etcd "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/etcd go.etcd.io/etcd/server/v3
 }
 
+build_dex() {
+  local work=$1 version=$2
+  printf 'module local/selkie-dex-tools\n\ngo 1.24\n' >"$work/go.mod"
+  cat >"$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "github.com/dexidp/dex/cmd/dex"
+)
+GO
+  # Dex's own `replace ./api/v2` is ignored for a dependency; its required api/v2 v2.4.0 is the
+  # same code.
+  run_logged dex "$work" go get "github.com/dexidp/dex@v$version"
+  run_logged dex "$work" go mod tidy
+  mkdir -p "$work/bin"
+  # No cgo: the tests use Dex's in-memory storage, not sqlite.
+  run_logged dex "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/dex github.com/dexidp/dex/cmd/dex
+}
+
 case "${1:-all}" in
   kubernetes) with_cache kubernetes "$K8S_VERSION" build_kubernetes ;;
   etcd) with_cache etcd "$ETCD_VERSION" build_etcd ;;
+  dex) with_cache dex "$DEX_VERSION" build_dex ;;
   all)
     with_cache etcd "$ETCD_VERSION" build_etcd
     with_cache kubernetes "$K8S_VERSION" build_kubernetes
+    with_cache dex "$DEX_VERSION" build_dex
     ;;
-  *) die "usage: $0 [kubernetes|etcd|all]" ;;
+  *) die "usage: $0 [kubernetes|etcd|dex|all]" ;;
 esac

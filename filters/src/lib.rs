@@ -17,6 +17,7 @@
 //! It never depends on pingora, so the data plane stays swappable; it never logs a token.
 
 pub mod chain;
+pub mod https;
 pub mod identity;
 pub mod outcome;
 pub mod review_cache;

@@ -21,13 +21,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::{
-    client::legacy::{connect::HttpConnector, Client},
-    rt::TokioExecutor,
-};
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use http_body_util::Full;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -51,7 +45,7 @@ pub enum ReviewVersion {
     Auto,
 }
 
-/// How the authenticator proves itself to the endpoint.
+/// How an authenticator proves itself to the service it calls.
 #[derive(Clone, Default)]
 pub enum ClientAuth {
     /// No credential (Pinniped's WebhookAuthenticator).
@@ -147,15 +141,12 @@ pub enum TokenReviewConfigError {
     /// The endpoint does not use https.
     #[error("endpoint {0:?} must use https")]
     NotHttps(String),
-    /// The CA bundle holds no PEM certificate, or one that cannot be parsed.
-    #[error("the CA bundle is not valid PEM or holds no certificate: {0}")]
-    InvalidCaBundle(String),
-    /// The client certificate or key cannot be parsed or do not match.
-    #[error("the client certificate or key is invalid: {0}")]
-    InvalidClientCertificate(String),
-    /// The system's trusted roots cannot be loaded.
-    #[error("loading the system's trusted CA certificates failed: {0}")]
-    SystemRoots(String),
+    /// The bearer token has characters that cannot appear in an HTTP header.
+    #[error("the bearer token contains characters not allowed in an HTTP header")]
+    InvalidBearerToken,
+    /// The TLS settings (CA bundle, client certificate) are unusable.
+    #[error(transparent)]
+    Tls(#[from] crate::https::TlsConfigError),
     /// See [`RandomSourceError`].
     #[error(transparent)]
     RandomSource(#[from] RandomSourceError),
@@ -165,7 +156,7 @@ pub enum TokenReviewConfigError {
 pub struct TokenReviewAuthenticator {
     name: Arc<str>,
     endpoint: Uri,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: crate::https::HttpsClient,
     authorization: Option<http::HeaderValue>,
     version: ReviewVersion,
     /// Set once an `Auto` endpoint refused v1beta1.
@@ -197,23 +188,11 @@ impl TokenReviewAuthenticator {
         if endpoint.scheme() != Some(&http::uri::Scheme::HTTPS) || endpoint.host().is_none() {
             return Err(TokenReviewConfigError::NotHttps(config.endpoint));
         }
-        let tls = tls_config(&config)?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .enable_http2()
-            .build();
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+        let client = crate::https::client(config.ca_bundle_pem.as_deref(), &config.client_auth)?;
         let authorization = match &config.client_auth {
             ClientAuth::BearerToken(token) => {
-                let mut value = http::HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
-                    TokenReviewConfigError::InvalidClientCertificate(
-                        "the bearer token contains characters not allowed in a header".into(),
-                    )
-                })?;
+                let mut value = http::HeaderValue::try_from(format!("Bearer {token}"))
+                    .map_err(|_| TokenReviewConfigError::InvalidBearerToken)?;
                 value.set_sensitive(true);
                 Some(value)
             }
@@ -302,23 +281,15 @@ impl TokenReviewAuthenticator {
                 .headers_mut()
                 .insert(header::AUTHORIZATION, authorization.clone());
         }
-        let response = self.client.request(request).await.map_err(|e| {
-            tracing::warn!(authenticator = %self.name, error = %e, "token review request failed");
-            None
-        })?;
-        let status = response.status();
-        let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-            .collect()
+        let bytes = crate::https::fetch(&self.client, request, MAX_RESPONSE_BYTES)
             .await
-            .map_err(|_| {
-                tracing::warn!(authenticator = %self.name, "token review response unreadable or too large");
-                None
-            })?
-            .to_bytes();
-        if !status.is_success() {
-            tracing::warn!(authenticator = %self.name, %status, "token review endpoint answered an error");
-            return Err(Some(status));
-        }
+            .map_err(|e| {
+                tracing::warn!(authenticator = %self.name, error = %e, "token review failed");
+                match e {
+                    crate::https::FetchError::Status(status) => Some(status),
+                    _ => None,
+                }
+            })?;
         let review: ReviewResponse = serde_json::from_slice(&bytes).map_err(|e| {
             tracing::warn!(authenticator = %self.name, error = %e, "token review response is not a TokenReview");
             None
@@ -360,54 +331,6 @@ impl TokenReviewAuthenticator {
             forwarding,
         }))
     }
-}
-
-fn tls_config(config: &TokenReviewConfig) -> Result<rustls::ClientConfig, TokenReviewConfigError> {
-    let mut roots = rustls::RootCertStore::empty();
-    match &config.ca_bundle_pem {
-        Some(pem) => {
-            for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                let cert = cert.map_err(|e| TokenReviewConfigError::InvalidCaBundle(e.to_string()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| TokenReviewConfigError::InvalidCaBundle(e.to_string()))?;
-            }
-            if roots.is_empty() {
-                return Err(TokenReviewConfigError::InvalidCaBundle(
-                    "no certificate found".into(),
-                ));
-            }
-        }
-        None => {
-            let native = rustls_native_certs::load_native_certs();
-            if let Some(error) = native.errors.first() {
-                if native.certs.is_empty() {
-                    return Err(TokenReviewConfigError::SystemRoots(error.to_string()));
-                }
-            }
-            roots.add_parsable_certificates(native.certs);
-        }
-    }
-    let builder =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TokenReviewConfigError::InvalidCaBundle(e.to_string()))?
-            .with_root_certificates(roots);
-    // ALPN (h2, http/1.1) is set by the connector builder from the enabled protocols.
-    let tls = match &config.client_auth {
-        ClientAuth::Certificate { cert_pem, key_pem } => {
-            let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| TokenReviewConfigError::InvalidClientCertificate(e.to_string()))?;
-            let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-                .map_err(|e| TokenReviewConfigError::InvalidClientCertificate(e.to_string()))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| TokenReviewConfigError::InvalidClientCertificate(e.to_string()))?
-        }
-        _ => builder.with_no_client_auth(),
-    };
-    Ok(tls)
 }
 
 #[derive(Serialize)]

@@ -10,8 +10,10 @@ use std::{
 };
 
 use http::Response;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::{pem::PemObject, PrivateKeyDer};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
