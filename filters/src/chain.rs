@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::{
     identity::{Credential, Identity},
+    jwt::JwtAuthenticator,
     outcome::{Outcome, RejectReason},
     tokenreview::TokenReviewAuthenticator,
 };
@@ -16,14 +17,17 @@ pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum TokenAuthenticator {
+    /// JWTs from one issuer.
+    Jwt(Box<JwtAuthenticator>),
     /// A TokenReview webhook, or kube-apiserver's own TokenReview (pass-through).
-    TokenReview(TokenReviewAuthenticator),
+    TokenReview(Box<TokenReviewAuthenticator>),
 }
 
 impl TokenAuthenticator {
     /// The authenticator's configured name.
     pub fn name(&self) -> &Arc<str> {
         match self {
+            Self::Jwt(authenticator) => authenticator.name(),
             Self::TokenReview(authenticator) => authenticator.name(),
         }
     }
@@ -31,6 +35,7 @@ impl TokenAuthenticator {
     /// Authenticates one token.
     pub async fn authenticate(&self, token: &str) -> Outcome {
         match self {
+            Self::Jwt(authenticator) => authenticator.authenticate(token).await,
             Self::TokenReview(authenticator) => authenticator.authenticate(token).await,
         }
     }

@@ -86,6 +86,18 @@ impl ReviewCache {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Outcome>,
     {
+        self.get_or_review_capped(token, || async { (review().await, None) })
+            .await
+    }
+
+    /// Like [`ReviewCache::get_or_review`], for credentials that expire on their own: `review`
+    /// also returns how long its outcome may be reused at most (for example until a JWT's `exp`),
+    /// and the entry lives for the shorter of that and the configured TTL.
+    pub async fn get_or_review_capped<F, Fut>(&self, token: &str, review: F) -> Outcome
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = (Outcome, Option<Duration>)>,
+    {
         let key = self.key_for(token);
         let mut review = Some(review);
         loop {
@@ -99,8 +111,12 @@ impl ReviewCache {
                         // Unreachable: the review runs at most once, and this arm returns.
                         return Outcome::Rejected(RejectReason::UpstreamUnavailable);
                     };
-                    let outcome = review().await;
-                    if let Some(ttl) = self.ttl_for(&outcome) {
+                    let (outcome, cap) = review().await;
+                    let ttl = match (self.ttl_for(&outcome), cap) {
+                        (Some(ttl), Some(cap)) => Some(ttl.min(cap)),
+                        (ttl, _) => ttl,
+                    };
+                    if let Some(ttl) = ttl.filter(|ttl| !ttl.is_zero()) {
                         let _ = guard.insert(Entry {
                             outcome: outcome.clone(),
                             expires: Instant::now() + ttl,

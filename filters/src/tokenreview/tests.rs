@@ -1,96 +1,26 @@
 //! Unit tests of the TokenReview client's logic against a scripted HTTPS endpoint. The real
 //! kube-apiserver as endpoint is exercised in `e2e/`.
 
-use std::{
-    convert::Infallible,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-};
+use std::sync::Arc;
 
-use http::Response;
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls_pki_types::{pem::PemObject, PrivateKeyDer};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use super::*;
+use crate::tests_support::Endpoint;
 
 /// What the scripted endpoint does with one request body.
 type Script = Arc<dyn Fn(&Value) -> (StatusCode, String) + Send + Sync>;
 
-struct Endpoint {
-    url: String,
-    ca_pem: String,
-    hits: Arc<AtomicUsize>,
-}
-
 async fn endpoint(script: Script) -> Endpoint {
-    crate::tests_support::install_provider();
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    let tls = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
-        )
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "https://127.0.0.1:{}/review",
-        listener.local_addr().unwrap().port()
-    );
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counter = hits.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, script, counter) = (acceptor.clone(), script.clone(), counter.clone());
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                    let (script, counter) = (script.clone(), counter.clone());
-                    async move {
-                        counter.fetch_add(1, Ordering::SeqCst);
-                        let body = request.into_body().collect().await.unwrap().to_bytes();
-                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let (status, text) = script(&body);
-                        let mut response = Response::new(Full::new(Bytes::from(text)));
-                        *response.status_mut() = status;
-                        Ok::<_, Infallible>(response)
-                    }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await;
-            });
-        }
-    });
-    Endpoint {
-        url,
-        ca_pem: ca.pem(),
-        hits,
-    }
+    crate::tests_support::endpoint(Arc::new(move |_path: &str, body: &Value| script(body))).await
 }
 
 fn authenticator(
     endpoint: &Endpoint,
     configure: impl FnOnce(&mut TokenReviewConfig),
 ) -> TokenReviewAuthenticator {
-    let mut config = TokenReviewConfig::new("test-webhook", &endpoint.url);
+    let mut config = TokenReviewConfig::new("test-webhook", format!("{}/review", endpoint.base_url));
     config.ca_bundle_pem = Some(endpoint.ca_pem.clone());
     config.timeout = Duration::from_secs(2);
     configure(&mut config);
@@ -151,13 +81,9 @@ async fn auto_switches_to_v1_once_when_v1beta1_is_refused() {
     .await;
     let webhook = authenticator(&endpoint, |c| c.cache.positive_ttl = Duration::ZERO);
     assert_eq!(username(&webhook.authenticate("good").await), Some("bob"));
-    assert_eq!(
-        endpoint.hits.load(Ordering::SeqCst),
-        2,
-        "one refused v1beta1 request, then v1"
-    );
+    assert_eq!(endpoint.hits(), 2, "one refused v1beta1 request, then v1");
     assert_eq!(username(&webhook.authenticate("good").await), Some("bob"));
-    assert_eq!(endpoint.hits.load(Ordering::SeqCst), 3, "v1 is remembered");
+    assert_eq!(endpoint.hits(), 3, "v1 is remembered");
 }
 
 #[tokio::test]
@@ -228,11 +154,7 @@ async fn garbage_errors_and_empty_users_are_refused_and_failures_are_not_cached(
         assert_eq!(webhook.authenticate("t").await, Outcome::Rejected(reason));
         webhook.authenticate("t").await;
         let expected_hits = if reason.is_cacheable() { 1 } else { 2 };
-        assert_eq!(
-            endpoint.hits.load(Ordering::SeqCst),
-            expected_hits,
-            "caching of {reason}"
-        );
+        assert_eq!(endpoint.hits(), expected_hits, "caching of {reason}");
     }
 }
 

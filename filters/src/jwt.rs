@@ -1,0 +1,646 @@
+//! JWT bearer tokens with Pinniped's JWTAuthenticator semantics: exact issuer, an accepted
+//! audience, a username claim and a groups claim, keys from the issuer's OIDC discovery document.
+//! It also takes the claim-mapping fields of Kubernetes' structured AuthenticationConfiguration
+//! that need no expression language: several audiences (any one must match), claim prefixes, a
+//! uid claim and extra attributes from claims.
+//!
+//! Security rules, whatever a token or a key set says:
+//! * only RS256/384/512, PS256/384/512, ES256/384 and EdDSA are verified; `none` and HMAC never;
+//! * a key's algorithm is pinned by its JWK (`alg`, else its key type), so a token cannot pick
+//!   an algorithm its key was not made for;
+//! * `iss` must equal the configured issuer exactly, `exp` is required, `nbf`/`iat`/`exp` allow only
+//!   a bounded clock skew, and tokens have a size limit;
+//! * a `crit` header is refused (no extensions are understood).
+//!
+//! Keys come from `<issuer>/.well-known/openid-configuration` → `jwks_uri` and are cached. An
+//! unknown `kid` triggers one refresh (single-flight, at most once per
+//! [`JwtConfig::jwks_min_refresh_interval`]); key sets older than [`JwtConfig::jwks_max_age`] are
+//! refreshed on use. Verified results are cached (keyed by an HMAC of the token) no longer than
+//! the token's own expiry.
+
+mod keys;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use arc_swap::ArcSwapOption;
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
+use bytes::Bytes;
+use http::{header, Request, Uri};
+use http_body_util::Full;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+pub use keys::Algorithm;
+use keys::{parse_jwks, VerifyingKey};
+
+use crate::{
+    https::{FetchError, HttpsClient, TlsConfigError},
+    identity::{Forwarding, Identity, UserInfo},
+    outcome::{Outcome, RejectReason},
+    review_cache::{CacheConfig, RandomSourceError, ReviewCache},
+    tokenreview::ClientAuth,
+};
+
+/// Largest discovery document or JWKS read.
+const MAX_DOCUMENT_BYTES: usize = 512 * 1024;
+const WELL_KNOWN: &str = "/.well-known/openid-configuration";
+
+/// A claim copied into the user, with an optional prefix (Kubernetes' `claimMappings`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimMapping {
+    /// Claim name.
+    pub claim: String,
+    /// Prepended to the claim's value (to each value, for lists).
+    pub prefix: String,
+}
+
+impl ClaimMapping {
+    /// The claim, without a prefix.
+    pub fn claim(claim: impl Into<String>) -> Self {
+        Self {
+            claim: claim.into(),
+            prefix: String::new(),
+        }
+    }
+}
+
+/// Configuration of a [`JwtAuthenticator`].
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    /// Name used in audit logs and metrics (the JWTAuthenticator's name).
+    pub name: String,
+    /// The `https://` issuer URL; `iss` must equal it exactly.
+    pub issuer: String,
+    /// Accepted audiences: a token is accepted if any of its `aud` values is one of these.
+    pub audiences: Vec<String>,
+    /// Where the user name comes from (Pinniped's default: claim `username`).
+    pub username: ClaimMapping,
+    /// Where the groups come from (Pinniped's default: claim `groups`); `None` gives no groups.
+    pub groups: Option<ClaimMapping>,
+    /// A claim holding the user's UID.
+    pub uid_claim: Option<String>,
+    /// Extra attributes: key → claim (string or list of strings).
+    pub extra: BTreeMap<String, String>,
+    /// PEM CA bundle for the issuer's discovery and JWKS endpoints; `None` trusts the system roots.
+    pub ca_bundle_pem: Option<String>,
+    /// Tolerance for `exp`, `nbf` and `iat`.
+    pub clock_skew: Duration,
+    /// Longest token accepted.
+    pub max_token_bytes: usize,
+    /// An unknown `kid` refreshes the key set at most this often.
+    pub jwks_min_refresh_interval: Duration,
+    /// Key sets older than this are refreshed when used.
+    pub jwks_max_age: Duration,
+    /// Deadline for fetching discovery or keys.
+    pub timeout: Duration,
+    /// Result cache (entries never outlive the token's `exp`).
+    pub cache: CacheConfig,
+}
+
+impl JwtConfig {
+    /// Pinniped's defaults for `issuer` and one `audience`: claims `username` and `groups`, 60 s
+    /// clock skew, 16 KiB tokens, key refresh at most every 10 s and at least hourly.
+    pub fn new(name: impl Into<String>, issuer: impl Into<String>, audience: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            issuer: issuer.into(),
+            audiences: vec![audience.into()],
+            username: ClaimMapping::claim("username"),
+            groups: Some(ClaimMapping::claim("groups")),
+            uid_claim: None,
+            extra: BTreeMap::new(),
+            ca_bundle_pem: None,
+            clock_skew: Duration::from_secs(60),
+            max_token_bytes: 16 * 1024,
+            jwks_min_refresh_interval: Duration::from_secs(10),
+            jwks_max_age: Duration::from_secs(3600),
+            timeout: Duration::from_secs(10),
+            cache: CacheConfig::default(),
+        }
+    }
+}
+
+/// Why a [`JwtConfig`] cannot be used; reported at configuration time.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JwtConfigError {
+    /// The issuer is not an absolute URL.
+    #[error("issuer {0:?} is not a valid URL")]
+    InvalidIssuerUrl(String),
+    /// The issuer does not use https.
+    #[error("issuer {0:?} must use https")]
+    IssuerNotHttps(String),
+    /// The issuer has a query or contains the discovery path itself.
+    #[error("issuer {0:?} must not contain a query or the /.well-known/openid-configuration path")]
+    IssuerHasExtraParts(String),
+    /// No audience, or an empty one.
+    #[error("at least one non-empty audience is required")]
+    NoAudience,
+    /// A claim name is empty.
+    #[error("the {0} claim name must not be empty")]
+    EmptyClaimName(&'static str),
+    /// See [`TlsConfigError`].
+    #[error(transparent)]
+    Tls(#[from] TlsConfigError),
+    /// See [`RandomSourceError`].
+    #[error(transparent)]
+    RandomSource(#[from] RandomSourceError),
+}
+
+/// Why discovery or the key set could not be loaded (for status conditions and logs).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum JwksError {
+    /// The discovery document could not be fetched.
+    #[error("fetching the discovery document {url} failed: {reason}")]
+    Discovery {
+        /// The discovery URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The discovery document names another issuer.
+    #[error("the discovery document names issuer {found:?}, not {expected:?}")]
+    IssuerMismatch {
+        /// The configured issuer.
+        expected: String,
+        /// What the document says.
+        found: String,
+    },
+    /// `jwks_uri` is missing or not https.
+    #[error("the discovery document's jwks_uri {0:?} is not an https URL")]
+    InvalidJwksUri(String),
+    /// The key set could not be fetched or parsed.
+    #[error("fetching the key set {url} failed: {reason}")]
+    Jwks {
+        /// The JWKS URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The key set holds no key Selkie can use.
+    #[error("the key set {0} holds no usable signing key")]
+    NoUsableKeys(String),
+    /// A refresh was attempted too recently to try again.
+    #[error("the key set was refreshed less than the minimum interval ago")]
+    RateLimited,
+}
+
+struct KeySet {
+    keys: Vec<VerifyingKey>,
+    fetched: Instant,
+}
+
+/// See the module documentation.
+pub struct JwtAuthenticator {
+    name: Arc<str>,
+    issuer: String,
+    discovery_url: Uri,
+    audiences: Vec<String>,
+    username: ClaimMapping,
+    groups: Option<ClaimMapping>,
+    uid_claim: Option<String>,
+    extra: BTreeMap<String, String>,
+    clock_skew: Duration,
+    max_token_bytes: usize,
+    min_refresh: Duration,
+    max_age: Duration,
+    timeout: Duration,
+    client: HttpsClient,
+    keys: ArcSwapOption<KeySet>,
+    /// Serialises refreshes; holds when the last throttled fetch happened (one triggered by an
+    /// unknown `kid`, or one that failed). A successful first or age-based fetch does not count,
+    /// so a rotation right after start-up is still picked up at once.
+    refresh: tokio::sync::Mutex<Option<Instant>>,
+    cache: ReviewCache,
+}
+
+impl std::fmt::Debug for JwtAuthenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtAuthenticator")
+            .field("name", &self.name)
+            .field("issuer", &self.issuer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtAuthenticator {
+    /// Validates `config` and builds the authenticator. Does no network IO: keys are fetched on
+    /// first use, or by [`JwtAuthenticator::load_keys`].
+    pub fn new(config: JwtConfig) -> Result<Self, JwtConfigError> {
+        let issuer_uri: Uri = config
+            .issuer
+            .parse()
+            .map_err(|_| JwtConfigError::InvalidIssuerUrl(config.issuer.clone()))?;
+        if issuer_uri.host().is_none() {
+            return Err(JwtConfigError::InvalidIssuerUrl(config.issuer));
+        }
+        if issuer_uri.scheme() != Some(&http::uri::Scheme::HTTPS) {
+            return Err(JwtConfigError::IssuerNotHttps(config.issuer));
+        }
+        if issuer_uri.query().is_some() || config.issuer.contains(WELL_KNOWN) {
+            return Err(JwtConfigError::IssuerHasExtraParts(config.issuer));
+        }
+        if config.audiences.is_empty() || config.audiences.iter().any(String::is_empty) {
+            return Err(JwtConfigError::NoAudience);
+        }
+        if config.username.claim.is_empty() {
+            return Err(JwtConfigError::EmptyClaimName("username"));
+        }
+        if config.groups.as_ref().is_some_and(|g| g.claim.is_empty()) {
+            return Err(JwtConfigError::EmptyClaimName("groups"));
+        }
+        if config.uid_claim.as_ref().is_some_and(String::is_empty) {
+            return Err(JwtConfigError::EmptyClaimName("uid"));
+        }
+        if config
+            .extra
+            .iter()
+            .any(|(key, claim)| key.is_empty() || claim.is_empty())
+        {
+            return Err(JwtConfigError::EmptyClaimName("extra"));
+        }
+        let discovery = format!("{}{WELL_KNOWN}", config.issuer.trim_end_matches('/'));
+        let discovery_url = discovery
+            .parse()
+            .map_err(|_| JwtConfigError::InvalidIssuerUrl(config.issuer.clone()))?;
+        Ok(Self {
+            name: config.name.into(),
+            client: crate::https::client(config.ca_bundle_pem.as_deref(), &ClientAuth::None)?,
+            issuer: config.issuer,
+            discovery_url,
+            audiences: config.audiences,
+            username: config.username,
+            groups: config.groups,
+            uid_claim: config.uid_claim,
+            extra: config.extra,
+            clock_skew: config.clock_skew,
+            max_token_bytes: config.max_token_bytes,
+            min_refresh: config.jwks_min_refresh_interval,
+            max_age: config.jwks_max_age,
+            timeout: config.timeout,
+            keys: ArcSwapOption::empty(),
+            refresh: tokio::sync::Mutex::new(None),
+            cache: ReviewCache::new(config.cache)?,
+        })
+    }
+
+    /// The configured name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The configured issuer.
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// Fetches discovery and the key set now, replacing the cached keys on success (used by the
+    /// control plane to report whether an authenticator works). Returns the number of usable
+    /// keys. Not rate-limited.
+    pub async fn load_keys(&self) -> Result<usize, JwksError> {
+        let _serialised = self.refresh.lock().await;
+        let keys = self.fetch_keys().await?;
+        let count = keys.len();
+        self.keys.store(Some(Arc::new(KeySet {
+            keys,
+            fetched: Instant::now(),
+        })));
+        Ok(count)
+    }
+
+    /// Authenticates a bearer token. A token that is not a JWT, or whose (unverified) `iss` is
+    /// another issuer, is [`Outcome::NotMine`].
+    pub async fn authenticate(&self, token: &str) -> Outcome {
+        if token.len() > self.max_token_bytes {
+            return Outcome::Rejected(RejectReason::TooLarge);
+        }
+        if token.bytes().filter(|b| *b == b'.').count() != 2 {
+            return Outcome::NotMine;
+        }
+        self.cache
+            .get_or_review_capped(token, || self.verify(token))
+            .await
+    }
+
+    /// The full check of one token: the outcome and how long it may be reused at most.
+    async fn verify(&self, token: &str) -> (Outcome, Option<Duration>) {
+        match self.verify_inner(token).await {
+            Ok((identity, valid_for)) => (Outcome::Authenticated(Arc::new(identity)), Some(valid_for)),
+            Err(Verdict::NotMine) => (Outcome::NotMine, None),
+            Err(Verdict::Rejected(reason)) => (Outcome::Rejected(reason), None),
+        }
+    }
+
+    async fn verify_inner(&self, token: &str) -> Result<(Identity, Duration), Verdict> {
+        let mut parts = token.splitn(3, '.');
+        let (Some(header_b64), Some(payload_b64), Some(signature_b64)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(Verdict::NotMine);
+        };
+        let header: Header = decode_json(header_b64)?;
+        let claims: Map<String, Value> = decode_json(payload_b64)?;
+        // Routing only: the issuer is trusted after the signature verifies.
+        if claims.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
+            return Err(Verdict::NotMine);
+        }
+        if header.crit.is_some() {
+            return Err(Verdict::Rejected(RejectReason::Malformed));
+        }
+        let alg =
+            Algorithm::from_name(&header.alg).ok_or(Verdict::Rejected(RejectReason::UnsupportedAlgorithm))?;
+        let signature_bytes = B64URL
+            .decode(signature_b64)
+            .map_err(|_| Verdict::Rejected(RejectReason::Malformed))?;
+        let signed = &token.as_bytes()[..header_b64.len() + 1 + payload_b64.len()];
+        self.verify_signature(alg, header.kid.as_deref(), signed, &signature_bytes)
+            .await?;
+        self.identity_from(&claims)
+    }
+
+    async fn verify_signature(
+        &self,
+        alg: Algorithm,
+        kid: Option<&str>,
+        signed: &[u8],
+        signature_bytes: &[u8],
+    ) -> Result<(), Verdict> {
+        let observed = Instant::now();
+        let mut keys = self.current_keys(observed).await?;
+        let mut refreshed = false;
+        loop {
+            let candidates: Vec<&VerifyingKey> = keys
+                .keys
+                .iter()
+                .filter(|key| kid.is_none() || key.kid.as_deref() == kid)
+                .collect();
+            if !candidates.is_empty() {
+                let usable: Vec<&&VerifyingKey> = candidates
+                    .iter()
+                    .filter(|key| key.alg.map_or(alg.fits(&key.material), |pinned| pinned == alg))
+                    .collect();
+                if usable.is_empty() {
+                    return Err(Verdict::Rejected(RejectReason::UnsupportedAlgorithm));
+                }
+                return if usable.iter().any(|key| key.verify(alg, signed, signature_bytes)) {
+                    Ok(())
+                } else {
+                    Err(Verdict::Rejected(RejectReason::BadSignature))
+                };
+            }
+            if refreshed {
+                return Err(Verdict::Rejected(RejectReason::UnknownKey));
+            }
+            keys = match self.refresh_keys(observed, Refresh::UnknownKid).await {
+                Ok(keys) => keys,
+                Err(JwksError::RateLimited) => return Err(Verdict::Rejected(RejectReason::UnknownKey)),
+                Err(_) => return Err(Verdict::Rejected(RejectReason::UpstreamUnavailable)),
+            };
+            refreshed = true;
+        }
+    }
+
+    /// The cached keys, fetched first if there are none and refreshed if they are too old (a
+    /// failed refresh of old keys keeps them).
+    async fn current_keys(&self, observed: Instant) -> Result<Arc<KeySet>, Verdict> {
+        match self.keys.load_full() {
+            Some(keys) if keys.fetched.elapsed() < self.max_age => Ok(keys),
+            Some(stale) => Ok(self
+                .refresh_keys(observed, Refresh::Scheduled)
+                .await
+                .unwrap_or(stale)),
+            None => self
+                .refresh_keys(observed, Refresh::Scheduled)
+                .await
+                .map_err(|_| Verdict::Rejected(RejectReason::UpstreamUnavailable)),
+        }
+    }
+
+    /// Single-flight refresh: if another caller refreshed after `observed`, its keys are used;
+    /// otherwise at most one fetch per minimum interval.
+    async fn refresh_keys(&self, observed: Instant, cause: Refresh) -> Result<Arc<KeySet>, JwksError> {
+        let mut last = self.refresh.lock().await;
+        if let Some(current) = self.keys.load_full() {
+            if current.fetched > observed {
+                return Ok(current);
+            }
+        }
+        if last.is_some_and(|at| at.elapsed() < self.min_refresh) {
+            return Err(JwksError::RateLimited);
+        }
+        let fetched = self.fetch_keys().await;
+        if cause == Refresh::UnknownKid || fetched.is_err() {
+            *last = Some(Instant::now());
+        }
+        match fetched {
+            Ok(keys) => {
+                let set = Arc::new(KeySet {
+                    keys,
+                    fetched: Instant::now(),
+                });
+                self.keys.store(Some(set.clone()));
+                Ok(set)
+            }
+            Err(e) => {
+                tracing::warn!(authenticator = %self.name, error = %e, "refreshing the JWT signing keys failed");
+                Err(e)
+            }
+        }
+    }
+
+    async fn fetch_keys(&self) -> Result<Vec<VerifyingKey>, JwksError> {
+        let discovery_url = self.discovery_url.to_string();
+        let document = self
+            .get(self.discovery_url.clone())
+            .await
+            .map_err(|reason| JwksError::Discovery {
+                url: discovery_url.clone(),
+                reason,
+            })?;
+        let discovery: Discovery = serde_json::from_slice(&document).map_err(|e| JwksError::Discovery {
+            url: discovery_url.clone(),
+            reason: e.to_string(),
+        })?;
+        if discovery.issuer != self.issuer {
+            return Err(JwksError::IssuerMismatch {
+                expected: self.issuer.clone(),
+                found: discovery.issuer,
+            });
+        }
+        let jwks_uri: Uri = discovery
+            .jwks_uri
+            .parse()
+            .ok()
+            .filter(|uri: &Uri| uri.scheme() == Some(&http::uri::Scheme::HTTPS) && uri.host().is_some())
+            .ok_or_else(|| JwksError::InvalidJwksUri(discovery.jwks_uri.clone()))?;
+        let document = self.get(jwks_uri).await.map_err(|reason| JwksError::Jwks {
+            url: discovery.jwks_uri.clone(),
+            reason,
+        })?;
+        let keys = parse_jwks(&document).map_err(|e| JwksError::Jwks {
+            url: discovery.jwks_uri.clone(),
+            reason: e.to_string(),
+        })?;
+        if keys.is_empty() {
+            return Err(JwksError::NoUsableKeys(discovery.jwks_uri));
+        }
+        Ok(keys)
+    }
+
+    async fn get(&self, url: Uri) -> Result<Bytes, String> {
+        let request = Request::get(url)
+            .header(header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        match tokio::time::timeout(
+            self.timeout,
+            crate::https::fetch(&self.client, request, MAX_DOCUMENT_BYTES),
+        )
+        .await
+        {
+            Ok(result) => result.map_err(|e: FetchError| e.to_string()),
+            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+        }
+    }
+
+    /// Checks the time and audience claims and maps the claims to a user. Returns the identity and
+    /// how long the token remains valid.
+    fn identity_from(&self, claims: &Map<String, Value>) -> Result<(Identity, Duration), Verdict> {
+        let reject = |reason| Verdict::Rejected(reason);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| reject(RejectReason::Expired))?
+            .as_secs_f64();
+        let skew = self.clock_skew.as_secs_f64();
+        let time_claim = |name: &str| match claims.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => n.as_f64().map(Some).ok_or(reject(RejectReason::ClaimInvalid)),
+            Some(_) => Err(reject(RejectReason::ClaimInvalid)),
+        };
+        let exp = time_claim("exp")?.ok_or(reject(RejectReason::ClaimInvalid))?;
+        if now > exp + skew {
+            return Err(reject(RejectReason::Expired));
+        }
+        if time_claim("nbf")?.is_some_and(|nbf| now + skew < nbf)
+            || time_claim("iat")?.is_some_and(|iat| now + skew < iat)
+        {
+            return Err(reject(RejectReason::NotYetValid));
+        }
+        let audiences = strings(claims.get("aud")).ok_or(reject(RejectReason::ClaimInvalid))?;
+        if !audiences.iter().any(|aud| self.audiences.contains(aud)) {
+            return Err(reject(RejectReason::WrongAudience));
+        }
+
+        let username = match claims.get(&self.username.claim) {
+            Some(Value::String(name)) if !name.is_empty() => name,
+            Some(Value::String(_)) | None => return Err(reject(RejectReason::EmptyUsername)),
+            Some(_) => return Err(reject(RejectReason::ClaimInvalid)),
+        };
+        // Kubernetes' rule: an email address is only a user name if the IdP verified it.
+        if self.username.claim == "email"
+            && claims
+                .get("email_verified")
+                .is_some_and(|v| v != &Value::Bool(true))
+        {
+            return Err(reject(RejectReason::ClaimInvalid));
+        }
+        let groups = match &self.groups {
+            None => Vec::new(),
+            Some(mapping) => strings(claims.get(&mapping.claim))
+                .ok_or(reject(RejectReason::ClaimInvalid))?
+                .into_iter()
+                .map(|group| format!("{}{group}", mapping.prefix))
+                .collect(),
+        };
+        let uid = match &self.uid_claim {
+            None => None,
+            Some(claim) => match claims.get(claim) {
+                Some(Value::String(uid)) if !uid.is_empty() => Some(uid.clone()),
+                _ => return Err(reject(RejectReason::ClaimInvalid)),
+            },
+        };
+        let mut extra = BTreeMap::new();
+        for (key, claim) in &self.extra {
+            let values = strings(claims.get(claim)).ok_or(reject(RejectReason::ClaimInvalid))?;
+            if !values.is_empty() {
+                extra.insert(key.clone(), values);
+            }
+        }
+        let identity = Identity {
+            user: UserInfo {
+                username: format!("{}{username}", self.username.prefix),
+                uid,
+                groups,
+                extra,
+            },
+            authenticator: self.name.clone(),
+            audiences: audiences
+                .into_iter()
+                .filter(|aud| self.audiences.contains(aud))
+                .collect(),
+            forwarding: Forwarding::Impersonate,
+        };
+        let valid_for = Duration::from_secs_f64((exp + skew - now).max(0.0));
+        Ok((identity, valid_for))
+    }
+}
+
+/// What triggered a key refresh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refresh {
+    /// No keys yet, or keys older than the maximum age.
+    Scheduled,
+    /// A token names a `kid` the cached keys do not have.
+    UnknownKid,
+}
+
+/// Why a token was not accepted, before it becomes an [`Outcome`].
+enum Verdict {
+    NotMine,
+    Rejected(RejectReason),
+}
+
+#[derive(Deserialize)]
+struct Header {
+    alg: String,
+    #[serde(default)]
+    kid: Option<String>,
+    #[serde(default)]
+    crit: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Discovery {
+    issuer: String,
+    jwks_uri: String,
+}
+
+/// Decodes one base64url segment and parses it as JSON. Broken encoding or JSON (including JSON
+/// nested deeper than serde_json's recursion limit) is `Malformed`.
+fn decode_json<T: serde::de::DeserializeOwned>(segment: &str) -> Result<T, Verdict> {
+    let bytes = B64URL
+        .decode(segment)
+        .map_err(|_| Verdict::Rejected(RejectReason::Malformed))?;
+    serde_json::from_slice(&bytes).map_err(|_| Verdict::Rejected(RejectReason::Malformed))
+}
+
+/// A claim that is a string or a list of strings, as a list; a missing claim is an empty list;
+/// anything else is `None`.
+fn strings(value: Option<&Value>) -> Option<Vec<String>> {
+    match value {
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(Value::String(s)) => Some(vec![s.clone()]),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string))
+            .collect(),
+        Some(_) => None,
+    }
+}

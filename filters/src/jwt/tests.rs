@@ -1,0 +1,555 @@
+//! Unit tests of JWT verification against a scripted discovery + JWKS endpoint, with ES256 and
+//! EdDSA keys made by ring. RS256 from a real issuer is tested in `e2e/` against Dex.
+
+use std::sync::{Arc, Mutex};
+
+use ring::{
+    rand::SystemRandom,
+    signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING},
+};
+use serde_json::json;
+
+use super::*;
+use crate::tests_support::{endpoint, Endpoint};
+
+const AUDIENCE: &str = "selkie-test";
+
+enum TestKey {
+    Ec(EcdsaKeyPair),
+    Ed(Ed25519KeyPair),
+}
+
+impl TestKey {
+    fn ec() -> Self {
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        Self::Ec(EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap())
+    }
+
+    fn ed() -> Self {
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+        Self::Ed(Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap())
+    }
+
+    fn jwk(&self, kid: &str) -> Value {
+        match self {
+            Self::Ec(key) => {
+                let point = key.public_key().as_ref();
+                json!({"kty": "EC", "crv": "P-256", "kid": kid, "use": "sig", "alg": "ES256",
+                       "x": B64URL.encode(&point[1..33]), "y": B64URL.encode(&point[33..65])})
+            }
+            Self::Ed(key) => json!({"kty": "OKP", "crv": "Ed25519", "kid": kid,
+                                    "x": B64URL.encode(key.public_key().as_ref())}),
+        }
+    }
+
+    fn alg(&self) -> &'static str {
+        match self {
+            Self::Ec(_) => "ES256",
+            Self::Ed(_) => "EdDSA",
+        }
+    }
+
+    fn sign(&self, header: &Value, claims: &Value) -> String {
+        let signed = format!(
+            "{}.{}",
+            B64URL.encode(header.to_string()),
+            B64URL.encode(claims.to_string())
+        );
+        let signature = match self {
+            Self::Ec(key) => key
+                .sign(&SystemRandom::new(), signed.as_bytes())
+                .unwrap()
+                .as_ref()
+                .to_vec(),
+            Self::Ed(key) => key.sign(signed.as_bytes()).as_ref().to_vec(),
+        };
+        format!("{signed}.{}", B64URL.encode(signature))
+    }
+
+    fn token(&self, kid: &str, claims: &Value) -> String {
+        self.sign(&json!({"alg": self.alg(), "kid": kid, "typ": "JWT"}), claims)
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// An issuer whose key set can be changed while it runs.
+struct Issuer {
+    endpoint: Endpoint,
+    jwks: Arc<Mutex<Value>>,
+}
+
+impl Issuer {
+    async fn start(keys: &[(&str, &TestKey)]) -> Self {
+        let jwks = Arc::new(Mutex::new(Value::Null));
+        let issuer_url = Arc::new(Mutex::new(String::new()));
+        let (served, url) = (jwks.clone(), issuer_url.clone());
+        let endpoint = endpoint(Arc::new(move |path: &str, _: &Value| {
+            let issuer = url.lock().unwrap().clone();
+            match path {
+                "/.well-known/openid-configuration" => (
+                    http::StatusCode::OK,
+                    json!({"issuer": issuer, "jwks_uri": format!("{issuer}/keys")}).to_string(),
+                ),
+                "/keys" => (http::StatusCode::OK, served.lock().unwrap().to_string()),
+                _ => (http::StatusCode::NOT_FOUND, String::new()),
+            }
+        }))
+        .await;
+        *issuer_url.lock().unwrap() = endpoint.base_url.clone();
+        let issuer = Self { endpoint, jwks };
+        issuer.publish(keys);
+        issuer
+    }
+
+    fn publish(&self, keys: &[(&str, &TestKey)]) {
+        *self.jwks.lock().unwrap() =
+            json!({"keys": keys.iter().map(|(kid, key)| key.jwk(kid)).collect::<Vec<_>>()});
+    }
+
+    fn url(&self) -> &str {
+        &self.endpoint.base_url
+    }
+
+    fn config(&self) -> JwtConfig {
+        let mut config = JwtConfig::new("test-jwt", self.url(), AUDIENCE);
+        config.ca_bundle_pem = Some(self.endpoint.ca_pem.clone());
+        config.timeout = Duration::from_secs(2);
+        config
+    }
+
+    fn authenticator(&self) -> JwtAuthenticator {
+        JwtAuthenticator::new(self.config()).unwrap()
+    }
+
+    fn claims(&self) -> Value {
+        json!({"iss": self.url(), "aud": AUDIENCE, "sub": "1", "username": "alice", "groups": ["devs", "ops"],
+               "exp": now() + 300, "iat": now(), "nbf": now()})
+    }
+
+    /// `claims()` with `changes` merged in (a `null` removes the claim).
+    fn claims_with(&self, changes: Value) -> Value {
+        let mut claims = self.claims();
+        for (key, value) in changes.as_object().unwrap() {
+            if value.is_null() {
+                claims.as_object_mut().unwrap().remove(key);
+            } else {
+                claims[key] = value.clone();
+            }
+        }
+        claims
+    }
+}
+
+fn rejected(reason: RejectReason) -> Outcome {
+    Outcome::Rejected(reason)
+}
+
+#[tokio::test]
+async fn a_valid_token_maps_to_its_user_and_groups() {
+    let key = TestKey::ec();
+    let issuer = Issuer::start(&[("k1", &key)]).await;
+    let jwt = issuer.authenticator();
+    let outcome = jwt.authenticate(&key.token("k1", &issuer.claims())).await;
+    let Outcome::Authenticated(identity) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(identity.user.username, "alice");
+    assert_eq!(identity.user.groups, vec!["devs", "ops"]);
+    assert_eq!(identity.audiences, vec![AUDIENCE]);
+    assert_eq!(&*identity.authenticator, "test-jwt");
+    assert_eq!(identity.forwarding, Forwarding::Impersonate);
+}
+
+#[tokio::test]
+async fn eddsa_and_keys_without_kid_or_alg_work() {
+    let key = TestKey::ed();
+    let issuer = Issuer::start(&[("ed", &key)]).await;
+    let jwt = issuer.authenticator();
+    let without_kid = key.sign(&json!({"alg": "EdDSA"}), &issuer.claims());
+    assert!(matches!(
+        jwt.authenticate(&without_kid).await,
+        Outcome::Authenticated(_)
+    ));
+}
+
+#[tokio::test]
+async fn structured_mappings_prefixes_uid_extra_and_several_audiences() {
+    let key = TestKey::ec();
+    let issuer = Issuer::start(&[("k1", &key)]).await;
+    let mut config = issuer.config();
+    config.audiences = vec!["other".into(), AUDIENCE.into()];
+    config.username = ClaimMapping {
+        claim: "email".into(),
+        prefix: "oidc:".into(),
+    };
+    config.groups = Some(ClaimMapping {
+        claim: "roles".into(),
+        prefix: "oidc:".into(),
+    });
+    config.uid_claim = Some("sub".into());
+    config.extra = BTreeMap::from([("example.com/tenant".to_string(), "tenant".to_string())]);
+    let jwt = JwtAuthenticator::new(config).unwrap();
+    let claims = issuer.claims_with(
+        json!({"aud": ["x", AUDIENCE], "email": "a@example.com", "email_verified": true,
+                                           "roles": "admin", "tenant": ["t1", "t2"]}),
+    );
+    let Outcome::Authenticated(identity) = jwt.authenticate(&key.token("k1", &claims)).await else {
+        panic!()
+    };
+    assert_eq!(identity.user.username, "oidc:a@example.com");
+    assert_eq!(identity.user.groups, vec!["oidc:admin"]);
+    assert_eq!(identity.user.uid.as_deref(), Some("1"));
+    assert_eq!(
+        identity.user.extra.get("example.com/tenant"),
+        Some(&vec!["t1".to_string(), "t2".to_string()])
+    );
+
+    let unverified = issuer.claims_with(json!({"email": "b@example.com", "email_verified": false}));
+    assert_eq!(
+        jwt.authenticate(&key.token("k1", &unverified)).await,
+        rejected(RejectReason::ClaimInvalid)
+    );
+}
+
+#[tokio::test]
+async fn none_hmac_and_algorithm_confusion_are_refused() {
+    let (ec, ed) = (TestKey::ec(), TestKey::ed());
+    let issuer = Issuer::start(&[("ec", &ec), ("ed", &ed)]).await;
+    let jwt = issuer.authenticator();
+    let claims = issuer.claims();
+    let unsigned = format!(
+        "{}.{}.",
+        B64URL.encode(json!({"alg": "none", "kid": "ec"}).to_string()),
+        B64URL.encode(claims.to_string())
+    );
+    assert_eq!(
+        jwt.authenticate(&unsigned).await,
+        rejected(RejectReason::UnsupportedAlgorithm)
+    );
+
+    // HS256 "signed" with the public key as the HMAC secret: the classic confusion attack.
+    let header = B64URL.encode(json!({"alg": "HS256", "kid": "ec"}).to_string());
+    let signed = format!("{header}.{}", B64URL.encode(claims.to_string()));
+    let public = serde_json::to_vec(&ec.jwk("ec")).unwrap();
+    let tag = ring::hmac::sign(
+        &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &public),
+        signed.as_bytes(),
+    );
+    let hs256 = format!("{signed}.{}", B64URL.encode(tag.as_ref()));
+    assert_eq!(
+        jwt.authenticate(&hs256).await,
+        rejected(RejectReason::UnsupportedAlgorithm)
+    );
+
+    // An ES256 token whose kid names the Ed25519 key.
+    let confused = ec.sign(&json!({"alg": "ES256", "kid": "ed"}), &claims);
+    assert_eq!(
+        jwt.authenticate(&confused).await,
+        rejected(RejectReason::UnsupportedAlgorithm)
+    );
+
+    // A valid ES256 signature by another key under the right kid.
+    let forged = TestKey::ec().token("ec", &claims);
+    assert_eq!(
+        jwt.authenticate(&forged).await,
+        rejected(RejectReason::BadSignature)
+    );
+    let crit = ec.sign(&json!({"alg": "ES256", "kid": "ec", "crit": ["exp"]}), &claims);
+    assert_eq!(jwt.authenticate(&crit).await, rejected(RejectReason::Malformed));
+}
+
+#[tokio::test]
+async fn time_claims_are_enforced_with_bounded_skew() {
+    let key = TestKey::ec();
+    let issuer = Issuer::start(&[("k1", &key)]).await;
+    let jwt = issuer.authenticator(); // 60 s skew
+    let token = |changes: Value| key.token("k1", &issuer.claims_with(changes));
+    assert_eq!(
+        jwt.authenticate(&token(json!({"exp": now() - 120}))).await,
+        rejected(RejectReason::Expired)
+    );
+    assert!(matches!(
+        jwt.authenticate(&token(json!({"exp": now() - 10}))).await,
+        Outcome::Authenticated(_)
+    ));
+    assert_eq!(
+        jwt.authenticate(&token(json!({"nbf": now() + 600}))).await,
+        rejected(RejectReason::NotYetValid)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"iat": now() + 600}))).await,
+        rejected(RejectReason::NotYetValid)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"exp": null}))).await,
+        rejected(RejectReason::ClaimInvalid)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"exp": "soon"}))).await,
+        rejected(RejectReason::ClaimInvalid)
+    );
+}
+
+#[tokio::test]
+async fn audience_issuer_and_claim_types_are_checked() {
+    let key = TestKey::ec();
+    let issuer = Issuer::start(&[("k1", &key)]).await;
+    let jwt = issuer.authenticator();
+    let token = |changes: Value| key.token("k1", &issuer.claims_with(changes));
+    assert_eq!(
+        jwt.authenticate(&token(json!({"aud": "someone-else"}))).await,
+        rejected(RejectReason::WrongAudience)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"aud": null}))).await,
+        rejected(RejectReason::WrongAudience)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"aud": 7}))).await,
+        rejected(RejectReason::ClaimInvalid)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"groups": 5}))).await,
+        rejected(RejectReason::ClaimInvalid)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"groups": ["a", 1]}))).await,
+        rejected(RejectReason::ClaimInvalid)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"username": null}))).await,
+        rejected(RejectReason::EmptyUsername)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"username": ""}))).await,
+        rejected(RejectReason::EmptyUsername)
+    );
+    assert_eq!(
+        jwt.authenticate(&token(json!({"username": {"a": 1}}))).await,
+        rejected(RejectReason::ClaimInvalid)
+    );
+    // Another issuer's token, or something that is not a JWT at all, is for someone else.
+    let other = token(json!({"iss": "https://elsewhere.example.com"}));
+    assert_eq!(jwt.authenticate(&other).await, Outcome::NotMine);
+    assert_eq!(jwt.authenticate("opaque-webhook-token").await, Outcome::NotMine);
+    // The issuer must match exactly, trailing slash included.
+    let slash = token(json!({"iss": format!("{}/", issuer.url())}));
+    assert_eq!(jwt.authenticate(&slash).await, Outcome::NotMine);
+}
+
+#[tokio::test]
+async fn broken_encodings_deep_json_and_oversized_tokens_are_refused() {
+    let key = TestKey::ec();
+    let issuer = Issuer::start(&[("k1", &key)]).await;
+    let jwt = issuer.authenticator();
+    let good = key.token("k1", &issuer.claims());
+    let (header, rest) = good.split_once('.').unwrap();
+    assert_eq!(
+        jwt.authenticate(&format!("{header}!.{rest}")).await,
+        rejected(RejectReason::Malformed)
+    );
+    assert_eq!(
+        jwt.authenticate(&format!("{header}=.{rest}")).await,
+        rejected(RejectReason::Malformed)
+    );
+    assert_eq!(
+        jwt.authenticate(&format!("{good}%")).await,
+        rejected(RejectReason::Malformed)
+    );
+    let deep = format!("{}{}", "[".repeat(4000), "]".repeat(4000));
+    let payload = B64URL.encode(format!(r#"{{"iss":"{}","x":{deep}}}"#, issuer.url()));
+    assert_eq!(
+        jwt.authenticate(&format!("{header}.{payload}.AAAA")).await,
+        rejected(RejectReason::Malformed)
+    );
+    let huge = key.token("k1", &issuer.claims_with(json!({"padding": "x".repeat(20_000)})));
+    assert_eq!(jwt.authenticate(&huge).await, rejected(RejectReason::TooLarge));
+    assert_eq!(jwt.authenticate("a.b.c").await, rejected(RejectReason::Malformed));
+}
+
+#[tokio::test]
+async fn an_unknown_kid_refreshes_the_keys_once_per_interval() {
+    let (old, new, newer) = (TestKey::ec(), TestKey::ec(), TestKey::ec());
+    let issuer = Issuer::start(&[("old", &old)]).await;
+    let jwt = issuer.authenticator();
+    assert!(matches!(
+        jwt.authenticate(&old.token("old", &issuer.claims())).await,
+        Outcome::Authenticated(_)
+    ));
+    let fetches = issuer.endpoint.hits();
+    assert_eq!(fetches, 2, "discovery + keys");
+
+    // The issuer rotates: the new key is found by one refresh.
+    issuer.publish(&[("new", &new)]);
+    assert!(matches!(
+        jwt.authenticate(&new.token("new", &issuer.claims())).await,
+        Outcome::Authenticated(_)
+    ));
+    assert_eq!(issuer.endpoint.hits(), fetches + 2);
+
+    // Another unknown kid within the minimum interval does not hit the issuer again.
+    issuer.publish(&[("newer", &newer)]);
+    let outcome = jwt.authenticate(&newer.token("newer", &issuer.claims())).await;
+    assert_eq!(outcome, rejected(RejectReason::UnknownKey));
+    assert_eq!(issuer.endpoint.hits(), fetches + 2, "rate limited");
+    // A token signed by the rotated-out key is refused now.
+    let stale = old.token("old", &issuer.claims_with(json!({"sub": "2"})));
+    assert_eq!(jwt.authenticate(&stale).await, rejected(RejectReason::UnknownKey));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_requests_fetch_the_keys_once() {
+    let key = TestKey::ec();
+    let issuer = Issuer::start(&[("k1", &key)]).await;
+    let jwt = Arc::new(issuer.authenticator());
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (jwt, token) = (
+                jwt.clone(),
+                key.token("k1", &issuer.claims_with(json!({"sub": i.to_string()}))),
+            );
+            tokio::spawn(async move { jwt.authenticate(&token).await })
+        })
+        .collect();
+    for task in tasks {
+        assert!(matches!(task.await.unwrap(), Outcome::Authenticated(_)));
+    }
+    assert_eq!(
+        issuer.endpoint.hits(),
+        2,
+        "one discovery and one JWKS fetch for all"
+    );
+}
+
+#[tokio::test]
+async fn a_broken_issuer_is_upstream_unavailable_and_never_cached_as_success() {
+    let key = TestKey::ec();
+    for (name, script) in [
+        (
+            "garbage",
+            Arc::new(|_: &str, _: &Value| (http::StatusCode::OK, "<html>".to_string()))
+                as crate::tests_support::Script,
+        ),
+        (
+            "error",
+            Arc::new(|_: &str, _: &Value| (http::StatusCode::BAD_GATEWAY, String::new())),
+        ),
+        (
+            "no keys",
+            Arc::new(|path: &str, _: &Value| match path {
+                "/keys" => (
+                    http::StatusCode::OK,
+                    r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#.to_string(),
+                ),
+                _ => (http::StatusCode::OK, String::new()),
+            }),
+        ),
+    ] {
+        let broken = endpoint(script).await;
+        let mut config = JwtConfig::new("broken", &broken.base_url, AUDIENCE);
+        config.ca_bundle_pem = Some(broken.ca_pem.clone());
+        config.jwks_min_refresh_interval = Duration::ZERO;
+        let jwt = JwtAuthenticator::new(config).unwrap();
+        let claims = json!({"iss": broken.base_url, "aud": AUDIENCE, "username": "x", "exp": now() + 60});
+        let token = key.token("k1", &claims);
+        assert_eq!(
+            jwt.authenticate(&token).await,
+            rejected(RejectReason::UpstreamUnavailable),
+            "{name}"
+        );
+        let before = broken.hits();
+        assert_eq!(
+            jwt.authenticate(&token).await,
+            rejected(RejectReason::UpstreamUnavailable),
+            "{name}"
+        );
+        assert!(broken.hits() > before, "{name}: a failure must not be cached");
+        assert!(jwt.load_keys().await.is_err(), "{name}");
+    }
+
+    // An issuer that accepts connections and never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let _hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    let any_ca = endpoint(Arc::new(|_: &str, _: &Value| {
+        (http::StatusCode::OK, String::new())
+    }))
+    .await
+    .ca_pem;
+    let mut config = JwtConfig::new("hang", &url, AUDIENCE);
+    config.ca_bundle_pem = Some(any_ca);
+    config.timeout = Duration::from_millis(300);
+    let jwt = JwtAuthenticator::new(config).unwrap();
+    let token = key.token(
+        "k1",
+        &json!({"iss": url, "aud": AUDIENCE, "username": "x", "exp": now() + 60}),
+    );
+    assert_eq!(
+        jwt.authenticate(&token).await,
+        rejected(RejectReason::UpstreamUnavailable)
+    );
+}
+
+#[tokio::test]
+async fn the_discovery_document_must_name_the_configured_issuer() {
+    let lying = endpoint(Arc::new(|_: &str, _: &Value| {
+        (
+            http::StatusCode::OK,
+            json!({"issuer": "https://evil.example.com", "jwks_uri": "https://evil.example.com/k"})
+                .to_string(),
+        )
+    }))
+    .await;
+    let mut config = JwtConfig::new("lying", &lying.base_url, AUDIENCE);
+    config.ca_bundle_pem = Some(lying.ca_pem.clone());
+    let error = JwtAuthenticator::new(config)
+        .unwrap()
+        .load_keys()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, JwksError::IssuerMismatch { .. }), "{error}");
+}
+
+#[test]
+fn invalid_configurations_are_refused_up_front() {
+    crate::tests_support::install_provider();
+    let cases: Vec<(JwtConfig, &str)> = vec![
+        (
+            JwtConfig::new("j", "http://issuer.example.com", "a"),
+            "must use https",
+        ),
+        (JwtConfig::new("j", "not a url", "a"), "not a valid URL"),
+        (
+            JwtConfig::new("j", "https://i.example.com/.well-known/openid-configuration", "a"),
+            "must not contain",
+        ),
+        (
+            JwtConfig::new("j", "https://i.example.com?x=1", "a"),
+            "must not contain",
+        ),
+        (JwtConfig::new("j", "https://i.example.com", ""), "audience"),
+        (
+            JwtConfig {
+                username: ClaimMapping::claim(""),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "username claim",
+        ),
+    ];
+    for (mut config, expected) in cases {
+        config.ca_bundle_pem = Some(String::from(
+            "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n",
+        ));
+        let error = JwtAuthenticator::new(config).map(|_| ()).unwrap_err().to_string();
+        assert!(error.contains(expected), "expected {expected:?}, got {error:?}");
+    }
+}
