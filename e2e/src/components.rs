@@ -16,6 +16,8 @@ pub struct Components {
     pub kubectl: PathBuf,
     /// `etcd`.
     pub etcd: PathBuf,
+    /// `dex`, the OIDC provider.
+    pub dex: PathBuf,
     /// The Kubernetes version, without the leading `v` (for example `1.35.4`).
     pub kubernetes_version: String,
     /// The etcd version, without the leading `v`.
@@ -71,14 +73,21 @@ fn build() -> Result<Components, HarnessError> {
     };
     let kube_bin = PathBuf::from(get("kubernetes")?);
     let etcd_bin = PathBuf::from(get("etcd")?);
+    let dex_bin = PathBuf::from(get("dex")?);
     let components = Components {
         kube_apiserver: kube_bin.join("kube-apiserver"),
         kubectl: kube_bin.join("kubectl"),
         etcd: etcd_bin.join("etcd"),
+        dex: dex_bin.join("dex"),
         kubernetes_version: get("kubernetes_version")?,
         etcd_version: get("etcd_version")?,
     };
-    for path in [&components.kube_apiserver, &components.kubectl, &components.etcd] {
+    for path in [
+        &components.kube_apiserver,
+        &components.kubectl,
+        &components.etcd,
+        &components.dex,
+    ] {
         if !path.is_file() {
             return Err(HarnessError::Build {
                 command,

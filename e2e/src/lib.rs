@@ -13,12 +13,14 @@
 //!   every process on drop and on panic; components die with the test process even when it is
 //!   killed, because each is spawned with a parent-death signal.
 //! * [`kubectl`] runs the real kubectl against a cluster.
+//! * [`dex`] runs Dex, the real OIDC provider, with static users and the password grant.
 //!
 //! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
 //! the command and the tail of its log.
 
 pub mod cluster;
 pub mod components;
+pub mod dex;
 mod error;
 pub mod kubectl;
 pub mod pki;

@@ -6,6 +6,7 @@ mod aggregation;
 mod cluster_basics;
 mod harness_failures;
 mod harness_lifecycle;
+mod jwt_dex;
 mod rbac_client_cert;
 mod resources;
 mod token_review;

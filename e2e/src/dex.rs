@@ -1,0 +1,236 @@
+//! Dex, the real OIDC provider of the JWT tests: TLS on loopback, in-memory storage (so every
+//! start has fresh signing keys), static users with groups, and the password grant.
+
+use std::{
+    ffi::OsString,
+    net::TcpListener,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{header, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use serde::Deserialize;
+
+use crate::{components::Components, pki::CertificateAuthority, process::ManagedProcess, HarnessError};
+
+/// The OAuth client the tests use for the password grant.
+pub const CLIENT_ID: &str = "selkie-e2e";
+/// Its secret.
+pub const CLIENT_SECRET: &str = "selkie-e2e-secret";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A static Dex user.
+#[derive(Debug, Clone)]
+pub struct DexUser {
+    /// Login name and `email` claim.
+    pub email: String,
+    /// Password for the password grant.
+    pub password: String,
+    /// Stable id (`sub` is derived from it).
+    pub user_id: String,
+    /// `groups` claim.
+    pub groups: Vec<String>,
+}
+
+/// A running Dex. Stopped on drop.
+#[derive(Debug)]
+pub struct Dex {
+    process: Option<ManagedProcess>,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    issuer: String,
+    ca: CertificateAuthority,
+}
+
+/// What Dex's token endpoint returns.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Tokens {
+    /// The ID token, a JWT signed by Dex.
+    pub id_token: String,
+    /// The access token.
+    pub access_token: String,
+}
+
+impl Dex {
+    /// Starts Dex with `users`, serving `https://127.0.0.1:<free port>/dex`, and waits until its
+    /// discovery document answers.
+    pub async fn start(users: &[DexUser]) -> Result<Dex, HarnessError> {
+        crate::install_crypto_provider();
+        let components = Components::get()?;
+        let dir = tempfile::Builder::new()
+            .prefix("dex-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("creating Dex's directory", e))?;
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| HarnessError::io("finding a free port for Dex", e))?
+            .port();
+        let issuer = format!("https://127.0.0.1:{port}/dex");
+        let ca = CertificateAuthority::new("selkie-test-dex-ca")?;
+        let serving = ca.issue_serving("dex", &["127.0.0.1", "localhost"])?;
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let write = |path: &PathBuf, contents: &str| {
+            std::fs::write(path, contents)
+                .map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))
+        };
+        write(&cert, &serving.cert_pem)?;
+        write(&key, &serving.key_pem)?;
+        let passwords = users
+            .iter()
+            .map(|user| {
+                let hash = bcrypt::hash(&user.password, 10)
+                    .map_err(|e| HarnessError::Pki(format!("bcrypt: {e}")))?;
+                Ok(serde_json::json!({
+                    "email": user.email, "username": user.email, "userID": user.user_id,
+                    "hash": hash, "groups": user.groups,
+                }))
+            })
+            .collect::<Result<Vec<_>, HarnessError>>()?;
+        // JSON is YAML: Dex reads it as its config file.
+        let config_doc = serde_json::json!({
+            "issuer": issuer,
+            "storage": {"type": "memory"},
+            "web": {"https": format!("127.0.0.1:{port}"), "tlsCert": cert, "tlsKey": key},
+            "oauth2": {"skipApprovalScreen": true, "passwordConnector": "local"},
+            "enablePasswordDB": true,
+            "staticPasswords": passwords,
+            "staticClients": [{
+                "id": CLIENT_ID, "secret": CLIENT_SECRET, "name": "Selkie e2e",
+                "redirectURIs": ["http://127.0.0.1/callback"],
+            }],
+            "logger": {"level": "info"},
+        });
+        let config = dir.path().join("config.yaml");
+        write(&config, &config_doc.to_string())?;
+        let mut dex = Dex {
+            process: None,
+            dir,
+            config,
+            issuer,
+            ca,
+        };
+        dex.launch(components).await?;
+        Ok(dex)
+    }
+
+    async fn launch(&mut self, components: &Components) -> Result<(), HarnessError> {
+        let args = [OsString::from("serve"), self.config.clone().into_os_string()];
+        let log = self.dir.path().join("dex.log");
+        let mut process = ManagedProcess::spawn("dex", &components.dex, &args, log)?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let discovery = format!("{}/.well-known/openid-configuration", self.issuer);
+        loop {
+            process.check_running("during start-up")?;
+            let last = match self.get(&discovery).await {
+                Ok((StatusCode::OK, _)) => break,
+                Ok((status, _)) => format!("discovery answered {status}"),
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(process.failure(format!(
+                    "did not serve its discovery document within {READY_TIMEOUT:?} (last check: {last})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.process = Some(process);
+        Ok(())
+    }
+
+    /// Stops Dex and starts it again on the same port with the same users. Its storage is in
+    /// memory, so it comes back with new signing keys: tokens it issued before are signed by a key
+    /// it no longer publishes.
+    pub async fn restart(&mut self) -> Result<(), HarnessError> {
+        if let Some(mut process) = self.process.take() {
+            process.stop(Duration::from_secs(10));
+        }
+        self.launch(Components::get()?).await
+    }
+
+    /// The issuer URL, `https://127.0.0.1:<port>/dex`.
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// The CA that signed Dex's serving certificate, PEM.
+    pub fn ca_pem(&self) -> String {
+        self.ca.cert_pem()
+    }
+
+    /// Logs `email` in with the password grant, asking for the `openid email profile groups`
+    /// scopes. A refused login is an error carrying Dex's answer.
+    pub async fn password_grant(&self, email: &str, password: &str) -> Result<Tokens, HarnessError> {
+        let body = form_urlencoded::Serializer::new(String::new())
+            .append_pair("grant_type", "password")
+            .append_pair("username", email)
+            .append_pair("password", password)
+            .append_pair("scope", "openid email profile groups")
+            .append_pair("client_id", CLIENT_ID)
+            .append_pair("client_secret", CLIENT_SECRET)
+            .finish();
+        let request = Request::post(format!("{}/token", self.issuer))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| HarnessError::kube("building a token request", e))?;
+        let (status, body) = self
+            .send(request)
+            .await
+            .map_err(|e| HarnessError::kube("Dex token request", e))?;
+        if status != StatusCode::OK {
+            let problem = format!(
+                "refused the password grant for {email}: {status} {}",
+                String::from_utf8_lossy(&body)
+            );
+            return Err(match &self.process {
+                Some(process) => process.failure(problem),
+                None => HarnessError::kube("Dex token request", problem),
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| HarnessError::kube("reading Dex's token response", e))
+    }
+
+    async fn get(&self, url: &str) -> Result<(StatusCode, Bytes), String> {
+        let request = Request::get(url)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        self.send(request).await
+    }
+
+    async fn send(&self, request: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), String> {
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = rustls::pki_types::CertificateDer::from(self.ca_der()?);
+        roots.add(ca).map_err(|e| e.to_string())?;
+        let tls = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .build();
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+        let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+            .await
+            .map_err(|_| "no answer within 10s".to_string())?
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body))
+    }
+
+    fn ca_der(&self) -> Result<Vec<u8>, String> {
+        use rustls::pki_types::pem::PemObject;
+        rustls::pki_types::CertificateDer::from_pem_slice(self.ca.cert_pem().as_bytes())
+            .map(|der| der.to_vec())
+            .map_err(|e| e.to_string())
+    }
+}
