@@ -103,43 +103,26 @@ GO
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
 }
 
-build_etcd() {
-  local work=$1 version=$2
-  printf 'module local/selkie-etcd-tools\n\ngo 1.24\n' >"$work/go.mod"
-  cat >"$work/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "go.etcd.io/etcd/server/v3"
-)
-GO
-  run_logged etcd "$work" go get "go.etcd.io/etcd/server/v3@v$version"
-  run_logged etcd "$work" go mod tidy
+# build_go_binary COMPONENT WORK MODULE@VERSION PACKAGE BINARY: a throwaway tools module requiring
+# MODULE@VERSION builds PACKAGE (without cgo) into WORK/bin/BINARY.
+build_go_binary() {
+  local component=$1 work=$2 module=$3 package=$4 binary=$5
+  printf 'module local/selkie-%s-tools\n\ngo 1.24\n' "$component" >"$work/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$package" >"$work/tools.go"
+  run_logged "$component" "$work" go get "$module"
+  run_logged "$component" "$work" go mod tidy
   mkdir -p "$work/bin"
-  run_logged etcd "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/etcd go.etcd.io/etcd/server/v3
+  run_logged "$component" "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "bin/$binary" "$package"
 }
 
+build_etcd() {
+  build_go_binary etcd "$1" "go.etcd.io/etcd/server/v3@v$2" go.etcd.io/etcd/server/v3 etcd
+}
+
+# Dex's own `replace ./api/v2` is ignored for a dependency; the api/v2 v2.4.0 it requires is the
+# same code. No cgo: the tests use Dex's in-memory storage, not sqlite.
 build_dex() {
-  local work=$1 version=$2
-  printf 'module local/selkie-dex-tools\n\ngo 1.24\n' >"$work/go.mod"
-  cat >"$work/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "github.com/dexidp/dex/cmd/dex"
-)
-GO
-  # Dex's own `replace ./api/v2` is ignored for a dependency; its required api/v2 v2.4.0 is the
-  # same code.
-  run_logged dex "$work" go get "github.com/dexidp/dex@v$version"
-  run_logged dex "$work" go mod tidy
-  mkdir -p "$work/bin"
-  # No cgo: the tests use Dex's in-memory storage, not sqlite.
-  run_logged dex "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/dex github.com/dexidp/dex/cmd/dex
+  build_go_binary dex "$1" "github.com/dexidp/dex@v$2" github.com/dexidp/dex/cmd/dex dex
 }
 
 case "${1:-all}" in
