@@ -14,7 +14,33 @@ use hyper_util::{
 };
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
-use crate::tokenreview::ClientAuth;
+/// How an authenticator proves itself to the service it calls.
+#[derive(Clone, Default)]
+pub enum ClientAuth {
+    /// No credential (Pinniped's WebhookAuthenticator).
+    #[default]
+    None,
+    /// `Authorization: Bearer <token>`.
+    BearerToken(String),
+    /// A TLS client certificate and its private key, both PEM.
+    Certificate {
+        /// Certificate chain, PEM.
+        cert_pem: String,
+        /// Private key, PEM.
+        key_pem: String,
+    },
+}
+
+impl std::fmt::Debug for ClientAuth {
+    // Credentials never appear in logs or debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClientAuth::None => "None",
+            ClientAuth::BearerToken(_) => "BearerToken(<redacted>)",
+            ClientAuth::Certificate { .. } => "Certificate(<redacted>)",
+        })
+    }
+}
 
 /// The client type every authenticator holds.
 pub(crate) type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;

@@ -40,11 +40,10 @@ pub use keys::Algorithm;
 use keys::{parse_jwks, VerifyingKey};
 
 use crate::{
-    https::{FetchError, HttpsClient, TlsConfigError},
+    https::{ClientAuth, FetchError, HttpsClient, TlsConfigError},
     identity::{Forwarding, Identity, UserInfo},
     outcome::{Outcome, RejectReason},
     review_cache::{CacheConfig, RandomSourceError, ReviewCache},
-    tokenreview::ClientAuth,
 };
 
 /// Largest discovery document or JWKS read.

@@ -24,6 +24,7 @@ use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::Full;
 use serde::{Deserialize, Serialize};
 
+pub use crate::https::ClientAuth;
 use crate::{
     identity::{Forwarding, Identity, UserInfo},
     outcome::{Outcome, RejectReason},
@@ -43,34 +44,6 @@ pub enum ReviewVersion {
     /// `v1beta1` first, switching to `v1` for good when the endpoint rejects it.
     #[default]
     Auto,
-}
-
-/// How an authenticator proves itself to the service it calls.
-#[derive(Clone, Default)]
-pub enum ClientAuth {
-    /// No credential (Pinniped's WebhookAuthenticator).
-    #[default]
-    None,
-    /// `Authorization: Bearer <token>`.
-    BearerToken(String),
-    /// A TLS client certificate and its private key, both PEM.
-    Certificate {
-        /// Certificate chain, PEM.
-        cert_pem: String,
-        /// Private key, PEM.
-        key_pem: String,
-    },
-}
-
-impl std::fmt::Debug for ClientAuth {
-    // Credentials never appear in logs or debug output.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ClientAuth::None => "None",
-            ClientAuth::BearerToken(_) => "BearerToken(<redacted>)",
-            ClientAuth::Certificate { .. } => "Certificate(<redacted>)",
-        })
-    }
 }
 
 /// What the authenticator does with identities that carry a UID.
