@@ -553,3 +553,67 @@ fn invalid_configurations_are_refused_up_front() {
         assert!(error.contains(expected), "expected {expected:?}, got {error:?}");
     }
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// An authenticator whose issuer is a closed loopback port: every key fetch fails at once.
+    fn offline() -> (JwtAuthenticator, String) {
+        crate::tests_support::install_provider();
+        let issuer = "https://127.0.0.1:9".to_string();
+        let mut config = JwtConfig::new("offline", &issuer, AUDIENCE);
+        let ca = rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .self_signed(&rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        config.ca_bundle_pem = Some(ca.pem());
+        config.timeout = Duration::from_millis(200);
+        (JwtAuthenticator::new(config).unwrap(), issuer)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary text is never a success and never a panic.
+        #[test]
+        fn arbitrary_text_is_never_authenticated(token in "\\PC{0,300}") {
+            let (jwt, _) = offline();
+            let outcome = runtime().block_on(jwt.authenticate(&token));
+            prop_assert!(!matches!(outcome, Outcome::Authenticated(_)), "{outcome:?}");
+        }
+
+        /// Well-formed tokens for the right issuer with arbitrary headers, claims and signature
+        /// bytes are refused (the keys cannot even be fetched), never accepted.
+        #[test]
+        fn arbitrary_jws_for_our_issuer_is_never_authenticated(
+            alg in prop::sample::select(vec!["none", "HS256", "RS256", "ES256", "EdDSA", "PS512", ""]),
+            kid in proptest::option::of("[a-z0-9]{0,8}"),
+            extra in prop::collection::btree_map("[a-z]{1,6}", any::<i64>(), 0..4),
+            signature in prop::collection::vec(any::<u8>(), 0..128),
+        ) {
+            let (jwt, issuer) = offline();
+            let header = json!({"alg": alg, "kid": kid});
+            let mut claims = json!({"iss": issuer, "aud": AUDIENCE, "username": "x", "exp": now() + 60});
+            for (key, value) in extra {
+                claims[key] = json!(value);
+            }
+            let token = format!(
+                "{}.{}.{}",
+                B64URL.encode(header.to_string()),
+                B64URL.encode(claims.to_string()),
+                B64URL.encode(signature)
+            );
+            let outcome = runtime().block_on(jwt.authenticate(&token));
+            prop_assert!(matches!(outcome, Outcome::Rejected(_)), "{outcome:?}");
+        }
+    }
+}

@@ -180,3 +180,43 @@ fn invalid_ca_bundles_are_refused_at_configuration_time() {
         .to_string();
     assert!(error.contains("bundle 1"), "{error}");
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Arbitrary bytes as a peer certificate (or chain) are refused, never a panic.
+        #[test]
+        fn arbitrary_der_is_never_authenticated(chain in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..512), 1..3)) {
+            let ca = Ca::new();
+            let x509 = authenticator(&[&ca]);
+            let chain: Vec<CertificateDer<'static>> = chain.into_iter().map(CertificateDer::from).collect();
+            let outcome = x509.authenticate_at(&chain, noon());
+            prop_assert!(matches!(outcome, Outcome::Rejected(_)), "{outcome:?}");
+        }
+
+        /// Flipping any one byte of a valid certificate never yields a different identity.
+        #[test]
+        fn a_corrupted_certificate_is_refused_or_unchanged(position in 0usize..2048, flip in 1u8..=255) {
+            let ca = Ca::new();
+            let x509 = authenticator(&[&ca]);
+            let good = ca.issue(|_| {});
+            let mut bytes = good.to_vec();
+            let index = position % bytes.len();
+            bytes[index] ^= flip;
+            let outcome = x509.authenticate_at(&[CertificateDer::from(bytes)], noon());
+            match outcome {
+                Outcome::Rejected(_) => {}
+                Outcome::Authenticated(identity) => {
+                    // Only bytes outside the signed subject can change without detection
+                    // (e.g. the unsigned outer signature algorithm encoding); the user is the same.
+                    prop_assert_eq!(&identity.user.username, "alice");
+                    prop_assert_eq!(&identity.user.groups, &vec!["devs".to_string()]);
+                }
+                Outcome::NotMine => prop_assert!(false, "a certificate was presented"),
+            }
+        }
+    }
+}
