@@ -96,3 +96,26 @@ pub(crate) async fn endpoint(script: Script) -> Endpoint {
         hits,
     }
 }
+
+/// A PEM CA certificate that signs nothing: for configurations that need some bundle.
+pub(crate) fn unrelated_ca_pem() -> String {
+    rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .self_signed(&rcgen::KeyPair::generate().unwrap())
+        .unwrap()
+        .pem()
+}
+
+/// `https://127.0.0.1:<port>` of a server that accepts TCP connections and never answers, not
+/// even the TLS handshake. It runs until the test's runtime ends.
+pub(crate) async fn hanging_endpoint() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    url
+}

@@ -472,21 +472,9 @@ async fn a_broken_issuer_is_upstream_unavailable_and_never_cached_as_success() {
     }
 
     // An issuer that accepts connections and never answers.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
-    let _hold = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((tcp, _)) = listener.accept().await {
-            held.push(tcp);
-        }
-    });
-    let any_ca = endpoint(Arc::new(|_: &str, _: &Value| {
-        (http::StatusCode::OK, String::new())
-    }))
-    .await
-    .ca_pem;
+    let url = crate::tests_support::hanging_endpoint().await;
     let mut config = JwtConfig::new("hang", &url, AUDIENCE);
-    config.ca_bundle_pem = Some(any_ca);
+    config.ca_bundle_pem = Some(crate::tests_support::unrelated_ca_pem());
     config.timeout = Duration::from_millis(300);
     let jwt = JwtAuthenticator::new(config).unwrap();
     let token = key.token(
@@ -564,11 +552,7 @@ mod properties {
         crate::tests_support::install_provider();
         let issuer = "https://127.0.0.1:9".to_string();
         let mut config = JwtConfig::new("offline", &issuer, AUDIENCE);
-        let ca = rcgen::CertificateParams::new(Vec::<String>::new())
-            .unwrap()
-            .self_signed(&rcgen::KeyPair::generate().unwrap())
-            .unwrap();
-        config.ca_bundle_pem = Some(ca.pem());
+        config.ca_bundle_pem = Some(crate::tests_support::unrelated_ca_pem());
         config.timeout = Duration::from_millis(200);
         (JwtAuthenticator::new(config).unwrap(), issuer)
     }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 
 use super::*;
 use crate::tests_support::Endpoint;
@@ -160,24 +159,9 @@ async fn garbage_errors_and_empty_users_are_refused_and_failures_are_not_cached(
 
 #[tokio::test]
 async fn a_hanging_endpoint_is_refused_after_the_timeout() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "https://127.0.0.1:{}/review",
-        listener.local_addr().unwrap().port()
-    );
-    // Accepts TCP and never answers the TLS handshake.
-    let _hold = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((tcp, _)) = listener.accept().await {
-            held.push(tcp);
-        }
-    });
+    let url = format!("{}/review", crate::tests_support::hanging_endpoint().await);
     let mut config = TokenReviewConfig::new("hang", url);
-    let ca = rcgen::CertificateParams::new(Vec::<String>::new())
-        .unwrap()
-        .self_signed(&rcgen::KeyPair::generate().unwrap())
-        .unwrap();
-    config.ca_bundle_pem = Some(ca.pem());
+    config.ca_bundle_pem = Some(crate::tests_support::unrelated_ca_pem());
     config.timeout = Duration::from_millis(300);
     let webhook = TokenReviewAuthenticator::new(config).unwrap();
     assert_eq!(
