@@ -375,24 +375,29 @@ impl JwtAuthenticator {
         let mut keys = self.current_keys(observed).await?;
         let mut refreshed = false;
         loop {
-            let candidates: Vec<&VerifyingKey> = keys
+            // Keys with the token's kid (every key when it names none); of those, the ones whose
+            // pinned algorithm (or key type) is the token's.
+            let (mut kid_known, mut alg_allowed) = (false, false);
+            for key in keys
                 .keys
                 .iter()
                 .filter(|key| kid.is_none() || key.kid.as_deref() == kid)
-                .collect();
-            if !candidates.is_empty() {
-                let usable: Vec<&&VerifyingKey> = candidates
-                    .iter()
-                    .filter(|key| key.alg.map_or(alg.fits(&key.material), |pinned| pinned == alg))
-                    .collect();
-                if usable.is_empty() {
-                    return Err(Verdict::Rejected(RejectReason::UnsupportedAlgorithm));
+            {
+                kid_known = true;
+                if key.alg.map_or(alg.fits(&key.material), |pinned| pinned == alg) {
+                    alg_allowed = true;
+                    if key.verify(alg, signed, signature_bytes) {
+                        return Ok(());
+                    }
                 }
-                return if usable.iter().any(|key| key.verify(alg, signed, signature_bytes)) {
-                    Ok(())
+            }
+            if kid_known {
+                let reason = if alg_allowed {
+                    RejectReason::BadSignature
                 } else {
-                    Err(Verdict::Rejected(RejectReason::BadSignature))
+                    RejectReason::UnsupportedAlgorithm
                 };
+                return Err(Verdict::Rejected(reason));
             }
             if refreshed {
                 return Err(Verdict::Rejected(RejectReason::UnknownKey));
