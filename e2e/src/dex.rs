@@ -11,7 +11,11 @@ use std::{
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use hyper_rustls::HttpsConnector;
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::TokioExecutor,
+};
 use serde::Deserialize;
 
 use crate::{components::Components, pki::CertificateAuthority, process::ManagedProcess, HarnessError};
@@ -44,6 +48,8 @@ pub struct Dex {
     config: PathBuf,
     issuer: String,
     ca: CertificateAuthority,
+    /// Trusts only `ca`; built once, used for readiness checks and token requests.
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 /// What Dex's token endpoint returns.
@@ -106,12 +112,14 @@ impl Dex {
         });
         let config = dir.path().join("config.yaml");
         write(&config, &config_doc.to_string())?;
+        let client = https_client(&ca)?;
         let mut dex = Dex {
             process: None,
             dir,
             config,
             issuer,
             ca,
+            client,
         };
         dex.launch(components).await?;
         Ok(dex)
@@ -201,19 +209,7 @@ impl Dex {
     }
 
     async fn send(&self, request: Request<Full<Bytes>>) -> Result<(StatusCode, Bytes), String> {
-        let mut roots = rustls::RootCertStore::empty();
-        let ca = rustls::pki_types::CertificateDer::from(self.ca_der()?);
-        roots.add(ca).map_err(|e| e.to_string())?;
-        let tls = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only()
-            .enable_http1()
-            .build();
-        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
-        let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+        let response = tokio::time::timeout(Duration::from_secs(10), self.client.request(request))
             .await
             .map_err(|_| "no answer within 10s".to_string())?
             .map_err(|e| e.to_string())?;
@@ -226,11 +222,26 @@ impl Dex {
             .to_bytes();
         Ok((status, body))
     }
+}
 
-    fn ca_der(&self) -> Result<Vec<u8>, String> {
-        use rustls::pki_types::pem::PemObject;
-        rustls::pki_types::CertificateDer::from_pem_slice(self.ca.cert_pem().as_bytes())
-            .map(|der| der.to_vec())
-            .map_err(|e| e.to_string())
-    }
+/// An HTTPS client that trusts only `ca`.
+fn https_client(
+    ca: &CertificateAuthority,
+) -> Result<Client<HttpsConnector<HttpConnector>, Full<Bytes>>, HarnessError> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    let der = CertificateDer::from_pem_slice(ca.cert_pem().as_bytes())
+        .map_err(|e| HarnessError::Pki(format!("reading back Dex's CA: {e}")))?;
+    roots
+        .add(der)
+        .map_err(|e| HarnessError::Pki(format!("trusting Dex's CA: {e}")))?;
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
