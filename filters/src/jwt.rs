@@ -1,8 +1,11 @@
 //! JWT bearer tokens with Pinniped's JWTAuthenticator semantics: exact issuer, an accepted
 //! audience, a username claim and a groups claim, keys from the issuer's OIDC discovery document.
-//! It also takes the claim-mapping fields of Kubernetes' structured AuthenticationConfiguration
-//! that need no expression language: several audiences (any one must match), claim prefixes, a
-//! uid claim and extra attributes from claims.
+//! It also takes the `jwt[]` fields of Kubernetes' structured AuthenticationConfiguration (and
+//! of Pinniped's JWTAuthenticator since v0.40): several audiences with `audienceMatchPolicy:
+//! MatchAny`, claim mappings from a claim with a prefix or from a CEL expression (username,
+//! groups, uid, extra), claim validation rules and user validation rules. Expressions are
+//! compiled by [`JwtAuthenticator::new`], so a broken one is a configuration error, never a
+//! per-request surprise.
 //!
 //! Security rules, whatever a token or a key set says:
 //! * only RS256/384/512, PS256/384/512, ES256/384 and EdDSA are verified; `none` and HMAC never;
@@ -19,6 +22,7 @@
 //! the token's own expiry.
 
 mod keys;
+mod mapping;
 #[cfg(test)]
 mod tests;
 
@@ -38,10 +42,12 @@ use serde_json::{Map, Value};
 
 pub use keys::Algorithm;
 use keys::{parse_jwks, VerifyingKey};
+use mapping::Mapper;
 
 use crate::{
+    expression::ExpressionError,
     https::{ClientAuth, FetchError, HttpsClient, TlsConfigError},
-    identity::{Forwarding, Identity, UserInfo},
+    identity::{Forwarding, Identity},
     outcome::{Outcome, RejectReason},
     review_cache::{CacheConfig, RandomSourceError, ReviewCache},
 };
@@ -69,6 +75,57 @@ impl ClaimMapping {
     }
 }
 
+/// Where a user attribute comes from (Kubernetes' `claimMappings.<field>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mapping {
+    /// A claim, with a prefix.
+    Claim(ClaimMapping),
+    /// A CEL expression over `claims`: a string for username and uid, a string or a list of
+    /// strings for groups.
+    Expression(String),
+}
+
+impl From<ClaimMapping> for Mapping {
+    fn from(mapping: ClaimMapping) -> Self {
+        Self::Claim(mapping)
+    }
+}
+
+/// How the token's audiences are matched against the configured ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AudienceMatchPolicy {
+    /// Any one of the token's audiences must be configured (Kubernetes' only policy).
+    MatchAny,
+}
+
+/// A check of the claims (Kubernetes' `claimValidationRules[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimValidationRule {
+    /// The claim must be a string equal to `required_value`.
+    RequiredValue {
+        /// Claim name.
+        claim: String,
+        /// The value it must have.
+        required_value: String,
+    },
+    /// A CEL expression over `claims` that must be true.
+    Expression {
+        /// The expression.
+        expression: String,
+        /// Logged when it is false.
+        message: String,
+    },
+}
+
+/// A check of the mapped user (Kubernetes' `userValidationRules[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserValidationRule {
+    /// A CEL expression over `user` (`username`, `uid`, `groups`, `extra`) that must be true.
+    pub expression: String,
+    /// Logged when it is false.
+    pub message: String,
+}
+
 /// Configuration of a [`JwtAuthenticator`].
 #[derive(Debug, Clone)]
 pub struct JwtConfig {
@@ -78,14 +135,21 @@ pub struct JwtConfig {
     pub issuer: String,
     /// Accepted audiences: a token is accepted if any of its `aud` values is one of these.
     pub audiences: Vec<String>,
+    /// Required (as in Kubernetes) when there is more than one audience.
+    pub audience_match_policy: Option<AudienceMatchPolicy>,
     /// Where the user name comes from (Pinniped's default: claim `username`).
-    pub username: ClaimMapping,
+    pub username: Mapping,
     /// Where the groups come from (Pinniped's default: claim `groups`); `None` gives no groups.
-    pub groups: Option<ClaimMapping>,
-    /// A claim holding the user's UID.
-    pub uid_claim: Option<String>,
-    /// Extra attributes: key → claim (string or list of strings).
+    pub groups: Option<Mapping>,
+    /// Where the user's UID comes from (a claim without prefix, or an expression).
+    pub uid: Option<Mapping>,
+    /// Extra attributes: key (a lowercase domain-prefixed path) → CEL expression over `claims`
+    /// giving a string or a list of strings; empty results are left out.
     pub extra: BTreeMap<String, String>,
+    /// Checks of the claims, after mapping; any failure refuses the token.
+    pub claim_validation_rules: Vec<ClaimValidationRule>,
+    /// Checks of the mapped user; any failure refuses the token.
+    pub user_validation_rules: Vec<UserValidationRule>,
     /// PEM CA bundle for the issuer's discovery and JWKS endpoints; `None` trusts the system roots.
     pub ca_bundle_pem: Option<String>,
     /// Tolerance for `exp`, `nbf` and `iat`.
@@ -110,10 +174,13 @@ impl JwtConfig {
             name: name.into(),
             issuer: issuer.into(),
             audiences: vec![audience.into()],
-            username: ClaimMapping::claim("username"),
-            groups: Some(ClaimMapping::claim("groups")),
-            uid_claim: None,
+            audience_match_policy: None,
+            username: ClaimMapping::claim("username").into(),
+            groups: Some(ClaimMapping::claim("groups").into()),
+            uid: None,
             extra: BTreeMap::new(),
+            claim_validation_rules: Vec::new(),
+            user_validation_rules: Vec::new(),
             ca_bundle_pem: None,
             clock_skew: Duration::from_secs(60),
             max_token_bytes: 16 * 1024,
@@ -141,9 +208,34 @@ pub enum JwtConfigError {
     /// No audience, or an empty one.
     #[error("at least one non-empty audience is required")]
     NoAudience,
+    /// Several audiences without `audienceMatchPolicy: MatchAny`.
+    #[error("audienceMatchPolicy must be MatchAny when more than one audience is configured")]
+    AudienceMatchPolicyRequired,
     /// A claim name is empty.
     #[error("the {0} claim name must not be empty")]
     EmptyClaimName(&'static str),
+    /// A prefix was given where Kubernetes allows none.
+    #[error("the {0} claim mapping takes no prefix")]
+    PrefixNotAllowed(&'static str),
+    /// An extra key Kubernetes would refuse.
+    #[error("extra key {key:?} is invalid: {why}")]
+    InvalidExtraKey {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A CEL expression does not compile.
+    #[error("{field}: {error}")]
+    Expression {
+        /// Where the expression is configured, e.g. `claimMappings.username.expression`.
+        field: String,
+        /// What is wrong with it.
+        error: ExpressionError,
+    },
+    /// The user name is built from `claims.email` but nothing checks `claims.email_verified`.
+    #[error("claims.email_verified must be used in claimMappings.username.expression, claimMappings.extra[].valueExpression or claimValidationRules[].expression when claims.email is used in claimMappings.username.expression")]
+    EmailVerifiedNotChecked,
     /// See [`TlsConfigError`].
     #[error(transparent)]
     Tls(#[from] TlsConfigError),
@@ -202,10 +294,7 @@ pub struct JwtAuthenticator {
     issuer: String,
     discovery_url: Uri,
     audiences: Vec<String>,
-    username: ClaimMapping,
-    groups: Option<ClaimMapping>,
-    uid_claim: Option<String>,
-    extra: BTreeMap<String, String>,
+    mapper: Mapper,
     clock_skew: Duration,
     max_token_bytes: usize,
     min_refresh: Duration,
@@ -249,22 +338,10 @@ impl JwtAuthenticator {
         if config.audiences.is_empty() || config.audiences.iter().any(String::is_empty) {
             return Err(JwtConfigError::NoAudience);
         }
-        if config.username.claim.is_empty() {
-            return Err(JwtConfigError::EmptyClaimName("username"));
+        if config.audiences.len() > 1 && config.audience_match_policy != Some(AudienceMatchPolicy::MatchAny) {
+            return Err(JwtConfigError::AudienceMatchPolicyRequired);
         }
-        if config.groups.as_ref().is_some_and(|g| g.claim.is_empty()) {
-            return Err(JwtConfigError::EmptyClaimName("groups"));
-        }
-        if config.uid_claim.as_ref().is_some_and(String::is_empty) {
-            return Err(JwtConfigError::EmptyClaimName("uid"));
-        }
-        if config
-            .extra
-            .iter()
-            .any(|(key, claim)| key.is_empty() || claim.is_empty())
-        {
-            return Err(JwtConfigError::EmptyClaimName("extra"));
-        }
+        let mapper = Mapper::new(&config)?;
         let discovery = format!("{}{WELL_KNOWN}", config.issuer.trim_end_matches('/'));
         let discovery_url = discovery
             .parse()
@@ -275,10 +352,7 @@ impl JwtAuthenticator {
             issuer: config.issuer,
             discovery_url,
             audiences: config.audiences,
-            username: config.username,
-            groups: config.groups,
-            uid_claim: config.uid_claim,
-            extra: config.extra,
+            mapper,
             clock_skew: config.clock_skew,
             max_token_bytes: config.max_token_bytes,
             min_refresh: config.jwks_min_refresh_interval,
@@ -306,6 +380,26 @@ impl JwtAuthenticator {
     pub async fn load_keys(&self) -> Result<usize, JwksError> {
         let _serialised = self.refresh.lock().await;
         let keys = self.fetch_keys().await?;
+        let count = keys.len();
+        self.keys.store(Some(Arc::new(KeySet {
+            keys,
+            fetched: Instant::now(),
+        })));
+        Ok(count)
+    }
+
+    /// Replaces the key set with the keys of a JWKS document, as if just fetched (benches and fuzz
+    /// targets run without an issuer). Returns the number of usable keys; a document that does not
+    /// parse, or holds no usable key, changes nothing.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn install_keys(&self, jwks_json: &[u8]) -> Result<usize, JwksError> {
+        let keys = parse_jwks(jwks_json).map_err(|e| JwksError::Jwks {
+            url: "(installed)".to_string(),
+            reason: e.to_string(),
+        })?;
+        if keys.is_empty() {
+            return Err(JwksError::NoUsableKeys("(installed)".to_string()));
+        }
         let count = keys.len();
         self.keys.store(Some(Arc::new(KeySet {
             keys,
@@ -537,53 +631,14 @@ impl JwtAuthenticator {
         {
             return Err(reject(RejectReason::NotYetValid));
         }
-        let audiences = strings(claims.get("aud")).ok_or(reject(RejectReason::ClaimInvalid))?;
+        let audiences = mapping::strings(claims.get("aud")).ok_or(reject(RejectReason::ClaimInvalid))?;
         if !audiences.iter().any(|aud| self.audiences.contains(aud)) {
             return Err(reject(RejectReason::WrongAudience));
         }
 
-        let username = match claims.get(&self.username.claim) {
-            Some(Value::String(name)) if !name.is_empty() => name,
-            Some(Value::String(_)) | None => return Err(reject(RejectReason::EmptyUsername)),
-            Some(_) => return Err(reject(RejectReason::ClaimInvalid)),
-        };
-        // Kubernetes' rule: an email address is only a user name if the IdP verified it.
-        if self.username.claim == "email"
-            && claims
-                .get("email_verified")
-                .is_some_and(|v| v != &Value::Bool(true))
-        {
-            return Err(reject(RejectReason::ClaimInvalid));
-        }
-        let groups = match &self.groups {
-            None => Vec::new(),
-            Some(mapping) => strings(claims.get(&mapping.claim))
-                .ok_or(reject(RejectReason::ClaimInvalid))?
-                .into_iter()
-                .map(|group| format!("{}{group}", mapping.prefix))
-                .collect(),
-        };
-        let uid = match &self.uid_claim {
-            None => None,
-            Some(claim) => match claims.get(claim) {
-                Some(Value::String(uid)) if !uid.is_empty() => Some(uid.clone()),
-                _ => return Err(reject(RejectReason::ClaimInvalid)),
-            },
-        };
-        let mut extra = BTreeMap::new();
-        for (key, claim) in &self.extra {
-            let values = strings(claims.get(claim)).ok_or(reject(RejectReason::ClaimInvalid))?;
-            if !values.is_empty() {
-                extra.insert(key.clone(), values);
-            }
-        }
+        let user = self.mapper.user(&self.name, claims)?;
         let identity = Identity {
-            user: UserInfo {
-                username: format!("{}{username}", self.username.prefix),
-                uid,
-                groups,
-                extra,
-            },
+            user,
             authenticator: self.name.clone(),
             audiences: audiences
                 .into_iter()
@@ -633,18 +688,4 @@ fn decode_json<T: serde::de::DeserializeOwned>(segment: &str) -> Result<T, Verdi
         .decode(segment)
         .map_err(|_| Verdict::Rejected(RejectReason::Malformed))?;
     serde_json::from_slice(&bytes).map_err(|_| Verdict::Rejected(RejectReason::Malformed))
-}
-
-/// A claim that is a string or a list of strings, as a list; a missing claim is an empty list;
-/// anything else is `None`.
-fn strings(value: Option<&Value>) -> Option<Vec<String>> {
-    match value {
-        None | Some(Value::Null) => Some(Vec::new()),
-        Some(Value::String(s)) => Some(vec![s.clone()]),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|item| item.as_str().map(str::to_string))
-            .collect(),
-        Some(_) => None,
-    }
 }

@@ -10,15 +10,14 @@
 //!   own TokenReview for pass-through of tokens the cluster accepts, with a bounded result cache
 //!   keyed by an HMAC of the token ([`review_cache`]).
 //!
-//! * [`jwt`]: JWT bearer tokens (Pinniped's JWTAuthenticator, plus the claim mappings of
-//!   Kubernetes' structured AuthenticationConfiguration that need no CEL).
-//!
-//! Still to come (see the project's issues): CEL claim mappings and validation rules, and the
-//! impersonation header policy.
+//! * [`jwt`]: JWT bearer tokens (Pinniped's JWTAuthenticator, plus the `jwt[]` fields of
+//!   Kubernetes' structured AuthenticationConfiguration), with CEL claim mappings and validation
+//!   rules compiled at configuration time ([`expression`]).
 //!
 //! It never depends on pingora, so the data plane stays swappable; it never logs a token.
 
 pub mod chain;
+pub mod expression;
 pub mod https;
 pub mod identity;
 pub mod jwt;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use selkie_e2e::dex::{Dex, DexUser, CLIENT_ID};
 use selkie_filters::{
-    jwt::{ClaimMapping, JwtAuthenticator, JwtConfig},
+    jwt::{ClaimMapping, ClaimValidationRule, JwtAuthenticator, JwtConfig, Mapping, UserValidationRule},
     outcome::{Outcome, RejectReason},
     review_cache::CacheConfig,
 };
@@ -24,7 +24,7 @@ fn pinny() -> DexUser {
 /// `email`, groups from `groups`.
 fn config(dex: &Dex, audience: &str) -> JwtConfig {
     let mut config = JwtConfig::new("dex", dex.issuer(), audience);
-    config.username = ClaimMapping::claim("email");
+    config.username = ClaimMapping::claim("email").into();
     config.ca_bundle_pem = Some(dex.ca_pem());
     config
 }
@@ -65,6 +65,52 @@ async fn dex_id_tokens_authenticate_with_user_and_groups() -> anyhow::Result<()>
     assert!(
         dex.password_grant(&user.email, "wrong").await.is_err(),
         "Dex refuses a wrong password"
+    );
+    Ok(())
+}
+
+/// Structured-authentication rules over a real ID token: CEL mappings for user, groups, uid and
+/// extra, and validation rules that accept this user and refuse another configuration.
+#[tokio::test]
+async fn cel_claim_mappings_and_rules_apply_to_dex_tokens() -> anyhow::Result<()> {
+    let user = pinny();
+    let dex = Dex::start(std::slice::from_ref(&user)).await?;
+    let tokens = dex.password_grant(&user.email, &user.password).await?;
+
+    let mut config = config(&dex, CLIENT_ID);
+    config.username = Mapping::Expression("claims.email_verified ? 'dex:' + claims.email : ''".into());
+    config.groups = Some(Mapping::Expression("claims.groups.map(g, 'dex:' + g)".into()));
+    config.uid = Some(Mapping::Expression("claims.sub".into()));
+    config.extra = [("example.com/issuer".to_string(), "claims.iss".to_string())].into();
+    config.claim_validation_rules = vec![ClaimValidationRule::Expression {
+        expression: "claims.email.endsWith('@example.com')".into(),
+        message: "only example.com accounts".into(),
+    }];
+    config.user_validation_rules = vec![UserValidationRule {
+        expression: "'dex:ops' in user.groups".into(),
+        message: "operators only".into(),
+    }];
+    let jwt = JwtAuthenticator::new(config.clone())?;
+    let outcome = jwt.authenticate(&tokens.id_token).await;
+    let Outcome::Authenticated(identity) = outcome else {
+        anyhow::bail!("Dex's ID token was refused: {outcome:?}")
+    };
+    assert_eq!(identity.user.username, format!("dex:{}", user.email));
+    assert_eq!(identity.user.groups, vec!["dex:ops", "dex:devs"]);
+    assert!(
+        identity.user.uid.as_deref().is_some_and(|uid| !uid.is_empty()),
+        "Dex's sub is the uid"
+    );
+    assert_eq!(
+        identity.user.extra.get("example.com/issuer"),
+        Some(&vec![dex.issuer().to_string()])
+    );
+
+    config.user_validation_rules[0].expression = "'dex:admins' in user.groups".into();
+    let admins_only = JwtAuthenticator::new(config)?;
+    assert_eq!(
+        admins_only.authenticate(&tokens.id_token).await,
+        Outcome::Rejected(RejectReason::ValidationRuleFailed)
     );
     Ok(())
 }

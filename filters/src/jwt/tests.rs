@@ -182,16 +182,17 @@ async fn structured_mappings_prefixes_uid_extra_and_several_audiences() {
     let issuer = Issuer::start(&[("k1", &key)]).await;
     let mut config = issuer.config();
     config.audiences = vec!["other".into(), AUDIENCE.into()];
-    config.username = ClaimMapping {
+    config.audience_match_policy = Some(AudienceMatchPolicy::MatchAny);
+    config.username = Mapping::Claim(ClaimMapping {
         claim: "email".into(),
         prefix: "oidc:".into(),
-    };
-    config.groups = Some(ClaimMapping {
+    });
+    config.groups = Some(Mapping::Claim(ClaimMapping {
         claim: "roles".into(),
         prefix: "oidc:".into(),
-    });
-    config.uid_claim = Some("sub".into());
-    config.extra = BTreeMap::from([("example.com/tenant".to_string(), "tenant".to_string())]);
+    }));
+    config.uid = Some(ClaimMapping::claim("sub").into());
+    config.extra = BTreeMap::from([("example.com/tenant".to_string(), "claims.tenant".to_string())]);
     let jwt = JwtAuthenticator::new(config).unwrap();
     let claims = issuer.claims_with(
         json!({"aud": ["x", AUDIENCE], "email": "a@example.com", "email_verified": true,
@@ -527,7 +528,92 @@ fn invalid_configurations_are_refused_up_front() {
         (JwtConfig::new("j", "https://i.example.com", ""), "audience"),
         (
             JwtConfig {
-                username: ClaimMapping::claim(""),
+                audiences: vec!["a".into(), "b".into()],
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "audienceMatchPolicy must be MatchAny",
+        ),
+        (
+            JwtConfig {
+                username: Mapping::Expression("claims.sub +".into()),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "claimMappings.username.expression: CEL expression \"claims.sub +\" does not parse",
+        ),
+        (
+            JwtConfig {
+                groups: Some(Mapping::Expression("claims.groups.frobnicate()".into())),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "claimMappings.groups.expression: CEL expression \"claims.groups.frobnicate()\" calls frobnicate()",
+        ),
+        (
+            JwtConfig {
+                user_validation_rules: vec![UserValidationRule {
+                    expression: "claims.sub != ''".into(),
+                    message: String::new(),
+                }],
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "userValidationRules[0].expression: CEL expression \"claims.sub != ''\" refers to \"claims\"",
+        ),
+        (
+            JwtConfig {
+                claim_validation_rules: vec![
+                    ClaimValidationRule::RequiredValue {
+                        claim: "hd".into(),
+                        required_value: "example.com".into(),
+                    },
+                    ClaimValidationRule::Expression {
+                        expression: "user.username != ''".into(),
+                        message: String::new(),
+                    },
+                ],
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "claimValidationRules[1].expression",
+        ),
+        (
+            JwtConfig {
+                uid: Some(Mapping::Claim(ClaimMapping {
+                    claim: "sub".into(),
+                    prefix: "x:".into(),
+                })),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "the uid claim mapping takes no prefix",
+        ),
+        (
+            JwtConfig {
+                username: Mapping::Expression("claims.email".into()),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "claims.email_verified must be used",
+        ),
+        (
+            JwtConfig {
+                extra: BTreeMap::from([("tenant".into(), "claims.t".into())]),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "extra key \"tenant\" is invalid: it must be a domain-prefixed path",
+        ),
+        (
+            JwtConfig {
+                extra: BTreeMap::from([("Example.com/t".into(), "claims.t".into())]),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "it must be lowercase",
+        ),
+        (
+            JwtConfig {
+                extra: BTreeMap::from([("authentication.kubernetes.io/x".into(), "claims.t".into())]),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "reserved",
+        ),
+        (
+            JwtConfig {
+                username: ClaimMapping::claim("").into(),
                 ..JwtConfig::new("j", "https://i.example.com", "a")
             },
             "username claim",
@@ -539,6 +625,105 @@ fn invalid_configurations_are_refused_up_front() {
         ));
         let error = JwtAuthenticator::new(config).map(|_| ()).unwrap_err().to_string();
         assert!(error.contains(expected), "expected {expected:?}, got {error:?}");
+    }
+}
+
+#[test]
+fn an_email_user_name_is_accepted_when_email_verified_is_checked_anywhere() {
+    crate::tests_support::install_provider();
+    let with = |change: fn(&mut JwtConfig)| {
+        let mut config = JwtConfig::new("j", "https://i.example.com", "a");
+        config.username = Mapping::Expression("claims.email".into());
+        change(&mut config);
+        JwtAuthenticator::new(config).map(|_| ())
+    };
+    with(|c| c.username = Mapping::Expression("claims.email_verified ? claims.email : ''".into())).unwrap();
+    with(|c| {
+        c.claim_validation_rules = vec![ClaimValidationRule::Expression {
+            expression: "claims.email_verified == true".into(),
+            message: "verified emails only".into(),
+        }]
+    })
+    .unwrap();
+    with(|c| c.extra = BTreeMap::from([("example.com/v".into(), "string(claims.email_verified)".into())]))
+        .unwrap();
+}
+
+#[tokio::test]
+async fn cel_mappings_and_validation_rules_decide_the_user() {
+    let key = TestKey::ec();
+    let issuer = Issuer::start(&[("k1", &key)]).await;
+    let mut config = issuer.config();
+    config.username = Mapping::Expression("'cel:' + claims.sub".into());
+    config.groups = Some(Mapping::Expression("claims.groups.map(g, 'team:' + g)".into()));
+    config.uid = Some(Mapping::Expression("claims.sub".into()));
+    config.extra = BTreeMap::from([(
+        "example.com/org".to_string(),
+        "has(claims.org) ? claims.org : ''".to_string(),
+    )]);
+    config.claim_validation_rules = vec![
+        ClaimValidationRule::RequiredValue {
+            claim: "tenant".into(),
+            required_value: "blue".into(),
+        },
+        ClaimValidationRule::Expression {
+            expression: "claims.exp - claims.iat <= 3600".into(),
+            message: "tokens must live at most an hour".into(),
+        },
+    ];
+    config.user_validation_rules = vec![UserValidationRule {
+        expression: "!user.username.startsWith('cel:system:')".into(),
+        message: "no system users".into(),
+    }];
+    let jwt = JwtAuthenticator::new(config).unwrap();
+    let token = |changes: Value| key.token("k1", &issuer.claims_with(changes));
+
+    let Outcome::Authenticated(identity) = jwt
+        .authenticate(&token(json!({"sub": "u-1", "tenant": "blue", "org": "acme"})))
+        .await
+    else {
+        panic!("a token that satisfies every rule is accepted")
+    };
+    assert_eq!(identity.user.username, "cel:u-1");
+    assert_eq!(identity.user.groups, vec!["team:devs", "team:ops"]);
+    assert_eq!(identity.user.uid.as_deref(), Some("u-1"));
+    assert_eq!(
+        identity.user.extra.get("example.com/org"),
+        Some(&vec!["acme".to_string()])
+    );
+
+    let Outcome::Authenticated(identity) = jwt
+        .authenticate(&token(json!({"sub": "u-2", "tenant": "blue"})))
+        .await
+    else {
+        panic!("an empty extra value is left out, not an error")
+    };
+    assert!(identity.user.extra.is_empty());
+
+    let refused = [
+        (json!({"tenant": "red"}), RejectReason::ValidationRuleFailed),
+        (json!({"tenant": null}), RejectReason::ValidationRuleFailed),
+        (
+            json!({"tenant": "blue", "iat": now() - 7200}),
+            RejectReason::ValidationRuleFailed,
+        ),
+        (
+            json!({"tenant": "blue", "sub": "system:admin"}),
+            RejectReason::ValidationRuleFailed,
+        ),
+        (json!({"tenant": "blue", "sub": 7}), RejectReason::ClaimInvalid),
+        (
+            json!({"tenant": "blue", "groups": "not-a-list"}),
+            RejectReason::ClaimInvalid,
+        ),
+        (json!({"tenant": "blue", "sub": null}), RejectReason::ClaimInvalid),
+    ];
+    for (changes, reason) in refused {
+        assert_eq!(
+            jwt.authenticate(&token(changes.clone())).await,
+            rejected(reason),
+            "{changes}"
+        );
     }
 }
 
