@@ -14,6 +14,7 @@
 //!   killed, because each is spawned with a parent-death signal.
 //! * [`kubectl`] runs the real kubectl against a cluster.
 //! * [`dex`] runs Dex, the real OIDC provider, with static users and the password grant.
+//! * [`proxy`] runs Selkie's impersonation proxy (`selkie-concierge`) in front of a cluster.
 //!
 //! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
 //! the command and the tail of its log.
@@ -25,6 +26,7 @@ mod error;
 pub mod kubectl;
 pub mod pki;
 mod process;
+pub mod proxy;
 
 pub use cluster::{Cluster, ClusterBuilder};
 pub use error::HarnessError;

@@ -7,6 +7,7 @@ mod cluster_basics;
 mod harness_failures;
 mod harness_lifecycle;
 mod jwt_dex;
+mod proxy_kubectl;
 mod rbac_client_cert;
 mod resources;
 mod token_review;

@@ -1,0 +1,373 @@
+//! The impersonation proxy end to end: the real kubectl talks to Selkie's proxy, which forwards to
+//! the real kube-apiserver with impersonation headers. Identities come from a client certificate
+//! of Selkie's signer CA and from a Dex ID token.
+
+use selkie_e2e::{
+    dex::{Dex, DexUser, CLIENT_ID},
+    proxy::{JwtSpec, Proxy},
+    Cluster,
+};
+use serde_json::Value;
+
+/// What kubectl 1.35 prints for a 401 from kube-apiserver itself (checked against the harness's
+/// apiserver with a garbage token): the proxy's refusals must read the same.
+const UNAUTHORIZED: &str =
+    "error: You must be logged in to the server (the server has asked for the client to provide credentials)";
+
+fn whoami(json: &str) -> anyhow::Result<(String, Vec<String>)> {
+    let review: Value = serde_json::from_str(json)?;
+    let user = &review["status"]["userInfo"];
+    let groups = user["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    Ok((user["username"].as_str().unwrap_or_default().to_string(), groups))
+}
+
+/// Lets `subject` (a `User` or `Group`) work with ConfigMaps in `namespace`. (The harness runs no
+/// controller manager, so the aggregated `edit` ClusterRole has no rules; a Role says it directly.)
+async fn grant_configmaps(cluster: &Cluster, namespace: &str, kind: &str, name: &str) -> anyhow::Result<()> {
+    let kubectl = cluster.kubectl();
+    let ns = ["-n", namespace];
+    kubectl
+        .run(
+            &[
+                &[
+                    "create",
+                    "role",
+                    "configmap-editor",
+                    "--verb=get,list,watch,create,update,patch,delete",
+                    "--resource=configmaps",
+                ][..],
+                &ns,
+            ]
+            .concat(),
+        )
+        .await?;
+    let flag = if kind == "User" { "--user" } else { "--group" };
+    kubectl
+        .run(
+            &[
+                &[
+                    "create",
+                    "rolebinding",
+                    "configmap-editor",
+                    "--role=configmap-editor",
+                    flag,
+                    name,
+                ][..],
+                &ns,
+            ]
+            .concat(),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_through_the_proxy_with_a_client_certificate() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "proxy-cert").await?;
+    let team = format!("team-{namespace}");
+    grant_configmaps(cluster, &namespace, "Group", &team).await?;
+    let proxy = Proxy::start(cluster, &[]).await?;
+
+    let alice = proxy.signer().issue_client("alice", &[&team, "readers"])?;
+    let kubectl = proxy.kubectl(&proxy.kubeconfig_with_cert("alice", &alice)?);
+
+    let (user, groups) = whoami(&kubectl.run(&["auth", "whoami", "-o", "json"]).await?)?;
+    assert_eq!(user, "alice");
+    assert!(
+        groups.contains(&team) && groups.contains(&"readers".to_string()),
+        "{groups:?}"
+    );
+    assert!(groups.contains(&"system:authenticated".to_string()), "{groups:?}");
+
+    // The verbs of everyday use, as alice.
+    let ns = ["-n", namespace.as_str()];
+    kubectl
+        .run(
+            &[
+                &["create", "configmap", "settings", "--from-literal=color=blue"][..],
+                &ns,
+            ]
+            .concat(),
+        )
+        .await?;
+    let got = kubectl
+        .run(
+            &[
+                &["get", "configmap", "settings", "-o", "jsonpath={.data.color}"][..],
+                &ns,
+            ]
+            .concat(),
+        )
+        .await?;
+    assert_eq!(got, "blue");
+    kubectl
+        .run(
+            &[
+                &[
+                    "patch",
+                    "configmap",
+                    "settings",
+                    "-p",
+                    r#"{"data":{"color":"green"}}"#,
+                ][..],
+                &ns,
+            ]
+            .concat(),
+        )
+        .await?;
+    let listed = kubectl
+        .run(&[&["get", "configmaps", "-o", "name"][..], &ns].concat())
+        .await?;
+    assert!(listed.contains("configmap/settings"), "{listed}");
+    let managed: Value = serde_json::from_str(
+        &cluster
+            .kubectl()
+            .run(&["get", "configmap", "settings", "-n", &namespace, "-o", "json"])
+            .await?,
+    )?;
+    assert_eq!(managed["data"]["color"], "green", "the patch reached the cluster");
+    kubectl
+        .run(&[&["delete", "configmap", "settings"][..], &ns].concat())
+        .await?;
+
+    // RBAC still applies to the impersonated user, and the 403 comes back intact.
+    let forbidden = kubectl
+        .output(&["get", "secrets", "-n", "kube-system"], None)
+        .await?;
+    assert!(!forbidden.success, "alice must not read kube-system secrets");
+    assert!(
+        forbidden.stderr.contains("Forbidden")
+            && forbidden
+                .stderr
+                .contains(r#"User "alice" cannot list resource "secrets""#),
+        "{}",
+        forbidden.stderr
+    );
+
+    // A certificate from a CA the proxy does not trust identifies nobody.
+    let stranger = cluster
+        .pki()
+        .client_ca
+        .issue_client("mallory", &["system:masters"])?;
+    let refused = proxy
+        .kubectl(&proxy.kubeconfig_with_cert("mallory", &stranger)?)
+        .output(&["get", "configmaps", "-n", &namespace], None)
+        .await?;
+    assert!(!refused.success);
+    assert!(refused.stderr.contains(UNAUTHORIZED), "{}", refused.stderr);
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubectl_through_the_proxy_with_a_dex_id_token() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "proxy-jwt").await?;
+    let user = DexUser {
+        email: "pinny@example.com".into(),
+        password: "password123".into(),
+        user_id: "0a8b2c1d-0000-4000-8000-000000000001".into(),
+        groups: vec!["ops".into(), "devs".into()],
+    };
+    let dex = Dex::start(std::slice::from_ref(&user)).await?;
+    grant_configmaps(cluster, &namespace, "User", &user.email).await?;
+    let proxy = Proxy::start(
+        cluster,
+        &[JwtSpec {
+            name: "dex".into(),
+            issuer: dex.issuer().into(),
+            audience: CLIENT_ID.into(),
+            username_claim: "email".into(),
+            groups_claim: "groups".into(),
+            ca_pem: dex.ca_pem(),
+        }],
+    )
+    .await?;
+    let tokens = dex.password_grant(&user.email, &user.password).await?;
+    let kubectl = proxy.kubectl(&proxy.kubeconfig_with_token("pinny", &tokens.id_token)?);
+
+    let (name, groups) = whoami(&kubectl.run(&["auth", "whoami", "-o", "json"]).await?)?;
+    assert_eq!(name, user.email);
+    assert_eq!(
+        groups,
+        vec!["ops", "devs", "system:authenticated"],
+        "Dex's groups, then the apiserver's own"
+    );
+    kubectl
+        .run(&["create", "configmap", "from-jwt", "-n", &namespace])
+        .await?;
+    let listed = kubectl
+        .run(&["get", "configmaps", "-n", &namespace, "-o", "name"])
+        .await?;
+    assert!(listed.contains("configmap/from-jwt"), "{listed}");
+
+    // Garbage and a truncated token are 401, worded as kube-apiserver's own.
+    for token in ["not-a-token", &tokens.id_token[..tokens.id_token.len() - 4]] {
+        let refused = proxy
+            .kubectl(&proxy.kubeconfig_with_token("bad", token)?)
+            .output(&["get", "configmaps", "-n", &namespace], None)
+            .await?;
+        assert!(!refused.success);
+        assert!(refused.stderr.contains(UNAUTHORIZED), "{}", refused.stderr);
+    }
+
+    // The audit log names the user and never the token.
+    let log = proxy.log();
+    assert!(
+        log.contains("selkie::audit") && log.contains(&user.email),
+        "audit lines are written"
+    );
+    assert!(
+        !log.contains(&tokens.id_token[..40]),
+        "the proxy must never log a token"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn anonymous_and_self_asserted_identities_get_nowhere() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "proxy-anon").await?;
+    let proxy = Proxy::start(cluster, &[]).await?;
+
+    // (kubectl with no credential at all prompts for a password, so this is a plain request.)
+    for http2 in [true, false] {
+        let (status, refusal) = self_subject_review(&proxy, None, &[], http2).await?;
+        assert_eq!(status, 401, "{refusal}");
+        assert_eq!(refusal["kind"], "Status");
+        assert_eq!(refusal["reason"], "Unauthorized");
+    }
+
+    // kubectl --as asks for nested impersonation, which this proxy refuses for now rather than
+    // silently dropping.
+    let bob = proxy.signer().issue_client("bob", &[])?;
+    let kubectl = proxy.kubectl(&proxy.kubeconfig_with_cert("bob", &bob)?);
+    let nested = kubectl
+        .output(
+            &["get", "configmaps", "-n", &namespace, "--as", "system:admin"],
+            None,
+        )
+        .await?;
+    assert!(!nested.success);
+    assert!(nested.stderr.contains("Forbidden"), "{}", nested.stderr);
+
+    // The signer's certificates never reach kube-apiserver as themselves: the apiserver sees
+    // bob only because the proxy impersonates him (the proxy's own user is someone else).
+    let (user, _) = whoami(&kubectl.run(&["auth", "whoami", "-o", "json"]).await?)?;
+    assert_eq!(user, "bob");
+    Ok(())
+}
+
+/// POSTs a SelfSubjectReview to the proxy with a client certificate (or none), with `headers` added, over HTTP/2 or
+/// HTTP/1.1; returns the status and body.
+async fn self_subject_review(
+    proxy: &Proxy,
+    credential: Option<&selkie_e2e::pki::CertAndKey>,
+    headers: &[(&str, &str)],
+    http2: bool,
+) -> anyhow::Result<(u16, Value)> {
+    use http_body_util::{BodyExt, Full};
+    use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(
+        proxy.serving_ca().cert_pem().as_bytes(),
+    )?)?;
+    let tls = rustls::ClientConfig::builder().with_root_certificates(roots);
+    let tls = match credential {
+        Some(credential) => {
+            let chain = CertificateDer::pem_slice_iter(credential.cert_pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()?;
+            tls.with_client_auth_cert(
+                chain,
+                PrivateKeyDer::from_pem_slice(credential.key_pem.as_bytes())?,
+            )?
+        }
+        None => tls.with_no_client_auth(),
+    };
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only();
+    let connector = if http2 {
+        builder.enable_http2().build()
+    } else {
+        builder.enable_http1().build()
+    };
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(http2)
+        .build(connector);
+    let mut request = http::Request::post(format!(
+        "{}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        proxy.url()
+    ))
+    .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = r#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#;
+    let response = client
+        .request(request.body(Full::new(bytes::Bytes::from_static(body.as_bytes())))?)
+        .await?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, serde_json::from_slice(&body)?))
+}
+
+#[tokio::test]
+async fn client_supplied_identity_headers_never_reach_the_apiserver() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let proxy = Proxy::start(cluster, &[]).await?;
+    let carol = proxy.signer().issue_client("carol", &["team-c"])?;
+    for http2 in [true, false] {
+        // A client certificate plus headers that would claim another identity if they reached
+        // kube-apiserver: a garbage bearer token (the apiserver would refuse the request) and the
+        // front-proxy headers (it would ignore them from the proxy, but they must not travel).
+        let (status, review) = self_subject_review(
+            &proxy,
+            Some(&carol),
+            &[
+                ("authorization", "Bearer garbage"),
+                ("x-remote-user", "system:admin"),
+                ("x-remote-group", "system:masters"),
+                ("x-forwarded-for", "10.9.8.7"),
+            ],
+            http2,
+        )
+        .await?;
+        assert_eq!(status, 201, "{review}");
+        assert_eq!(review["status"]["userInfo"]["username"], "carol", "{review}");
+        let groups = review["status"]["userInfo"]["groups"].to_string();
+        assert!(
+            groups.contains("team-c") && !groups.contains("system:masters"),
+            "{groups}"
+        );
+
+        // Impersonation headers are refused with a metav1.Status, not dropped silently.
+        let (status, refusal) = self_subject_review(
+            &proxy,
+            Some(&carol),
+            &[("impersonate-user", "system:admin")],
+            http2,
+        )
+        .await?;
+        assert_eq!(status, 403);
+        assert_eq!(refusal["kind"], "Status");
+        assert_eq!(refusal["reason"], "Forbidden");
+
+        // A malformed Impersonate-Extra key is a 400.
+        let (status, refusal) =
+            self_subject_review(&proxy, Some(&carol), &[("impersonate-extra-%zz", "x")], http2).await?;
+        assert_eq!(status, 400, "{refusal}");
+        assert_eq!(refusal["reason"], "BadRequest");
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! The header policy: what a client may not send upstream, and the headers that tell
+//! kube-apiserver whom to act as.
+//!
+//! * [`strip_client_credentials`] removes every header through which a client could claim an
+//!   identity (`Authorization`, `Impersonate-*`, `X-Remote-*`, `X-Forwarded-For`) and reports the
+//!   impersonation the client asked for, so the caller can refuse or check it.
+//! * [`impersonation_headers`] builds `Impersonate-User`, `Impersonate-Group` (repeated),
+//!   `Impersonate-Uid` and `Impersonate-Extra-<key>` (key percent-encoded as Kubernetes expects)
+//!   for an authenticated user. A name that cannot be a header value (control characters) is an
+//!   error, never silently altered.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use selkie_filters::identity::UserInfo;
+
+/// Header-name prefixes a client may never send upstream (lower case).
+const FORBIDDEN_PREFIXES: [&str; 2] = ["impersonate-", "x-remote-"];
+/// Header names a client may never send upstream (lower case).
+const FORBIDDEN_NAMES: [&str; 2] = ["authorization", "x-forwarded-for"];
+
+/// What the client's own `Impersonate-*` headers asked for (`kubectl --as`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestedImpersonation {
+    /// `Impersonate-User`.
+    pub user: Option<String>,
+    /// `Impersonate-Group` values.
+    pub groups: Vec<String>,
+    /// `Impersonate-Uid`.
+    pub uid: Option<String>,
+    /// `Impersonate-Extra-<key>` values, keys decoded.
+    pub extra: Vec<(String, String)>,
+}
+
+impl RequestedImpersonation {
+    /// Whether the client asked to impersonate anything at all.
+    pub fn is_requested(&self) -> bool {
+        self.user.is_some() || !self.groups.is_empty() || self.uid.is_some() || !self.extra.is_empty()
+    }
+}
+
+/// A client header the policy cannot accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// An `Impersonate-*` value or `Impersonate-Extra-` key is not valid UTF-8 or percent-encoding.
+    #[error("the {0} header is malformed")]
+    Malformed(String),
+    /// An identity field cannot be sent as a header value.
+    #[error("the {0} cannot be expressed as an HTTP header value")]
+    Unrepresentable(&'static str),
+}
+
+/// Whether a header must not travel upstream from a client.
+pub fn is_client_credential(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    FORBIDDEN_NAMES.contains(&name) || FORBIDDEN_PREFIXES.iter().any(|prefix| name.starts_with(prefix))
+}
+
+/// The client's credential and identity headers (to be removed), and the impersonation they ask
+/// for. Malformed `Impersonate-*` headers are an error; the names are returned either way, so they
+/// are removed whatever happens next.
+pub fn client_credentials(
+    headers: &HeaderMap,
+) -> (Vec<HeaderName>, Result<RequestedImpersonation, HeaderError>) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| is_client_credential(name))
+        .cloned()
+        .collect();
+    let mut requested = RequestedImpersonation::default();
+    let mut error = None;
+    for name in &names {
+        let Some(what) = name.as_str().strip_prefix("impersonate-") else {
+            continue;
+        };
+        for value in headers.get_all(name) {
+            let Ok(value) = value.to_str().map(str::to_string) else {
+                error.get_or_insert(HeaderError::Malformed(name.to_string()));
+                continue;
+            };
+            match what {
+                "user" => requested.user = Some(value),
+                "group" => requested.groups.push(value),
+                "uid" => requested.uid = Some(value),
+                _ => match what.strip_prefix("extra-").map(percent_decode) {
+                    Some(Some(key)) if !key.is_empty() => requested.extra.push((key, value)),
+                    _ => {
+                        error.get_or_insert(HeaderError::Malformed(name.to_string()));
+                    }
+                },
+            }
+        }
+    }
+    let requested = match error {
+        Some(error) => Err(error),
+        None => Ok(requested),
+    };
+    (names, requested)
+}
+
+/// [`client_credentials`], removing the headers from `headers`.
+pub fn strip_client_credentials(headers: &mut HeaderMap) -> Result<RequestedImpersonation, HeaderError> {
+    let (names, requested) = client_credentials(headers);
+    for name in names {
+        headers.remove(name);
+    }
+    requested
+}
+
+/// The `Impersonate-*` headers that make kube-apiserver act as `user`.
+pub fn impersonation_headers(user: &UserInfo) -> Result<Vec<(HeaderName, HeaderValue)>, HeaderError> {
+    let value = |text: &str, what: &'static str| {
+        HeaderValue::from_bytes(text.as_bytes()).map_err(|_| HeaderError::Unrepresentable(what))
+    };
+    let mut headers = Vec::with_capacity(2 + user.groups.len() + user.extra.len());
+    headers.push((
+        HeaderName::from_static("impersonate-user"),
+        value(&user.username, "user name")?,
+    ));
+    if let Some(uid) = &user.uid {
+        headers.push((HeaderName::from_static("impersonate-uid"), value(uid, "uid")?));
+    }
+    for group in &user.groups {
+        headers.push((
+            HeaderName::from_static("impersonate-group"),
+            value(group, "group")?,
+        ));
+    }
+    for (key, values) in &user.extra {
+        let name = HeaderName::from_bytes(format!("impersonate-extra-{}", percent_encode(key)).as_bytes())
+            .map_err(|_| HeaderError::Unrepresentable("extra key"))?;
+        for extra in values {
+            headers.push((name.clone(), value(extra, "extra value")?));
+        }
+    }
+    Ok(headers)
+}
+
+/// Percent-encodes an extra key as kube-apiserver decodes it (`url.PathUnescape`): bytes outside
+/// the RFC 3986 unreserved set are `%xx`, and so are upper-case letters, because header names are
+/// lower-case on the wire (the hex digits too) and the key's case must survive.
+fn percent_encode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for byte in key.bytes() {
+        if byte.is_ascii_lowercase() || byte.is_ascii_digit() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02x}"));
+        }
+    }
+    out
+}
+
+/// Decodes a percent-encoded extra key; `None` for broken escapes or bytes that are not UTF-8.
+fn percent_decode(encoded: &str) -> Option<String> {
+    let bytes = encoded.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests;

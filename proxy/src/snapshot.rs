@@ -1,0 +1,166 @@
+//! The proxy's complete, immutable configuration. Requests load the current [`Snapshot`] once
+//! (wait-free, arc-swap) and keep it until they finish; a new snapshot only affects later
+//! requests and connections.
+
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use arc_swap::ArcSwapOption;
+use http::HeaderValue;
+use pingora::{
+    upstreams::peer::HttpPeer,
+    utils::tls::{CertKey, WrappedX509},
+};
+use selkie_filters::{chain::Chain, x509::X509Authenticator};
+
+/// How the proxy authenticates itself to kube-apiserver.
+pub enum UpstreamCredential {
+    /// A bearer token read from a file (a service-account token), re-read when the file changes.
+    TokenFile(TokenFile),
+    /// A client certificate.
+    ClientCertificate(Arc<CertKey>),
+}
+
+impl std::fmt::Debug for UpstreamCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TokenFile(file) => f.debug_tuple("TokenFile").field(&file.path).finish(),
+            Self::ClientCertificate(_) => f.write_str("ClientCertificate"),
+        }
+    }
+}
+
+/// A token file and the `Authorization` header built from its current content.
+pub struct TokenFile {
+    path: PathBuf,
+    header: ArcSwapOption<(SystemTime, HeaderValue)>,
+}
+
+/// Why a token file could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenFileError {
+    /// The file could not be read.
+    #[error("reading the token file {path}: {error}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        error: std::io::Error,
+    },
+    /// The file is empty or holds characters a header cannot carry.
+    #[error("the token file {0} is empty or holds characters a bearer token cannot have")]
+    Invalid(PathBuf),
+}
+
+impl TokenFile {
+    /// Reads `path` now; fails if it is missing or unusable.
+    pub fn open(path: PathBuf) -> Result<Self, TokenFileError> {
+        let file = Self {
+            path,
+            header: ArcSwapOption::empty(),
+        };
+        file.refresh()?;
+        Ok(file)
+    }
+
+    /// Re-reads the file if its modification time changed. A failed re-read keeps the previous
+    /// token (and is reported), so a file being rewritten never leaves the proxy without one.
+    pub fn refresh(&self) -> Result<(), TokenFileError> {
+        let read_error = |error| TokenFileError::Read {
+            path: self.path.clone(),
+            error,
+        };
+        let modified = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .map_err(read_error)?;
+        if self
+            .header
+            .load()
+            .as_ref()
+            .is_some_and(|current| current.0 == modified)
+        {
+            return Ok(());
+        }
+        let token = std::fs::read_to_string(&self.path).map_err(read_error)?;
+        let token = token.trim();
+        let header = (!token.is_empty())
+            .then(|| HeaderValue::from_str(&format!("Bearer {token}")).ok())
+            .flatten()
+            .ok_or_else(|| TokenFileError::Invalid(self.path.clone()))?;
+        let mut header = header;
+        header.set_sensitive(true);
+        self.header.store(Some(Arc::new((modified, header))));
+        Ok(())
+    }
+
+    /// The current `Authorization` header value.
+    pub fn header(&self) -> Option<HeaderValue> {
+        self.header.load().as_ref().map(|current| current.1.clone())
+    }
+}
+
+/// Where and how to reach kube-apiserver.
+pub struct Upstream {
+    /// kube-apiserver's address.
+    pub address: std::net::SocketAddr,
+    /// TLS server name to verify.
+    pub sni: String,
+    /// CAs trusted for kube-apiserver's serving certificate.
+    pub ca: Arc<[WrappedX509]>,
+    /// The proxy's own credential.
+    pub credential: UpstreamCredential,
+    /// Deadline for connecting.
+    pub connect_timeout: Duration,
+    /// HTTP/2 streams per connection before another connection is opened (kube-apiserver allows
+    /// 250 by default).
+    pub max_h2_streams: usize,
+    /// HTTP/2 keep-alive pings (they also keep idle watches alive through middleboxes).
+    pub h2_ping_interval: Duration,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("address", &self.address)
+            .field("sni", &self.sni)
+            .field("credential", &self.credential)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    /// A peer for one request: HTTP/2 with stream multiplexing for ordinary requests, HTTP/1.1
+    /// for upgrades (pingora strips `Upgrade` toward an h2 upstream).
+    pub fn peer(&self, upgrade: bool) -> HttpPeer {
+        let mut peer = HttpPeer::new(self.address, true, self.sni.clone());
+        peer.options.ca = Some(self.ca.clone());
+        peer.options.connection_timeout = Some(self.connect_timeout);
+        if upgrade {
+            peer.options.set_http_version(1, 1);
+        } else {
+            peer.options.set_http_version(2, 1);
+            peer.options.max_h2_streams = self.max_h2_streams;
+            peer.options.h2_ping_interval = Some(self.h2_ping_interval);
+        }
+        if let UpstreamCredential::ClientCertificate(cert) = &self.credential {
+            peer.client_cert_key = Some(cert.clone());
+        }
+        peer
+    }
+}
+
+/// Everything a request needs to be authenticated and forwarded.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Client certificates: the CA pools that make a certificate an identity. `None` means
+    /// certificates identify nobody.
+    pub client_certificates: Option<X509Authenticator>,
+    /// Bearer-token authenticators, in order.
+    pub chain: Chain,
+    /// kube-apiserver.
+    pub upstream: Arc<Upstream>,
+}
