@@ -241,6 +241,26 @@ impl Proxy {
         Ok(())
     }
 
+    /// Issues a serving certificate from a new CA and writes it over the current one (certificate
+    /// and key each replaced atomically); returns the new CA. The proxy serves it within its
+    /// watch interval.
+    pub fn rotate_serving_certificate(&mut self) -> Result<(), HarnessError> {
+        let ca = CertificateAuthority::new("selkie-test-proxy-serving-ca-rotated")?;
+        let serving = ca.issue_serving("selkie-proxy", &["127.0.0.1", "localhost"])?;
+        for (name, contents) in [
+            ("serving.key", &serving.key_pem),
+            ("serving.crt", &serving.cert_pem),
+        ] {
+            let path = self.dir.path().join(name);
+            let temporary = path.with_extension("tmp");
+            std::fs::write(&temporary, contents)
+                .and_then(|()| std::fs::rename(&temporary, &path))
+                .map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))?;
+        }
+        self.serving_ca = ca;
+        Ok(())
+    }
+
     /// Fails with the log tail if the proxy has exited.
     pub fn check_running(&mut self) -> Result<(), HarnessError> {
         self.process.check_running("while in use")

@@ -316,3 +316,6 @@ fn certificates(pem: &[u8]) -> Result<Arc<[WrappedX509]>, String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

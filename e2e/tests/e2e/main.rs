@@ -8,6 +8,7 @@ mod harness_failures;
 mod harness_lifecycle;
 mod jwt_dex;
 mod proxy_kubectl;
+mod proxy_reload;
 mod rbac_client_cert;
 mod resources;
 mod token_review;

@@ -267,21 +267,31 @@ async fn anonymous_and_self_asserted_identities_get_nowhere() -> anyhow::Result<
     Ok(())
 }
 
-/// POSTs a SelfSubjectReview to the proxy with a client certificate (or none), with `headers` added, over HTTP/2 or
-/// HTTP/1.1; returns the status and body.
-async fn self_subject_review(
+/// An HTTPS client for the proxy with a client certificate (or none), speaking only HTTP/2 or
+/// only HTTP/1.1.
+pub(crate) type ProxyClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+pub(crate) fn proxy_client(
     proxy: &Proxy,
     credential: Option<&selkie_e2e::pki::CertAndKey>,
-    headers: &[(&str, &str)],
     http2: bool,
-) -> anyhow::Result<(u16, Value)> {
-    use http_body_util::{BodyExt, Full};
+) -> anyhow::Result<ProxyClient> {
+    client_trusting(&proxy.serving_ca().cert_pem(), credential, http2)
+}
+
+/// [`proxy_client`], trusting `ca_pem` for the proxy's serving certificate.
+pub(crate) fn client_trusting(
+    ca_pem: &str,
+    credential: Option<&selkie_e2e::pki::CertAndKey>,
+    http2: bool,
+) -> anyhow::Result<ProxyClient> {
     use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(
-        proxy.serving_ca().cert_pem().as_bytes(),
-    )?)?;
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes())?)?;
     let tls = rustls::ClientConfig::builder().with_root_certificates(roots);
     let tls = match credential {
         Some(credential) => {
@@ -302,12 +312,23 @@ async fn self_subject_review(
     } else {
         builder.enable_http1().build()
     };
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .http2_only(http2)
-        .build(connector);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(http2)
+            .build(connector),
+    )
+}
+
+/// POSTs a SelfSubjectReview through `client` with `headers` added; returns the status and body.
+pub(crate) async fn review_with(
+    client: &ProxyClient,
+    proxy_url: &str,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, Value)> {
+    use http_body_util::{BodyExt, Full};
+
     let mut request = http::Request::post(format!(
-        "{}/apis/authentication.k8s.io/v1/selfsubjectreviews",
-        proxy.url()
+        "{proxy_url}/apis/authentication.k8s.io/v1/selfsubjectreviews"
     ))
     .header("content-type", "application/json");
     for (name, value) in headers {
@@ -320,6 +341,16 @@ async fn self_subject_review(
     let status = response.status().as_u16();
     let body = response.into_body().collect().await?.to_bytes();
     Ok((status, serde_json::from_slice(&body)?))
+}
+
+/// [`review_with`] on a new connection.
+async fn self_subject_review(
+    proxy: &Proxy,
+    credential: Option<&selkie_e2e::pki::CertAndKey>,
+    headers: &[(&str, &str)],
+    http2: bool,
+) -> anyhow::Result<(u16, Value)> {
+    review_with(&proxy_client(proxy, credential, http2)?, proxy.url(), headers).await
 }
 
 #[tokio::test]
