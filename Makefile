@@ -4,8 +4,9 @@ SHELL := bash
 CARGO ?= cargo
 CLUSTER_DIR ?= .selkie/cluster
 SELKIE_CLUSTER := target/debug/selkie-cluster
+FUZZ_SECONDS ?= 20
 
-.PHONY: setup test lint unit demo cluster-up cluster-down components
+.PHONY: setup test lint unit demo cluster-up cluster-down components fuzz
 
 ## setup: install what the build and tests need (idempotent; seconds when warm)
 setup:
@@ -18,14 +19,21 @@ components:
 ## lint: formatting and clippy, warnings are errors
 lint: setup
 	$(CARGO) fmt --all -- --check
+	rustfmt --check fuzz/src/lib.rs fuzz/fuzz_targets/*.rs
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-## test: lint, then every test, against real components; ends with one "total: N passed, M failed" line
+## test: lint, then every test, against real components, then the fuzz targets; ends with one
+## "total: N passed, M failed" line (of the cargo tests)
 test: lint
 	@mkdir -p target
 	$(CARGO) test --workspace --locked 2>&1 | tee target/test-output.log
+	@bash e2e/scripts/fuzz.sh $(FUZZ_SECONDS)
 	@awk '/^test result:/ { passed += $$4; failed += $$6 } \
 	  END { printf "total: %d passed, %d failed\n", passed, failed }' target/test-output.log
+
+## fuzz: build the fuzz targets (fuzz/) and run each for FUZZ_SECONDS (20); fails on any crash
+fuzz: setup
+	@bash e2e/scripts/fuzz.sh $(FUZZ_SECONDS)
 
 $(SELKIE_CLUSTER): FORCE
 	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-cluster
@@ -38,9 +46,10 @@ cluster-up: setup $(SELKIE_CLUSTER)
 cluster-down: $(SELKIE_CLUSTER)
 	@$(SELKIE_CLUSTER) --dir $(CLUSTER_DIR) down
 
-## demo: start the local control plane, use it with the real kubectl, stop it
-demo: setup $(SELKIE_CLUSTER)
-	@bash e2e/scripts/demo.sh $(SELKIE_CLUSTER) $(CLUSTER_DIR)
+## demo: a real control plane, Dex, Selkie's proxy, a login, kubectl through the proxy; then stop
+demo: setup
+	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-demo -p selkie-concierge
+	@bash e2e/scripts/demo.sh target/debug/selkie-demo
 
 .PHONY: FORCE
 FORCE:

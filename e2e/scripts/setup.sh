@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Selkie's build, tests and demo need on a fresh machine, and does nothing
 # (in about a second) on a machine that already has it:
-#   * Debian packages: util-linux (setpriv), cmake (pingora's zlib-ng), pkg-config;
+#   * Debian packages: util-linux (setpriv), cmake (pingora's zlib-ng), pkg-config, g++ (libFuzzer,
+#     which the fuzz targets link);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
 #     (build-components.sh).
@@ -18,6 +19,7 @@ missing=()
 command -v setpriv >/dev/null || missing+=(util-linux)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v c++ >/dev/null || missing+=(g++)
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   sudo=""

@@ -9,6 +9,7 @@ mod harness_lifecycle;
 mod jwt_dex;
 mod proxy_kubectl;
 mod proxy_reload;
+mod proxy_watch;
 mod rbac_client_cert;
 mod resources;
 mod token_review;
