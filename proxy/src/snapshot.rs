@@ -164,3 +164,48 @@ pub struct Snapshot {
     /// kube-apiserver.
     pub upstream: Arc<Upstream>,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    /// Writes `contents` and moves the modification time forward, as a kubelet rotation would.
+    fn rewrite(path: &std::path::Path, contents: &str, age: Duration) {
+        std::fs::write(path, contents).unwrap();
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(SystemTime::now() + age).unwrap();
+    }
+
+    #[test]
+    fn the_token_file_is_reread_when_it_changes_and_a_bad_rewrite_keeps_the_last_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        rewrite(&path, "first\n", Duration::ZERO);
+        let file = TokenFile::open(path.clone()).unwrap();
+        assert_eq!(file.header().unwrap(), "Bearer first");
+        assert!(
+            file.header().unwrap().is_sensitive(),
+            "never printed by http's Debug"
+        );
+
+        rewrite(&path, "second", Duration::from_secs(10));
+        file.refresh().unwrap();
+        assert_eq!(file.header().unwrap(), "Bearer second");
+
+        rewrite(&path, "  \n", Duration::from_secs(20));
+        assert!(matches!(file.refresh(), Err(TokenFileError::Invalid(_))));
+        assert_eq!(
+            file.header().unwrap(),
+            "Bearer second",
+            "the previous token stays"
+        );
+
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(file.refresh(), Err(TokenFileError::Read { .. })));
+        assert_eq!(file.header().unwrap(), "Bearer second");
+
+        assert!(TokenFile::open(dir.path().join("missing")).is_err());
+    }
+}
