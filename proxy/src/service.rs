@@ -213,7 +213,10 @@ impl ProxyHttp for ImpersonationProxy {
             .snapshot
             .as_ref()
             .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded"))?;
-        Ok(Box::new(snapshot.upstream.peer(session.is_upgrade_req())))
+        let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
+        Ok(Box::new(
+            snapshot.upstream.peer(session.is_upgrade_req(), own_credential),
+        ))
     }
 
     async fn upstream_request_filter(

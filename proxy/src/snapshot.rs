@@ -134,8 +134,10 @@ impl std::fmt::Debug for Upstream {
 
 impl Upstream {
     /// A peer for one request: HTTP/2 with stream multiplexing for ordinary requests, HTTP/1.1
-    /// for upgrades (pingora strips `Upgrade` toward an h2 upstream).
-    pub fn peer(&self, upgrade: bool) -> HttpPeer {
+    /// for upgrades (pingora strips `Upgrade` toward an h2 upstream). `own_credential` is false
+    /// when the caller's token is passed through: kube-apiserver would otherwise authenticate the
+    /// proxy's client certificate first and run the request as the proxy.
+    pub fn peer(&self, upgrade: bool, own_credential: bool) -> HttpPeer {
         let mut peer = HttpPeer::new(self.address, true, self.sni.clone());
         peer.options.ca = Some(self.ca.clone());
         peer.options.connection_timeout = Some(self.connect_timeout);
@@ -146,7 +148,7 @@ impl Upstream {
             peer.options.max_h2_streams = self.max_h2_streams;
             peer.options.h2_ping_interval = Some(self.h2_ping_interval);
         }
-        if let UpstreamCredential::ClientCertificate(cert) = &self.credential {
+        if let (true, UpstreamCredential::ClientCertificate(cert)) = (own_credential, &self.credential) {
             peer.client_cert_key = Some(cert.clone());
         }
         peer
