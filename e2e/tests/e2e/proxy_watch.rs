@@ -22,7 +22,7 @@ async fn a_kubectl_watch_delivers_events_after_two_minutes_idle() -> anyhow::Res
         .run(&[
             "create",
             "clusterrolebinding",
-            &format!("view-{namespace}"),
+            &format!("watch-admin-{namespace}"),
             "--clusterrole=cluster-admin",
             "--user=grace",
         ])
