@@ -30,6 +30,8 @@
     reason = "bench setup: a failure is a broken bench and should panic"
 )]
 
+mod common;
+
 use std::{
     hint::black_box,
     sync::atomic::{AtomicU64, Ordering},
@@ -50,8 +52,8 @@ use ring::{
 use rustls_pki_types::{pem::PemObject, PrivatePkcs8KeyDer};
 use selkie_filters::{
     jwt::{JwtAuthenticator, JwtConfig},
-    outcome::Outcome,
     review_cache::CacheConfig,
+    test_util,
 };
 use serde_json::{json, Value};
 
@@ -137,11 +139,7 @@ impl SigningKey {
 fn authenticator(keys: &[&SigningKey], cache: CacheConfig) -> JwtAuthenticator {
     let mut config = JwtConfig::new("bench-jwt", ISSUER, AUDIENCE);
     // Never contacted (keys are installed), but a bundle avoids loading the system's roots.
-    let ca = rcgen::CertificateParams::new(Vec::<String>::new())
-        .unwrap()
-        .self_signed(&rcgen::KeyPair::generate().unwrap())
-        .unwrap();
-    config.ca_bundle_pem = Some(ca.pem());
+    config.ca_bundle_pem = Some(test_util::unrelated_ca_pem());
     config.cache = cache;
     let jwt = JwtAuthenticator::new(config).unwrap();
     let jwks = json!({"keys": keys.iter().map(|key| key.jwk()).collect::<Vec<_>>()});
@@ -149,24 +147,9 @@ fn authenticator(keys: &[&SigningKey], cache: CacheConfig) -> JwtAuthenticator {
     jwt
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn assert_alice(outcome: &Outcome) {
-    let Outcome::Authenticated(identity) = outcome else {
-        panic!("the bench token must authenticate: {outcome:?}");
-    };
-    assert_eq!(identity.user.username, "alice");
-    assert_eq!(identity.user.groups, ["devs", "ops"]);
-}
-
 fn jwt(c: &mut Criterion) {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
-    let rt = runtime();
+    let rt = common::runtime();
     let (rs256, es256) = (SigningKey::rs256(), SigningKey::es256());
     let no_cache = CacheConfig {
         positive_ttl: Duration::ZERO,
@@ -182,7 +165,7 @@ fn jwt(c: &mut Criterion) {
         // Miss: a never-seen token per iteration. The untimed signing in the setup (about a
         // quarter of a millisecond for RSA) dominates the wall time, so this group is kept short.
         let cached = authenticator(&[&rs256, &es256], CacheConfig::default());
-        assert_alice(&rt.block_on(cached.authenticate(&key.token(1))));
+        common::assert_alice(&rt.block_on(cached.authenticate(&key.token(1))));
         let next = AtomicU64::new(2);
         let mut group = c.benchmark_group(format!("jwt/{alg}"));
         group
@@ -203,12 +186,12 @@ fn jwt(c: &mut Criterion) {
 
         let mut group = c.benchmark_group(format!("jwt/{alg}"));
         let uncached = authenticator(&[&rs256, &es256], no_cache);
-        assert_alice(&rt.block_on(uncached.authenticate(&token)));
+        common::assert_alice(&rt.block_on(uncached.authenticate(&token)));
         group.bench_function("no-cache", |b| {
             b.to_async(&rt).iter(|| uncached.authenticate(black_box(&token)))
         });
 
-        assert_alice(&rt.block_on(cached.authenticate(&token)));
+        common::assert_alice(&rt.block_on(cached.authenticate(&token)));
         group.bench_function("hit", |b| {
             b.to_async(&rt).iter(|| cached.authenticate(black_box(&token)))
         });

@@ -26,5 +26,5 @@ pub mod review_cache;
 pub mod tokenreview;
 pub mod x509;
 
-#[cfg(test)]
-mod tests_support;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;

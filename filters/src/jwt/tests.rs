@@ -10,7 +10,7 @@ use ring::{
 use serde_json::json;
 
 use super::*;
-use crate::tests_support::{endpoint, Endpoint};
+use crate::test_util::{endpoint, Endpoint};
 
 const AUDIENCE: &str = "selkie-test";
 
@@ -433,7 +433,7 @@ async fn a_broken_issuer_is_upstream_unavailable_and_never_cached_as_success() {
         (
             "garbage",
             Arc::new(|_: &str, _: &Value| (http::StatusCode::OK, "<html>".to_string()))
-                as crate::tests_support::Script,
+                as crate::test_util::Script,
         ),
         (
             "error",
@@ -473,9 +473,9 @@ async fn a_broken_issuer_is_upstream_unavailable_and_never_cached_as_success() {
     }
 
     // An issuer that accepts connections and never answers.
-    let url = crate::tests_support::hanging_endpoint().await;
+    let url = crate::test_util::hanging_endpoint().await;
     let mut config = JwtConfig::new("hang", &url, AUDIENCE);
-    config.ca_bundle_pem = Some(crate::tests_support::unrelated_ca_pem());
+    config.ca_bundle_pem = Some(crate::test_util::unrelated_ca_pem());
     config.timeout = Duration::from_millis(300);
     let jwt = JwtAuthenticator::new(config).unwrap();
     let token = key.token(
@@ -510,7 +510,7 @@ async fn the_discovery_document_must_name_the_configured_issuer() {
 
 #[test]
 fn invalid_configurations_are_refused_up_front() {
-    crate::tests_support::install_provider();
+    crate::test_util::install_provider();
     let cases: Vec<(JwtConfig, &str)> = vec![
         (
             JwtConfig::new("j", "http://issuer.example.com", "a"),
@@ -630,7 +630,7 @@ fn invalid_configurations_are_refused_up_front() {
 
 #[test]
 fn an_email_user_name_is_accepted_when_email_verified_is_checked_anywhere() {
-    crate::tests_support::install_provider();
+    crate::test_util::install_provider();
     let with = |change: fn(&mut JwtConfig)| {
         let mut config = JwtConfig::new("j", "https://i.example.com", "a");
         config.username = Mapping::Expression("claims.email".into());
@@ -734,10 +734,10 @@ mod properties {
 
     /// An authenticator whose issuer is a closed loopback port: every key fetch fails at once.
     fn offline() -> (JwtAuthenticator, String) {
-        crate::tests_support::install_provider();
+        crate::test_util::install_provider();
         let issuer = "https://127.0.0.1:9".to_string();
         let mut config = JwtConfig::new("offline", &issuer, AUDIENCE);
-        config.ca_bundle_pem = Some(crate::tests_support::unrelated_ca_pem());
+        config.ca_bundle_pem = Some(crate::test_util::unrelated_ca_pem());
         config.timeout = Duration::from_millis(200);
         (JwtAuthenticator::new(config).unwrap(), issuer)
     }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::tests_support::Endpoint;
+use crate::test_util::Endpoint;
 
 /// What the scripted endpoint does with one request body.
 type Script = Arc<dyn Fn(&Value) -> (StatusCode, String) + Send + Sync>;
 
 async fn endpoint(script: Script) -> Endpoint {
-    crate::tests_support::endpoint(Arc::new(move |_path: &str, body: &Value| script(body))).await
+    crate::test_util::endpoint(Arc::new(move |_path: &str, body: &Value| script(body))).await
 }
 
 fn authenticator(
@@ -159,9 +159,9 @@ async fn garbage_errors_and_empty_users_are_refused_and_failures_are_not_cached(
 
 #[tokio::test]
 async fn a_hanging_endpoint_is_refused_after_the_timeout() {
-    let url = format!("{}/review", crate::tests_support::hanging_endpoint().await);
+    let url = format!("{}/review", crate::test_util::hanging_endpoint().await);
     let mut config = TokenReviewConfig::new("hang", url);
-    config.ca_bundle_pem = Some(crate::tests_support::unrelated_ca_pem());
+    config.ca_bundle_pem = Some(crate::test_util::unrelated_ca_pem());
     config.timeout = Duration::from_millis(300);
     let webhook = TokenReviewAuthenticator::new(config).unwrap();
     assert_eq!(
@@ -172,7 +172,7 @@ async fn a_hanging_endpoint_is_refused_after_the_timeout() {
 
 #[test]
 fn invalid_configurations_are_refused_up_front() {
-    crate::tests_support::install_provider();
+    crate::test_util::install_provider();
     let cases = [
         ("http://127.0.0.1/review", None, "must use https"),
         ("not a url at all", None, "not a valid URL"),

@@ -1,4 +1,12 @@
-//! Helpers for unit tests: a scripted HTTPS endpoint on loopback.
+//! Helpers for unit tests, benches and fuzz targets (feature `test-util`; never in Selkie's
+//! binaries): a scripted HTTPS endpoint on loopback, one that never answers, and a CA that signs
+//! nothing.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a failure is a broken test setup and should panic"
+)]
 
 use std::{
     convert::Infallible,
@@ -18,31 +26,32 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 
 /// Unit tests build rustls configurations; they need the process-wide provider installed.
-pub(crate) fn install_provider() {
+pub fn install_provider() {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// What the endpoint answers for a request path and JSON body (`Null` when the body is not JSON).
-pub(crate) type Script = Arc<dyn Fn(&str, &Value) -> (StatusCode, String) + Send + Sync>;
+pub type Script = Arc<dyn Fn(&str, &Value) -> (StatusCode, String) + Send + Sync>;
 
 /// A running scripted endpoint.
-pub(crate) struct Endpoint {
+pub struct Endpoint {
     /// `https://127.0.0.1:<port>`.
-    pub(crate) base_url: String,
+    pub base_url: String,
     /// The CA that signed its certificate.
-    pub(crate) ca_pem: String,
+    pub ca_pem: String,
     /// Requests served so far.
-    pub(crate) hits: Arc<AtomicUsize>,
+    pub hits: Arc<AtomicUsize>,
 }
 
 impl Endpoint {
-    pub(crate) fn hits(&self) -> usize {
+    /// Requests served so far.
+    pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
     }
 }
 
 /// Starts an HTTPS server on 127.0.0.1 answering every request with `script`.
-pub(crate) async fn endpoint(script: Script) -> Endpoint {
+pub async fn endpoint(script: Script) -> Endpoint {
     install_provider();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -98,7 +107,7 @@ pub(crate) async fn endpoint(script: Script) -> Endpoint {
 }
 
 /// A PEM CA certificate that signs nothing: for configurations that need some bundle.
-pub(crate) fn unrelated_ca_pem() -> String {
+pub fn unrelated_ca_pem() -> String {
     rcgen::CertificateParams::new(Vec::<String>::new())
         .unwrap()
         .self_signed(&rcgen::KeyPair::generate().unwrap())
@@ -108,7 +117,7 @@ pub(crate) fn unrelated_ca_pem() -> String {
 
 /// `https://127.0.0.1:<port>` of a server that accepts TCP connections and never answers, not
 /// even the TLS handshake. It runs until the test's runtime ends.
-pub(crate) async fn hanging_endpoint() -> String {
+pub async fn hanging_endpoint() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
     tokio::spawn(async move {
