@@ -400,7 +400,7 @@ fn write_pki(root: &Path, pki: &ClusterPki) -> Result<PkiFiles, HarnessError> {
 }
 
 /// Writes a file readable by its owner only (it may hold a private key).
-fn write_private_file(path: &Path, contents: &str) -> Result<(), HarnessError> {
+pub(crate) fn write_private_file(path: &Path, contents: &str) -> Result<(), HarnessError> {
     use std::{io::Write, os::unix::fs::OpenOptionsExt};
     let mut file = fs::OpenOptions::new()
         .write(true)
@@ -421,6 +421,22 @@ pub fn write_kubeconfig(
     user: &str,
     credential: &CertAndKey,
 ) -> Result<(), HarnessError> {
+    let user_entry = serde_json::json!({
+        "client-certificate-data": B64.encode(&credential.cert_pem),
+        "client-key-data": B64.encode(&credential.key_pem),
+    });
+    write_kubeconfig_for_user(path, server_url, ca_pem, user, user_entry)
+}
+
+/// Writes a kubeconfig with an embedded CA and `user_entry` as the user (for example
+/// `{"token": "…"}`), readable by its owner only.
+pub fn write_kubeconfig_for_user(
+    path: &Path,
+    server_url: &str,
+    ca_pem: &str,
+    user: &str,
+    user_entry: serde_json::Value,
+) -> Result<(), HarnessError> {
     let kubeconfig = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -428,10 +444,7 @@ pub fn write_kubeconfig(
             "server": server_url,
             "certificate-authority-data": B64.encode(ca_pem),
         }}],
-        "users": [{"name": user, "user": {
-            "client-certificate-data": B64.encode(&credential.cert_pem),
-            "client-key-data": B64.encode(&credential.key_pem),
-        }}],
+        "users": [{"name": user, "user": user_entry}],
         "contexts": [{"name": "selkie-test", "context": {"cluster": "selkie-test", "user": user}}],
         "current-context": "selkie-test",
     });

@@ -15,10 +15,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
-
 use crate::{
-    cluster::write_kubeconfig,
+    cluster::{write_kubeconfig, write_kubeconfig_for_user, write_private_file},
     kubectl::Kubectl,
     pki::{CertAndKey, CertificateAuthority},
     process::ManagedProcess,
@@ -95,10 +93,7 @@ impl Proxy {
             .tempdir()
             .map_err(|e| HarnessError::io("creating the proxy's directory", e))?;
         let path = |name: &str| dir.path().join(name);
-        let write = |name: &str, contents: &str| {
-            std::fs::write(path(name), contents)
-                .map_err(|e| HarnessError::io(format!("writing {}", path(name).display()), e))
-        };
+        let write = |name: &str, contents: &str| write_private_file(&path(name), contents);
         let serving_ca = CertificateAuthority::new("selkie-test-proxy-serving-ca")?;
         let serving = serving_ca.issue_serving("selkie-proxy", &["127.0.0.1", "localhost"])?;
         write("serving.crt", &serving.cert_pem)?;
@@ -192,27 +187,9 @@ impl Proxy {
     /// A kubeconfig that reaches the cluster through the proxy with a bearer token.
     pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> Result<PathBuf, HarnessError> {
         let path = self.dir.path().join(format!("{name}.kubeconfig"));
-        self.write_kubeconfig(&path, name, serde_json::json!({"token": token}))?;
+        let token = serde_json::json!({"token": token});
+        write_kubeconfig_for_user(&path, &self.url, &self.serving_ca.cert_pem(), name, token)?;
         Ok(path)
-    }
-
-    fn write_kubeconfig(
-        &self,
-        path: &Path,
-        user: &str,
-        credential: serde_json::Value,
-    ) -> Result<(), HarnessError> {
-        let kubeconfig = serde_json::json!({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "selkie-proxy", "cluster": {
-                "server": self.url, "certificate-authority-data": B64.encode(self.serving_ca.cert_pem()),
-            }}],
-            "users": [{"name": user, "user": credential}],
-            "contexts": [{"name": "selkie-proxy", "context": {"cluster": "selkie-proxy", "user": user}}],
-            "current-context": "selkie-proxy",
-        });
-        std::fs::write(path, kubeconfig.to_string())
-            .map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))
     }
 
     /// kubectl with `kubeconfig`.
@@ -232,18 +209,14 @@ impl Proxy {
 
     /// Rewrites the configuration file (the proxy picks it up within its watch interval).
     pub fn write_config(&mut self, config: serde_json::Value) -> Result<(), HarnessError> {
-        // Write then rename, as a config-management tool would, so the proxy never reads half.
-        let temporary = self.config_path.with_extension("tmp");
-        std::fs::write(&temporary, config.to_string())
-            .and_then(|()| std::fs::rename(&temporary, &self.config_path))
-            .map_err(|e| HarnessError::io(format!("writing {}", self.config_path.display()), e))?;
+        replace_file(&self.config_path, &config.to_string())?;
         self.config = config;
         Ok(())
     }
 
     /// Issues a serving certificate from a new CA and writes it over the current one (certificate
-    /// and key each replaced atomically); returns the new CA. The proxy serves it within its
-    /// watch interval.
+    /// and key each replaced atomically); [`Proxy::serving_ca`] is then the new CA. The proxy
+    /// serves it within its watch interval.
     pub fn rotate_serving_certificate(&mut self) -> Result<(), HarnessError> {
         let ca = CertificateAuthority::new("selkie-test-proxy-serving-ca-rotated")?;
         let serving = ca.issue_serving("selkie-proxy", &["127.0.0.1", "localhost"])?;
@@ -251,11 +224,7 @@ impl Proxy {
             ("serving.key", &serving.key_pem),
             ("serving.crt", &serving.cert_pem),
         ] {
-            let path = self.dir.path().join(name);
-            let temporary = path.with_extension("tmp");
-            std::fs::write(&temporary, contents)
-                .and_then(|()| std::fs::rename(&temporary, &path))
-                .map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))?;
+            replace_file(&self.dir.path().join(name), contents)?;
         }
         self.serving_ca = ca;
         Ok(())
@@ -271,6 +240,15 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.process.stop(Duration::from_secs(5));
     }
+}
+
+/// Replaces `path` with `contents` by writing a sibling and renaming it over, as a
+/// config-management tool would, so the proxy never reads half a file.
+fn replace_file(path: &Path, contents: &str) -> Result<(), HarnessError> {
+    let temporary = path.with_extension("tmp");
+    write_private_file(&temporary, contents)?;
+    std::fs::rename(&temporary, path)
+        .map_err(|e| HarnessError::io(format!("replacing {}", path.display()), e))
 }
 
 static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
