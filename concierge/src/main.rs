@@ -49,26 +49,27 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-fn serving_cert(config: &StaticConfig) -> anyhow::Result<rustls::sign::CertifiedKey> {
-    let files = &config.serving_certificate;
-    let cert =
-        std::fs::read(&files.cert_file).with_context(|| format!("reading {}", files.cert_file.display()))?;
-    let key =
-        std::fs::read(&files.key_file).with_context(|| format!("reading {}", files.key_file.display()))?;
-    Ok(ServingCert::load(&cert, &key)?)
+/// The files a configuration depends on: the file itself and the serving certificate and key.
+fn watched_files(path: &Path, config: &StaticConfig) -> [PathBuf; 3] {
+    [
+        path.to_path_buf(),
+        config.serving_certificate.cert_file.clone(),
+        config.serving_certificate.key_file.clone(),
+    ]
 }
 
-/// Polls the files the running configuration depends on and swaps in what changed.
-fn watch(path: PathBuf, interval: Duration, snapshot: Arc<ArcSwap<Snapshot>>, serving: Arc<ServingCert>) {
-    let files = |config: &StaticConfig| {
-        [
-            path.clone(),
-            config.serving_certificate.cert_file.clone(),
-            config.serving_certificate.key_file.clone(),
-        ]
-        .map(|file| modified(&file))
-    };
-    let mut seen = StaticConfig::load(&path).ok().as_ref().map(files);
+/// Polls the files the running configuration depends on and, when one changes, rebuilds and swaps
+/// in what is valid. Nothing is parsed while nothing changes, and a broken change is reported
+/// once, not at every poll.
+fn watch(
+    path: PathBuf,
+    interval: Duration,
+    initial: &StaticConfig,
+    snapshot: Arc<ArcSwap<Snapshot>>,
+    serving: Arc<ServingCert>,
+) {
+    let mut files = watched_files(&path, initial);
+    let mut seen = files.each_ref().map(|file| modified(file));
     loop {
         std::thread::sleep(interval);
         if let UpstreamCredential::TokenFile(token) = &snapshot.load().upstream.credential {
@@ -76,6 +77,11 @@ fn watch(path: PathBuf, interval: Duration, snapshot: Arc<ArcSwap<Snapshot>>, se
                 tracing::warn!(%error, "the upstream token file could not be re-read; keeping the previous token");
             }
         }
+        let now = files.each_ref().map(|file| modified(file));
+        if now == seen {
+            continue;
+        }
+        seen = now;
         let config = match StaticConfig::load(&path) {
             Ok(config) => config,
             Err(error) => {
@@ -83,11 +89,6 @@ fn watch(path: PathBuf, interval: Duration, snapshot: Arc<ArcSwap<Snapshot>>, se
                 continue;
             }
         };
-        let now = files(&config);
-        if seen.as_ref() == Some(&now) {
-            continue;
-        }
-        seen = Some(now);
         match config.snapshot() {
             Ok(next) => {
                 snapshot.store(Arc::new(next));
@@ -98,12 +99,13 @@ fn watch(path: PathBuf, interval: Duration, snapshot: Arc<ArcSwap<Snapshot>>, se
                 continue;
             }
         }
-        match serving_cert(&config) {
+        match config.serving_certificate.serving_key() {
             Ok(cert) => serving.replace(cert),
-            Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), "the serving certificate could not be reloaded")
-            }
-        };
+            Err(error) => tracing::warn!(%error, "the serving certificate could not be reloaded"),
+        }
+        // The certificate may have moved: watch the files the new configuration names.
+        files = watched_files(&path, &config);
+        seen = files.each_ref().map(|file| modified(file));
     }
 }
 
@@ -122,7 +124,7 @@ fn main() -> anyhow::Result<()> {
     let config = StaticConfig::load(&args.config)?;
     let listen = config.listen_address()?;
     let snapshot = Arc::new(ArcSwap::from_pointee(config.snapshot()?));
-    let serving = Arc::new(ServingCert::new(serving_cert(&config)?));
+    let serving = Arc::new(ServingCert::new(config.serving_certificate.serving_key()?));
 
     let mut server = Server::new(None).context("creating the pingora server")?;
     server.bootstrap();
@@ -143,7 +145,7 @@ fn main() -> anyhow::Result<()> {
     let config_path = args.config.clone();
     std::thread::Builder::new()
         .name("config-watch".into())
-        .spawn(move || watch(config_path, interval, snapshot, serving))
+        .spawn(move || watch(config_path, interval, &config, snapshot, serving))
         .context("starting the configuration watcher")?;
 
     tracing::info!(%listen, "selkie-concierge listening");

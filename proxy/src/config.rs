@@ -20,7 +20,10 @@ use selkie_filters::{
 };
 use serde::Deserialize;
 
-use crate::snapshot::{Snapshot, TokenFile, Upstream, UpstreamCredential};
+use crate::{
+    snapshot::{Snapshot, TokenFile, Upstream, UpstreamCredential},
+    tls::ServingCert,
+};
 
 /// The file's top level.
 #[derive(Debug, Clone, Deserialize)]
@@ -54,6 +57,14 @@ pub struct CertFiles {
     pub cert_file: PathBuf,
     /// PEM private key.
     pub key_file: PathBuf,
+}
+
+impl CertFiles {
+    /// Reads and checks the serving certificate chain and its key.
+    pub fn serving_key(&self) -> Result<rustls::sign::CertifiedKey, ConfigError> {
+        ServingCert::load(&read(&self.cert_file)?, &read(&self.key_file)?)
+            .map_err(|e| invalid("servingCertificate", e))
+    }
 }
 
 /// kube-apiserver and the proxy's credential for it.
