@@ -1,10 +1,16 @@
 //! `selkie-concierge`: runs the impersonation proxy from a static configuration file
 //! (`--config FILE`, see `conf/proxy.example.yaml`). The file, the serving certificate and the
 //! upstream token file are watched: a valid change is swapped in without a restart, an invalid one
-//! is logged and the running configuration stays. SIGTERM drains and stops (pingora's graceful
-//! shutdown).
+//! is logged and the running configuration stays.
+//!
+//! With `operationsListen` set, `/healthz`, `/readyz` and `/metrics` are served there. SIGTERM
+//! makes `/readyz` answer 503 at once, keeps serving for `shutdown.gracePeriodSeconds`, then
+//! closes the listeners and lets the requests in flight finish for up to
+//! `shutdown.drainTimeoutSeconds`; the process exits 0 as soon as none is left (or when the drain
+//! timeout cuts the rest). SIGINT stops at once.
 
 use std::{
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, SystemTime},
@@ -12,14 +18,33 @@ use std::{
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
 use clap::Parser;
-use pingora::{listeners::tls::TlsSettings, server::Server};
+use pingora::{
+    listeners::tls::TlsSettings,
+    server::{
+        configuration::ServerConf, ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch,
+    },
+};
+use prometheus_client::registry::Registry;
 use selkie_proxy::{
-    config::StaticConfig,
+    config::{ShutdownConfig, StaticConfig},
+    metrics::Metrics,
+    operations::{Health, Operations},
     service::ImpersonationProxy,
     snapshot::{Snapshot, UpstreamCredential},
     tls::{IdentityCallback, PossessionVerifier, ServingCert},
 };
+use tokio::{
+    signal::unix::{signal, Signal, SignalKind},
+    sync::broadcast::{
+        self,
+        error::{RecvError, TryRecvError},
+    },
+};
+
+/// How often a draining process checks whether requests are still in flight.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -29,20 +54,8 @@ struct Args {
     #[arg(long, env = "SELKIE_CONFIG")]
     config: PathBuf,
     /// How often the configuration, certificate and token files are checked for changes.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = selkie_proxy::config::parse_duration)]
     watch_interval: Duration,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 2s"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(number)),
-        "s" | "" => Ok(Duration::from_secs(number)),
-        _ => Err(format!("{text:?} is not a duration such as 2s or 500ms")),
-    }
 }
 
 fn modified(path: &Path) -> Option<SystemTime> {
@@ -109,6 +122,140 @@ fn watch(
     }
 }
 
+/// Fails with an error naming the field if the proxy's or the operations address cannot be
+/// bound now, or if they overlap (both are held at once). pingora binds only once the server
+/// runs, and a bind failure there panics inside the service's task and leaves the process running
+/// without that listener; checking first turns a taken port into an exit with a reason.
+fn ensure_bindable(listen: SocketAddr, operations: Option<SocketAddr>) -> anyhow::Result<()> {
+    let _proxy =
+        std::net::TcpListener::bind(listen).with_context(|| format!("listen: cannot listen on {listen}"))?;
+    if let Some(address) = operations {
+        std::net::TcpListener::bind(address)
+            .with_context(|| format!("operationsListen: cannot listen on {address}"))?;
+    }
+    Ok(())
+}
+
+/// pingora's default server settings with the drain timeout of `shutdown`.
+fn server_conf(shutdown: &ShutdownConfig) -> anyhow::Result<ServerConf> {
+    let mut conf = ServerConf::new().context("building pingora's default server configuration")?;
+    // Once the listeners have closed, pingora waits this long before it stops its runtimes
+    // (which cuts what still runs) ...
+    conf.grace_period_seconds = Some(shutdown.drain_timeout_seconds);
+    // ... and then at most this long for them to stop.
+    conf.graceful_shutdown_timeout_seconds = Some(1);
+    Ok(conf)
+}
+
+/// The signals pingora's server stops on. SIGTERM: `/readyz` turns 503, the proxy keeps serving
+/// for the grace period, then pingora's graceful shutdown closes the listeners and drains.
+/// SIGINT: stop at once, also during the grace period.
+struct ShutdownSignals {
+    health: Arc<Health>,
+    metrics: Metrics,
+    shutdown: ShutdownConfig,
+}
+
+fn handle(kind: SignalKind, name: &str) -> Option<Signal> {
+    signal(kind)
+        .inspect_err(|error| tracing::error!(%error, "cannot handle {name}; it keeps its default action"))
+        .ok()
+}
+
+/// The next delivery of `signal`; never, if it could not be handled.
+async fn next(signal: &mut Option<Signal>) {
+    if let Some(signal) = signal {
+        if signal.recv().await.is_some() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for ShutdownSignals {
+    async fn recv(&self) -> ShutdownSignal {
+        let mut terminate = handle(SignalKind::terminate(), "SIGTERM");
+        let mut interrupt = handle(SignalKind::interrupt(), "SIGINT");
+        tokio::select! {
+            () = next(&mut terminate) => {}
+            () = next(&mut interrupt) => {
+                tracing::info!("SIGINT: stopping now");
+                return ShutdownSignal::FastShutdown;
+            }
+        }
+        self.health.shutting_down();
+        tracing::info!(
+            grace_period_seconds = self.shutdown.grace_period_seconds,
+            "SIGTERM: /readyz answers 503; serving on for the grace period"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(self.shutdown.grace_period()) => {}
+            () = next(&mut interrupt) => {
+                tracing::info!("SIGINT: stopping now");
+                return ShutdownSignal::FastShutdown;
+            }
+        }
+        tracing::info!(
+            in_flight = self.metrics.in_flight(),
+            drain_timeout_seconds = self.shutdown.drain_timeout_seconds,
+            "closing the listeners; draining the requests in flight"
+        );
+        ShutdownSignal::GracefulTerminate
+    }
+}
+
+/// Follows pingora's execution phases (on a thread of its own): marks the process ready once the
+/// server runs, not ready once it stops, and, once the listeners have closed, exits 0 as soon as
+/// no request is in flight, where pingora would wait out the whole drain timeout.
+fn follow_lifecycle(mut phases: broadcast::Receiver<ExecutionPhase>, health: Arc<Health>, metrics: Metrics) {
+    loop {
+        match phases.blocking_recv() {
+            Ok(ExecutionPhase::Running) => {
+                health.serving();
+                tracing::info!("ready");
+            }
+            Ok(ExecutionPhase::ShutdownStarted) => health.shutting_down(),
+            Ok(ExecutionPhase::ShutdownGracePeriod) => {
+                if drained(&mut phases, &metrics) {
+                    tracing::info!("every request in flight has finished; exiting");
+                    std::process::exit(0);
+                }
+            }
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Waits until no request has been in flight for two polls in a row (true), or until pingora
+/// stops its runtimes because the drain timeout is over (false).
+fn drained(phases: &mut broadcast::Receiver<ExecutionPhase>, metrics: &Metrics) -> bool {
+    let mut idle_polls = 0;
+    loop {
+        match phases.try_recv() {
+            Ok(ExecutionPhase::ShutdownRuntimes) => {
+                tracing::warn!(
+                    in_flight = metrics.in_flight(),
+                    "the drain timeout is over; cutting the requests still in flight"
+                );
+                return false;
+            }
+            Err(TryRecvError::Closed) => return false,
+            _ => {}
+        }
+        if metrics.in_flight() == 0 {
+            idle_polls += 1;
+            if idle_polls == 2 {
+                return true;
+            }
+        } else {
+            idle_polls = 0;
+        }
+        std::thread::sleep(DRAIN_POLL);
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt()
@@ -123,15 +270,23 @@ fn main() -> anyhow::Result<()> {
 
     let config = StaticConfig::load(&args.config)?;
     let listen = config.listen_address()?;
+    let operations = config.operations_address()?;
+    let shutdown = config.shutdown.clone();
+    ensure_bindable(listen, operations)?;
     let snapshot = Arc::new(ArcSwap::from_pointee(config.snapshot()?));
     let serving = Arc::new(ServingCert::new(config.serving_certificate.serving_key()?));
 
-    let mut server = Server::new(None).context("creating the pingora server")?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let health = Arc::new(Health::new());
+
+    let mut server = Server::new_with_opt_and_conf(None, server_conf(&shutdown)?);
     server.bootstrap();
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let mut proxy = selkie_proxy::downstream::service(
         &server.configuration,
-        ImpersonationProxy::new(snapshot.clone()),
+        ImpersonationProxy::new(snapshot.clone(), metrics.clone()),
         "selkie impersonation proxy",
+        config.timeouts,
     );
     let mut tls = TlsSettings::with_callbacks(Box::new(IdentityCallback::new(snapshot.clone())))
         .context("configuring TLS")?;
@@ -140,6 +295,18 @@ fn main() -> anyhow::Result<()> {
     tls.enable_h2();
     proxy.add_tls_with_settings(&listen.to_string(), None, tls);
     server.add_service(proxy);
+    if let Some(address) = operations {
+        let operations = Operations::new(health.clone(), Arc::new(registry));
+        server.add_service(operations.service(&address.to_string()));
+    }
+    let phases = server.watch_execution_phase();
+    {
+        let (health, metrics) = (health.clone(), metrics.clone());
+        std::thread::Builder::new()
+            .name("lifecycle".into())
+            .spawn(move || follow_lifecycle(phases, health, metrics))
+            .context("starting the lifecycle thread")?;
+    }
 
     let interval = args.watch_interval;
     let config_path = args.config.clone();
@@ -148,6 +315,14 @@ fn main() -> anyhow::Result<()> {
         .spawn(move || watch(config_path, interval, &config, snapshot, serving))
         .context("starting the configuration watcher")?;
 
-    tracing::info!(%listen, "selkie-concierge listening");
-    server.run_forever()
+    tracing::info!(%listen, operations = ?operations, "selkie-concierge listening");
+    server.run(RunArgs {
+        shutdown_signal: Box::new(ShutdownSignals {
+            health,
+            metrics,
+            shutdown,
+        }),
+    });
+    tracing::info!("selkie-concierge stopped");
+    Ok(())
 }

@@ -4,6 +4,8 @@
 #   jwt_token       bearer tokens into the JWT authenticator (no forged token may authenticate)
 #   jwks_document   JWKS documents into the JWT authenticator's key-set parser
 #   x509_identity   client certificates into the x509 authenticator (none may authenticate)
+#   header_policy   header maps and users into the proxy's header policy (no credential field
+#                   survives stripping; requested impersonation and Impersonate-* round trips agree)
 # The toolchain is stable: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its nightly flags. cargo-fuzz
 # itself is installed (pinned) into ~/.cargo/bin when that version is missing. The fuzz crate is
 # its own workspace; its lock file (not in git) is copied from the main Cargo.lock, so it builds
@@ -21,7 +23,7 @@ log() { printf '[fuzz] %s\n' "$*" >&2; }
 die() { printf '[fuzz] error: %s\n' "$*" >&2; exit 1; }
 
 CARGO_FUZZ_VERSION=0.13.2
-TARGETS=(jwt_token jwks_document x509_identity)
+TARGETS=(jwt_token jwks_document x509_identity header_policy)
 seconds="${1:-20}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 [seconds-per-target] (a positive integer, not '$seconds')"
 

@@ -14,6 +14,8 @@
 //!   killed, because each is spawned with a parent-death signal.
 //! * [`kubectl`] runs the real kubectl against a cluster.
 //! * [`dex`] runs Dex, the real OIDC provider, with static users and the password grant.
+//! * [`echo_api`] serves a small aggregated API on loopback, registered through an APIService,
+//!   that echoes over WebSocket and SPDY/3.1 upgrades and records who kube-apiserver said called.
 //! * [`proxy`] runs Selkie's impersonation proxy (`selkie-concierge`) in front of a cluster.
 //!
 //! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
@@ -22,6 +24,7 @@
 pub mod cluster;
 pub mod components;
 pub mod dex;
+pub mod echo_api;
 mod error;
 pub mod kubectl;
 pub mod pki;
@@ -30,6 +33,7 @@ pub mod proxy;
 
 pub use cluster::{Cluster, ClusterBuilder};
 pub use error::HarnessError;
+pub use process::workspace_binary;
 
 /// Installs ring as the process-wide rustls crypto provider, once. Every harness entry point calls
 /// it first: kube and pingora both expect ring, and a second provider compiled in would make

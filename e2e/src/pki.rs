@@ -1,33 +1,18 @@
 //! Test PKI: certificate authorities, serving certificates and Kubernetes client certificates.
 //!
-//! CAs and serving certificates come from rcgen. Client certificates come from `x509-cert`,
+//! CAs and serving certificates come from rcgen. Client certificates come from Selkie's own
+//! signer (`selkie_filters::signer`, on `x509-cert`), the one TokenCredentialRequests use,
 //! because Kubernetes reads one group per `O=` attribute and rcgen keeps only one value per
 //! attribute type. All keys are ECDSA P-256.
 
 use std::time::{Duration, SystemTime};
 
-use p256::{
-    ecdsa::{DerSignature, SigningKey},
-    pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding},
-};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
     IsCa, KeyPair, KeyUsagePurpose,
 };
-use x509_cert::{
-    attr::AttributeTypeAndValue,
-    builder::{Builder, CertificateBuilder, Profile},
-    der::{
-        asn1::{SetOfVec, Utf8StringRef},
-        oid::db::{rfc4519, rfc5280},
-        Any, Decode, EncodePem,
-    },
-    ext::pkix::ExtendedKeyUsage,
-    name::{Name, RdnSequence, RelativeDistinguishedName},
-    serial_number::SerialNumber,
-    spki::SubjectPublicKeyInfoOwned,
-    time::{Time, Validity},
-};
+use selkie_filters::signer::ClientCertificateSigner;
+use x509_cert::{der::Decode, name::Name};
 
 use crate::HarnessError;
 
@@ -57,7 +42,8 @@ impl std::fmt::Debug for CertAndKey {
 /// A self-signed certificate authority that can issue serving and client certificates.
 pub struct CertificateAuthority {
     issuer: CertifiedIssuer<'static, KeyPair>,
-    signing_key: SigningKey,
+    /// Client certificates come from the same signer TokenCredentialRequests use.
+    client_signer: ClientCertificateSigner,
     issuer_name: Name,
 }
 
@@ -94,16 +80,17 @@ impl CertificateAuthority {
         let (not_before, not_after) = validity_window();
         params.not_before = not_before.into();
         params.not_after = (not_after + VALIDITY * 30).into();
-        let signing_key = SigningKey::from_pkcs8_der(key.serialized_der())
-            .map_err(|e| HarnessError::Pki(format!("reading back the CA key: {e}")))?;
         let issuer = CertifiedIssuer::self_signed(params, key).map_err(pki_err("self-signing the CA"))?;
         let issuer_name = x509_cert::Certificate::from_der(issuer.der())
             .map_err(|e| HarnessError::Pki(format!("parsing the CA certificate: {e}")))?
             .tbs_certificate
             .subject;
+        let client_signer =
+            ClientCertificateSigner::from_pem(&issuer.pem(), &issuer.key().serialize_pem())
+                .map_err(|e| HarnessError::Pki(format!("the CA as a client-certificate signer: {e}")))?;
         Ok(Self {
             issuer,
-            signing_key,
+            client_signer,
             issuer_name,
         })
     }
@@ -147,72 +134,28 @@ impl CertificateAuthority {
     /// Issues a client certificate as Kubernetes reads it: `CN=<user>` and one `O=<group>` per
     /// group, with the clientAuth extended key usage.
     pub fn issue_client(&self, user: &str, groups: &[&str]) -> Result<CertAndKey, HarnessError> {
-        let err = |what: &str| {
-            let what = what.to_string();
-            move |e: &dyn std::fmt::Display| HarnessError::Pki(format!("client certificate: {what}: {e}"))
-        };
-        let key = SigningKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
-        let spki = SubjectPublicKeyInfoOwned::from_key(*key.verifying_key()).map_err(|e| err("key")(&e))?;
-        let subject = client_subject(user, groups)?;
         let (not_before, not_after) = validity_window();
-        let validity = Validity {
-            not_before: Time::try_from(not_before).map_err(|e| err("validity")(&e))?,
-            not_after: Time::try_from(not_after).map_err(|e| err("validity")(&e))?,
-        };
-        let profile = Profile::Leaf {
-            issuer: self.issuer_name.clone(),
-            enable_key_agreement: false,
-            enable_key_encipherment: false,
-        };
-        let mut builder = CertificateBuilder::new(
-            profile,
-            serial_from(&spki)?,
-            validity,
-            subject,
-            spki,
-            &self.signing_key,
-        )
-        .map_err(|e| err("builder")(&e))?;
-        builder
-            .add_extension(&ExtendedKeyUsage(vec![rfc5280::ID_KP_CLIENT_AUTH]))
-            .map_err(|e| err("extended key usage")(&e))?;
-        let cert = builder.build::<DerSignature>().map_err(|e| err("signing")(&e))?;
+        self.issue_client_with_validity(user, groups, not_before, not_after)
+    }
+
+    /// [`CertificateAuthority::issue_client`] valid from `not_before` to `not_after`, which may
+    /// both lie in the past (an expired certificate) or in the future (one not yet valid).
+    pub fn issue_client_with_validity(
+        &self,
+        user: &str,
+        groups: &[&str],
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<CertAndKey, HarnessError> {
+        let issued = self
+            .client_signer
+            .issue(user, groups, not_before, not_after)
+            .map_err(|e| HarnessError::Pki(format!("client certificate: {e}")))?;
         Ok(CertAndKey {
-            cert_pem: cert.to_pem(LineEnding::LF).map_err(|e| err("encoding")(&e))?,
-            key_pem: key
-                .to_pkcs8_pem(LineEnding::LF)
-                .map_err(|e| err("encoding the key")(&e))?
-                .to_string(),
+            cert_pem: issued.cert_pem,
+            key_pem: issued.key_pem,
         })
     }
-}
-
-/// `CN=<user>, O=<group>...`, one RDN each, in the order given.
-fn client_subject(user: &str, groups: &[&str]) -> Result<Name, HarnessError> {
-    let rdn = |oid, value: &str| -> Result<RelativeDistinguishedName, HarnessError> {
-        let value = Any::from(
-            Utf8StringRef::new(value).map_err(|e| HarnessError::Pki(format!("name {value:?}: {e}")))?,
-        );
-        SetOfVec::try_from(vec![AttributeTypeAndValue { oid, value }])
-            .map(RelativeDistinguishedName::from)
-            .map_err(|e| HarnessError::Pki(format!("name: {e}")))
-    };
-    let mut rdns = vec![rdn(rfc4519::CN, user)?];
-    for group in groups {
-        rdns.push(rdn(rfc4519::O, group)?);
-    }
-    Ok(RdnSequence(rdns))
-}
-
-/// A positive 16-byte serial number taken from the (fresh, random) public key.
-fn serial_from(spki: &SubjectPublicKeyInfoOwned) -> Result<SerialNumber, HarnessError> {
-    let raw = spki.subject_public_key.raw_bytes();
-    let mut bytes = [0u8; 16];
-    for (i, b) in raw.iter().rev().take(16).enumerate() {
-        bytes[i] = *b;
-    }
-    bytes[0] = (bytes[0] & 0x7f) | 0x40;
-    SerialNumber::new(&bytes).map_err(|e| HarnessError::Pki(format!("serial number: {e}")))
 }
 
 /// A service-account token signing key pair.
@@ -245,7 +188,7 @@ impl ServiceAccountKey {
 
 #[cfg(test)]
 mod tests {
-    use x509_cert::der::DecodePem;
+    use x509_cert::der::{oid::db::rfc4519, DecodePem};
 
     use super::*;
 

@@ -173,3 +173,49 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     };
     read().unwrap_or_else(|e| format!("(cannot read {}: {e})", path.display()))
 }
+
+/// Builds the binary `bin` of the workspace package `package` from this source tree with the
+/// cargo that runs the tests (a no-op when it is up to date) and returns its path. Each binary is
+/// built once per process; a failed build is a [`HarnessError::Build`] with cargo's output, and
+/// stays failed for the rest of the process.
+pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, HarnessError> {
+    static BUILT: std::sync::Mutex<Vec<(String, Result<PathBuf, String>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let result = match built.iter().find(|(name, _)| name == bin) {
+        Some((_, result)) => result.clone(),
+        None => {
+            let result = cargo_build(package, bin);
+            built.push((bin.to_string(), result.clone()));
+            result
+        }
+    };
+    result.map_err(|tail| HarnessError::Build {
+        command: format!("cargo build -p {package} --bin {bin}"),
+        status: "failed".into(),
+        tail,
+    })
+}
+
+fn cargo_build(package: &str, bin: &str) -> Result<PathBuf, String> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(&cargo)
+        .current_dir(&workspace)
+        .args(["build", "--locked", "-p", package, "--bin", bin])
+        .args(["--message-format", "json-render-diagnostics"])
+        .output()
+        .map_err(|e| format!("running cargo build: {e}"))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find_map(|message| {
+            (message["target"]["name"] == bin)
+                .then(|| message["executable"].as_str().map(PathBuf::from))
+                .flatten()
+        })
+        .ok_or_else(|| format!("cargo build did not report the {bin} executable"))
+}

@@ -5,15 +5,22 @@
 //! CA for [`PROXY_USER`], who may impersonate (a ClusterRole applied by [`Proxy::start`]). Its
 //! listener has its own serving CA, and it trusts client certificates from its own signer CA
 //! ([`Proxy::signer`]), the way the Concierge issues them.
+//!
+//! It also serves its operations port ([`Proxy::operations_get`]), and shuts down quickly: no grace
+//! period and a 3 s drain timeout, unless a test configures otherwise ([`Proxy::start_configured`]).
 
 use std::{
     ffi::OsString,
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::Command,
-    sync::OnceLock,
+    process::ExitStatus,
     time::{Duration, Instant},
 };
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use nix::{sys::signal, unistd::Pid};
 
 use crate::{
     cluster::{write_kubeconfig, write_kubeconfig_for_user, write_private_file},
@@ -33,7 +40,7 @@ const PROXY_RBAC: &str = r#"{"apiVersion": "v1", "kind": "List", "items": [
   {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
    "metadata": {"name": "selkie-impersonation-proxy"},
    "rules": [{"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"], "verbs": ["impersonate"]},
-             {"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/*", "uids"], "verbs": ["impersonate"]},
+             {"apiGroups": ["authentication.k8s.io"], "resources": ["*"], "verbs": ["impersonate"]},
              {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]},
   {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
    "metadata": {"name": "selkie-impersonation-proxy"},
@@ -58,6 +65,21 @@ pub struct JwtSpec {
     pub ca_pem: String,
 }
 
+impl JwtSpec {
+    /// The authenticator `dex` for `dex`'s ID tokens (audience: the test client), the user named
+    /// by the `email` claim and the groups by `groups`.
+    pub fn for_dex(dex: &crate::dex::Dex) -> JwtSpec {
+        JwtSpec {
+            name: "dex".into(),
+            issuer: dex.issuer().into(),
+            audience: crate::dex::CLIENT_ID.into(),
+            username_claim: "email".into(),
+            groups_claim: "groups".into(),
+            ca_pem: dex.ca_pem(),
+        }
+    }
+}
+
 /// A running proxy.
 pub struct Proxy {
     process: ManagedProcess,
@@ -68,13 +90,25 @@ pub struct Proxy {
     kubectl_binary: PathBuf,
     config_path: PathBuf,
     config: serde_json::Value,
+    operations_url: Option<String>,
 }
 
 impl Proxy {
     /// Builds `selkie-concierge` if needed, grants [`PROXY_USER`] the right to impersonate, and
     /// starts the proxy in front of `cluster` with `jwt` authenticators. Returns once it accepts
-    /// connections.
+    /// connections and its `/readyz` answers 200.
     pub async fn start(cluster: &Cluster, jwt: &[JwtSpec]) -> Result<Proxy, HarnessError> {
+        Self::start_configured(cluster, jwt, |_| {}).await
+    }
+
+    /// Like [`Proxy::start`], letting `customize` change the configuration (the JSON form of the
+    /// YAML file) before the proxy reads it. Without an `operationsListen`, start-up waits only
+    /// for the listener.
+    pub async fn start_configured(
+        cluster: &Cluster,
+        jwt: &[JwtSpec],
+        customize: impl FnOnce(&mut serde_json::Value),
+    ) -> Result<Proxy, HarnessError> {
         crate::install_crypto_provider();
         let binary = concierge_binary()?;
         {
@@ -100,6 +134,7 @@ impl Proxy {
         write("serving.key", &serving.key_pem)?;
         let signer = CertificateAuthority::new("selkie-test-signer")?;
         write("signer-ca.crt", &signer.cert_pem())?;
+        write("signer-ca.key", &signer.key_pem())?;
         let upstream_credential = cluster.pki().client_ca.issue_client(PROXY_USER, &[])?;
         write("upstream.crt", &upstream_credential.cert_pem)?;
         write("upstream.key", &upstream_credential.key_pem)?;
@@ -115,12 +150,17 @@ impl Proxy {
                 "caFile": path(&ca_file),
             }));
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| HarnessError::io("finding a free port for the proxy", e))?
-            .port();
-        let config = serde_json::json!({
+        // Both ports are held at once so they differ.
+        let (port, operations_port) = TcpListener::bind("127.0.0.1:0")
+            .and_then(|proxy| {
+                let operations = TcpListener::bind("127.0.0.1:0")?;
+                Ok((proxy.local_addr()?.port(), operations.local_addr()?.port()))
+            })
+            .map_err(|e| HarnessError::io("finding free ports for the proxy", e))?;
+        let mut config = serde_json::json!({
             "listen": format!("127.0.0.1:{port}"),
+            "operationsListen": format!("127.0.0.1:{operations_port}"),
+            "shutdown": {"gracePeriodSeconds": 0, "drainTimeoutSeconds": 3},
             "servingCertificate": {"certFile": path("serving.crt"), "keyFile": path("serving.key")},
             "upstream": {
                 "url": cluster.server_url(),
@@ -128,8 +168,15 @@ impl Proxy {
                 "clientCertificate": {"certFile": path("upstream.crt"), "keyFile": path("upstream.key")},
             },
             "clientCertificateCaFiles": [path("signer-ca.crt")],
+            // The proxy answers TokenCredentialRequests with certificates of its signer CA, as
+            // the Concierge does.
+            "credentialSigner": {"certFile": path("signer-ca.crt"), "keyFile": path("signer-ca.key")},
             "jwtAuthenticators": jwt_authenticators,
         });
+        customize(&mut config);
+        let operations_url = config["operationsListen"]
+            .as_str()
+            .map(|address| format!("http://{address}"));
         let config_path = path("proxy.yaml");
         write("proxy.yaml", &config.to_string())?;
 
@@ -150,7 +197,7 @@ impl Proxy {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(Proxy {
+        let mut proxy = Proxy {
             process,
             url: format!("https://127.0.0.1:{port}"),
             serving_ca,
@@ -159,7 +206,84 @@ impl Proxy {
             config_path,
             config,
             dir,
-        })
+            operations_url,
+        };
+        if proxy.operations_url.is_some() {
+            loop {
+                match proxy.operations_get("/readyz").await {
+                    Ok((200, _)) => break,
+                    Ok(_) | Err(_) if Instant::now() < deadline => {}
+                    Ok((status, body)) => {
+                        return Err(proxy.process.failure(format!(
+                            "answered /readyz with {status} {body:?} after {READY_TIMEOUT:?}"
+                        )))
+                    }
+                    Err(error) => return Err(error),
+                }
+                proxy.process.check_running("during start-up")?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(proxy)
+    }
+
+    /// `http://127.0.0.1:<port>` of the operations port, if the configuration has one.
+    pub fn operations_url(&self) -> Option<&str> {
+        self.operations_url.as_deref()
+    }
+
+    /// `GET path` on the operations port, on a connection of its own (as a kubelet probe or a
+    /// Prometheus scrape would): the status and the body. Fails if the port is not configured,
+    /// does not answer within 10 s, or the connection fails (as it does once the port is closed).
+    pub async fn operations_get(&self, path: &str) -> Result<(u16, String), HarnessError> {
+        let base = self.operations_url.as_deref().ok_or_else(|| {
+            HarnessError::kube(
+                "querying the operations port",
+                "the proxy has no operationsListen",
+            )
+        })?;
+        let url = format!("{base}{path}");
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build_http::<Full<Bytes>>();
+        let request = http::Request::get(&url)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| HarnessError::kube(format!("building GET {url}"), e))?;
+        let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+            .await
+            .map_err(|_| HarnessError::kube(format!("GET {url}"), "no answer within 10s"))?
+            .map_err(|e| HarnessError::kube(format!("GET {url}"), e))?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| HarnessError::kube(format!("reading the body of GET {url}"), e))?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// Sends the proxy SIGTERM (what Kubernetes does to a pod it stops).
+    pub fn terminate(&self) -> Result<(), HarnessError> {
+        let pid =
+            i32::try_from(self.process.pid()).map_err(|e| HarnessError::kube("signalling the proxy", e))?;
+        signal::kill(Pid::from_raw(pid), signal::Signal::SIGTERM)
+            .map_err(|e| HarnessError::io("sending SIGTERM to the proxy", e.into()))
+    }
+
+    /// Waits up to `timeout` for the proxy to exit and returns how it ended; fails with the log
+    /// tail if it is still running then.
+    pub async fn wait_for_exit(&mut self, timeout: Duration) -> Result<ExitStatus, HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.exit_status() {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                return Err(self.process.failure(format!("still running {timeout:?} later")));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `https://127.0.0.1:<port>`.
@@ -251,45 +375,7 @@ fn replace_file(path: &Path, contents: &str) -> Result<(), HarnessError> {
         .map_err(|e| HarnessError::io(format!("replacing {}", path.display()), e))
 }
 
-static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-
-/// Builds `selkie-concierge` from this source tree (a no-op when it is up to date) and returns its
-/// path, once per process.
+/// Builds `selkie-concierge` from this source tree (a no-op when it is up to date).
 fn concierge_binary() -> Result<PathBuf, HarnessError> {
-    BINARY
-        .get_or_init(|| {
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let output = Command::new(&cargo)
-                .current_dir(&workspace)
-                .args([
-                    "build",
-                    "--locked",
-                    "-p",
-                    "selkie-concierge",
-                    "--bin",
-                    "selkie-concierge",
-                ])
-                .args(["--message-format", "json-render-diagnostics"])
-                .output()
-                .map_err(|e| format!("running cargo build: {e}"))?;
-            if !output.status.success() {
-                return Err(String::from_utf8_lossy(&output.stderr).into_owned());
-            }
-            String::from_utf8_lossy(&output.stdout)
-                .lines()
-                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-                .find_map(|message| {
-                    (message["target"]["name"] == "selkie-concierge")
-                        .then(|| message["executable"].as_str().map(PathBuf::from))
-                        .flatten()
-                })
-                .ok_or_else(|| "cargo build did not report the selkie-concierge executable".to_string())
-        })
-        .clone()
-        .map_err(|tail| HarnessError::Build {
-            command: "cargo build -p selkie-concierge".into(),
-            status: "failed".into(),
-            tail,
-        })
+    crate::process::workspace_binary("selkie-concierge", "selkie-concierge")
 }

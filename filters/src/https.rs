@@ -138,6 +138,31 @@ impl std::fmt::Display for FetchError {
     }
 }
 
+/// POSTs the JSON `body` to `uri` (with `authorization` as the `Authorization` header, if any)
+/// and reads at most `limit` bytes of a 2xx answer: the one request shape of every Kubernetes
+/// review API (TokenReview, SubjectAccessReview).
+pub(crate) async fn post_json(
+    client: &HttpsClient,
+    uri: &http::Uri,
+    body: Bytes,
+    authorization: Option<&http::HeaderValue>,
+    limit: usize,
+) -> Result<Bytes, FetchError> {
+    let mut request = Request::builder()
+        .method(http::Method::POST)
+        .uri(uri.clone())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "application/json")
+        .body(Full::new(body))
+        .map_err(|e| FetchError::Transport(e.to_string()))?;
+    if let Some(value) = authorization {
+        request
+            .headers_mut()
+            .insert(http::header::AUTHORIZATION, value.clone());
+    }
+    fetch(client, request, limit).await
+}
+
 /// Sends `request` and reads at most `limit` bytes of a 2xx answer.
 pub(crate) async fn fetch(
     client: &HttpsClient,

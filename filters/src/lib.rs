@@ -14,8 +14,14 @@
 //!   Kubernetes' structured AuthenticationConfiguration), with CEL claim mappings and validation
 //!   rules compiled at configuration time ([`expression`]).
 //!
+//! [`signer`] issues the client certificates a TokenCredentialRequest returns.
+//!
+//! [`access_review`] asks kube-apiserver for authorization decisions (SubjectAccessReview), which
+//! the proxy needs to check nested impersonation.
+//!
 //! It never depends on pingora, so the data plane stays swappable; it never logs a token.
 
+pub mod access_review;
 pub mod chain;
 pub mod expression;
 pub mod https;
@@ -23,6 +29,7 @@ pub mod identity;
 pub mod jwt;
 pub mod outcome;
 pub mod review_cache;
+pub mod signer;
 pub mod tokenreview;
 pub mod x509;
 

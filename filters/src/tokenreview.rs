@@ -20,8 +20,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{header, Method, Request, StatusCode, Uri};
-use http_body_util::Full;
+use http::{StatusCode, Uri};
 use serde::{Deserialize, Serialize};
 
 pub use crate::https::ClientAuth;
@@ -242,27 +241,21 @@ impl TokenReviewAuthenticator {
             },
         })
         .map_err(|_| None)?;
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(self.endpoint.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|_| None)?;
-        if let Some(authorization) = &self.authorization {
-            request
-                .headers_mut()
-                .insert(header::AUTHORIZATION, authorization.clone());
-        }
-        let bytes = crate::https::fetch(&self.client, request, MAX_RESPONSE_BYTES)
-            .await
-            .map_err(|e| {
-                tracing::warn!(authenticator = %self.name, error = %e, "token review failed");
-                match e {
-                    crate::https::FetchError::Status(status) => Some(status),
-                    _ => None,
-                }
-            })?;
+        let bytes = crate::https::post_json(
+            &self.client,
+            &self.endpoint,
+            Bytes::from(body),
+            self.authorization.as_ref(),
+            MAX_RESPONSE_BYTES,
+        )
+        .await
+        .map_err(|e| {
+            tracing::warn!(authenticator = %self.name, error = %e, "token review failed");
+            match e {
+                crate::https::FetchError::Status(status) => Some(status),
+                _ => None,
+            }
+        })?;
         let review: ReviewResponse = serde_json::from_slice(&bytes).map_err(|e| {
             tracing::warn!(authenticator = %self.name, error = %e, "token review response is not a TokenReview");
             None

@@ -13,14 +13,20 @@ use std::{
 use pingora::utils::tls::{CertKey, WrappedX509};
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use selkie_filters::{
+    access_review::{AccessReviewConfig, AccessReviewer},
     chain::{Chain, TokenAuthenticator},
+    https::ClientAuth,
+    identity::{Forwarding, Identity, UserInfo},
     jwt::{AudienceMatchPolicy, ClaimMapping, JwtAuthenticator, JwtConfig},
+    signer::ClientCertificateSigner,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
     x509::X509Authenticator,
 };
 use serde::Deserialize;
 
 use crate::{
+    concierge_api::{ConciergeApi, SignerConciergeApi},
+    downstream::Timeouts,
     snapshot::{Snapshot, TokenFile, Upstream, UpstreamCredential},
     tls::ServingCert,
 };
@@ -31,11 +37,17 @@ use crate::{
 pub struct StaticConfig {
     /// `host:port` the proxy listens on.
     pub listen: String,
-    /// `host:port` of `/healthz`, `/readyz` and `/metrics`.
+    /// `host:port` of `/healthz`, `/readyz` and `/metrics` (plain HTTP); not served when unset.
     #[serde(default)]
     pub operations_listen: Option<String>,
+    /// What SIGTERM does. Read at start-up only.
+    #[serde(default)]
+    pub shutdown: ShutdownConfig,
     /// The listener's certificate (PEM chain, leaf first) and key; re-read when they change.
     pub serving_certificate: CertFiles,
+    /// How long clients may take to send a request head and may stay idle. Read at start-up.
+    #[serde(default)]
+    pub timeouts: Timeouts,
     /// kube-apiserver.
     pub upstream: UpstreamConfig,
     /// CA bundles whose client certificates identify users (CN = user, O = groups).
@@ -47,6 +59,71 @@ pub struct StaticConfig {
     /// TokenReview webhooks, tried after the JWT authenticators.
     #[serde(default)]
     pub webhook_authenticators: Vec<WebhookAuthenticatorConfig>,
+    /// The user every request that presents no credential at all is impersonated as, instead of
+    /// being refused. For benchmarks (PERF.md's S0) and single-user setups behind another
+    /// authenticating layer; never set it on a proxy reachable by untrusted clients.
+    #[serde(default)]
+    pub static_identity: Option<StaticIdentityConfig>,
+    /// A CA certificate and key; when set, the proxy answers TokenCredentialRequests itself with
+    /// client certificates from this CA (and WhoAmIRequests from what it authenticated).
+    #[serde(default)]
+    pub credential_signer: Option<CertFiles>,
+}
+
+/// A fixed user (`staticIdentity`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticIdentityConfig {
+    /// The user name; must not be empty.
+    pub username: String,
+    /// Its groups.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// Graceful shutdown on SIGTERM: `/readyz` turns 503 at once and the proxy keeps serving for
+/// the grace period, so load balancers stop sending new connections; then the listeners close
+/// and requests in flight (watches, exec sessions included) may finish for up to the drain
+/// timeout. The process exits 0 as soon as none is left, or when the drain timeout cuts them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// Seconds between SIGTERM and closing the listeners (default 5).
+    #[serde(default = "default_grace_period_seconds")]
+    pub grace_period_seconds: u64,
+    /// Seconds in-flight requests may run after the listeners close (default 20).
+    #[serde(default = "default_drain_timeout_seconds")]
+    pub drain_timeout_seconds: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            grace_period_seconds: default_grace_period_seconds(),
+            drain_timeout_seconds: default_drain_timeout_seconds(),
+        }
+    }
+}
+
+impl ShutdownConfig {
+    /// How long the proxy keeps serving, unready, after SIGTERM.
+    pub fn grace_period(&self) -> Duration {
+        Duration::from_secs(self.grace_period_seconds)
+    }
+
+    /// How long in-flight requests may run once the listeners have closed.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain_timeout_seconds)
+    }
+}
+
+// Together 25 s: inside Kubernetes' default terminationGracePeriodSeconds of 30.
+fn default_grace_period_seconds() -> u64 {
+    5
+}
+
+fn default_drain_timeout_seconds() -> u64 {
+    20
 }
 
 /// A certificate and key on disk.
@@ -191,6 +268,70 @@ fn read_string(path: &Path) -> Result<String, ConfigError> {
     String::from_utf8(read(path)?).map_err(|_| invalid(path.display().to_string(), "is not UTF-8 text"))
 }
 
+/// Parses a duration written as Kubernetes and Go write them: one or more `<integer><unit>`
+/// parts, the unit `h`, `m`, `s` or `ms` (`10s`, `1m30s`, `500ms`). The error says what is wrong.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let malformed = || format!("{text:?} is not a duration such as 10s, 1m30s or 500ms");
+    if text.is_empty() {
+        return Err(malformed());
+    }
+    let mut rest = text;
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let number: u64 = rest[..digits].parse().map_err(|_| malformed())?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let seconds = |per_unit: u64| number.checked_mul(per_unit).map(Duration::from_secs);
+        let part = match &rest[..unit] {
+            "ms" => Some(Duration::from_millis(number)),
+            "s" => seconds(1),
+            "m" => seconds(60),
+            "h" => seconds(3600),
+            "" => return Err(format!("{text:?} has no unit (h, m, s or ms)")),
+            _ => return Err(malformed()),
+        };
+        total = part
+            .and_then(|part| total.checked_add(part))
+            .ok_or_else(malformed)?;
+        rest = &rest[unit..];
+    }
+    Ok(total)
+}
+
+/// Deserializes a [`parse_duration`] string that must be greater than zero (a timeout).
+pub fn deserialize_positive_duration<'de, D>(deserializer: D) -> Result<Duration, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Positive;
+    impl serde::de::Visitor<'_> for Positive {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration such as 10s")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+            match parse_duration(text).map_err(E::custom)? {
+                Duration::ZERO => Err(E::custom(format!("{text:?} must be greater than zero"))),
+                duration => Ok(duration),
+            }
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, number: u64) -> Result<Duration, E> {
+            Err(E::custom(format!(
+                "{number} has no unit (h, m, s or ms), e.g. {number}s"
+            )))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, number: i64) -> Result<Duration, E> {
+            Err(E::custom(format!("{number} has no unit (h, m, s or ms)")))
+        }
+    }
+    deserializer.deserialize_any(Positive)
+}
+
 impl StaticConfig {
     /// Parses the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -205,6 +346,18 @@ impl StaticConfig {
         self.listen
             .parse()
             .map_err(|e| invalid("listen", format!("{:?} is not host:port: {e}", self.listen)))
+    }
+
+    /// The operations address (`operationsListen`), if one is configured.
+    pub fn operations_address(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.operations_listen
+            .as_deref()
+            .map(|listen| {
+                listen
+                    .parse()
+                    .map_err(|e| invalid("operationsListen", format!("{listen:?} is not host:port: {e}")))
+            })
+            .transpose()
     }
 
     /// Builds and validates the snapshot. Reads every referenced file; does no network IO.
@@ -243,10 +396,41 @@ impl StaticConfig {
             authenticators.push(TokenAuthenticator::TokenReview(Box::new(authenticator)));
         }
 
+        let static_identity = match &self.static_identity {
+            Some(config) if config.username.is_empty() => {
+                return Err(invalid("staticIdentity.username", "must not be empty"))
+            }
+            Some(config) => Some(Arc::new(Identity {
+                user: UserInfo {
+                    username: config.username.clone(),
+                    groups: config.groups.clone(),
+                    ..UserInfo::default()
+                },
+                authenticator: Arc::from("static"),
+                audiences: Vec::new(),
+                forwarding: Forwarding::Impersonate,
+            })),
+            None => None,
+        };
+
+        let concierge_api = match &self.credential_signer {
+            Some(files) => {
+                let signer = ClientCertificateSigner::from_pem(
+                    &read_string(&files.cert_file)?,
+                    &read_string(&files.key_file)?,
+                )
+                .map_err(|e| invalid("credentialSigner", e))?;
+                Some(Arc::new(SignerConciergeApi::new(signer)) as Arc<dyn ConciergeApi>)
+            }
+            None => None,
+        };
+
         Ok(Snapshot {
             client_certificates,
             chain: Chain::new(authenticators),
             upstream: Arc::new(self.upstream.build()?),
+            static_identity,
+            concierge_api,
         })
     }
 }
@@ -273,7 +457,16 @@ impl UpstreamConfig {
             .next()
             .ok_or_else(|| invalid("upstream.url", format!("{host} has no address")))?;
 
-        let ca = certificates(&read(&self.ca_file)?).map_err(|e| invalid("upstream.caFile", e))?;
+        let ca_pem = read_string(&self.ca_file)?;
+        let ca = certificates(ca_pem.as_bytes()).map_err(|e| invalid("upstream.caFile", e))?;
+        let mut review = AccessReviewConfig::new(&self.url, ca_pem);
+        if let Some(files) = &self.client_certificate {
+            review.client_auth = ClientAuth::Certificate {
+                cert_pem: read_string(&files.cert_file)?,
+                key_pem: read_string(&files.key_file)?,
+            };
+        }
+        let access_reviewer = AccessReviewer::new(review).map_err(|e| invalid("upstream", e))?;
         let credential = match (&self.token_file, &self.client_certificate) {
             (Some(path), None) => UpstreamCredential::TokenFile(
                 TokenFile::open(path.clone()).map_err(|e| invalid("upstream.tokenFile", e))?,
@@ -305,6 +498,7 @@ impl UpstreamConfig {
             connect_timeout: Duration::from_secs(5),
             max_h2_streams: 100,
             h2_ping_interval: Duration::from_secs(30),
+            access_reviewer,
         })
     }
 }

@@ -40,12 +40,20 @@ impl RequestedImpersonation {
 /// A client header the policy cannot accept.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
-    /// An `Impersonate-*` value or `Impersonate-Extra-` key is not valid UTF-8 or percent-encoding.
+    /// An `Impersonate-*` value or `Impersonate-Extra-` key is not valid UTF-8 or percent-encoding,
+    /// `Impersonate-User` or `Impersonate-Uid` comes more than once, or an `Impersonate-` header
+    /// is none of those kube-apiserver knows.
     #[error("the {0} header is malformed")]
     Malformed(String),
-    /// An identity field cannot be sent as a header value.
+    /// An identity field cannot be sent as a header value: it holds control characters, or
+    /// starts or ends with whitespace (which HTTP strips, so another name would arrive).
     #[error("the {0} cannot be expressed as an HTTP header value")]
     Unrepresentable(&'static str),
+    /// An identity field is empty where kube-apiserver would read an empty value as absent (an
+    /// empty `Impersonate-User` means no impersonation at all: the request would run as the
+    /// proxy itself).
+    #[error("an empty {0} cannot be impersonated")]
+    Empty(&'static str),
 }
 
 /// Whether a header must not travel upstream from a client.
@@ -72,14 +80,26 @@ pub fn client_credentials(
             continue;
         };
         for value in headers.get_all(name) {
-            let Ok(value) = value.to_str().map(str::to_string) else {
+            // UTF-8, not only visible ASCII: kube-apiserver takes the bytes as they are, and
+            // `impersonation_headers` writes non-ASCII names that way too.
+            let Ok(value) = std::str::from_utf8(value.as_bytes()).map(str::to_string) else {
                 error.get_or_insert(HeaderError::Malformed(name.to_string()));
                 continue;
             };
             match what {
-                "user" => requested.user = Some(value),
+                // A second user or uid is ambiguous (kube-apiserver would take the first, a
+                // careless reader the last): refused, like any other malformed header.
+                "user" | "uid" => {
+                    let field = if what == "user" {
+                        &mut requested.user
+                    } else {
+                        &mut requested.uid
+                    };
+                    if field.replace(value).is_some() {
+                        error.get_or_insert(HeaderError::Malformed(name.to_string()));
+                    }
+                }
                 "group" => requested.groups.push(value),
-                "uid" => requested.uid = Some(value),
                 _ => match what.strip_prefix("extra-").map(percent_decode) {
                     Some(Some(key)) if !key.is_empty() => requested.extra.push((key, value)),
                     _ => {
@@ -105,11 +125,19 @@ pub fn strip_client_credentials(headers: &mut HeaderMap) -> Result<RequestedImpe
     requested
 }
 
-/// The `Impersonate-*` headers that make kube-apiserver act as `user`.
+/// The `Impersonate-*` headers that make kube-apiserver act as `user`. Refuses a user that
+/// would arrive as someone else: an empty name or extra key, or a field with control characters
+/// or with whitespace at either end.
 pub fn impersonation_headers(user: &UserInfo) -> Result<Vec<(HeaderName, HeaderValue)>, HeaderError> {
     let value = |text: &str, what: &'static str| {
+        if text.starts_with([' ', '\t']) || text.ends_with([' ', '\t']) {
+            return Err(HeaderError::Unrepresentable(what));
+        }
         HeaderValue::from_bytes(text.as_bytes()).map_err(|_| HeaderError::Unrepresentable(what))
     };
+    if user.username.is_empty() {
+        return Err(HeaderError::Empty("user name"));
+    }
     let mut headers = Vec::with_capacity(2 + user.groups.len() + user.extra.len());
     headers.push((
         HeaderName::from_static("impersonate-user"),
@@ -125,6 +153,9 @@ pub fn impersonation_headers(user: &UserInfo) -> Result<Vec<(HeaderName, HeaderV
         ));
     }
     for (key, values) in &user.extra {
+        if key.is_empty() {
+            return Err(HeaderError::Empty("extra key"));
+        }
         let name = HeaderName::from_bytes(format!("impersonate-extra-{}", percent_encode(key)).as_bytes())
             .map_err(|_| HeaderError::Unrepresentable("extra key"))?;
         for extra in values {

@@ -9,14 +9,23 @@
 //!   removal of client-supplied `Authorization`, `Impersonate-*`, `X-Remote-*` and
 //!   `X-Forwarded-For`, then forwarding to kube-apiserver with the proxy's credential and
 //!   `Impersonate-*` headers over pooled HTTP/2 (HTTP/1.1 for upgrades);
+//! * [`downstream`]: what a client connection is allowed before authentication: header-read and
+//!   idle timeouts (none for a request in progress) and request-head size limits;
 //! * [`headers`]: the header policy itself, free of pingora so it can be tested and fuzzed;
 //! * [`snapshot`] and [`config`]: the immutable configuration a request runs with, and the static
-//!   YAML file it can be built from without a control plane.
+//!   YAML file it can be built from without a control plane;
+//! * [`metrics`] and [`operations`]: Prometheus metrics with bounded labels, and the plain-HTTP
+//!   port serving them with `/healthz` and `/readyz`.
 //!
 //! It knows nothing of CRDs; the control plane publishes snapshots into the same `ArcSwap`.
 
+pub mod concierge_api;
 pub mod config;
+pub mod downstream;
 pub mod headers;
+pub mod metrics;
+pub mod nested;
+pub mod operations;
 pub mod service;
 pub mod snapshot;
 pub mod status;

@@ -18,15 +18,21 @@ use pingora::{
     Error, Result,
 };
 use selkie_filters::{
+    access_review::AccessDecision,
     chain::Decision,
-    identity::{Credential, Forwarding, Identity},
+    identity::{Credential, Forwarding, Identity, UserInfo},
     outcome::Outcome,
 };
 
+use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
+
 use crate::{
-    headers::{client_credentials, impersonation_headers},
+    concierge_api::{who_am_i, ConciergeApi},
+    headers::{client_credentials, impersonation_headers, RequestedImpersonation},
+    metrics::{Active, Metrics, VerbClass},
+    nested::{forbidden_message, plan, reserved_extra, NestedError},
     snapshot::{Snapshot, UpstreamCredential},
-    status::Failure,
+    status::{status_body, Failure},
     tls::PeerIdentity,
 };
 
@@ -36,15 +42,17 @@ const ANONYMOUS_PATHS: [&str; 2] = [
     "/apis/identity.concierge.pinniped.dev/v1alpha1/whoamirequests",
 ];
 
-/// The impersonation proxy. Cheap to share: it holds only the snapshot handle.
+/// The impersonation proxy. Cheap to share: it holds only the snapshot handle and the metrics.
 pub struct ImpersonationProxy {
     snapshot: Arc<ArcSwap<Snapshot>>,
+    metrics: Metrics,
 }
 
 impl ImpersonationProxy {
-    /// Serves from whatever `snapshot` holds when each request starts.
-    pub fn new(snapshot: Arc<ArcSwap<Snapshot>>) -> Self {
-        Self { snapshot }
+    /// Serves from whatever `snapshot` holds when each request starts, and records every request
+    /// in `metrics`.
+    pub fn new(snapshot: Arc<ArcSwap<Snapshot>>, metrics: Metrics) -> Self {
+        Self { snapshot, metrics }
     }
 }
 
@@ -67,6 +75,14 @@ pub struct RequestContext {
     upstream_headers: Vec<(HeaderName, HeaderValue)>,
     /// Why the request was refused, or which authenticators refused the credential.
     refusal: Option<String>,
+    /// The authenticated caller, when it impersonates someone else (`kubectl --as`).
+    original: Option<Arc<Identity>>,
+    /// What kind of request this is, for metrics; set by the first hook.
+    verb_class: VerbClass,
+    /// Counts the request as in flight until it ends, however it ends.
+    in_flight: Option<Active>,
+    /// Counts an upgraded request as an open tunnel until it ends.
+    tunnel: Option<Active>,
 }
 
 fn bearer_token(value: &HeaderValue) -> Option<&str> {
@@ -76,8 +92,13 @@ fn bearer_token(value: &HeaderValue) -> Option<&str> {
 }
 
 async fn refuse(session: &mut Session, failure: Failure) -> Result<bool> {
-    let body = failure.body();
-    let mut response = ResponseHeader::build(failure.code, Some(3))?;
+    refuse_with(session, failure.code, failure.reason, failure.message).await
+}
+
+/// Answers the request with a `metav1.Status` failure and ends it.
+async fn refuse_with(session: &mut Session, code: u16, reason: &str, message: &str) -> Result<bool> {
+    let body = status_body(code, reason, message);
+    let mut response = ResponseHeader::build(code, Some(3))?;
     response.insert_header(header::CONTENT_TYPE, "application/json")?;
     response.insert_header(header::CONTENT_LENGTH, body.len())?;
     // An HTTP/1.1 connection may still hold an unread request body, so it is not reused. On
@@ -87,6 +108,193 @@ async fn refuse(session: &mut Session, failure: Failure) -> Result<bool> {
     }
     session.write_response_header(Box::new(response), false).await?;
     session.write_response_body(Some(body), true).await?;
+    Ok(true)
+}
+
+/// A refused nested impersonation: the status for the client and the line for the audit log.
+struct NestedRefusal {
+    code: u16,
+    reason: &'static str,
+    message: String,
+    log: String,
+}
+
+/// Who `caller` acts as after asking for `requested` (`kubectl --as`), once kube-apiserver's
+/// SubjectAccessReviews allow every part of it. Fails closed: a review that cannot be made
+/// refuses the request.
+async fn nested_identity(
+    snapshot: &Snapshot,
+    caller: &Identity,
+    requested: &RequestedImpersonation,
+) -> std::result::Result<Arc<Identity>, NestedRefusal> {
+    let bad_request = |error: NestedError| NestedRefusal {
+        code: 400,
+        reason: "BadRequest",
+        message: error.to_string(),
+        log: error.to_string(),
+    };
+    let plan = plan(requested, &caller.user).map_err(bad_request)?;
+    let authorization = snapshot.upstream.own_authorization();
+    for check in &plan.checks {
+        match snapshot
+            .upstream
+            .access_reviewer
+            .review(&caller.user, check, authorization.as_ref())
+            .await
+        {
+            Ok(AccessDecision::Allowed) => {}
+            Ok(AccessDecision::Denied { reason }) => {
+                return Err(NestedRefusal {
+                    code: 403,
+                    reason: "Forbidden",
+                    message: forbidden_message(&caller.user.username, check, &reason),
+                    log: format!("may not impersonate {} {:?}", check.resource, check.name),
+                })
+            }
+            Err(error) => {
+                tracing::warn!(%error, "checking a nested impersonation failed");
+                let failure = Failure::AUTHORIZATION_UNAVAILABLE;
+                return Err(NestedRefusal {
+                    code: failure.code,
+                    reason: failure.reason,
+                    message: failure.message.to_string(),
+                    log: error.to_string(),
+                });
+            }
+        }
+    }
+    Ok(Arc::new(Identity {
+        user: plan.user,
+        authenticator: caller.authenticator.clone(),
+        audiences: caller.audiences.clone(),
+        forwarding: Forwarding::Impersonate,
+    }))
+}
+
+/// The `Impersonate-*` headers a client asked for, rebuilt from what was parsed.
+fn requested_headers(
+    requested: &RequestedImpersonation,
+) -> std::result::Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let user = requested
+        .user
+        .as_deref()
+        .ok_or_else(|| NestedError::NoUser.to_string())?;
+    let mut info = UserInfo {
+        username: user.to_string(),
+        uid: requested.uid.clone(),
+        groups: requested.groups.clone(),
+        ..UserInfo::default()
+    };
+    for (key, value) in &requested.extra {
+        info.extra.entry(key.clone()).or_default().push(value.clone());
+    }
+    impersonation_headers(&info).map_err(|error| error.to_string())
+}
+
+/// The Concierge APIs the proxy can answer itself.
+#[derive(Debug, Clone, Copy)]
+enum LocalApi {
+    TokenCredentialRequest,
+    WhoAmIRequest,
+}
+
+/// Largest TokenCredentialRequest or WhoAmIRequest body read.
+const MAX_LOCAL_BODY: usize = 256 * 1024;
+
+fn local_api(path: &str) -> Option<LocalApi> {
+    match ANONYMOUS_PATHS.iter().position(|known| *known == path) {
+        Some(0) => Some(LocalApi::TokenCredentialRequest),
+        Some(1) => Some(LocalApi::WhoAmIRequest),
+        _ => None,
+    }
+}
+
+/// Reads the whole request body, refusing more than `limit` bytes.
+async fn read_body(session: &mut Session, limit: usize) -> Result<std::result::Result<Vec<u8>, ()>> {
+    let mut body = Vec::new();
+    while let Some(chunk) = session.read_request_body().await? {
+        if body.len() + chunk.len() > limit {
+            return Ok(Err(()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Ok(body))
+}
+
+/// Who a WhoAmIRequest reports: the user kube-apiserver would see for this request.
+fn effective_user(effective: Option<&Effective>) -> UserInfo {
+    let mut user = match effective {
+        Some(Effective::Impersonate(identity) | Effective::PassThrough(identity, _)) => identity.user.clone(),
+        Some(Effective::Anonymous) | None => {
+            return UserInfo {
+                username: "system:anonymous".into(),
+                groups: vec!["system:unauthenticated".into()],
+                ..UserInfo::default()
+            }
+        }
+    };
+    // kube-apiserver adds this group to every authenticated (and impersonated) user.
+    if !user.groups.iter().any(|group| group == "system:authenticated") {
+        user.groups.push("system:authenticated".into());
+    }
+    user
+}
+
+/// Answers a TokenCredentialRequest or WhoAmIRequest without going upstream: `201 Created`
+/// with the object, or a `metav1.Status` for a wrong method (405) or an unreadable body (400,
+/// 413).
+async fn answer_locally(
+    session: &mut Session,
+    ctx: &mut RequestContext,
+    api: &dyn ConciergeApi,
+    snapshot: &Snapshot,
+    kind: LocalApi,
+) -> Result<bool> {
+    if session.req_header().method != http::Method::POST {
+        ctx.refusal = Some("method not allowed".into());
+        return refuse_with(
+            session,
+            405,
+            "MethodNotAllowed",
+            "only create is supported on this resource",
+        )
+        .await;
+    }
+    let Ok(body) = read_body(session, MAX_LOCAL_BODY).await? else {
+        ctx.refusal = Some("request body too large".into());
+        return refuse_with(
+            session,
+            413,
+            "RequestEntityTooLarge",
+            "the request body is too large",
+        )
+        .await;
+    };
+    let answer = match kind {
+        LocalApi::TokenCredentialRequest => match serde_json::from_slice::<TokenCredentialRequest>(&body) {
+            Ok(request) => serde_json::to_vec(&api.token_credential_request(&snapshot.chain, request).await),
+            Err(error) => Err(error),
+        },
+        LocalApi::WhoAmIRequest => match serde_json::from_slice::<WhoAmIRequest>(&body) {
+            Ok(request) => serde_json::to_vec(&who_am_i(request, &effective_user(ctx.effective.as_ref()))),
+            Err(error) => Err(error),
+        },
+    };
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(error) => {
+            let message = format!("the request body is not a valid {kind:?}: {error}");
+            ctx.refusal = Some(message.clone());
+            return refuse_with(session, 400, "BadRequest", &message).await;
+        }
+    };
+    let mut response = ResponseHeader::build(201, Some(3))?;
+    response.insert_header(header::CONTENT_TYPE, "application/json")?;
+    response.insert_header(header::CONTENT_LENGTH, answer.len())?;
+    session.write_response_header(Box::new(response), false).await?;
+    session
+        .write_response_body(Some(bytes::Bytes::from(answer)), true)
+        .await?;
     Ok(true)
 }
 
@@ -101,7 +309,30 @@ impl ProxyHttp for ImpersonationProxy {
             effective: None,
             upstream_headers: Vec::new(),
             refusal: None,
+            original: None,
+            verb_class: VerbClass::Other,
+            in_flight: None,
+            tunnel: None,
         }
+    }
+
+    /// Runs first, as soon as pingora has parsed the request head: ends the connection's
+    /// header-read deadline (the request itself runs with none, see [`crate::downstream`]) and
+    /// refuses a head over the size limits with 431 and a `metav1.Status` body. A refusal is
+    /// returned as an `HTTPStatus(431)` error, so no later phase runs and the connection closes.
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<()> {
+        ctx.verb_class = VerbClass::of(session.req_header());
+        ctx.in_flight = Some(self.metrics.request_started(ctx.verb_class));
+        crate::downstream::request_head_read(session);
+        if let Err(error) = crate::downstream::check_request_head(session.req_header()) {
+            ctx.refusal = Some(error.to_string());
+            refuse(session, crate::downstream::REQUEST_HEAD_TOO_LARGE).await?;
+            return Err(Error::explain(
+                pingora::ErrorType::HTTPStatus(431),
+                error.to_string(),
+            ));
+        }
+        Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
@@ -132,6 +363,7 @@ impl ProxyHttp for ImpersonationProxy {
             },
             (None, None) => Decision::Anonymous,
         };
+        self.metrics.authentication(&decision);
         let original_token = match &decision {
             Decision::Authenticated(identity) if identity.forwarding == Forwarding::PassThroughToken => {
                 session.req_header().headers.get(header::AUTHORIZATION).cloned()
@@ -157,13 +389,14 @@ impl ProxyHttp for ImpersonationProxy {
                 Some(token) => Effective::PassThrough(identity, token),
                 None => Effective::Impersonate(identity),
             },
-            Decision::Anonymous if ANONYMOUS_PATHS.contains(&session.req_header().uri.path()) => {
-                Effective::Anonymous
-            }
-            Decision::Anonymous => {
-                ctx.refusal = Some("anonymous".into());
-                return refuse(session, Failure::UNAUTHORIZED).await;
-            }
+            Decision::Anonymous => match &snapshot.static_identity {
+                Some(identity) => Effective::Impersonate(identity.clone()),
+                None if ANONYMOUS_PATHS.contains(&session.req_header().uri.path()) => Effective::Anonymous,
+                None => {
+                    ctx.refusal = Some("anonymous".into());
+                    return refuse(session, Failure::UNAUTHORIZED).await;
+                }
+            },
             Decision::Unauthenticated(refusals) => {
                 ctx.refusal = Some(
                     refusals
@@ -175,15 +408,45 @@ impl ProxyHttp for ImpersonationProxy {
                 return refuse(session, Failure::UNAUTHORIZED).await;
             }
         };
-        if requested.is_requested() {
-            // Nested impersonation (kubectl --as) needs SubjectAccessReviews; until then it is
-            // refused rather than ignored.
-            ctx.refusal = Some("nested impersonation".into());
-            return refuse(session, Failure::IMPERSONATION_FORBIDDEN).await;
-        }
-
         let mut upstream_headers = Vec::new();
+        let effective = match effective {
+            _ if !requested.is_requested() => effective,
+            Effective::Impersonate(caller) => match nested_identity(&snapshot, &caller, &requested).await {
+                Ok(target) => {
+                    ctx.original = Some(caller);
+                    Effective::Impersonate(target)
+                }
+                Err(refusal) => {
+                    ctx.refusal = Some(refusal.log);
+                    return refuse_with(session, refusal.code, refusal.reason, &refusal.message).await;
+                }
+            },
+            // kube-apiserver authenticates the caller's own token and checks the impersonation
+            // itself: the asked-for headers go along, rebuilt from what was parsed.
+            Effective::PassThrough(caller, token) => {
+                match requested_headers(&requested) {
+                    Ok(headers) => upstream_headers = headers,
+                    Err(error) => {
+                        let refused = refuse_with(session, 400, "BadRequest", &error).await;
+                        ctx.refusal = Some(error);
+                        return refused;
+                    }
+                }
+                Effective::PassThrough(caller, token)
+            }
+            Effective::Anonymous => {
+                ctx.refusal = Some("anonymous nested impersonation".into());
+                return refuse(session, Failure::IMPERSONATION_FORBIDDEN).await;
+            }
+        };
+
         match &effective {
+            Effective::Impersonate(identity)
+                if ctx.original.is_none() && reserved_extra(&identity.user).is_some() =>
+            {
+                ctx.refusal = Some("identity carries a reserved extra key".into());
+                return refuse(session, Failure::UNAUTHORIZED).await;
+            }
             Effective::Impersonate(identity) => match impersonation_headers(&identity.user) {
                 Ok(headers) => upstream_headers = headers,
                 Err(error) => {
@@ -205,7 +468,13 @@ impl ProxyHttp for ImpersonationProxy {
         }
         ctx.upstream_headers = upstream_headers;
         ctx.effective = Some(effective);
-        Ok(false)
+        match (
+            &snapshot.concierge_api,
+            local_api(session.req_header().uri.path()),
+        ) {
+            (Some(api), Some(kind)) => answer_locally(session, ctx, api.as_ref(), &snapshot, kind).await,
+            _ => Ok(false),
+        }
     }
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<Box<HttpPeer>> {
@@ -250,6 +519,32 @@ impl ProxyHttp for ImpersonationProxy {
         Ok(())
     }
 
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        reused: bool,
+        _peer: &HttpPeer,
+        #[cfg(unix)] _fd: std::os::unix::io::RawFd,
+        #[cfg(windows)] _sock: std::os::windows::io::RawSocket,
+        _digest: Option<&pingora::protocols::Digest>,
+        _ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        self.metrics.upstream_connected(reused);
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            ctx.tunnel = Some(self.metrics.tunnel_opened());
+        }
+        Ok(())
+    }
+
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Self::CTX) {
         let status = session
             .response_written()
@@ -268,9 +563,14 @@ impl ProxyHttp for ImpersonationProxy {
             }
             _ => "",
         };
+        let original_user = ctx
+            .original
+            .as_ref()
+            .map_or("", |identity| identity.user.username.as_str());
         tracing::info!(
             target: "selkie::audit",
             user,
+            original_user,
             authenticator,
             verb = %request.method,
             path = request.uri.path(),
@@ -281,6 +581,10 @@ impl ProxyHttp for ImpersonationProxy {
             error = error.map(|e| e.etype().as_str()).unwrap_or(""),
             "request"
         );
+        self.metrics
+            .request_finished(ctx.verb_class, status, ctx.started.elapsed());
+        ctx.tunnel = None;
+        ctx.in_flight = None;
     }
 
     async fn fail_to_proxy(

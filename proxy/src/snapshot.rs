@@ -8,13 +8,16 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use crate::concierge_api::ConciergeApi;
 use arc_swap::ArcSwapOption;
 use http::HeaderValue;
 use pingora::{
     upstreams::peer::HttpPeer,
     utils::tls::{CertKey, WrappedX509},
 };
-use selkie_filters::{chain::Chain, x509::X509Authenticator};
+use selkie_filters::{
+    access_review::AccessReviewer, chain::Chain, identity::Identity, x509::X509Authenticator,
+};
 
 /// How the proxy authenticates itself to kube-apiserver.
 pub enum UpstreamCredential {
@@ -120,6 +123,8 @@ pub struct Upstream {
     pub max_h2_streams: usize,
     /// HTTP/2 keep-alive pings (they also keep idle watches alive through middleboxes).
     pub h2_ping_interval: Duration,
+    /// SubjectAccessReviews for nested impersonation, sent with the proxy's own credential.
+    pub access_reviewer: AccessReviewer,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -133,8 +138,19 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
+    /// The proxy's own `Authorization` header for kube-apiserver, when it authenticates with a
+    /// token (with a client certificate, the TLS handshake carries the credential).
+    pub fn own_authorization(&self) -> Option<HeaderValue> {
+        match &self.credential {
+            UpstreamCredential::TokenFile(file) => file.header(),
+            UpstreamCredential::ClientCertificate(_) => None,
+        }
+    }
+
     /// A peer for one request: HTTP/2 with stream multiplexing for ordinary requests, HTTP/1.1
-    /// for upgrades (pingora strips `Upgrade` toward an h2 upstream). `own_credential` is false
+    /// for upgrades (pingora strips `Upgrade` toward an h2 upstream). Upgrades keep their
+    /// `Connection` and `Upgrade` headers whatever the protocol: pingora's default forwards only
+    /// WebSocket handshakes, and `kubectl exec` also speaks SPDY/3.1. `own_credential` is false
     /// when the caller's token is passed through: kube-apiserver would otherwise authenticate the
     /// proxy's client certificate first and run the request as the proxy.
     pub fn peer(&self, upgrade: bool, own_credential: bool) -> HttpPeer {
@@ -143,6 +159,8 @@ impl Upstream {
         peer.options.connection_timeout = Some(self.connect_timeout);
         if upgrade {
             peer.options.set_http_version(1, 1);
+            peer.options.http_upstream_request_policy.h1_upgrade =
+                pingora::upstreams::peer::H1UpgradePolicy::Preserve;
         } else {
             peer.options.set_http_version(2, 1);
             peer.options.max_h2_streams = self.max_h2_streams;
@@ -165,6 +183,12 @@ pub struct Snapshot {
     pub chain: Chain,
     /// kube-apiserver.
     pub upstream: Arc<Upstream>,
+    /// Who callers without any credential act as (`staticIdentity`); `None` means they are
+    /// anonymous and reach only the anonymous paths.
+    pub static_identity: Option<Arc<Identity>>,
+    /// When set, the proxy answers TokenCredentialRequest and WhoAmIRequest itself instead of
+    /// forwarding them.
+    pub concierge_api: Option<Arc<dyn ConciergeApi>>,
 }
 
 #[cfg(test)]

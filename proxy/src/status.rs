@@ -47,21 +47,34 @@ impl Failure {
         message: "the impersonation proxy is not ready",
     };
 
+    /// 500: a check the request depends on could not be made.
+    pub const AUTHORIZATION_UNAVAILABLE: Self = Self {
+        code: 500,
+        reason: "InternalError",
+        message: "the caller's permission to impersonate could not be checked",
+    };
+
     /// The JSON body.
     pub fn body(&self) -> Bytes {
-        Bytes::from(
-            serde_json::json!({
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": self.message,
-                "reason": self.reason,
-                "code": self.code,
-            })
-            .to_string(),
-        )
+        status_body(self.code, self.reason, self.message)
     }
+}
+
+/// A `metav1.Status` failure body with any message (e.g. kube-apiserver's wording of a refused
+/// impersonation).
+pub fn status_body(code: u16, reason: &str, message: &str) -> Bytes {
+    Bytes::from(
+        serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        })
+        .to_string(),
+    )
 }
 
 #[cfg(test)]

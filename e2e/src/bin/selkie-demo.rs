@@ -8,7 +8,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 use selkie_e2e::{
-    dex::{Dex, DexUser, CLIENT_ID},
+    dex::{Dex, DexUser},
     proxy::{JwtSpec, Proxy},
     Cluster,
 };
@@ -79,18 +79,7 @@ async fn main() -> Result<()> {
     )?;
 
     step("Starting Selkie's impersonation proxy with a JWT authenticator for Dex");
-    let proxy = Proxy::start(
-        &cluster,
-        &[JwtSpec {
-            name: "dex".into(),
-            issuer: dex.issuer().into(),
-            audience: CLIENT_ID.into(),
-            username_claim: "email".into(),
-            groups_claim: "groups".into(),
-            ca_pem: dex.ca_pem(),
-        }],
-    )
-    .await?;
+    let proxy = Proxy::start(&cluster, &[JwtSpec::for_dex(&dex)]).await?;
     println!("proxy {}", proxy.url());
 
     step("Logging in to Dex as pinny@example.com");

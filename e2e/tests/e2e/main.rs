@@ -3,12 +3,19 @@
 //! tests of the harness's own start-up and shutdown start private clusters.
 
 mod aggregation;
+mod cli_static;
 mod cluster_basics;
+mod crds;
 mod harness_failures;
 mod harness_lifecycle;
 mod jwt_dex;
+mod proxy_bad_input;
 mod proxy_kubectl;
+mod proxy_login;
+mod proxy_nested;
+mod proxy_operations;
 mod proxy_reload;
+mod proxy_upgrades;
 mod proxy_watch;
 mod rbac_client_cert;
 mod resources;

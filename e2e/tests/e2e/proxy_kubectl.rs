@@ -3,7 +3,7 @@
 //! of Selkie's signer CA and from a Dex ID token.
 
 use selkie_e2e::{
-    dex::{Dex, DexUser, CLIENT_ID},
+    dex::{Dex, DexUser},
     proxy::{JwtSpec, Proxy},
     Cluster,
 };
@@ -29,7 +29,12 @@ fn whoami(json: &str) -> anyhow::Result<(String, Vec<String>)> {
 
 /// Lets `subject` (a `User` or `Group`) work with ConfigMaps in `namespace`. (The harness runs no
 /// controller manager, so the aggregated `edit` ClusterRole has no rules; a Role says it directly.)
-async fn grant_configmaps(cluster: &Cluster, namespace: &str, kind: &str, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn grant_configmaps(
+    cluster: &Cluster,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<()> {
     let kubectl = cluster.kubectl();
     let ns = ["-n", namespace];
     kubectl
@@ -179,18 +184,7 @@ async fn kubectl_through_the_proxy_with_a_dex_id_token() -> anyhow::Result<()> {
     };
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     grant_configmaps(cluster, &namespace, "User", &user.email).await?;
-    let proxy = Proxy::start(
-        cluster,
-        &[JwtSpec {
-            name: "dex".into(),
-            issuer: dex.issuer().into(),
-            audience: CLIENT_ID.into(),
-            username_claim: "email".into(),
-            groups_claim: "groups".into(),
-            ca_pem: dex.ca_pem(),
-        }],
-    )
-    .await?;
+    let proxy = Proxy::start(cluster, &[JwtSpec::for_dex(&dex)]).await?;
     let tokens = dex.password_grant(&user.email, &user.password).await?;
     let kubectl = proxy.kubectl(&proxy.kubeconfig_with_token("pinny", &tokens.id_token)?);
 
@@ -247,8 +241,8 @@ async fn anonymous_and_self_asserted_identities_get_nowhere() -> anyhow::Result<
         assert_eq!(refusal["reason"], "Unauthorized");
     }
 
-    // kubectl --as asks for nested impersonation, which this proxy refuses for now rather than
-    // silently dropping.
+    // kubectl --as asks for nested impersonation, which needs an RBAC grant bob does not have
+    // (proxy_nested.rs tests the grants).
     let bob = proxy.signer().issue_client("bob", &[])?;
     let kubectl = proxy.kubectl(&proxy.kubeconfig_with_cert("bob", &bob)?);
     let nested = kubectl
@@ -382,7 +376,8 @@ async fn client_supplied_identity_headers_never_reach_the_apiserver() -> anyhow:
             "{groups}"
         );
 
-        // Impersonation headers are refused with a metav1.Status, not dropped silently.
+        // Impersonation headers carol has no RBAC grant for are refused with a metav1.Status,
+        // not dropped silently.
         let (status, refusal) = self_subject_review(
             &proxy,
             Some(&carol),

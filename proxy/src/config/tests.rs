@@ -11,6 +11,11 @@ fn the_example_configuration_parses() {
     assert_eq!(config.listen_address().unwrap().port(), 8444);
     assert_eq!(config.jwt_authenticators.len(), 1);
     assert_eq!(config.jwt_authenticators[0].claims.username, "email");
+    assert_eq!(
+        config.timeouts,
+        Timeouts::default(),
+        "the example shows the defaults"
+    );
 }
 
 #[test]
@@ -47,4 +52,110 @@ fn unknown_fields_and_bad_values_are_named() {
     bad.upstream.ca_file = missing.clone();
     let error = bad.snapshot().unwrap_err().to_string();
     assert!(error.contains(&missing.display().to_string()), "{error}");
+}
+
+#[test]
+fn shutdown_and_operations_settings_have_defaults_and_named_errors() {
+    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\n\
+                upstream: {url: https://x, caFile: c}\n";
+    let config = parse(base).unwrap();
+    assert_eq!(config.shutdown, ShutdownConfig::default());
+    assert_eq!(config.shutdown.grace_period(), Duration::from_secs(5));
+    assert_eq!(config.shutdown.drain_timeout(), Duration::from_secs(20));
+    assert_eq!(config.operations_address().unwrap(), None);
+
+    let config = parse(&format!(
+        "{base}operationsListen: 127.0.0.1:9090\nshutdown: {{drainTimeoutSeconds: 60}}\n"
+    ))
+    .unwrap();
+    assert_eq!(config.shutdown.grace_period_seconds, 5);
+    assert_eq!(config.shutdown.drain_timeout(), Duration::from_secs(60));
+    assert_eq!(config.operations_address().unwrap().map(|a| a.port()), Some(9090));
+
+    let error = parse(&format!("{base}shutdown: {{drainTimeout: 60}}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("unknown field `drainTimeout`"), "{error}");
+    let error = parse(&format!("{base}shutdown: {{gracePeriodSeconds: -1}}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("shutdown.gracePeriodSeconds"), "{error}");
+    let mut bad = parse(base).unwrap();
+    bad.operations_listen = Some(":metrics".into());
+    assert!(bad
+        .operations_address()
+        .unwrap_err()
+        .to_string()
+        .starts_with("operationsListen: "));
+}
+
+#[test]
+fn durations_are_written_as_in_kubernetes() {
+    for (text, expected) in [
+        ("10s", Duration::from_secs(10)),
+        ("500ms", Duration::from_millis(500)),
+        ("1m30s", Duration::from_secs(90)),
+        ("2h", Duration::from_secs(7200)),
+        ("0s", Duration::ZERO),
+    ] {
+        assert_eq!(parse_duration(text), Ok(expected), "{text}");
+    }
+    for (text, complaint) in [
+        ("", "not a duration"),
+        ("10", "has no unit"),
+        ("s", "not a duration"),
+        ("1.5s", "not a duration"),
+        ("10 s", "not a duration"),
+        ("10d", "not a duration"),
+        ("-1s", "not a duration"),
+        ("99999999999999999999s", "not a duration"),
+        ("18446744073709551615h", "not a duration"),
+    ] {
+        let error = parse_duration(text).unwrap_err();
+        assert!(error.contains(complaint), "{text}: {error}");
+    }
+}
+
+#[test]
+fn timeouts_default_and_are_named_when_wrong() {
+    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\nupstream: {url: https://x, caFile: c}\n";
+    assert_eq!(parse(base).unwrap().timeouts, Timeouts::default());
+    let config = parse(&format!("{base}timeouts: {{headerRead: 2s, idle: 5m}}\n")).unwrap();
+    assert_eq!(config.timeouts.header_read, Duration::from_secs(2));
+    assert_eq!(config.timeouts.idle, Duration::from_secs(300));
+    let error = parse(&format!("{base}timeouts: {{idle: 0ms}}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("timeouts.idle") && error.contains("greater than zero"),
+        "{error}"
+    );
+}
+
+#[test]
+fn static_identity_and_credential_signer_are_checked() {
+    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\n\
+                upstream: {url: https://x, caFile: c}\n";
+    let error = parse(&format!("{base}staticIdentity: {{username: \"\"}}\n"))
+        .unwrap()
+        .snapshot()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(error, "staticIdentity.username: must not be empty");
+
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    let error = parse(&format!(
+        "{base}credentialSigner: {{certFile: {0}, keyFile: {0}}}\n",
+        garbage.display()
+    ))
+    .unwrap()
+    .snapshot()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.starts_with("credentialSigner: the signer CA certificate is invalid"),
+        "{error}"
+    );
 }

@@ -117,6 +117,95 @@ fn control_characters_in_a_name_are_an_error() {
     );
 }
 
+#[test]
+fn impersonation_values_are_utf8_not_only_ascii() {
+    let mut map = HeaderMap::new();
+    map.insert("impersonate-user", HeaderValue::from_str("jos\u{e9}").unwrap());
+    map.append("impersonate-group", HeaderValue::from_str("\u{e9}quipe").unwrap());
+    let requested = strip_client_credentials(&mut map).unwrap();
+    assert_eq!(requested.user.as_deref(), Some("jos\u{e9}"));
+    assert_eq!(requested.groups, vec!["\u{e9}quipe".to_string()]);
+
+    // What impersonation_headers writes for such a user reads back as the same user.
+    let user = UserInfo {
+        username: "jos\u{e9}@exemple.fr".into(),
+        groups: vec!["\u{e9}quipe".into()],
+        ..UserInfo::default()
+    };
+    let mut map: HeaderMap = impersonation_headers(&user).unwrap().into_iter().collect();
+    let requested = strip_client_credentials(&mut map).unwrap();
+    assert_eq!(requested.user.as_deref(), Some(user.username.as_str()));
+    assert_eq!(requested.groups, user.groups);
+}
+
+#[test]
+fn a_second_user_or_uid_is_ambiguous_and_refused() {
+    for name in ["Impersonate-User", "Impersonate-Uid"] {
+        let mut map = headers(&[("Impersonate-User", "bob"), (name, "first"), (name, "second")]);
+        assert_eq!(
+            strip_client_credentials(&mut map),
+            Err(HeaderError::Malformed(name.to_ascii_lowercase())),
+            "{name}"
+        );
+        assert!(map.is_empty());
+    }
+    // Groups and extras may repeat.
+    let mut map = headers(&[
+        ("Impersonate-User", "bob"),
+        ("Impersonate-Group", "a"),
+        ("Impersonate-Group", "a"),
+        ("Impersonate-Extra-Scopes", "x"),
+        ("Impersonate-Extra-Scopes", "y"),
+    ]);
+    let requested = strip_client_credentials(&mut map).unwrap();
+    assert_eq!(requested.groups.len(), 2);
+    assert_eq!(requested.extra.len(), 2);
+}
+
+#[test]
+fn users_that_would_arrive_as_someone_else_are_refused() {
+    let with = |change: fn(&mut UserInfo)| {
+        let mut user = UserInfo {
+            username: "alice".into(),
+            uid: Some("u-1".into()),
+            groups: vec!["devs".into()],
+            extra: BTreeMap::from([("scopes".to_string(), vec!["read".to_string()])]),
+        };
+        change(&mut user);
+        impersonation_headers(&user)
+    };
+    assert!(with(|_| {}).is_ok());
+    assert!(
+        with(|user| user.username = "al ice".into()).is_ok(),
+        "inner spaces survive HTTP"
+    );
+    // HTTP strips whitespace around a field value: " admin" would arrive as "admin".
+    for (change, what) in [
+        (
+            (|user| user.username = " admin".into()) as fn(&mut UserInfo),
+            "user name",
+        ),
+        (|user| user.username = "admin\t".into(), "user name"),
+        (|user| user.uid = Some("u-1 ".into()), "uid"),
+        (|user| user.groups = vec![" system:masters".into()], "group"),
+        (
+            |user| user.extra = BTreeMap::from([("scopes".into(), vec!["read ".into()])]),
+            "extra value",
+        ),
+    ] {
+        assert_eq!(with(change), Err(HeaderError::Unrepresentable(what)));
+    }
+    // An empty Impersonate-User means no impersonation: the request would run as the proxy.
+    assert_eq!(
+        with(|user| user.username.clear()),
+        Err(HeaderError::Empty("user name"))
+    );
+    assert_eq!(
+        with(|user| user.extra = BTreeMap::from([(String::new(), vec!["v".into()])])),
+        Err(HeaderError::Empty("extra key"))
+    );
+}
+
 proptest! {
     /// Any extra key survives encoding and the proxy's own decoding unchanged.
     #[test]

@@ -1,0 +1,194 @@
+//! TokenCredentialRequest and WhoAmIRequest answered by the proxy itself, so a client that
+//! reaches only the impersonation proxy (impersonation mode) can log in and ask who it is
+//! without kube-apiserver's aggregation layer.
+//!
+//! [`ConciergeApi`] is the seam: the control plane implements it with the cluster's signing key
+//! and its authenticator CRs; [`SignerConciergeApi`] is the static-configuration version, backed
+//! by the snapshot's chain and a signer CA. Both answer as Pinniped's aggregated API does: a
+//! failed login is still `201 Created`, with `status.message: "authentication failed"` and no
+//! detail, and identities with a UID or extras are refused (a client certificate cannot carry
+//! them).
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use selkie_api::{
+    identity::{KubernetesUserInfo, UserInfo as ApiUserInfo, WhoAmIRequest, WhoAmIRequestStatus},
+    login::{ClusterCredential, TokenCredentialRequest, TokenCredentialRequestStatus, AUTHENTICATION_FAILED},
+};
+use selkie_filters::{
+    chain::{Chain, TokenAuthenticator},
+    identity::UserInfo,
+    outcome::Outcome,
+    signer::ClientCertificateSigner,
+};
+
+/// How long an issued certificate is valid (Pinniped's `clientCertificateTTL`).
+pub const CLIENT_CERTIFICATE_TTL: Duration = Duration::from_secs(5 * 60);
+/// How far back an issued certificate's validity starts, for clock skew (Pinniped's
+/// `certBackdate`).
+pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
+/// The one extra a credential may carry; it names the credential, not the user.
+const CREDENTIAL_ID_EXTRA: &str = "authentication.kubernetes.io/credential-id";
+
+/// Answers the Concierge's login API. Runs once per TokenCredentialRequest that reaches the proxy.
+#[async_trait]
+pub trait ConciergeApi: Send + Sync + std::fmt::Debug {
+    /// Authenticates `request.spec.token` with the authenticator `request.spec.authenticator`
+    /// names (among `chain`'s) and fills in `status`: a credential, or only
+    /// `message: "authentication failed"`. Never fails as a whole.
+    async fn token_credential_request(
+        &self,
+        chain: &Chain,
+        request: TokenCredentialRequest,
+    ) -> TokenCredentialRequest;
+}
+
+/// [`ConciergeApi`] with a signer CA: 5-minute client certificates, backdated 5 minutes,
+/// `CN=<user>`, one `O` per group.
+#[derive(Debug)]
+pub struct SignerConciergeApi {
+    signer: ClientCertificateSigner,
+}
+
+impl SignerConciergeApi {
+    /// Issues with `signer`.
+    pub fn new(signer: ClientCertificateSigner) -> Self {
+        Self { signer }
+    }
+
+    fn issue(&self, user: &UserInfo) -> Option<ClusterCredential> {
+        let now = SystemTime::now();
+        let expires = now + CLIENT_CERTIFICATE_TTL;
+        let issued = self
+            .signer
+            .issue(
+                &user.username,
+                &user.groups,
+                now - CLIENT_CERTIFICATE_BACKDATE,
+                expires,
+            )
+            .map_err(|error| tracing::warn!(%error, "issuing a client certificate failed"))
+            .ok()?;
+        Some(ClusterCredential {
+            expiration_timestamp: rfc3339(expires)?,
+            token: String::new(),
+            client_certificate_data: issued.cert_pem,
+            client_key_data: issued.key_pem,
+        })
+    }
+}
+
+/// Whether a certificate can say everything about `user` (CN and O only): no UID, no extras
+/// but the credential id, and a name.
+fn certificate_can_carry(user: &UserInfo) -> bool {
+    !user.username.is_empty() && user.uid.is_none() && user.extra.keys().all(|key| key == CREDENTIAL_ID_EXTRA)
+}
+
+/// The chain's authenticator a TokenCredentialRequest names: kind and name must both match.
+fn named<'a>(chain: &'a Chain, kind: &str, name: &str) -> Option<&'a TokenAuthenticator> {
+    chain.token_authenticators().iter().find(|authenticator| {
+        let kind_matches = match authenticator {
+            TokenAuthenticator::Jwt(_) => kind == "JWTAuthenticator",
+            TokenAuthenticator::TokenReview(_) => kind == "WebhookAuthenticator",
+            _ => false,
+        };
+        kind_matches && &**authenticator.name() == name
+    })
+}
+
+#[async_trait]
+impl ConciergeApi for SignerConciergeApi {
+    async fn token_credential_request(
+        &self,
+        chain: &Chain,
+        mut request: TokenCredentialRequest,
+    ) -> TokenCredentialRequest {
+        let reference = &request.spec.authenticator;
+        let outcome = match named(chain, &reference.kind, &reference.name) {
+            Some(authenticator) if !request.spec.token.is_empty() => {
+                authenticator.authenticate(&request.spec.token).await
+            }
+            _ => Outcome::NotMine,
+        };
+        let credential = match &outcome {
+            Outcome::Authenticated(identity) if certificate_can_carry(&identity.user) => {
+                self.issue(&identity.user)
+            }
+            _ => None,
+        };
+        tracing::info!(
+            target: "selkie::audit",
+            authenticator = %reference.name,
+            user = match &outcome {
+                Outcome::Authenticated(identity) => identity.user.username.as_str(),
+                _ => "",
+            },
+            issued = credential.is_some(),
+            "token credential request"
+        );
+        request.status = match credential {
+            Some(credential) => TokenCredentialRequestStatus {
+                credential: Some(credential),
+                message: None,
+            },
+            None => TokenCredentialRequestStatus {
+                credential: None,
+                message: Some(AUTHENTICATION_FAILED.to_string()),
+            },
+        };
+        request.spec.token.clear();
+        request
+    }
+}
+
+/// The WhoAmIRequest answer for `user`.
+pub fn who_am_i(mut request: WhoAmIRequest, user: &UserInfo) -> WhoAmIRequest {
+    request.status = WhoAmIRequestStatus {
+        kubernetes_user_info: KubernetesUserInfo {
+            user: ApiUserInfo {
+                username: user.username.clone(),
+                uid: user.uid.clone().unwrap_or_default(),
+                groups: user.groups.clone(),
+                extra: user.extra.clone(),
+            },
+        },
+    };
+    request
+}
+
+/// `time` as RFC 3339 in UTC, whole seconds (`metav1.Time`).
+fn rfc3339(time: SystemTime) -> Option<String> {
+    let time = time::OffsetDateTime::from(time).replace_nanosecond(0).ok()?;
+    time.format(&time::format_description::well_known::Rfc3339).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_users_a_certificate_can_describe_get_one() {
+        let mut user = UserInfo {
+            username: "alice".into(),
+            groups: vec!["devs".into()],
+            ..UserInfo::default()
+        };
+        assert!(certificate_can_carry(&user));
+        user.extra
+            .insert(CREDENTIAL_ID_EXTRA.into(), vec!["JTI=1".into()]);
+        assert!(certificate_can_carry(&user));
+        user.extra.insert("scopes".into(), vec!["view".into()]);
+        assert!(!certificate_can_carry(&user));
+        user.extra.clear();
+        user.uid = Some("42".into());
+        assert!(!certificate_can_carry(&user));
+        assert!(!certificate_can_carry(&UserInfo::default()));
+    }
+
+    #[test]
+    fn expiry_reads_as_metav1_time() {
+        let time = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_000_000_500);
+        assert_eq!(rfc3339(time).unwrap(), "2026-11-18T11:06:40Z");
+    }
+}
