@@ -6,7 +6,7 @@ CLUSTER_DIR ?= .selkie/cluster
 SELKIE_CLUSTER := target/debug/selkie-cluster
 FUZZ_SECONDS ?= 20
 
-.PHONY: setup test lint unit demo cluster-up cluster-down components fuzz
+.PHONY: setup test lint unit demo cluster-up cluster-down components fuzz crds
 
 ## setup: install what the build and tests need (idempotent; seconds when warm)
 setup:
@@ -34,6 +34,10 @@ test: lint
 ## fuzz: build the fuzz targets (fuzz/) and run each for FUZZ_SECONDS (20); fails on any crash
 fuzz: setup
 	@bash e2e/scripts/fuzz.sh $(FUZZ_SECONDS)
+
+## crds: regenerate conf/crds/ from the selkie-api types (a unit test fails when they drift)
+crds:
+	$(CARGO) run --locked -q -p selkie-api --example crdgen
 
 $(SELKIE_CLUSTER): FORCE
 	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-cluster

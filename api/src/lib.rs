@@ -6,4 +6,24 @@
 //! the Supervisor CRDs. Types only — serde, schemars and kube derives, with the configurable API
 //! group suffix — and no IO, so every other crate can depend on it.
 //!
-//! Status: empty; the types arrive with the control-plane work.
+//! * [`login`], [`identity`]: the aggregated API kinds' wire shapes (always built).
+//! * [`group_suffix`]: Pinniped's `apiGroupSuffix` rewrites (always built).
+//! * [`authentication`], [`concierge_config`]: the Concierge CRD types, and [`crds`]: their
+//!   generated CustomResourceDefinitions (`conf/crds/`). Behind the `crds` feature (on by
+//!   default), because they pull in k8s-openapi, whose Kubernetes version feature only a final
+//!   binary or test may choose; the workspace dependency turns default features off, so members
+//!   that want the CRDs ask for `features = ["crds"]`.
+//!
+//! Status: the Supervisor CRDs arrive with the Supervisor work.
+
+#[cfg(feature = "crds")]
+pub mod authentication;
+#[cfg(feature = "crds")]
+pub mod concierge_config;
+#[cfg(feature = "crds")]
+pub mod crds;
+pub mod group_suffix;
+pub mod identity;
+pub mod login;
+#[cfg(feature = "crds")]
+mod schema;

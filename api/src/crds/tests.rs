@@ -1,0 +1,854 @@
+use std::{collections::BTreeSet, path::PathBuf};
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::group_suffix::DEFAULT_API_GROUP_SUFFIX;
+
+const REGENERATE: &str = "cargo run -p selkie-api --example crdgen";
+
+fn crds_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf/crds")
+}
+
+fn generated() -> Vec<GeneratedCrd> {
+    concierge_crds(DEFAULT_API_GROUP_SUFFIX).unwrap()
+}
+
+fn find(kind: &str) -> CustomResourceDefinition {
+    generated()
+        .into_iter()
+        .find(|g| g.crd.spec.names.kind == kind)
+        .unwrap_or_else(|| panic!("no CRD of kind {kind}"))
+        .crd
+}
+
+/// The `openAPIV3Schema` of the CRD's only version, as JSON.
+fn schema(kind: &str) -> Value {
+    let crd = find(kind);
+    assert_eq!(crd.spec.versions.len(), 1);
+    serde_json::to_value(&crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema).unwrap()
+}
+
+/// The sub-schema at a dotted path such as `spec.claims.extra[].key` (`[]` steps into `items`).
+fn at<'a>(schema: &'a Value, path: &str) -> &'a Value {
+    let mut node = schema;
+    for step in path.split('.') {
+        let (name, items) = match step.strip_suffix("[]") {
+            Some(name) => (name, true),
+            None => (step, false),
+        };
+        node = node
+            .get("properties")
+            .and_then(|p| p.get(name))
+            .unwrap_or_else(|| panic!("no property {path} (at {step})"));
+        if items {
+            node = node
+                .get("items")
+                .unwrap_or_else(|| panic!("{path}: {step} is not an array"));
+        }
+    }
+    node
+}
+
+/// Every property path under `node`, objects and arrays included, in `at` syntax.
+fn property_paths(node: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    let Some(properties) = node.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (name, child) in properties {
+        let mut path = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        let mut child = child;
+        if let Some(items) = child.get("items") {
+            path.push_str("[]");
+            child = items;
+        }
+        out.insert(path.clone());
+        property_paths(child, &path, out);
+    }
+}
+
+fn paths(kind: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    property_paths(&schema(kind), "", &mut out);
+    out
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+const CONDITION_PATHS: &[&str] = &[
+    "status.conditions[]",
+    "status.conditions[].lastTransitionTime",
+    "status.conditions[].message",
+    "status.conditions[].observedGeneration",
+    "status.conditions[].reason",
+    "status.conditions[].status",
+    "status.conditions[].type",
+    "status.phase",
+    "status",
+];
+
+const TLS_PATHS: &[&str] = &[
+    "spec.tls",
+    "spec.tls.certificateAuthorityData",
+    "spec.tls.certificateAuthorityDataSource",
+    "spec.tls.certificateAuthorityDataSource.kind",
+    "spec.tls.certificateAuthorityDataSource.name",
+    "spec.tls.certificateAuthorityDataSource.key",
+];
+
+const ROOT_PATHS: &[&str] = &["apiVersion", "kind", "metadata", "spec"];
+
+// ---- drift ------------------------------------------------------------------------------------
+
+#[test]
+fn conf_crds_match_the_types() {
+    let dir = crds_dir();
+    let expected = render_all(DEFAULT_API_GROUP_SUFFIX).unwrap();
+    let mut problems = Vec::new();
+    for (name, yaml) in &expected {
+        let path = dir.join(name);
+        match std::fs::read_to_string(&path) {
+            Ok(on_disk) if on_disk == *yaml => {}
+            Ok(on_disk) => {
+                let (line, (disk, types)) = on_disk
+                    .lines()
+                    .chain(std::iter::repeat("<end of file>"))
+                    .zip(yaml.lines().chain(std::iter::repeat("<end of file>")))
+                    .take(on_disk.lines().count().max(yaml.lines().count()))
+                    .enumerate()
+                    .find(|(_, (a, b))| a != b)
+                    .unwrap_or((0, ("", "")));
+                problems.push(format!(
+                    "conf/crds/{name} differs from what the types generate, first at line {}: the file has \
+                     {:?}, the types give {:?}",
+                    line + 1,
+                    disk.trim(),
+                    types.trim()
+                ));
+            }
+            Err(e) => problems.push(format!("conf/crds/{name} cannot be read: {e}")),
+        }
+    }
+    let on_disk: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}; regenerate with `{REGENERATE}`", dir.display()))
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".yaml"))
+        .collect();
+    for stale in on_disk.iter().filter(|n| !expected.iter().any(|(e, _)| e == *n)) {
+        problems.push(format!("conf/crds/{stale} is not generated by any type (stale)"));
+    }
+    assert!(
+        problems.is_empty(),
+        "conf/crds/ has drifted from the types in api/src:\n  {}\nRegenerate it with `{REGENERATE}` \
+         (from the repository root) and commit the result.",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn yaml_parses_back_to_the_same_crd() {
+    for g in generated() {
+        let yaml = to_yaml(&g.crd).unwrap();
+        assert!(yaml.starts_with(GENERATED_HEADER));
+        let parsed: CustomResourceDefinition = serde_yaml::from_str(&yaml).unwrap();
+        assert_eq!(parsed, g.crd, "{}", g.file_name);
+    }
+}
+
+// ---- Pinniped's names, scope, versions, columns -----------------------------------------------
+
+#[test]
+fn names_scope_and_versions_are_pinnipeds() {
+    let expected = [
+        (
+            "authentication.concierge.pinniped.dev_jwtauthenticators.yaml",
+            "jwtauthenticators.authentication.concierge.pinniped.dev",
+            "authentication.concierge.pinniped.dev",
+            "JWTAuthenticator",
+            "JWTAuthenticatorList",
+            "jwtauthenticators",
+            "jwtauthenticator",
+            &["pinniped", "pinniped-authenticator", "pinniped-authenticators"][..],
+        ),
+        (
+            "authentication.concierge.pinniped.dev_webhookauthenticators.yaml",
+            "webhookauthenticators.authentication.concierge.pinniped.dev",
+            "authentication.concierge.pinniped.dev",
+            "WebhookAuthenticator",
+            "WebhookAuthenticatorList",
+            "webhookauthenticators",
+            "webhookauthenticator",
+            &["pinniped", "pinniped-authenticator", "pinniped-authenticators"][..],
+        ),
+        (
+            "config.concierge.pinniped.dev_credentialissuers.yaml",
+            "credentialissuers.config.concierge.pinniped.dev",
+            "config.concierge.pinniped.dev",
+            "CredentialIssuer",
+            "CredentialIssuerList",
+            "credentialissuers",
+            "credentialissuer",
+            &["pinniped"][..],
+        ),
+    ];
+    let generated = generated();
+    assert_eq!(generated.len(), expected.len());
+    for (g, (file, name, group, kind, list_kind, plural, singular, categories)) in
+        generated.iter().zip(expected)
+    {
+        let crd = &g.crd;
+        assert_eq!(g.file_name, file);
+        assert_eq!(crd.metadata.name.as_deref(), Some(name));
+        assert_eq!(crd.spec.group, group);
+        assert_eq!(crd.spec.scope, "Cluster", "{kind} is cluster-scoped");
+        let names = &crd.spec.names;
+        assert_eq!(names.kind, kind);
+        assert_eq!(names.list_kind.as_deref(), Some(list_kind));
+        assert_eq!(names.plural, plural);
+        assert_eq!(names.singular.as_deref(), Some(singular));
+        assert_eq!(names.short_names, None, "Pinniped declares no short names");
+        let categories: Vec<String> = categories.iter().map(|c| c.to_string()).collect();
+        assert_eq!(names.categories.as_ref(), Some(&categories));
+        assert_eq!(crd.spec.versions.len(), 1);
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(version.served && version.storage);
+        let subresources = version.subresources.as_ref().unwrap();
+        assert!(subresources.status.is_some(), "{kind} has a status subresource");
+        assert!(subresources.scale.is_none());
+        assert_eq!(crd.spec.conversion, None);
+        assert_eq!(crd.spec.preserve_unknown_fields, None);
+    }
+}
+
+#[test]
+fn printer_columns_are_pinnipeds() {
+    let columns = |kind: &str| -> Vec<(String, String, String)> {
+        find(kind).spec.versions[0]
+            .additional_printer_columns
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.name, c.type_, c.json_path))
+            .collect()
+    };
+    let owned = |v: &[(&str, &str, &str)]| -> Vec<(String, String, String)> {
+        v.iter()
+            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        columns("JWTAuthenticator"),
+        owned(&[
+            ("Issuer", "string", ".spec.issuer"),
+            ("Audience", "string", ".spec.audience"),
+            ("Status", "string", ".status.phase"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ])
+    );
+    assert_eq!(
+        columns("WebhookAuthenticator"),
+        owned(&[
+            ("Endpoint", "string", ".spec.endpoint"),
+            ("Status", "string", ".status.phase"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ])
+    );
+    assert_eq!(
+        columns("CredentialIssuer"),
+        owned(&[
+            ("ProxyMode", "string", ".spec.impersonationProxy.mode"),
+            (
+                "DefaultStrategy",
+                "string",
+                r#".status.strategies[?(@.status == "Success")].type"#
+            ),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ])
+    );
+}
+
+// ---- the schemas accept exactly Pinniped's fields ---------------------------------------------
+
+#[test]
+fn jwt_authenticator_has_exactly_pinnipeds_fields() {
+    let mut expected = set(ROOT_PATHS);
+    expected.extend(set(CONDITION_PATHS));
+    expected.extend(set(TLS_PATHS));
+    expected.extend(set(&[
+        "spec.issuer",
+        "spec.audience",
+        "spec.claims",
+        "spec.claims.username",
+        "spec.claims.usernameExpression",
+        "spec.claims.groups",
+        "spec.claims.groupsExpression",
+        "spec.claims.extra[]",
+        "spec.claims.extra[].key",
+        "spec.claims.extra[].valueExpression",
+        "spec.claimValidationRules[]",
+        "spec.claimValidationRules[].claim",
+        "spec.claimValidationRules[].requiredValue",
+        "spec.claimValidationRules[].expression",
+        "spec.claimValidationRules[].message",
+        "spec.userValidationRules[]",
+        "spec.userValidationRules[].expression",
+        "spec.userValidationRules[].message",
+    ]));
+    assert_eq!(paths("JWTAuthenticator"), expected);
+}
+
+#[test]
+fn webhook_authenticator_has_exactly_pinnipeds_fields() {
+    let mut expected = set(ROOT_PATHS);
+    expected.extend(set(CONDITION_PATHS));
+    expected.extend(set(TLS_PATHS));
+    expected.insert("spec.endpoint".into());
+    assert_eq!(paths("WebhookAuthenticator"), expected);
+}
+
+#[test]
+fn credential_issuer_has_exactly_pinnipeds_fields() {
+    let mut expected = set(ROOT_PATHS);
+    expected.extend(set(&[
+        "spec.impersonationProxy",
+        "spec.impersonationProxy.mode",
+        "spec.impersonationProxy.externalEndpoint",
+        "spec.impersonationProxy.service",
+        "spec.impersonationProxy.service.type",
+        "spec.impersonationProxy.service.loadBalancerIP",
+        "spec.impersonationProxy.service.annotations",
+        "spec.impersonationProxy.tls",
+        "spec.impersonationProxy.tls.certificateAuthorityData",
+        "spec.impersonationProxy.tls.secretName",
+        "status",
+        "status.strategies[]",
+        "status.strategies[].type",
+        "status.strategies[].status",
+        "status.strategies[].reason",
+        "status.strategies[].message",
+        "status.strategies[].lastUpdateTime",
+        "status.strategies[].frontend",
+        "status.strategies[].frontend.type",
+        "status.strategies[].frontend.tokenCredentialRequestInfo",
+        "status.strategies[].frontend.tokenCredentialRequestInfo.server",
+        "status.strategies[].frontend.tokenCredentialRequestInfo.certificateAuthorityData",
+        "status.strategies[].frontend.impersonationProxyInfo",
+        "status.strategies[].frontend.impersonationProxyInfo.endpoint",
+        "status.strategies[].frontend.impersonationProxyInfo.certificateAuthorityData",
+    ]));
+    assert_eq!(paths("CredentialIssuer"), expected);
+}
+
+// ---- Pinniped's validation, defaults and list semantics ---------------------------------------
+
+fn keyword(kind: &str, path: &str, key: &str) -> Value {
+    let schema = schema(kind);
+    let node = if path.is_empty() {
+        &schema
+    } else {
+        at(&schema, path)
+    };
+    node.get(key).cloned().unwrap_or(Value::Null)
+}
+
+#[test]
+fn validation_matches_pinnipeds() {
+    let cases: &[(&str, &str, &str, Value)] = &[
+        ("JWTAuthenticator", "", "required", json!(["spec"])),
+        (
+            "JWTAuthenticator",
+            "spec",
+            "required",
+            json!(["audience", "issuer"]),
+        ),
+        ("JWTAuthenticator", "spec.issuer", "pattern", json!("^https://")),
+        ("JWTAuthenticator", "spec.issuer", "minLength", json!(1)),
+        ("JWTAuthenticator", "spec.audience", "minLength", json!(1)),
+        (
+            "JWTAuthenticator",
+            "spec.claims.extra[]",
+            "required",
+            json!(["key", "valueExpression"]),
+        ),
+        (
+            "JWTAuthenticator",
+            "spec.userValidationRules[]",
+            "required",
+            json!(["expression"]),
+        ),
+        (
+            "JWTAuthenticator",
+            "spec.claimValidationRules[]",
+            "required",
+            Value::Null,
+        ),
+        ("JWTAuthenticator", "spec.claims", "default", Value::Null),
+        ("JWTAuthenticator", "spec.tls", "required", Value::Null),
+        (
+            "JWTAuthenticator",
+            "spec.tls.certificateAuthorityDataSource",
+            "required",
+            json!(["key", "kind", "name"]),
+        ),
+        (
+            "JWTAuthenticator",
+            "spec.tls.certificateAuthorityDataSource.kind",
+            "enum",
+            json!(["Secret", "ConfigMap"]),
+        ),
+        (
+            "JWTAuthenticator",
+            "spec.tls.certificateAuthorityDataSource.name",
+            "minLength",
+            json!(1),
+        ),
+        (
+            "JWTAuthenticator",
+            "spec.tls.certificateAuthorityDataSource.key",
+            "minLength",
+            json!(1),
+        ),
+        ("JWTAuthenticator", "status", "required", Value::Null),
+        ("JWTAuthenticator", "status.phase", "default", json!("Pending")),
+        (
+            "JWTAuthenticator",
+            "status.phase",
+            "enum",
+            json!(["Pending", "Ready", "Error"]),
+        ),
+        (
+            "JWTAuthenticator",
+            "status.conditions",
+            "x-kubernetes-list-type",
+            json!("map"),
+        ),
+        (
+            "JWTAuthenticator",
+            "status.conditions",
+            "x-kubernetes-list-map-keys",
+            json!(["type"]),
+        ),
+        (
+            "JWTAuthenticator",
+            "status.conditions[]",
+            "required",
+            json!(["lastTransitionTime", "message", "reason", "status", "type"]),
+        ),
+        (
+            "JWTAuthenticator",
+            "status.conditions[].status",
+            "enum",
+            json!(["True", "False", "Unknown"]),
+        ),
+        ("WebhookAuthenticator", "", "required", json!(["spec"])),
+        ("WebhookAuthenticator", "spec", "required", json!(["endpoint"])),
+        (
+            "WebhookAuthenticator",
+            "spec.endpoint",
+            "pattern",
+            json!("^https://"),
+        ),
+        ("WebhookAuthenticator", "spec.endpoint", "minLength", json!(1)),
+        (
+            "WebhookAuthenticator",
+            "status.phase",
+            "default",
+            json!("Pending"),
+        ),
+        (
+            "WebhookAuthenticator",
+            "status.conditions",
+            "x-kubernetes-list-type",
+            json!("map"),
+        ),
+        (
+            "CredentialIssuer",
+            "spec",
+            "required",
+            json!(["impersonationProxy"]),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy",
+            "required",
+            json!(["mode"]),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.mode",
+            "enum",
+            json!(["auto", "enabled", "disabled"]),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.service",
+            "default",
+            json!({"type": "LoadBalancer"}),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.service.type",
+            "enum",
+            json!(["LoadBalancer", "ClusterIP", "None"]),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.service.type",
+            "default",
+            json!("LoadBalancer"),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.service.loadBalancerIP",
+            "minLength",
+            json!(1),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.service.loadBalancerIP",
+            "maxLength",
+            json!(255),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.service.annotations",
+            "additionalProperties",
+            json!({"type": "string"}),
+        ),
+        (
+            "CredentialIssuer",
+            "spec.impersonationProxy.tls.secretName",
+            "minLength",
+            json!(1),
+        ),
+        ("CredentialIssuer", "status", "required", json!(["strategies"])),
+        (
+            "CredentialIssuer",
+            "status.strategies[]",
+            "required",
+            json!(["lastUpdateTime", "message", "reason", "status", "type"]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].type",
+            "enum",
+            json!(["KubeClusterSigningCertificate", "ImpersonationProxy"]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].status",
+            "enum",
+            json!(["Success", "Error"]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].reason",
+            "enum",
+            json!([
+                "Listening",
+                "Pending",
+                "Disabled",
+                "ErrorDuringSetup",
+                "CouldNotFetchKey",
+                "CouldNotGetClusterInfo",
+                "FetchedKey"
+            ]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].message",
+            "minLength",
+            json!(1),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].lastUpdateTime",
+            "format",
+            json!("date-time"),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].frontend",
+            "required",
+            json!(["type"]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].frontend.type",
+            "enum",
+            json!(["TokenCredentialRequestAPI", "ImpersonationProxy"]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].frontend.tokenCredentialRequestInfo",
+            "required",
+            json!(["certificateAuthorityData", "server"]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].frontend.tokenCredentialRequestInfo.server",
+            "pattern",
+            json!("^https://|^http://"),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].frontend.impersonationProxyInfo",
+            "required",
+            json!(["certificateAuthorityData", "endpoint"]),
+        ),
+        (
+            "CredentialIssuer",
+            "status.strategies[].frontend.impersonationProxyInfo.endpoint",
+            "pattern",
+            json!("^https://"),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (kind, path, key, expected) in cases {
+        let mut actual = keyword(kind, path, key);
+        if let (Some(a), Some(_)) = (actual.as_array_mut(), expected.as_array()) {
+            if *key == "required" {
+                // Order is not meaningful for `required`.
+                a.sort_by_key(|v| v.to_string());
+            }
+        }
+        let mut expected = expected.clone();
+        if *key == "required" {
+            if let Some(e) = expected.as_array_mut() {
+                e.sort_by_key(|v| v.to_string());
+            }
+        }
+        // JSONSchemaProps stores numeric limits as f64 or i64; compare numerically.
+        let same = match (actual.as_f64(), expected.as_f64()) {
+            (Some(a), Some(e)) => a == e,
+            _ => actual == expected,
+        };
+        if !same {
+            wrong.push(format!(
+                "{kind} {path:?} {key}: expected {expected}, got {actual}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+// ---- structural ---------------------------------------------------------------------------------
+
+/// Kubernetes' structural-schema rules, plus what controller-gen never emits: every node has a
+/// type, no combinators or references, `additionalProperties` only on property-less objects, and
+/// x-kubernetes-list-map-keys only on list-type map arrays whose key properties are required.
+fn check_structural(node: &Value, path: &str, problems: &mut Vec<String>) {
+    let Some(object) = node.as_object() else {
+        problems.push(format!("{path}: not an object"));
+        return;
+    };
+    for forbidden in [
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "not",
+        "$ref",
+        "definitions",
+        "$defs",
+        "nullable",
+        "title",
+        "$schema",
+    ] {
+        if object.contains_key(forbidden) {
+            problems.push(format!("{path}: has {forbidden}"));
+        }
+    }
+    let Some(ty) = object.get("type").and_then(Value::as_str) else {
+        problems.push(format!("{path}: no type"));
+        return;
+    };
+    if let Some(properties) = object.get("properties").and_then(Value::as_object) {
+        if ty != "object" {
+            problems.push(format!("{path}: properties on a {ty}"));
+        }
+        if object.contains_key("additionalProperties") {
+            problems.push(format!("{path}: both properties and additionalProperties"));
+        }
+        for (name, child) in properties {
+            check_structural(child, &format!("{path}.{name}"), problems);
+        }
+    }
+    if let Some(additional) = object.get("additionalProperties") {
+        if ty != "object" {
+            problems.push(format!("{path}: additionalProperties on a {ty}"));
+        }
+        check_structural(additional, &format!("{path}.*"), problems);
+    }
+    match (ty, object.get("items")) {
+        ("array", Some(items)) => check_structural(items, &format!("{path}[]"), problems),
+        ("array", None) => problems.push(format!("{path}: array without items")),
+        (_, Some(_)) => problems.push(format!("{path}: items on a {ty}")),
+        _ => {}
+    }
+    if let Some(keys) = object.get("x-kubernetes-list-map-keys").and_then(Value::as_array) {
+        if object.get("x-kubernetes-list-type") != Some(&json!("map")) {
+            problems.push(format!("{path}: list-map-keys without list-type map"));
+        }
+        let required = object
+            .get("items")
+            .and_then(|i| i.get("required"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for key in keys {
+            if !required.contains(key) {
+                problems.push(format!("{path}: list map key {key} is not required"));
+            }
+        }
+    }
+    if let Some(required) = object.get("required").and_then(Value::as_array) {
+        for name in required.iter().filter_map(Value::as_str) {
+            if object.get("properties").and_then(|p| p.get(name)).is_none() {
+                problems.push(format!("{path}: requires undeclared {name}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn schemas_are_structural() {
+    for g in generated() {
+        let crd = &g.crd;
+        let schema =
+            serde_json::to_value(&crd.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema).unwrap();
+        let mut problems = Vec::new();
+        check_structural(&schema, &crd.spec.names.kind, &mut problems);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+}
+
+#[test]
+fn the_structural_check_catches_what_it_claims_to() {
+    let mut problems = Vec::new();
+    let bad = json!({
+        "type": "object",
+        "properties": {
+            "a": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+            "b": {"type": "string", "nullable": true},
+            "c": {"type": "array"},
+            "d": {"type": "object", "properties": {}, "additionalProperties": {"type": "string"}},
+            "e": {
+                "type": "array",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["k"],
+                "items": {"type": "object", "properties": {"k": {"type": "string"}}},
+            },
+        },
+        "required": ["z"],
+    });
+    check_structural(&bad, "bad", &mut problems);
+    let text = problems.join("\n");
+    for expected in [
+        "bad.a: has anyOf",
+        "bad.a: no type",
+        "bad.b: has nullable",
+        "bad.c: array without items",
+        "bad.d: both properties and additionalProperties",
+        "bad.e: list map key \"k\" is not required",
+        "bad: requires undeclared z",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
+
+// ---- API group suffix ---------------------------------------------------------------------------
+
+#[test]
+fn suffix_rewrites_group_and_name_of_every_crd() {
+    let renamed = concierge_crds("acme.example.com").unwrap();
+    let names: Vec<(String, Option<String>, String)> = renamed
+        .iter()
+        .map(|g| {
+            (
+                g.file_name.clone(),
+                g.crd.metadata.name.clone(),
+                g.crd.spec.group.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (
+                "authentication.concierge.acme.example.com_jwtauthenticators.yaml".into(),
+                Some("jwtauthenticators.authentication.concierge.acme.example.com".into()),
+                "authentication.concierge.acme.example.com".into()
+            ),
+            (
+                "authentication.concierge.acme.example.com_webhookauthenticators.yaml".into(),
+                Some("webhookauthenticators.authentication.concierge.acme.example.com".into()),
+                "authentication.concierge.acme.example.com".into()
+            ),
+            (
+                "config.concierge.acme.example.com_credentialissuers.yaml".into(),
+                Some("credentialissuers.config.concierge.acme.example.com".into()),
+                "config.concierge.acme.example.com".into()
+            ),
+        ]
+    );
+    // Nothing but the group and the name changes.
+    for (default, mut renamed) in generated().into_iter().zip(renamed) {
+        renamed.crd.metadata.name = default.crd.metadata.name.clone();
+        renamed.crd.spec.group = default.crd.spec.group.clone();
+        assert_eq!(renamed.crd, default.crd);
+    }
+}
+
+#[test]
+fn default_suffix_is_the_identity() {
+    let crd = crd::<JWTAuthenticator>().unwrap();
+    assert_eq!(
+        with_api_group_suffix(crd.clone(), DEFAULT_API_GROUP_SUFFIX).unwrap(),
+        crd
+    );
+}
+
+#[test]
+fn bad_suffixes_and_foreign_groups_are_refused() {
+    assert!(matches!(
+        concierge_crds("acme"),
+        Err(CrdError::GroupSuffix(GroupSuffixError::NoDot(_)))
+    ));
+    assert!(matches!(
+        concierge_crds("Acme.Example.com"),
+        Err(CrdError::GroupSuffix(GroupSuffixError::NotDns1123Subdomain(_)))
+    ));
+    let mut foreign = crd::<WebhookAuthenticator>().unwrap();
+    foreign.spec.group = "example.com".into();
+    let err = with_api_group_suffix(foreign, "acme.example.com").unwrap_err();
+    assert!(
+        matches!(err, CrdError::GroupSuffix(GroupSuffixError::NotAPinnipedGroup(ref g)) if g == "example.com")
+    );
+    assert_eq!(
+        err.to_string(),
+        "API group \"example.com\" does not end in .pinniped.dev"
+    );
+}
+
+#[test]
+fn api_resource_follows_the_suffix() {
+    let resource = api_resource_with_group_suffix::<CredentialIssuer>("acme.example.com").unwrap();
+    assert_eq!(resource.group, "config.concierge.acme.example.com");
+    assert_eq!(resource.api_version, "config.concierge.acme.example.com/v1alpha1");
+    assert_eq!(resource.kind, "CredentialIssuer");
+    assert_eq!(resource.plural, "credentialissuers");
+    let default = api_resource_with_group_suffix::<JWTAuthenticator>(DEFAULT_API_GROUP_SUFFIX).unwrap();
+    assert_eq!(
+        default.api_version,
+        "authentication.concierge.pinniped.dev/v1alpha1"
+    );
+    assert!(api_resource_with_group_suffix::<JWTAuthenticator>("nodot").is_err());
+}
