@@ -1,0 +1,485 @@
+//! The credential cache, `credentials.yaml`, in the pinniped CLI's format, so either CLI reuses
+//! the other's cluster credentials.
+//!
+//! # Format
+//!
+//! ```yaml
+//! apiVersion: config.supervisor.pinniped.dev/v1alpha1
+//! kind: CredentialCache
+//! credentials:
+//!   - key: <sha256 hex of the login's arguments, token and cluster>   # see [`cache_key`]
+//!     creationTimestamp: "2026-01-02T03:04:05Z"
+//!     lastUsedTimestamp: "2026-01-02T03:09:05Z"
+//!     credential:                      # client-go ExecCredentialStatus
+//!       expirationTimestamp: "2026-01-02T03:09:05Z"
+//!       clientCertificateData: |
+//!         -----BEGIN CERTIFICATE-----
+//!       clientKeyData: |
+//!         -----BEGIN PRIVATE KEY-----
+//! ```
+//!
+//! # Rules (Pinniped's, plus what it leaves out)
+//!
+//! * Every read-modify-write holds an exclusive `flock` on `<file>.lock`, the lock the pinniped
+//!   CLI takes (gofrs/flock uses `flock(2)`), so the two CLIs never interleave.
+//! * Unlike the pinniped CLI, Selkie keeps the lock while it fetches a missing credential, so
+//!   parallel kubectl invocations on a cold cache make one TokenCredentialRequest, not one each:
+//!   the others wait, then find the entry.
+//! * Entries without a credential or expiry, expired entries, and entries created more than an
+//!   hour ago are dropped on every write (Pinniped's pruning). An entry is handed out only while
+//!   at least [`MIN_REMAINING_VALIDITY`] of it is left, so a certificate does not expire between
+//!   the plugin and the API server.
+//! * The file is written as a new file (mode 0600) renamed over the old one, so a reader never
+//!   sees half a file and a file left readable by others is tightened (with a warning).
+//! * A file that is not a credential cache of this version is set aside as `<file>.corrupt` with a
+//!   warning, and a fresh cache starts. Any other problem with the cache (permissions, a
+//!   directory in the way, a lock that is not released in time) is a warning too: the login goes
+//!   on without the cache rather than failing.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    future::Future,
+    io::{self, Write as _},
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use time::OffsetDateTime;
+
+use crate::{exec::Cluster, exec::CredentialStatus, gojson, timestamp};
+
+/// `apiVersion` of the file.
+pub const API_VERSION: &str = "config.supervisor.pinniped.dev/v1alpha1";
+/// `kind` of the file.
+pub const KIND: &str = "CredentialCache";
+/// How long an entry may live, however long its credential is valid (Pinniped's
+/// `maxCacheDuration`).
+pub const MAX_AGE: Duration = Duration::from_secs(3600);
+/// How much validity an entry must have left to be handed out.
+pub const MIN_REMAINING_VALIDITY: Duration = Duration::from_secs(10);
+/// How long to wait for another process's lock before going on without the cache. Longer than a
+/// TokenCredentialRequest may take (30 s), since another Selkie holds the lock while it makes one.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(40);
+const LOCK_POLL: Duration = Duration::from_millis(10);
+
+/// The key of an entry: the hex SHA-256 of Go's JSON encoding (trailing newline included) of
+/// `{"args": <argv without the program>, "token": <token>, "cluster": <v1beta1 Cluster or null>}`,
+/// exactly what the pinniped CLI hashes, so the same kubeconfig finds the same entry with either.
+pub fn cache_key(args: &[String], token: &str, cluster: Option<&Cluster>) -> String {
+    let mut json = String::from("{\"args\":[");
+    for (i, arg) in args.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        gojson::write_string(&mut json, arg);
+    }
+    json.push_str("],\"token\":");
+    gojson::write_string(&mut json, token);
+    json.push_str(",\"cluster\":");
+    let mut cluster_json = String::new();
+    match cluster {
+        Some(cluster) if cluster.write_go_json(&mut cluster_json) => json.push_str(&cluster_json),
+        _ => json.push_str("null"),
+    }
+    json.push_str("}\n");
+    Sha256::digest(json.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// Something wrong with the cache that the login survives. Each is one line for stderr, naming
+/// the file and what to do; none quotes the file's content.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheWarning {
+    /// The cache (or its directory or lock file) cannot be read, created or written: usually
+    /// permissions, or something else in the way.
+    #[error(
+        "cannot use the credential cache {path}: {action}: {error}; continuing without it \
+         (make it readable and writable by you, e.g. chmod 600, or pass --credential-cache \"\")"
+    )]
+    Unusable {
+        /// The file at fault.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The IO error.
+        #[source]
+        error: io::Error,
+    },
+    /// Another process kept the lock for longer than [`LOCK_TIMEOUT`].
+    #[error(
+        "the credential cache lock {path} was not released within {timeout:?}; continuing without the cache \
+         (a stuck kubectl or credential plugin may hold it)"
+    )]
+    LockTimeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long was waited.
+        timeout: Duration,
+    },
+    /// The file is not a credential cache Selkie understands; it was moved aside.
+    #[error("the credential cache {path} {reason}; moved it to {aside} and started an empty cache")]
+    SetAside {
+        /// The cache.
+        path: PathBuf,
+        /// Where it went.
+        aside: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The file was unreadable as a cache and could not be moved aside either; it will be
+    /// overwritten.
+    #[error("the credential cache {path} {reason} and could not be moved aside ({error}); replacing it")]
+    NotSetAside {
+        /// The cache.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+        /// Why the rename failed.
+        #[source]
+        error: io::Error,
+    },
+    /// The file could be read by other users; it holds private keys. Its mode was set to 0600.
+    #[error(
+        "the credential cache {path} was accessible to other users (mode {mode:04o}) and holds private keys; \
+         it is now 0600"
+    )]
+    TooOpen {
+        /// The cache.
+        path: PathBuf,
+        /// Its permission bits before.
+        mode: u32,
+    },
+}
+
+/// Where a credential came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A cache entry.
+    Cache,
+    /// The fetch function (and it was then stored, unless a warning said otherwise).
+    Fetched,
+}
+
+/// `credentials.yaml` at a path.
+#[derive(Debug, Clone)]
+pub struct CredentialCache {
+    path: PathBuf,
+    lock_timeout: Duration,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CacheFile {
+    #[serde(rename = "apiVersion", default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    credentials: Vec<Entry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Entry {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    creation_timestamp: Option<String>,
+    #[serde(default)]
+    last_used_timestamp: Option<String>,
+    #[serde(default)]
+    credential: Option<CredentialStatus>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<Entry>, D::Error> {
+    Ok(Option::<Vec<Entry>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+impl Entry {
+    fn expiry(&self) -> Option<OffsetDateTime> {
+        self.credential
+            .as_ref()?
+            .expiration_timestamp
+            .as_deref()
+            .and_then(timestamp::parse)
+    }
+
+    fn created(&self) -> Option<OffsetDateTime> {
+        self.creation_timestamp.as_deref().and_then(timestamp::parse)
+    }
+
+    /// Pinniped keeps an entry that has a credential and an expiry, has not expired, and was
+    /// created within the last hour. (An unparseable timestamp counts as missing.)
+    fn keep(&self, now: OffsetDateTime) -> bool {
+        let (Some(expiry), Some(created)) = (self.expiry(), self.created()) else {
+            return false;
+        };
+        expiry >= now && created >= now - MAX_AGE
+    }
+
+    fn usable(&self, now: OffsetDateTime) -> bool {
+        self.keep(now)
+            && self
+                .expiry()
+                .is_some_and(|expiry| expiry - now >= MIN_REMAINING_VALIDITY)
+            && self.credential.as_ref().is_some_and(CredentialStatus::is_usable)
+    }
+}
+
+impl CacheFile {
+    fn empty() -> Self {
+        Self {
+            api_version: API_VERSION.into(),
+            kind: KIND.into(),
+            credentials: Vec::new(),
+        }
+    }
+
+    /// Pinniped's `normalized`: stale entries dropped, the rest ordered by creation time.
+    fn normalize(&mut self, now: OffsetDateTime) {
+        self.credentials.retain(|entry| entry.keep(now));
+        self.credentials.sort_by_key(Entry::created);
+    }
+}
+
+impl CredentialCache {
+    /// The cache at `path` (it need not exist yet).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            lock_timeout: LOCK_TIMEOUT,
+        }
+    }
+
+    /// The same cache, waiting at most `timeout` for the lock.
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The cache file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `<file>.lock`.
+    pub fn lock_path(&self) -> PathBuf {
+        sibling(&self.path, ".lock")
+    }
+
+    /// `<file>.corrupt`, where an unreadable cache is moved.
+    pub fn aside_path(&self) -> PathBuf {
+        sibling(&self.path, ".corrupt")
+    }
+
+    /// The credential stored under `key` if it has at least [`MIN_REMAINING_VALIDITY`] left
+    /// (its last-used time is updated); otherwise the result of `fetch`, stored under `key`. The
+    /// lock is held from the read until the write, `fetch` included. Problems with the cache
+    /// itself go to `warn` and never fail the call: without a usable cache, `fetch` is simply
+    /// called. Fails only with `fetch`'s error, in which case nothing is stored.
+    pub async fn get_or_fetch<F, Fut, E>(
+        &self,
+        key: &str,
+        fetch: F,
+        warn: &mut (dyn FnMut(CacheWarning) + Send),
+    ) -> Result<(CredentialStatus, Source), E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<CredentialStatus, E>>,
+    {
+        let lock = match self.lock().await {
+            Ok(lock) => lock,
+            Err(warning) => {
+                warn(warning);
+                return fetch().await.map(|credential| (credential, Source::Fetched));
+            }
+        };
+        let mut file = match self.read(warn) {
+            Ok(file) => file,
+            Err(warning) => {
+                warn(warning);
+                drop(lock);
+                return fetch().await.map(|credential| (credential, Source::Fetched));
+            }
+        };
+        let now = timestamp::now();
+        file.normalize(now);
+        if let Some(entry) = file
+            .credentials
+            .iter_mut()
+            .find(|entry| entry.key == key && entry.usable(now))
+        {
+            entry.last_used_timestamp = Some(timestamp::format(now));
+            let credential = entry.credential.clone().unwrap_or_default();
+            if let Err(warning) = self.write(&file) {
+                warn(warning);
+            }
+            return Ok((credential, Source::Cache));
+        }
+
+        let credential = fetch().await?;
+        let now = timestamp::now();
+        let stamp = timestamp::format(now);
+        match file.credentials.iter_mut().find(|entry| entry.key == key) {
+            // Pinniped keeps the creation time of an entry it refreshes.
+            Some(entry) => {
+                entry.credential = Some(credential.clone());
+                entry.last_used_timestamp = Some(stamp);
+            }
+            None => file.credentials.push(Entry {
+                key: key.to_string(),
+                creation_timestamp: Some(stamp.clone()),
+                last_used_timestamp: Some(stamp),
+                credential: Some(credential.clone()),
+            }),
+        }
+        file.normalize(now);
+        if let Err(warning) = self.write(&file) {
+            warn(warning);
+        }
+        drop(lock);
+        Ok((credential, Source::Fetched))
+    }
+
+    /// Creates the directory (0700) and takes the exclusive lock, polling like gofrs/flock.
+    async fn lock(&self) -> Result<File, CacheWarning> {
+        let unusable = |action, error| CacheWarning::Unusable {
+            path: self.path.clone(),
+            action,
+            error,
+        };
+        if let Some(dir) = self.path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| unusable("creating its directory", e))?;
+        }
+        let lock_path = self.lock_path();
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| unusable("opening its lock file", e))?;
+        let deadline = tokio::time::Instant::now() + self.lock_timeout;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => return Ok(lock),
+                Err(fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(LOCK_POLL).await;
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(CacheWarning::LockTimeout {
+                        path: lock_path,
+                        timeout: self.lock_timeout,
+                    })
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(unusable("locking it", e)),
+            }
+        }
+    }
+
+    /// Reads the file (absent = empty). Unreadable content is set aside (a warning, then empty);
+    /// an IO error is returned as the reason not to use the cache at all.
+    fn read(&self, warn: &mut (dyn FnMut(CacheWarning) + Send)) -> Result<CacheFile, CacheWarning> {
+        let unusable = |action, error| CacheWarning::Unusable {
+            path: self.path.clone(),
+            action,
+            error,
+        };
+        let bytes = match fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CacheFile::empty()),
+            Err(e) => return Err(unusable("reading it", e)),
+        };
+        let mode = fs::metadata(&self.path)
+            .map_err(|e| unusable("reading its permissions", e))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            // Tightened now, not at the next write: a failed login writes nothing.
+            fs::set_permissions(&self.path, fs::Permissions::from_mode(0o600))
+                .map_err(|e| unusable("restricting its permissions to 0600", e))?;
+            warn(CacheWarning::TooOpen {
+                path: self.path.clone(),
+                mode: mode & 0o7777,
+            });
+        }
+        let problem = match serde_yaml::from_slice::<CacheFile>(&bytes) {
+            Ok(file) if file.api_version == API_VERSION && file.kind == KIND => return Ok(file),
+            Ok(file) => format!(
+                "is a {:?} of apiVersion {:?}, not a {KIND} of {API_VERSION}",
+                file.kind, file.api_version
+            ),
+            // The location only: serde's messages can quote content, and the content is secret.
+            Err(e) => match e.location() {
+                Some(at) => format!(
+                    "is not valid credential-cache YAML (line {} column {})",
+                    at.line(),
+                    at.column()
+                ),
+                None => "is not valid credential-cache YAML".to_string(),
+            },
+        };
+        let aside = self.aside_path();
+        match fs::rename(&self.path, &aside) {
+            Ok(()) => warn(CacheWarning::SetAside {
+                path: self.path.clone(),
+                aside,
+                reason: problem,
+            }),
+            Err(error) => warn(CacheWarning::NotSetAside {
+                path: self.path.clone(),
+                reason: problem,
+                error,
+            }),
+        }
+        Ok(CacheFile::empty())
+    }
+
+    /// Writes `file` to a private temporary sibling and renames it over the cache.
+    fn write(&self, file: &CacheFile) -> Result<(), CacheWarning> {
+        let unusable = |action, error| CacheWarning::Unusable {
+            path: self.path.clone(),
+            action,
+            error,
+        };
+        let yaml = serde_yaml::to_string(file)
+            .map_err(|e| unusable("serializing it", io::Error::other(e.to_string())))?;
+        let temporary = sibling(&self.path, &format!(".{}.tmp", std::process::id()));
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)
+            .and_then(|mut out| {
+                // A leftover temporary file of a dead process with this pid may have other bits.
+                out.set_permissions(fs::Permissions::from_mode(0o600))?;
+                out.write_all(yaml.as_bytes())
+            })
+            .and_then(|()| fs::rename(&temporary, &self.path));
+        written.map_err(|e| {
+            let _best_effort = fs::remove_file(&temporary);
+            unusable("writing it", e)
+        })
+    }
+}
+
+/// `path` with `suffix` appended to its file name.
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests;

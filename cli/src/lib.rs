@@ -1,0 +1,29 @@
+//! # selkie
+//!
+//! The command users meet: a kubectl exec credential plugin and admin CLI with the commands,
+//! flags and cache files of the pinniped CLI, so kubeconfigs written for `pinniped` work with
+//! `selkie` as the command and the two CLIs share `credentials.yaml`.
+//!
+//! * [`login_static`]: `selkie login static`, a static token, optionally exchanged for a
+//!   short-lived client certificate with the Concierge's TokenCredentialRequest ([`concierge`]).
+//! * [`exec`]: the client-go exec credential protocol (`KUBERNETES_EXEC_INFO` in, one
+//!   `ExecCredential` of the same version out on stdout).
+//! * [`cache`]: the credential cache, in Pinniped's format and locking, keyed the way Pinniped
+//!   keys it ([`gojson`] reproduces Go's JSON bytes for the key).
+//! * [`whoami`]: `selkie whoami`, a WhoAmIRequest with the kubeconfig's own credential
+//!   ([`kubeconfig`]: loading, contexts, client certificates, tokens and exec plugins).
+//! * [`version`]: `selkie version`.
+//!
+//! Everything the binary prints besides its answer goes to stderr as one line per message, and
+//! no message ever contains a token or a key.
+
+pub mod cache;
+pub mod concierge;
+pub mod exec;
+pub mod gojson;
+pub mod http;
+pub mod kubeconfig;
+pub mod login_static;
+pub mod timestamp;
+pub mod version;
+pub mod whoami;
