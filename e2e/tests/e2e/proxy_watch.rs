@@ -1,5 +1,6 @@
 //! Watches through the proxy are streams, not requests: kubectl's `get -w` through the proxy
-//! stays open while nothing happens and still delivers the next event.
+//! stays open while nothing happens and still delivers the next event, and more watches than one
+//! upstream HTTP/2 connection may carry are spread over several.
 
 use std::{process::Stdio, time::Duration};
 
@@ -70,5 +71,97 @@ async fn a_kubectl_watch_delivers_events_after_two_minutes_idle() -> anyhow::Res
         "the idle watch still delivers"
     );
     assert!(watch.try_wait()?.is_none(), "kubectl's watch is still running");
+    Ok(())
+}
+
+/// Watches held at once: three client connections, each at pingora's limit of 100 streams.
+const HELD_WATCHES: usize = 300;
+/// The proxy's HTTP/2 streams per upstream connection (config.rs), so 300 watches need at least
+/// three connections to kube-apiserver.
+const STREAMS_PER_UPSTREAM_CONNECTION: usize = 100;
+
+/// The value of the Prometheus sample `name` in `exposition`.
+fn sample(exposition: &str, name: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn more_watches_than_one_upstream_connection_carries_all_stay_open_and_deliver() -> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    use http_body_util::{BodyStream, Full};
+
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "proxy-many-watches").await?;
+    let user = format!("watcher-{namespace}");
+    crate::proxy_kubectl::grant_configmaps(cluster, &namespace, "User", &user).await?;
+    let proxy = Proxy::start(cluster, &[]).await?;
+    let credential = proxy.signer().issue_client(&user, &[])?;
+
+    let url = format!(
+        "{}/api/v1/namespaces/{namespace}/configmaps?watch=1&timeoutSeconds=60",
+        proxy.url()
+    );
+    let clients = (0..HELD_WATCHES / 100)
+        .map(|_| crate::proxy_kubectl::proxy_client(&proxy, Some(&credential), true))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let opened = futures::future::join_all((0..HELD_WATCHES).map(|i| {
+        let request = http::Request::get(&url).body(Full::new(bytes::Bytes::new()));
+        let client = &clients[i % clients.len()];
+        async move { anyhow::Ok(client.request(request?).await?) }
+    }))
+    .await;
+    let mut streams = Vec::with_capacity(HELD_WATCHES);
+    for response in opened {
+        let response = response?;
+        anyhow::ensure!(
+            response.status() == 200,
+            "a watch was answered {}",
+            response.status()
+        );
+        streams.push(BodyStream::new(response.into_body()));
+    }
+
+    let (_, metrics) = proxy.operations_get("/metrics").await?;
+    let upstream = sample(
+        &metrics,
+        "selkie_proxy_upstream_connections_total{connection=\"new\"}",
+    )
+    .ok_or_else(|| anyhow::anyhow!("no upstream connection count in:\n{metrics}"))?;
+    // At least one connection per 100 streams. Opened all at once, the watches get more than
+    // that: pingora's pool lends a connection to one caller at a time while it opens a stream, so
+    // simultaneous callers that find none open their own (about one per three watches here).
+    // They are still multiplexed: fewer connections than watches.
+    eprintln!("{HELD_WATCHES} watches over {upstream} new upstream connections");
+    assert!(
+        upstream >= (HELD_WATCHES / STREAMS_PER_UPSTREAM_CONNECTION) as f64 && upstream < HELD_WATCHES as f64,
+        "{HELD_WATCHES} held watches over {upstream} upstream connections"
+    );
+
+    // One event reaches every watch.
+    cluster
+        .kubectl()
+        .run(&["create", "configmap", "to-all", "-n", &namespace])
+        .await?;
+    let delivered = futures::future::join_all(streams.iter_mut().map(|stream| async move {
+        let mut seen = Vec::new();
+        while let Some(frame) = stream.next().await {
+            if let Ok(data) = frame?.into_data() {
+                seen.extend_from_slice(&data);
+                if seen.windows(6).any(|w| w == b"to-all") {
+                    return anyhow::Ok(());
+                }
+            }
+        }
+        anyhow::bail!("the watch ended before the event")
+    }));
+    let delivered = tokio::time::timeout(Duration::from_secs(30), delivered)
+        .await?
+        .into_iter()
+        .filter(Result::is_ok)
+        .count();
+    assert_eq!(delivered, HELD_WATCHES, "watches that saw the event");
     Ok(())
 }
