@@ -27,6 +27,7 @@ use serde::Deserialize;
 use crate::{
     concierge_api::{ConciergeApi, SignerConciergeApi},
     downstream::Timeouts,
+    headers::PreparedIdentity,
     snapshot::{Snapshot, TokenFile, Upstream, UpstreamCredential},
     tls::ServingCert,
 };
@@ -429,6 +430,7 @@ impl StaticConfig {
             client_certificates,
             chain: Chain::new(authenticators),
             upstream: Arc::new(self.upstream.build()?),
+            static_prepared: static_identity.clone().map(PreparedIdentity::new),
             static_identity,
             concierge_api,
         })

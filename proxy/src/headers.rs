@@ -9,8 +9,10 @@
 //!   for an authenticated user. A name that cannot be a header value (control characters) is an
 //!   error, never silently altered.
 
+use std::sync::Arc;
+
 use http::{HeaderMap, HeaderName, HeaderValue};
-use selkie_filters::identity::UserInfo;
+use selkie_filters::identity::{Identity, UserInfo};
 
 /// Header-name prefixes a client may never send upstream (lower case).
 const FORBIDDEN_PREFIXES: [&str; 2] = ["impersonate-", "x-remote-"];
@@ -163,6 +165,35 @@ pub fn impersonation_headers(user: &UserInfo) -> Result<Vec<(HeaderName, HeaderV
         }
     }
     Ok(headers)
+}
+
+/// `Impersonate-*` headers built once and shared by many requests.
+pub type SharedHeaders = Arc<[(HeaderName, HeaderValue)]>;
+
+/// An identity and its [`impersonation_headers`] (or the reason there are none), built once: per
+/// configuration snapshot for the static identity, per connection for a client certificate's
+/// identity. Requests acting as exactly this identity (the same `Arc`) reuse the headers instead
+/// of rebuilding them.
+#[derive(Debug, Clone)]
+pub struct PreparedIdentity {
+    /// The identity the headers were built from.
+    identity: Arc<Identity>,
+    /// `impersonation_headers(&identity.user)`, shared. Private, so the pair cannot disagree.
+    headers: Result<SharedHeaders, HeaderError>,
+}
+
+impl PreparedIdentity {
+    /// Builds the headers of `identity` now.
+    pub fn new(identity: Arc<Identity>) -> Self {
+        let headers = impersonation_headers(&identity.user).map(SharedHeaders::from);
+        Self { identity, headers }
+    }
+
+    /// The headers, if `identity` is the very identity (same allocation) they were built from;
+    /// `None` otherwise, so the caller builds them itself.
+    pub fn headers_for(&self, identity: &Arc<Identity>) -> Option<&Result<SharedHeaders, HeaderError>> {
+        Arc::ptr_eq(&self.identity, identity).then_some(&self.headers)
+    }
 }
 
 /// Percent-encodes an extra key as kube-apiserver decodes it (`url.PathUnescape`): bytes outside

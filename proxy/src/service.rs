@@ -28,13 +28,25 @@ use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
 use crate::{
     concierge_api::{who_am_i, ConciergeApi},
-    headers::{client_credentials, impersonation_headers, RequestedImpersonation},
+    headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
     metrics::{Active, Metrics, VerbClass},
     nested::{forbidden_message, plan, reserved_extra, NestedError},
     snapshot::{Snapshot, UpstreamCredential},
     status::{status_body, Failure},
     tls::PeerIdentity,
 };
+
+/// Appends a header upstream. pingora copies any `HeaderName` it is given into a new buffer to
+/// keep its case; the fixed `Impersonate-*` names go in as the same (lower-case) static strings,
+/// so the bytes on the wire are unchanged and nothing is copied.
+fn append_header(request: &mut RequestHeader, name: &HeaderName, value: HeaderValue) -> Result<bool> {
+    match name.as_str() {
+        "impersonate-user" => request.append_header("impersonate-user", value),
+        "impersonate-group" => request.append_header("impersonate-group", value),
+        "impersonate-uid" => request.append_header("impersonate-uid", value),
+        _ => request.append_header(name.clone(), value),
+    }
+}
 
 /// The paths anonymous callers may reach: creating TokenCredentialRequests and WhoAmIRequests.
 const ANONYMOUS_PATHS: [&str; 2] = [
@@ -73,6 +85,10 @@ pub struct RequestContext {
     effective: Option<Effective>,
     /// Headers to add upstream, computed once the caller is known.
     upstream_headers: Vec<(HeaderName, HeaderValue)>,
+    /// The `Impersonate-*` headers to add upstream when they were built once for the identity
+    /// (static identity: per snapshot; client certificate: per connection); added before
+    /// `upstream_headers`.
+    shared_headers: Option<SharedHeaders>,
     /// Why the request was refused, or which authenticators refused the credential.
     refusal: Option<String>,
     /// The authenticated caller, when it impersonates someone else (`kubectl --as`).
@@ -308,6 +324,7 @@ impl ProxyHttp for ImpersonationProxy {
             snapshot: None,
             effective: None,
             upstream_headers: Vec::new(),
+            shared_headers: None,
             refusal: None,
             original: None,
             verb_class: VerbClass::Other,
@@ -343,10 +360,16 @@ impl ProxyHttp for ImpersonationProxy {
             .digest()
             .and_then(|digest| digest.ssl_digest.as_ref())
             .and_then(|ssl| ssl.extension.get::<PeerIdentity>())
-            .and_then(|peer| match &peer.0 {
-                Outcome::Authenticated(identity) => Some(identity.clone()),
+            .and_then(|peer| match (&peer.0, &peer.1) {
+                (Outcome::Authenticated(identity), prepared) => Some((identity.clone(), prepared.clone())),
                 _ => None,
             });
+        // The identity whose headers were built ahead: the connection's certificate identity,
+        // else the static identity of the snapshot this request runs with.
+        let (certificate, prepared) = match certificate {
+            Some((identity, prepared)) => (Some(identity), prepared),
+            None => (None, snapshot.static_prepared.clone()),
+        };
         let decision = match (
             &certificate,
             session.req_header().headers.get(header::AUTHORIZATION),
@@ -447,13 +470,22 @@ impl ProxyHttp for ImpersonationProxy {
                 ctx.refusal = Some("identity carries a reserved extra key".into());
                 return refuse(session, Failure::UNAUTHORIZED).await;
             }
-            Effective::Impersonate(identity) => match impersonation_headers(&identity.user) {
-                Ok(headers) => upstream_headers = headers,
-                Err(error) => {
-                    ctx.refusal = Some(error.to_string());
-                    return refuse(session, Failure::UNAUTHORIZED).await;
+            Effective::Impersonate(identity) => {
+                let headers = match prepared
+                    .as_ref()
+                    .and_then(|prepared| prepared.headers_for(identity))
+                {
+                    Some(built) => built.clone(),
+                    None => impersonation_headers(&identity.user).map(SharedHeaders::from),
+                };
+                match headers {
+                    Ok(headers) => ctx.shared_headers = Some(headers),
+                    Err(error) => {
+                        ctx.refusal = Some(error.to_string());
+                        return refuse(session, Failure::UNAUTHORIZED).await;
+                    }
                 }
-            },
+            }
             Effective::PassThrough(_, token) => upstream_headers.push((header::AUTHORIZATION, token.clone())),
             Effective::Anonymous => {
                 upstream_headers.push((
@@ -513,8 +545,11 @@ impl ProxyHttp for ImpersonationProxy {
                 upstream_request.insert_header(header::AUTHORIZATION, token)?;
             }
         }
-        for (name, value) in ctx.upstream_headers.drain(..) {
-            upstream_request.append_header(name, value)?;
+        // By reference, not drained: should pingora retry the upstream request, the new attempt
+        // carries the same identity headers.
+        let shared = ctx.shared_headers.as_deref().unwrap_or_default();
+        for (name, value) in shared.iter().chain(&ctx.upstream_headers) {
+            append_header(upstream_request, name, value.clone())?;
         }
         Ok(())
     }

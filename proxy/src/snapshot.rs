@@ -8,7 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::concierge_api::ConciergeApi;
+use crate::{concierge_api::ConciergeApi, headers::PreparedIdentity};
 use arc_swap::ArcSwapOption;
 use http::HeaderValue;
 use pingora::{
@@ -186,6 +186,10 @@ pub struct Snapshot {
     /// Who callers without any credential act as (`staticIdentity`); `None` means they are
     /// anonymous and reach only the anonymous paths.
     pub static_identity: Option<Arc<Identity>>,
+    /// `static_identity` with its `Impersonate-*` headers built once for this snapshot. Must be
+    /// built from `static_identity` (same `Arc`); requests reuse the headers only when the
+    /// identity they act as is that very `Arc`, and build them themselves otherwise.
+    pub static_prepared: Option<PreparedIdentity>,
     /// When set, the proxy answers TokenCredentialRequest and WhoAmIRequest itself instead of
     /// forwarding them.
     pub concierge_api: Option<Arc<dyn ConciergeApi>>,

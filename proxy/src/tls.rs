@@ -28,11 +28,23 @@ use rustls::{
 };
 use selkie_filters::outcome::Outcome;
 
-use crate::snapshot::Snapshot;
+use crate::{headers::PreparedIdentity, snapshot::Snapshot};
 
-/// The identity of a connection's client certificate, as decided after the handshake.
+/// The identity of a connection's client certificate, as decided after the handshake, and (when
+/// it is an identity) its `Impersonate-*` headers, built once for the connection's lifetime.
 #[derive(Debug, Clone)]
-pub struct PeerIdentity(pub Outcome);
+pub struct PeerIdentity(pub Outcome, pub Option<PreparedIdentity>);
+
+impl PeerIdentity {
+    /// Records `outcome`, building the headers of an authenticated identity now.
+    pub fn new(outcome: Outcome) -> Self {
+        let prepared = match &outcome {
+            Outcome::Authenticated(identity) => Some(PreparedIdentity::new(identity.clone())),
+            _ => None,
+        };
+        Self(outcome, prepared)
+    }
+}
 
 /// Accepts any client certificate whose private key the client proves it holds; chain trust is
 /// decided per connection by [`IdentityCallback`]. Client certificates are optional.
@@ -124,7 +136,7 @@ impl TlsAccept for IdentityCallback {
             Some(x509) => x509.authenticate(chain),
             None => Outcome::NotMine,
         };
-        Some(Arc::new(PeerIdentity(outcome)))
+        Some(Arc::new(PeerIdentity::new(outcome)))
     }
 }
 

@@ -226,3 +226,36 @@ proptest! {
         prop_assert!(map.keys().all(|name| !is_client_credential(name)));
     }
 }
+
+#[test]
+fn prepared_headers_are_those_of_the_very_same_identity_only() {
+    let identity = |name: &str| {
+        Arc::new(Identity {
+            user: UserInfo {
+                username: name.into(),
+                groups: vec!["devs".into(), "ops".into()],
+                ..UserInfo::default()
+            },
+            authenticator: Arc::from("static"),
+            audiences: Vec::new(),
+            forwarding: selkie_filters::identity::Forwarding::Impersonate,
+        })
+    };
+    let alice = identity("alice");
+    let prepared = PreparedIdentity::new(alice.clone());
+    let built = prepared.headers_for(&alice).unwrap().as_ref().unwrap();
+    assert_eq!(&built[..], &impersonation_headers(&alice.user).unwrap()[..]);
+    // An equal identity in another allocation, or another identity, builds its own headers.
+    assert!(prepared.headers_for(&identity("alice")).is_none());
+    assert!(prepared.headers_for(&identity("bob")).is_none());
+    // A user that cannot be impersonated stays an error, shared like the headers.
+    let empty = identity("");
+    assert_eq!(
+        PreparedIdentity::new(empty.clone())
+            .headers_for(&empty)
+            .unwrap()
+            .clone()
+            .unwrap_err(),
+        HeaderError::Empty("user name")
+    );
+}
