@@ -205,12 +205,11 @@ impl Setup {
         ]
     }
 
-    /// A kubeconfig for the proxy whose user runs `command args` as its exec plugin, with the
+    /// A kubeconfig for the proxy whose user runs `selkie args` as its exec plugin, with the
     /// token in the plugin's environment.
     fn kubeconfig(
         &self,
         name: &str,
-        command: &Path,
         args: &[String],
         token: &str,
         api_version: &str,
@@ -218,7 +217,7 @@ impl Setup {
         let path = self.path(&format!("{name}.kubeconfig"));
         let exec = json!({"exec": {
             "apiVersion": api_version,
-            "command": command,
+            "command": self.selkie,
             "args": args,
             "env": [{"name": TOKEN_ENV, "value": token}],
             "provideClusterInfo": true,
@@ -355,13 +354,7 @@ async fn kubectl_logs_in_with_selkie_login_static_once_and_reuses_the_cached_cer
 ) -> anyhow::Result<()> {
     let setup = Setup::start("cli-static").await?;
     let cache = setup.path("credentials.yaml");
-    let kubeconfig = setup.kubeconfig(
-        "static",
-        &setup.selkie,
-        &setup.concierge_args(&cache),
-        &setup.token,
-        V1BETA1,
-    )?;
+    let kubeconfig = setup.kubeconfig("static", &setup.concierge_args(&cache), &setup.token, V1BETA1)?;
     let kubectl = setup.kubectl(&kubeconfig);
 
     setup.assert_whoami(&kubectl).await?;
@@ -526,13 +519,7 @@ async fn twenty_parallel_kubectl_invocations_on_a_cold_cache_make_one_token_cred
 ) -> anyhow::Result<()> {
     let setup = Setup::start("cli-parallel").await?;
     let cache = setup.path("credentials.yaml");
-    let kubeconfig = setup.kubeconfig(
-        "parallel",
-        &setup.selkie,
-        &setup.concierge_args(&cache),
-        &setup.token,
-        V1BETA1,
-    )?;
+    let kubeconfig = setup.kubeconfig("parallel", &setup.concierge_args(&cache), &setup.token, V1BETA1)?;
     let kubectl = setup.kubectl(&kubeconfig);
     let args = ["get", "configmaps", "-n", &setup.namespace];
     let runs = (0..20).map(|_| kubectl.output(&args, None));
@@ -559,13 +546,7 @@ async fn exec_credential_v1_and_the_bare_token_work_with_kubectl() -> anyhow::Re
     let setup = Setup::start("cli-v1").await?;
     // client.authentication.k8s.io/v1 with the Concierge: a certificate in a v1 ExecCredential.
     let cache = setup.path("credentials.yaml");
-    let v1 = setup.kubeconfig(
-        "v1",
-        &setup.selkie,
-        &setup.concierge_args(&cache),
-        &setup.token,
-        V1,
-    )?;
+    let v1 = setup.kubeconfig("v1", &setup.concierge_args(&cache), &setup.token, V1)?;
     setup.assert_whoami(&setup.kubectl(&v1)).await?;
     setup
         .assert_token_credential_requests(1, "v1 with the Concierge")
@@ -581,7 +562,7 @@ async fn exec_credential_v1_and_the_bare_token_work_with_kubectl() -> anyhow::Re
         format!("--credential-cache={}", bare_cache.display()),
     ];
     for (name, version) in [("bare-v1", V1), ("bare-v1beta1", V1BETA1)] {
-        let kubeconfig = setup.kubeconfig(name, &setup.selkie, &bare_args, &setup.token, version)?;
+        let kubeconfig = setup.kubeconfig(name, &bare_args, &setup.token, version)?;
         setup.assert_whoami(&setup.kubectl(&kubeconfig)).await?;
     }
     setup
@@ -599,13 +580,7 @@ async fn bad_input_fails_with_one_clear_line_and_a_damaged_cache_is_survived() -
     // token is nowhere in what was printed.
     let wrong_token = format!("wrong-{}-Kp3v", setup.namespace);
     let cache = setup.path("credentials.yaml");
-    let wrong = setup.kubeconfig(
-        "wrong",
-        &setup.selkie,
-        &setup.concierge_args(&cache),
-        &wrong_token,
-        V1BETA1,
-    )?;
+    let wrong = setup.kubeconfig("wrong", &setup.concierge_args(&cache), &wrong_token, V1BETA1)?;
     let failed = setup
         .kubectl(&wrong)
         .output(&["get", "configmaps", "-n", &setup.namespace], None)
@@ -637,13 +612,7 @@ async fn bad_input_fails_with_one_clear_line_and_a_damaged_cache_is_survived() -
     );
 
     // A corrupt cache is set aside with one warning; the login still works.
-    let good = setup.kubeconfig(
-        "good",
-        &setup.selkie,
-        &setup.concierge_args(&cache),
-        &setup.token,
-        V1BETA1,
-    )?;
+    let good = setup.kubeconfig("good", &setup.concierge_args(&cache), &setup.token, V1BETA1)?;
     let garbage = "credentials: [ {key: \n\u{0}\u{1} not yaml";
     std::fs::write(&cache, garbage)?;
     std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o600))?;

@@ -95,6 +95,15 @@ async fn unique(cluster: &Cluster, client: &Client) -> anyhow::Result<String> {
     Ok(cluster.create_namespace(client, "crds").await?)
 }
 
+/// The shared cluster with Selkie's CRDs installed, a client, and a [`unique`] name.
+async fn shared_cluster_with_crds() -> anyhow::Result<(&'static Cluster, Client, String)> {
+    let cluster = Cluster::shared().await?;
+    install_crds(cluster).await?;
+    let client = cluster.client().await?;
+    let id = unique(cluster, &client).await?;
+    Ok((cluster, client, id))
+}
+
 /// `kubectl apply -f -` of `yaml`, retried while discovery catches up with new CRDs.
 async fn apply(cluster: &Cluster, yaml: &str) -> anyhow::Result<String> {
     let kubectl = cluster.kubectl();
@@ -193,10 +202,7 @@ async fn crds_install_established_structural_with_pinnipeds_names() -> anyhow::R
 
 #[tokio::test]
 async fn pinniped_manifests_apply_unchanged_and_read_back_typed() -> anyhow::Result<()> {
-    let cluster = Cluster::shared().await?;
-    install_crds(cluster).await?;
-    let client = cluster.client().await?;
-    let id = unique(cluster, &client).await?;
+    let (cluster, client, id) = shared_cluster_with_crds().await?;
     let ca = ca_data(cluster);
 
     // Shaped like Pinniped's how-to guides, its install manifest and its blog posts.
@@ -463,10 +469,7 @@ async fn table(cluster: &Cluster, resource: &str, name: &str) -> anyhow::Result<
 
 #[tokio::test]
 async fn status_subresource_and_printer_columns() -> anyhow::Result<()> {
-    let cluster = Cluster::shared().await?;
-    install_crds(cluster).await?;
-    let client = cluster.client().await?;
-    let id = unique(cluster, &client).await?;
+    let (cluster, client, id) = shared_cluster_with_crds().await?;
     let params = PatchParams::default();
 
     // A JWTAuthenticator made with the typed API, its status written the way a reconciler will.
@@ -700,10 +703,7 @@ async fn status_subresource_and_printer_columns() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn invalid_objects_are_rejected_by_the_apiserver() -> anyhow::Result<()> {
-    let cluster = Cluster::shared().await?;
-    install_crds(cluster).await?;
-    let client = cluster.client().await?;
-    let id = unique(cluster, &client).await?;
+    let (cluster, _, id) = shared_cluster_with_crds().await?;
     let jwt = |name: &str, spec: &str| {
         format!(
             "apiVersion: authentication.concierge.pinniped.dev/v1alpha1\nkind: JWTAuthenticator\n\
