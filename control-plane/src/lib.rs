@@ -1,9 +1,29 @@
 //! # selkie-control-plane
 //!
-//! The Concierge's control plane. It will own the kube-rs reconcilers for the Concierge CRDs, the
-//! certificate authorities (client signer with overlapping rotation, serving CA), Service and
-//! load-balancer management, CredentialIssuer status, the aggregated TokenCredentialRequest and
-//! WhoAmIRequest API server, and the validated snapshots it publishes to the proxy. It knows
-//! nothing of pingora.
+//! The Concierge's control plane: it reads the Concierge's custom resources and Secrets from
+//! kube-apiserver (kube-rs), reports on them in their status, and publishes what the data plane
+//! needs as one validated, immutable value ([`published::Published`]) through a
+//! `tokio::sync::watch` channel. It knows nothing of pingora: the `selkie-concierge` binary turns
+//! what is published into the proxy's snapshot.
 //!
-//! Status: empty; the reconcilers arrive with the control-plane work.
+//! * [`config`]: the control plane's own configuration (namespace, object names, API group
+//!   suffix, listeners) and the group-suffixed API resources.
+//! * [`conditions`]: Pinniped's status conventions (phase + `metav1.Condition`s).
+//! * [`authenticators`]: JWTAuthenticator and WebhookAuthenticator reconcilers → the chain.
+//! * [`signing`]: where client certificates are signed — the cluster's signing key (a Secret or
+//!   files on a control-plane node) and Selkie's own signer CA, rotated with an overlap.
+//! * [`aggregated_api`]: the aggregated API server (TokenCredentialRequest, WhoAmIRequest)
+//!   behind kube-apiserver, with front-proxy authentication.
+//! * [`credential_issuer`]: the CredentialIssuer — impersonation proxy mode, its Services,
+//!   serving certificates and the status strategies clients read.
+//!
+//! Every failure of a custom resource is reported in that resource's status and never replaces a
+//! working configuration; nothing here logs a token or a key.
+
+pub mod aggregated_api;
+pub mod authenticators;
+pub mod conditions;
+pub mod config;
+pub mod credential_issuer;
+pub mod published;
+pub mod signing;

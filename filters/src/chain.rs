@@ -13,14 +13,16 @@ use crate::{
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
 /// A bearer-token authenticator of the chain. An enum rather than a trait object: dispatch is
-/// static and the per-request path allocates nothing for it.
-#[derive(Debug)]
+/// static and the per-request path allocates nothing for it. Cloning shares the authenticator
+/// (its key set and result cache): a control plane that rebuilds the chain when one
+/// authenticator changes keeps the others warm.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum TokenAuthenticator {
     /// JWTs from one issuer.
-    Jwt(Box<JwtAuthenticator>),
+    Jwt(Arc<JwtAuthenticator>),
     /// A TokenReview webhook, or kube-apiserver's own TokenReview (pass-through).
-    TokenReview(Box<TokenReviewAuthenticator>),
+    TokenReview(Arc<TokenReviewAuthenticator>),
 }
 
 impl TokenAuthenticator {
@@ -54,8 +56,9 @@ pub enum Decision {
     Unauthenticated(Vec<(Arc<str>, RejectReason)>),
 }
 
-/// Immutable once built; replace the whole chain (through an `ArcSwap`) to reconfigure.
-#[derive(Debug, Default)]
+/// Immutable once built; replace the whole chain (through an `ArcSwap`) to reconfigure. Cloning
+/// shares the authenticators.
+#[derive(Debug, Default, Clone)]
 pub struct Chain {
     token_authenticators: Vec<TokenAuthenticator>,
 }

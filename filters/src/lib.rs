@@ -14,7 +14,8 @@
 //!   Kubernetes' structured AuthenticationConfiguration), with CEL claim mappings and validation
 //!   rules compiled at configuration time ([`expression`]).
 //!
-//! [`signer`] issues the client certificates a TokenCredentialRequest returns.
+//! [`signer`] issues the client certificates a TokenCredentialRequest returns; [`login_api`]
+//! answers TokenCredentialRequest and WhoAmIRequest, for the proxy and the aggregated API alike.
 //!
 //! [`access_review`] asks kube-apiserver for authorization decisions (SubjectAccessReview), which
 //! the proxy needs to check nested impersonation.
@@ -27,6 +28,7 @@ pub mod expression;
 pub mod https;
 pub mod identity;
 pub mod jwt;
+pub mod login_api;
 pub mod outcome;
 pub mod review_cache;
 pub mod signer;

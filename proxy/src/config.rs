@@ -18,6 +18,7 @@ use selkie_filters::{
     https::ClientAuth,
     identity::{Forwarding, Identity, UserInfo},
     jwt::{AudienceMatchPolicy, ClaimMapping, JwtAuthenticator, JwtConfig},
+    login_api::{ConciergeApi, SignerConciergeApi},
     signer::ClientCertificateSigner,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
     x509::X509Authenticator,
@@ -25,7 +26,6 @@ use selkie_filters::{
 use serde::Deserialize;
 
 use crate::{
-    concierge_api::{ConciergeApi, SignerConciergeApi},
     downstream::Timeouts,
     headers::PreparedIdentity,
     snapshot::{Snapshot, TokenFile, Upstream, UpstreamCredential},
@@ -387,14 +387,14 @@ impl StaticConfig {
             config.audience_match_policy = Some(AudienceMatchPolicy::MatchAny);
             config.ca_bundle_pem = jwt.ca_file.as_deref().map(read_string).transpose()?;
             let authenticator = JwtAuthenticator::new(config).map_err(|e| invalid(&field, e))?;
-            authenticators.push(TokenAuthenticator::Jwt(Box::new(authenticator)));
+            authenticators.push(TokenAuthenticator::Jwt(Arc::new(authenticator)));
         }
         for (i, webhook) in self.webhook_authenticators.iter().enumerate() {
             let field = format!("webhookAuthenticators[{i}]");
             let mut config = TokenReviewConfig::new(&webhook.name, &webhook.endpoint);
             config.ca_bundle_pem = webhook.ca_file.as_deref().map(read_string).transpose()?;
             let authenticator = TokenReviewAuthenticator::new(config).map_err(|e| invalid(&field, e))?;
-            authenticators.push(TokenAuthenticator::TokenReview(Box::new(authenticator)));
+            authenticators.push(TokenAuthenticator::TokenReview(Arc::new(authenticator)));
         }
 
         let static_identity = match &self.static_identity {

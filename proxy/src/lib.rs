@@ -19,7 +19,6 @@
 //!
 //! It knows nothing of CRDs; the control plane publishes snapshots into the same `ArcSwap`.
 
-pub mod concierge_api;
 pub mod config;
 pub mod downstream;
 pub mod headers;

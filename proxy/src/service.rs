@@ -21,13 +21,13 @@ use selkie_filters::{
     access_review::AccessDecision,
     chain::Decision,
     identity::{Credential, Forwarding, Identity, UserInfo},
+    login_api::{who_am_i, ConciergeApi},
     outcome::Outcome,
 };
 
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
 use crate::{
-    concierge_api::{who_am_i, ConciergeApi},
     headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
     metrics::{Active, Metrics, VerbClass},
     nested::{forbidden_message, plan, reserved_extra, NestedError},

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::{concierge_api::ConciergeApi, headers::PreparedIdentity};
+use crate::headers::PreparedIdentity;
 use arc_swap::ArcSwapOption;
 use http::HeaderValue;
 use pingora::{
@@ -16,7 +16,8 @@ use pingora::{
     utils::tls::{CertKey, WrappedX509},
 };
 use selkie_filters::{
-    access_review::AccessReviewer, chain::Chain, identity::Identity, x509::X509Authenticator,
+    access_review::AccessReviewer, chain::Chain, identity::Identity, login_api::ConciergeApi,
+    x509::X509Authenticator,
 };
 
 /// How the proxy authenticates itself to kube-apiserver.

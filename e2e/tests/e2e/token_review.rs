@@ -116,7 +116,9 @@ async fn webhook_authenticator_accepts_a_real_service_account_token_and_refuses_
     );
 
     // Through the chain, as the proxy will call it.
-    let chain = Chain::new(vec![TokenAuthenticator::TokenReview(Box::new(webhook))]);
+    let chain = Chain::new(vec![TokenAuthenticator::TokenReview(std::sync::Arc::new(
+        webhook,
+    ))]);
     match chain.authenticate(Credential::BearerToken(&token)).await {
         Decision::Authenticated(identity) => assert_eq!(&*identity.authenticator, "apiserver-as-webhook"),
         other => anyhow::bail!("the chain refused a valid token: {other:?}"),

@@ -1,26 +1,31 @@
-//! TokenCredentialRequest and WhoAmIRequest answered by the proxy itself, so a client that
-//! reaches only the impersonation proxy (impersonation mode) can log in and ask who it is
-//! without kube-apiserver's aggregation layer.
+//! The Concierge's login API — TokenCredentialRequest and WhoAmIRequest — as one piece of logic
+//! that both front ends serve: the impersonation proxy (so a client that reaches only the proxy
+//! can log in and ask who it is) and the control plane's aggregated API server (reached through
+//! kube-apiserver).
 //!
-//! [`ConciergeApi`] is the seam: the control plane implements it with the cluster's signing key
-//! and its authenticator CRs; [`SignerConciergeApi`] is the static-configuration version, backed
-//! by the snapshot's chain and a signer CA. Both answer as Pinniped's aggregated API does: a
-//! failed login is still `201 Created`, with `status.message: "authentication failed"` and no
-//! detail, and identities with a UID or extras are refused (a client certificate cannot carry
-//! them).
+//! [`ConciergeApi`] is the seam; [`SignerConciergeApi`] implements it with the chain's
+//! authenticators and a [`ClientCertificateSigner`] that can be swapped while serving (the
+//! control plane installs the cluster's signing key when it has it, else its own signer CA).
+//! It answers as Pinniped's aggregated API does: a failed login is still `201 Created`, with
+//! `status.message: "authentication failed"` and no detail, and identities with a UID or extras
+//! are refused (a client certificate cannot carry them).
 
-use std::time::{Duration, SystemTime};
-
-use async_trait::async_trait;
-use selkie_api::{
-    identity::{KubernetesUserInfo, UserInfo as ApiUserInfo, WhoAmIRequest, WhoAmIRequestStatus},
-    login::{ClusterCredential, TokenCredentialRequest, TokenCredentialRequestStatus, AUTHENTICATION_FAILED},
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
 };
-use selkie_filters::{
+
+use crate::{
     chain::{Chain, TokenAuthenticator},
     identity::UserInfo,
     outcome::Outcome,
     signer::ClientCertificateSigner,
+};
+use arc_swap::ArcSwapOption;
+use async_trait::async_trait;
+use selkie_api::{
+    identity::{KubernetesUserInfo, UserInfo as ApiUserInfo, WhoAmIRequest, WhoAmIRequestStatus},
+    login::{ClusterCredential, TokenCredentialRequest, TokenCredentialRequestStatus, AUTHENTICATION_FAILED},
 };
 
 /// How long an issued certificate is valid (Pinniped's `clientCertificateTTL`).
@@ -31,7 +36,8 @@ pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
 /// The one extra a credential may carry; it names the credential, not the user.
 const CREDENTIAL_ID_EXTRA: &str = "authentication.kubernetes.io/credential-id";
 
-/// Answers the Concierge's login API. Runs once per TokenCredentialRequest that reaches the proxy.
+/// Answers the Concierge's login API. Runs once per TokenCredentialRequest that reaches the proxy
+/// or the aggregated API server.
 #[async_trait]
 pub trait ConciergeApi: Send + Sync + std::fmt::Debug {
     /// Authenticates `request.spec.token` with the authenticator `request.spec.authenticator`
@@ -45,23 +51,40 @@ pub trait ConciergeApi: Send + Sync + std::fmt::Debug {
 }
 
 /// [`ConciergeApi`] with a signer CA: 5-minute client certificates, backdated 5 minutes,
-/// `CN=<user>`, one `O` per group.
-#[derive(Debug)]
+/// `CN=<user>`, one `O` per group. Without a signer every request fails (fail closed), with
+/// the same opaque answer.
+#[derive(Debug, Default)]
 pub struct SignerConciergeApi {
-    signer: ClientCertificateSigner,
+    signer: ArcSwapOption<ClientCertificateSigner>,
 }
 
 impl SignerConciergeApi {
     /// Issues with `signer`.
     pub fn new(signer: ClientCertificateSigner) -> Self {
-        Self { signer }
+        Self {
+            signer: ArcSwapOption::from_pointee(signer),
+        }
+    }
+
+    /// Issues with `signer` from now on (`None`: refuse every request). Requests already signing
+    /// finish with the signer they loaded.
+    pub fn set_signer(&self, signer: Option<Arc<ClientCertificateSigner>>) {
+        self.signer.store(signer);
+    }
+
+    /// The signer in use, if any.
+    pub fn signer(&self) -> Option<Arc<ClientCertificateSigner>> {
+        self.signer.load_full()
     }
 
     fn issue(&self, user: &UserInfo) -> Option<ClusterCredential> {
+        let Some(signer) = self.signer.load_full() else {
+            tracing::warn!("no client certificate signer is available; the login is refused");
+            return None;
+        };
         let now = SystemTime::now();
         let expires = now + CLIENT_CERTIFICATE_TTL;
-        let issued = self
-            .signer
+        let issued = signer
             .issue(
                 &user.username,
                 &user.groups,
@@ -91,7 +114,6 @@ fn named<'a>(chain: &'a Chain, kind: &str, name: &str) -> Option<&'a TokenAuthen
         let kind_matches = match authenticator {
             TokenAuthenticator::Jwt(_) => kind == "JWTAuthenticator",
             TokenAuthenticator::TokenReview(_) => kind == "WebhookAuthenticator",
-            _ => false,
         };
         kind_matches && &**authenticator.name() == name
     })

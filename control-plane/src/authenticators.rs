@@ -1,0 +1,1 @@
+//! Placeholder: written by the control-plane work in progress.

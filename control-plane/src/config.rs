@@ -1,0 +1,253 @@
+//! The control plane's own configuration: where it runs, what its objects are called, which API
+//! group suffix it serves and where it listens. Read once at start-up (YAML, camelCase, unknown
+//! fields refused) from the file `selkie-concierge --control-plane FILE` names; every default is
+//! Pinniped's, so a Pinniped-shaped installation needs no settings at all.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use kube::{core::ApiResource, Resource};
+use selkie_api::group_suffix::{replace_group_suffix, validate_api_group_suffix, DEFAULT_API_GROUP_SUFFIX};
+use serde::Deserialize;
+
+/// The control plane's configuration. See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ControlPlaneConfig {
+    /// A kubeconfig to reach kube-apiserver with; the in-cluster service account (or
+    /// `$KUBECONFIG`) when absent.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace the Concierge runs in: its Secrets, Services and Lease live there.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// Pinniped's `apiGroupSuffix`: serve and watch `*.concierge.<suffix>` instead of
+    /// `*.concierge.pinniped.dev`.
+    #[serde(default = "default_api_group_suffix")]
+    pub api_group_suffix: String,
+    /// The prefix of every object the Concierge creates (Pinniped: `pinniped-concierge`).
+    #[serde(default = "default_name_prefix")]
+    pub name_prefix: String,
+    /// The name of the CredentialIssuer to maintain.
+    #[serde(default = "default_credential_issuer_name")]
+    pub credential_issuer_name: String,
+    /// This replica's name, for the leader-election Lease (the pod name in a cluster).
+    #[serde(default = "default_identity")]
+    pub identity: String,
+    /// The aggregated API server.
+    #[serde(default)]
+    pub aggregated_api: AggregatedApiConfig,
+    /// Where the cluster's own signing key comes from (the KubeClusterSigningCertificate
+    /// strategy); when absent only Selkie's signer CA issues credentials.
+    #[serde(default)]
+    pub cluster_signing_key: Option<ClusterSigningKeySource>,
+    /// The kube-apiserver URL clients use for TokenCredentialRequests
+    /// (`tokenCredentialRequestInfo.server`); read from `kube-public/cluster-info` when absent.
+    #[serde(default)]
+    pub discovery_url: Option<String>,
+}
+
+/// The aggregated API server (TokenCredentialRequest, WhoAmIRequest).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AggregatedApiConfig {
+    /// `host:port` to serve HTTPS on (Pinniped: `:10250`).
+    #[serde(default = "default_aggregated_listen")]
+    pub listen: SocketAddr,
+}
+
+impl Default for AggregatedApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_aggregated_listen(),
+        }
+    }
+}
+
+/// Where the cluster's client signing certificate and key are read from.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum ClusterSigningKeySource {
+    /// A Secret with `tls.crt` / `tls.key` (or `ca.crt` / `ca.key`), watched for changes.
+    Secret {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// PEM files on this node (kube-controller-manager's `--cluster-signing-cert-file` and
+    /// `--cluster-signing-key-file`), re-read when they change.
+    Files {
+        /// The CA certificate.
+        cert_file: PathBuf,
+        /// Its private key.
+        key_file: PathBuf,
+    },
+}
+
+fn default_namespace() -> String {
+    "pinniped-concierge".into()
+}
+
+fn default_api_group_suffix() -> String {
+    DEFAULT_API_GROUP_SUFFIX.into()
+}
+
+fn default_name_prefix() -> String {
+    "pinniped-concierge".into()
+}
+
+fn default_credential_issuer_name() -> String {
+    format!("{}-config", default_name_prefix())
+}
+
+fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("selkie-concierge-{}", std::process::id()))
+}
+
+fn default_aggregated_listen() -> SocketAddr {
+    SocketAddr::from(([0, 0, 0, 0], 10250))
+}
+
+/// Why the control plane's configuration cannot be used; the message names the field.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {error}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        error: std::io::Error,
+    },
+    /// The YAML is invalid or has unknown fields.
+    #[error("{path} is not a valid control-plane configuration: {error}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What serde said.
+        error: serde_yaml::Error,
+    },
+    /// A field has an unusable value.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ControlPlaneConfig {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let bytes = std::fs::read(path).map_err(|error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let config: Self = serde_yaml::from_slice(&bytes).map_err(|error| ConfigError::Parse {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the fields serde cannot: the suffix and the names.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_api_group_suffix(&self.api_group_suffix).map_err(|e| ConfigError::Invalid {
+            field: "apiGroupSuffix",
+            message: e.to_string(),
+        })?;
+        for (field, value) in [
+            ("namespace", &self.namespace),
+            ("namePrefix", &self.name_prefix),
+            ("credentialIssuerName", &self.credential_issuer_name),
+        ] {
+            if value.is_empty() {
+                return Err(ConfigError::Invalid {
+                    field,
+                    message: "must not be empty".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `group` (a default `*.pinniped.dev` group) with this installation's suffix.
+    pub fn group(&self, group: &str) -> String {
+        replace_group_suffix(group, &self.api_group_suffix).unwrap_or_else(|| group.to_string())
+    }
+
+    /// The API resource of the static type `K` under this installation's group suffix, for
+    /// `Api::all_with` / `Api::namespaced_with` over `DynamicObject`s (kube's typed `Api<K>`
+    /// always uses the compiled-in `pinniped.dev` group).
+    pub fn api_resource<K: Resource<DynamicType = ()>>(&self) -> ApiResource {
+        let mut resource = ApiResource::erase::<K>(&());
+        resource.group = self.group(&resource.group);
+        resource.api_version = format!("{}/{}", resource.group, resource.version);
+        resource
+    }
+
+    /// `<namePrefix>-<suffix>`: the name of an object the Concierge owns.
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.name_prefix)
+    }
+}
+
+impl Default for ControlPlaneConfig {
+    fn default() -> Self {
+        // An empty YAML document gives every default.
+        Self {
+            kubeconfig: None,
+            namespace: default_namespace(),
+            api_group_suffix: default_api_group_suffix(),
+            name_prefix: default_name_prefix(),
+            credential_issuer_name: default_credential_issuer_name(),
+            identity: default_identity(),
+            aggregated_api: AggregatedApiConfig::default(),
+            cluster_signing_key: None,
+            discovery_url: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use selkie_api::authentication::JWTAuthenticator;
+
+    use super::*;
+
+    #[test]
+    fn an_empty_file_gives_pinnipeds_names() {
+        let config: ControlPlaneConfig = serde_yaml::from_str("{}").unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.namespace, "pinniped-concierge");
+        assert_eq!(config.credential_issuer_name, "pinniped-concierge-config");
+        assert_eq!(config.name("api"), "pinniped-concierge-api");
+        assert_eq!(config.aggregated_api.listen.port(), 10250);
+    }
+
+    #[test]
+    fn the_group_suffix_rewrites_api_resources() {
+        let config: ControlPlaneConfig = serde_yaml::from_str("apiGroupSuffix: acme.example.com").unwrap();
+        config.validate().unwrap();
+        let resource = config.api_resource::<JWTAuthenticator>();
+        assert_eq!(resource.group, "authentication.concierge.acme.example.com");
+        assert_eq!(
+            resource.api_version,
+            "authentication.concierge.acme.example.com/v1alpha1"
+        );
+        assert_eq!(resource.plural, "jwtauthenticators");
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        let config: ControlPlaneConfig = serde_yaml::from_str("apiGroupSuffix: acme").unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.starts_with("apiGroupSuffix:"), "{error}");
+        assert!(serde_yaml::from_str::<ControlPlaneConfig>("namspace: x").is_err());
+    }
+}
