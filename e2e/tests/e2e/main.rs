@@ -3,8 +3,13 @@
 //! tests of the harness's own start-up and shutdown start private clusters.
 
 mod aggregation;
+mod cli_oidc;
 mod cli_static;
 mod cluster_basics;
+mod concierge_aggregated_api;
+mod concierge_authenticators;
+mod concierge_credential_issuer;
+mod concierge_process;
 mod crds;
 mod harness_failures;
 mod harness_lifecycle;

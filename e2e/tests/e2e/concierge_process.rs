@@ -1,0 +1,1 @@
+//! Placeholder: end-to-end tests of work in progress.
