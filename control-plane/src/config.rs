@@ -3,7 +3,7 @@
 //! fields refused) from the file `selkie-concierge --control-plane FILE` names; every default is
 //! Pinniped's, so a Pinniped-shaped installation needs no settings at all.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf};
 
 use kube::{core::ApiResource, Resource};
 use selkie_api::group_suffix::{replace_group_suffix, validate_api_group_suffix, DEFAULT_API_GROUP_SUFFIX};
@@ -44,6 +44,15 @@ pub struct ControlPlaneConfig {
     /// (`tokenCredentialRequestInfo.server`); read from `kube-public/cluster-info` when absent.
     #[serde(default)]
     pub discovery_url: Option<String>,
+    /// Labels put on every object the Concierge creates (Pinniped's `labels`); the value of the
+    /// `app` label also selects the Concierge's pods in the Services in front of the
+    /// impersonation proxy.
+    #[serde(default = "default_labels")]
+    pub labels: BTreeMap<String, String>,
+    /// The port the impersonation proxy listens on in each pod, which is the target port of the
+    /// Services in front of it (Pinniped's `impersonationProxyServerPort`: 8444).
+    #[serde(default = "default_impersonation_proxy_port")]
+    pub impersonation_proxy_port: u16,
 }
 
 /// The aggregated API server (TokenCredentialRequest, WhoAmIRequest).
@@ -104,6 +113,14 @@ fn default_identity() -> String {
     std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| format!("selkie-concierge-{}", std::process::id()))
+}
+
+fn default_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([("app".to_string(), default_name_prefix())])
+}
+
+fn default_impersonation_proxy_port() -> u16 {
+    8444
 }
 
 fn default_aggregated_listen() -> SocketAddr {
@@ -210,6 +227,8 @@ impl Default for ControlPlaneConfig {
             aggregated_api: AggregatedApiConfig::default(),
             cluster_signing_key: None,
             discovery_url: None,
+            labels: default_labels(),
+            impersonation_proxy_port: default_impersonation_proxy_port(),
         }
     }
 }
