@@ -10,6 +10,7 @@
 //!   suffix, listeners) and the group-suffixed API resources.
 //! * [`conditions`]: Pinniped's status conventions (phase + `metav1.Condition`s).
 //! * [`authenticators`]: JWTAuthenticator and WebhookAuthenticator reconcilers → the chain.
+//! * [`certs`]: generated CAs and serving certificates (rcgen, P-256, PEM).
 //! * [`signing`]: where client certificates are signed — the cluster's signing key (a Secret or
 //!   files on a control-plane node) and Selkie's own signer CA, rotated with an overlap.
 //! * [`aggregated_api`]: the aggregated API server (TokenCredentialRequest, WhoAmIRequest)
@@ -22,6 +23,7 @@
 
 pub mod aggregated_api;
 pub mod authenticators;
+pub mod certs;
 pub mod conditions;
 pub mod config;
 pub mod credential_issuer;
