@@ -18,6 +18,8 @@
 //! * [`credential_issuer`]: the CredentialIssuer — impersonation proxy mode, its Services,
 //!   serving certificates and the status strategies clients read.
 //!
+//! * [`leader`]: the Lease that makes one replica the writer; every replica serves.
+//!
 //! Every failure of a custom resource is reported in that resource's status and never replaces a
 //! working configuration; nothing here logs a token or a key.
 
@@ -27,5 +29,6 @@ pub mod certs;
 pub mod conditions;
 pub mod config;
 pub mod credential_issuer;
+pub mod leader;
 pub mod published;
 pub mod signing;
