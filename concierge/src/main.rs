@@ -1,7 +1,10 @@
 //! `selkie-concierge`: runs the impersonation proxy from a static configuration file
-//! (`--config FILE`, see `conf/proxy.example.yaml`). The file, the serving certificate and the
-//! upstream token file are watched: a valid change is swapped in without a restart, an invalid one
-//! is logged and the running configuration stays.
+//! (`--config FILE`, see `conf/proxy.example.yaml`), and with `--control-plane FILE` the
+//! Concierge's control plane in the same process (see [`control_plane`]): authenticators from
+//! JWTAuthenticator / WebhookAuthenticator resources, the proxy's certificate and mode from the
+//! CredentialIssuer, and the aggregated TokenCredentialRequest / WhoAmIRequest API. The file, the
+//! serving certificate and the upstream token file are watched: a valid change is swapped in
+//! without a restart, an invalid one is logged and the running configuration stays.
 //!
 //! With `operationsListen` set, `/healthz`, `/readyz` and `/metrics` are served there. SIGTERM
 //! makes `/readyz` answer 503 at once, keeps serving for `shutdown.gracePeriodSeconds`, then
@@ -9,10 +12,12 @@
 //! `shutdown.drainTimeoutSeconds`; the process exits 0 as soon as none is left (or when the drain
 //! timeout cuts the rest). SIGINT stops at once.
 
+mod control_plane;
+
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
@@ -28,7 +33,7 @@ use pingora::{
 };
 use prometheus_client::registry::Registry;
 use selkie_proxy::{
-    config::{ShutdownConfig, StaticConfig},
+    config::{Extension, ShutdownConfig, StaticConfig},
     metrics::Metrics,
     operations::{Health, Operations},
     service::ImpersonationProxy,
@@ -53,6 +58,11 @@ struct Args {
     /// The static proxy configuration (YAML).
     #[arg(long, env = "SELKIE_CONFIG")]
     config: PathBuf,
+    /// Run the control plane too, configured by this file (YAML; `{}` for Pinniped's defaults):
+    /// authenticators and the proxy's certificate come from the cluster's custom resources, and
+    /// the aggregated TokenCredentialRequest / WhoAmIRequest API is served.
+    #[arg(long, env = "SELKIE_CONTROL_PLANE")]
+    control_plane: Option<PathBuf>,
     /// How often the configuration, certificate and token files are checked for changes.
     #[arg(long, default_value = "2s", value_parser = selkie_proxy::config::parse_duration)]
     watch_interval: Duration,
@@ -62,35 +72,83 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// The files a configuration depends on: the file itself and the serving certificate and key.
-fn watched_files(path: &Path, config: &StaticConfig) -> [PathBuf; 3] {
-    [
-        path.to_path_buf(),
-        config.serving_certificate.cert_file.clone(),
-        config.serving_certificate.key_file.clone(),
-    ]
+/// The files a configuration depends on: the file itself and, when the file provides the
+/// serving certificate, its certificate and key.
+fn watched_files(path: &Path, config: &StaticConfig) -> Vec<PathBuf> {
+    let mut files = vec![path.to_path_buf()];
+    if let Some(serving) = &config.serving_certificate {
+        files.push(serving.cert_file.clone());
+        files.push(serving.key_file.clone());
+    }
+    files
+}
+
+/// Builds the proxy's snapshot from its two sources — the static file and, with a control
+/// plane, what the control plane publishes — and stores it whenever either changes. Each source
+/// keeps its last valid state: a broken file keeps the running configuration, and a control-plane
+/// change never re-reads the file's upstream (its connections stay warm).
+struct Composer {
+    snapshot: Arc<ArcSwap<Snapshot>>,
+    state: Mutex<ComposerState>,
+}
+
+struct ComposerState {
+    config: StaticConfig,
+    extension: Extension,
+}
+
+impl Composer {
+    fn new(config: StaticConfig, extension: Extension) -> anyhow::Result<Self> {
+        let snapshot = Arc::new(ArcSwap::from_pointee(config.snapshot_with(&extension, None)?));
+        Ok(Self {
+            snapshot,
+            state: Mutex::new(ComposerState { config, extension }),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ComposerState> {
+        // A panic while holding the lock cannot leave the state half-written (it is replaced
+        // whole), so a poisoned lock is still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The file changed: rebuild everything from it (a new upstream included). Fails, keeping the
+    /// running snapshot, if the new file is invalid.
+    fn file_changed(&self, config: StaticConfig) -> Result<(), selkie_proxy::config::ConfigError> {
+        let mut state = self.state();
+        let next = config.snapshot_with(&state.extension, None)?;
+        self.snapshot.store(Arc::new(next));
+        state.config = config;
+        Ok(())
+    }
+
+    /// The control plane published: rebuild with the file as it is and the running upstream.
+    fn extension_changed(&self, extension: Extension) -> Result<(), selkie_proxy::config::ConfigError> {
+        let mut state = self.state();
+        let upstream = self.snapshot.load().upstream.clone();
+        let next = state.config.snapshot_with(&extension, Some(upstream))?;
+        self.snapshot.store(Arc::new(next));
+        state.extension = extension;
+        Ok(())
+    }
 }
 
 /// Polls the files the running configuration depends on and, when one changes, rebuilds and swaps
 /// in what is valid. Nothing is parsed while nothing changes, and a broken change is reported
-/// once, not at every poll.
-fn watch(
-    path: PathBuf,
-    interval: Duration,
-    initial: &StaticConfig,
-    snapshot: Arc<ArcSwap<Snapshot>>,
-    serving: Arc<ServingCert>,
-) {
-    let mut files = watched_files(&path, initial);
-    let mut seen = files.each_ref().map(|file| modified(file));
+/// once, not at every poll. `serving` is `None` when a control plane provides the certificate.
+fn watch(path: PathBuf, interval: Duration, composer: Arc<Composer>, serving: Option<Arc<ServingCert>>) {
+    let mut files = watched_files(&path, &composer.state().config);
+    let mut seen: Vec<_> = files.iter().map(|file| modified(file)).collect();
     loop {
         std::thread::sleep(interval);
-        if let UpstreamCredential::TokenFile(token) = &snapshot.load().upstream.credential {
+        if let UpstreamCredential::TokenFile(token) = &composer.snapshot.load().upstream.credential {
             if let Err(error) = token.refresh() {
                 tracing::warn!(%error, "the upstream token file could not be re-read; keeping the previous token");
             }
         }
-        let now = files.each_ref().map(|file| modified(file));
+        let now: Vec<_> = files.iter().map(|file| modified(file)).collect();
         if now == seen {
             continue;
         }
@@ -102,23 +160,22 @@ fn watch(
                 continue;
             }
         };
-        match config.snapshot() {
-            Ok(next) => {
-                snapshot.store(Arc::new(next));
-                tracing::info!(config = %path.display(), "configuration reloaded");
-            }
-            Err(error) => {
-                tracing::warn!(%error, "the changed configuration is invalid; keeping the running one");
-                continue;
-            }
+        let serving_key = serving.as_ref().map(|_| config.serving_key());
+        if let Err(error) = composer.file_changed(config.clone()) {
+            tracing::warn!(%error, "the changed configuration is invalid; keeping the running one");
+            continue;
         }
-        match config.serving_certificate.serving_key() {
-            Ok(cert) => serving.replace(cert),
-            Err(error) => tracing::warn!(%error, "the serving certificate could not be reloaded"),
+        tracing::info!(config = %path.display(), "configuration reloaded");
+        match (serving.as_ref(), serving_key) {
+            (Some(serving), Some(Ok(cert))) => serving.replace(cert),
+            (Some(_), Some(Err(error))) => {
+                tracing::warn!(%error, "the serving certificate could not be reloaded")
+            }
+            _ => {}
         }
         // The certificate may have moved: watch the files the new configuration names.
         files = watched_files(&path, &config);
-        seen = files.each_ref().map(|file| modified(file));
+        seen = files.iter().map(|file| modified(file)).collect();
     }
 }
 
@@ -273,8 +330,25 @@ fn main() -> anyhow::Result<()> {
     let operations = config.operations_address()?;
     let shutdown = config.shutdown.clone();
     ensure_bindable(listen, operations)?;
-    let snapshot = Arc::new(ArcSwap::from_pointee(config.snapshot()?));
-    let serving = Arc::new(ServingCert::new(config.serving_certificate.serving_key()?));
+    // With a control plane, the proxy serves only once the CredentialIssuer enables it and its
+    // certificate exists; the control plane's login API answers TokenCredentialRequests.
+    let control_plane = args
+        .control_plane
+        .as_deref()
+        .map(control_plane::ControlPlane::load)
+        .transpose()?;
+    let (serving, extension) = match &control_plane {
+        Some(control_plane) => (
+            Arc::new(ServingCert::disabled()),
+            control_plane.initial_extension(),
+        ),
+        None => (
+            Arc::new(ServingCert::new(config.serving_key()?)),
+            Extension::default(),
+        ),
+    };
+    let composer = Arc::new(Composer::new(config.clone(), extension)?);
+    let snapshot = composer.snapshot.clone();
 
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -310,10 +384,17 @@ fn main() -> anyhow::Result<()> {
 
     let interval = args.watch_interval;
     let config_path = args.config.clone();
-    std::thread::Builder::new()
-        .name("config-watch".into())
-        .spawn(move || watch(config_path, interval, &config, snapshot, serving))
-        .context("starting the configuration watcher")?;
+    {
+        let composer = composer.clone();
+        let serving = control_plane.is_none().then(|| serving.clone());
+        std::thread::Builder::new()
+            .name("config-watch".into())
+            .spawn(move || watch(config_path, interval, composer, serving))
+            .context("starting the configuration watcher")?;
+    }
+    if let Some(control_plane) = control_plane {
+        control_plane.start(composer, serving)?;
+    }
 
     tracing::info!(%listen, operations = ?operations, "selkie-concierge listening");
     server.run(RunArgs {

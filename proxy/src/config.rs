@@ -45,7 +45,10 @@ pub struct StaticConfig {
     #[serde(default)]
     pub shutdown: ShutdownConfig,
     /// The listener's certificate (PEM chain, leaf first) and key; re-read when they change.
-    pub serving_certificate: CertFiles,
+    /// Required unless a control plane provides the certificate (`selkie-concierge
+    /// --control-plane`), in which case it is ignored.
+    #[serde(default)]
+    pub serving_certificate: Option<CertFiles>,
     /// How long clients may take to send a request head and may stay idle. Read at start-up.
     #[serde(default)]
     pub timeouts: Timeouts,
@@ -334,6 +337,14 @@ where
 }
 
 impl StaticConfig {
+    /// The serving certificate and key, read now; an error if none is configured.
+    pub fn serving_key(&self) -> Result<rustls::sign::CertifiedKey, ConfigError> {
+        self.serving_certificate
+            .as_ref()
+            .ok_or_else(|| invalid("servingCertificate", "is required without a control plane"))?
+            .serving_key()
+    }
+
     /// Parses the file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         serde_yaml::from_slice(&read(path)?).map_err(|error| ConfigError::Parse {
@@ -363,14 +374,27 @@ impl StaticConfig {
 
     /// Builds and validates the snapshot. Reads every referenced file; does no network IO.
     pub fn snapshot(&self) -> Result<Snapshot, ConfigError> {
-        let client_certificates = if self.client_certificate_ca_files.is_empty() {
+        self.snapshot_with(&Extension::default(), None)
+    }
+
+    /// Builds and validates the snapshot of this file extended by `extension` (what a control
+    /// plane adds). `upstream`, when given, is reused instead of building a new one from
+    /// `upstream:` (its connections and caches stay warm); pass it only when this configuration's
+    /// `upstream:` is the one it was built from. Reads every referenced file; does no network IO.
+    pub fn snapshot_with(
+        &self,
+        extension: &Extension,
+        upstream: Option<Arc<Upstream>>,
+    ) -> Result<Snapshot, ConfigError> {
+        let mut bundles = self
+            .client_certificate_ca_files
+            .iter()
+            .map(|path| read_string(path))
+            .collect::<Result<Vec<_>, _>>()?;
+        bundles.extend(extension.client_ca_pems.iter().cloned());
+        let client_certificates = if bundles.is_empty() {
             None
         } else {
-            let bundles = self
-                .client_certificate_ca_files
-                .iter()
-                .map(|path| read_string(path))
-                .collect::<Result<Vec<_>, _>>()?;
             let bundles: Vec<&str> = bundles.iter().map(String::as_str).collect();
             Some(
                 X509Authenticator::new("client-certificate", &bundles, Duration::from_secs(60))
@@ -396,6 +420,7 @@ impl StaticConfig {
             let authenticator = TokenReviewAuthenticator::new(config).map_err(|e| invalid(&field, e))?;
             authenticators.push(TokenAuthenticator::TokenReview(Arc::new(authenticator)));
         }
+        authenticators.extend(extension.chain.token_authenticators().iter().cloned());
 
         let static_identity = match &self.static_identity {
             Some(config) if config.username.is_empty() => {
@@ -414,8 +439,9 @@ impl StaticConfig {
             None => None,
         };
 
-        let concierge_api = match &self.credential_signer {
-            Some(files) => {
+        let concierge_api = match (&extension.concierge_api, &self.credential_signer) {
+            (Some(api), _) => Some(api.clone()),
+            (None, Some(files)) => {
                 let signer = ClientCertificateSigner::from_pem(
                     &read_string(&files.cert_file)?,
                     &read_string(&files.key_file)?,
@@ -423,18 +449,33 @@ impl StaticConfig {
                 .map_err(|e| invalid("credentialSigner", e))?;
                 Some(Arc::new(SignerConciergeApi::new(signer)) as Arc<dyn ConciergeApi>)
             }
-            None => None,
+            (None, None) => None,
         };
 
+        let upstream = match upstream {
+            Some(upstream) => upstream,
+            None => Arc::new(self.upstream.build()?),
+        };
         Ok(Snapshot {
             client_certificates,
             chain: Chain::new(authenticators),
-            upstream: Arc::new(self.upstream.build()?),
+            upstream,
             static_prepared: static_identity.clone().map(PreparedIdentity::new),
             static_identity,
             concierge_api,
         })
     }
+}
+
+/// What a control plane adds to the static configuration's snapshot.
+#[derive(Debug, Default, Clone)]
+pub struct Extension {
+    /// Token authenticators tried after the file's own.
+    pub chain: Chain,
+    /// PEM CA bundles whose client certificates identify users, besides the file's.
+    pub client_ca_pems: Vec<String>,
+    /// Answers TokenCredentialRequest and WhoAmIRequest instead of the file's `credentialSigner`.
+    pub concierge_api: Option<Arc<dyn ConciergeApi>>,
 }
 
 impl UpstreamConfig {

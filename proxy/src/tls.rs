@@ -12,7 +12,7 @@
 
 use std::{any::Any, sync::Arc};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use async_trait::async_trait;
 use pingora::{listeners::TlsAccept, protocols::tls::TlsRef};
 use rustls::{
@@ -155,10 +155,12 @@ pub enum ServingCertError {
     Unusable(String),
 }
 
-/// The serving certificate, replaceable at any time; new handshakes use the newest one.
+/// The serving certificate, replaceable at any time; new handshakes use the newest one. While
+/// it is disabled ([`ServingCert::disable`]) every handshake fails (the control plane's
+/// CredentialIssuer turned the proxy off, or has no certificate for it yet).
 #[derive(Debug)]
 pub struct ServingCert {
-    current: ArcSwap<CertifiedKey>,
+    current: ArcSwapOption<CertifiedKey>,
 }
 
 impl ServingCert {
@@ -183,18 +185,35 @@ impl ServingCert {
     /// Starts with `initial`.
     pub fn new(initial: CertifiedKey) -> Self {
         Self {
-            current: ArcSwap::from_pointee(initial),
+            current: ArcSwapOption::from_pointee(initial),
         }
     }
 
-    /// Replaces the certificate for every later handshake.
+    /// Starts disabled: handshakes fail until a certificate is installed.
+    pub fn disabled() -> Self {
+        Self {
+            current: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Replaces the certificate for every later handshake (and enables serving).
     pub fn replace(&self, next: CertifiedKey) {
-        self.current.store(Arc::new(next));
+        self.current.store(Some(Arc::new(next)));
+    }
+
+    /// Makes every later handshake fail; connections already open are not touched.
+    pub fn disable(&self) {
+        self.current.store(None);
+    }
+
+    /// Whether handshakes currently succeed.
+    pub fn is_enabled(&self) -> bool {
+        self.current.load().is_some()
     }
 }
 
 impl ResolvesServerCert for ServingCert {
     fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.load_full())
+        self.current.load_full()
     }
 }

@@ -1,0 +1,209 @@
+//! The control plane inside `selkie-concierge` (`--control-plane FILE`): it runs on a tokio
+//! runtime of its own thread beside pingora's, and everything it publishes is turned into the
+//! proxy's snapshot (authenticators, trusted client CAs, the login API) and serving certificate
+//! (or none, which makes the proxy refuse handshakes while the CredentialIssuer disables it).
+//!
+//! Started here: leader election (one replica writes; all serve), the signers, the authenticator
+//! reconcilers, the CredentialIssuer controller and the aggregated API server. A component that
+//! ends with an error is logged and the process exits non-zero, so Kubernetes restarts it rather
+//! than leaving a replica that silently stopped reconciling.
+
+use std::{path::Path, sync::Arc};
+
+use anyhow::Context as _;
+use kube::{
+    config::{KubeConfigOptions, Kubeconfig},
+    Client, Config,
+};
+use selkie_control_plane::{
+    aggregated_api, authenticators,
+    config::ControlPlaneConfig,
+    credential_issuer, leader,
+    published::{Published, Publisher},
+    signing,
+};
+use selkie_filters::login_api::ConciergeApi;
+use selkie_proxy::{config::Extension, tls::ServingCert};
+use tokio::sync::watch;
+
+use crate::Composer;
+
+/// A loaded control-plane configuration and the publisher its components will share.
+pub(crate) struct ControlPlane {
+    config: Arc<ControlPlaneConfig>,
+    publisher: Publisher,
+}
+
+impl ControlPlane {
+    /// Reads and validates the control-plane configuration file.
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            config: Arc::new(ControlPlaneConfig::load(path)?),
+            publisher: Publisher::new(),
+        })
+    }
+
+    /// What the proxy starts with before anything is published: no authenticators or CAs yet,
+    /// and the control plane's login API (which refuses logins until a signer is read).
+    pub(crate) fn initial_extension(&self) -> Extension {
+        extension(&self.publisher, &self.publisher.current())
+    }
+
+    /// Starts the control plane on a thread of its own. Fails if its runtime cannot be built or
+    /// kube-apiserver's client cannot be configured; later failures end the process.
+    pub(crate) fn start(self, composer: Arc<Composer>, serving: Arc<ServingCert>) -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("control-plane")
+            .enable_all()
+            .build()
+            .context("building the control plane's runtime")?;
+        std::thread::Builder::new()
+            .name("control-plane".into())
+            .spawn(move || {
+                if let Err(error) = runtime.block_on(self.run(composer, serving)) {
+                    tracing::error!(error = format!("{error:#}"), "the control plane stopped");
+                    std::process::exit(1);
+                }
+            })
+            .context("starting the control plane's thread")?;
+        Ok(())
+    }
+
+    async fn run(self, composer: Arc<Composer>, serving: Arc<ServingCert>) -> anyhow::Result<()> {
+        let Self { config, publisher } = self;
+        let client = client(&config).await?;
+        let (leader_sender, leader) = watch::channel(false);
+        tracing::info!(
+            namespace = %config.namespace,
+            identity = %config.identity,
+            api_group_suffix = %config.api_group_suffix,
+            "control plane starting"
+        );
+
+        let mut tasks = tokio::task::JoinSet::new();
+        {
+            let (client, config) = (client.clone(), config.clone());
+            tasks.spawn(async move {
+                leader::run(client, &config, leader_sender).await;
+                anyhow::Ok(())
+            });
+        }
+        {
+            let (client, config, publisher, leader) =
+                (client.clone(), config.clone(), publisher.clone(), leader.clone());
+            tasks.spawn(async move {
+                let writer = {
+                    let (client, config) = (client.clone(), config.clone());
+                    move |strategy| {
+                        let (client, config) = (client.clone(), config.clone());
+                        async move {
+                            credential_issuer::set_strategy(&client, &config, strategy)
+                                .await
+                                .map_err(|e| e.to_string())
+                        }
+                    }
+                };
+                signing::run(client, config, publisher, leader, writer).await;
+                anyhow::Ok(())
+            });
+        }
+        {
+            let (client, config, publisher, leader) =
+                (client.clone(), config.clone(), publisher.clone(), leader.clone());
+            tasks.spawn(async move {
+                authenticators::run(client, config, publisher, leader)
+                    .await
+                    .context("the authenticator reconcilers")
+            });
+        }
+        {
+            let (client, config, publisher, leader) =
+                (client.clone(), config.clone(), publisher.clone(), leader.clone());
+            tasks.spawn(async move {
+                credential_issuer::run(client, config, publisher, leader)
+                    .await
+                    .context("the CredentialIssuer controller")
+            });
+        }
+        {
+            let (client, config, publisher, leader) =
+                (client.clone(), config.clone(), publisher.clone(), leader.clone());
+            tasks.spawn(async move {
+                aggregated_api::serve(client, config, publisher, leader, std::future::pending::<()>())
+                    .await
+                    .context("the aggregated API server")
+            });
+        }
+        tasks.spawn(bridge(publisher, composer, serving));
+
+        match tasks.join_next().await {
+            Some(Ok(Ok(()))) | None => anyhow::bail!("a control-plane component ended"),
+            Some(Ok(Err(error))) => Err(error),
+            Some(Err(error)) => Err(anyhow::anyhow!("a control-plane component panicked: {error}")),
+        }
+    }
+}
+
+/// kube-apiserver's client: the configured kubeconfig, else the in-cluster service account or
+/// `$KUBECONFIG`.
+async fn client(config: &ControlPlaneConfig) -> anyhow::Result<Client> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("kubeconfig: reading {}", path.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig: {} is unusable", path.display()))?
+        }
+        None => Config::infer().await.context(
+            "no kubeconfig is configured and neither in-cluster configuration nor $KUBECONFIG works",
+        )?,
+    };
+    Client::try_from(kube_config).context("building the Kubernetes client")
+}
+
+/// The proxy's share of a published value.
+fn extension(publisher: &Publisher, published: &Published) -> Extension {
+    Extension {
+        chain: published.chain.clone(),
+        client_ca_pems: published.client_ca_pems.clone(),
+        concierge_api: Some(publisher.login_api().clone() as Arc<dyn ConciergeApi>),
+    }
+}
+
+/// Turns every published value into the proxy's snapshot and serving certificate, until the
+/// publisher is gone.
+async fn bridge(
+    publisher: Publisher,
+    composer: Arc<Composer>,
+    serving: Arc<ServingCert>,
+) -> anyhow::Result<()> {
+    let mut receiver = publisher.subscribe();
+    loop {
+        let published = receiver.borrow_and_update().clone();
+        if let Err(error) = composer.extension_changed(extension(&publisher, &published)) {
+            tracing::warn!(%error, "what the control plane published cannot be used; the proxy keeps its configuration");
+        }
+        match &published.proxy_serving {
+            Some(pair) => match ServingCert::load(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes()) {
+                Ok(cert) => {
+                    if !serving.is_enabled() {
+                        tracing::info!("the impersonation proxy is serving");
+                    }
+                    serving.replace(cert);
+                }
+                Err(error) => tracing::warn!(%error, "the published serving certificate is unusable"),
+            },
+            None => {
+                if serving.is_enabled() {
+                    tracing::info!("the impersonation proxy stops accepting connections");
+                }
+                serving.disable();
+            }
+        }
+        if receiver.changed().await.is_err() {
+            return Ok(());
+        }
+    }
+}
