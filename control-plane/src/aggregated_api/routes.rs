@@ -1,0 +1,824 @@
+//! The aggregated API's routes: discovery (legacy and aggregated v2), health, OpenAPI, and the two
+//! create-only resources. Every error is a `metav1.Status`.
+
+use std::hash::{Hash as _, Hasher as _};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full, Limited};
+use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
+use selkie_filters::{identity::UserInfo, login_api::ConciergeApi as _};
+use serde_json::{json, Value};
+
+use crate::{config::ControlPlaneConfig, published::Publisher};
+
+/// A response body.
+pub type Body = Full<Bytes>;
+
+/// The only version served.
+pub const VERSION: &str = "v1alpha1";
+/// The largest request body read (kube-apiserver's limit is larger; these objects are small).
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// `Accept` (and `Content-Type`) of the aggregated discovery document, v2.
+const DISCOVERY_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+/// The same, v2beta1 (still asked for by kube-apiserver 1.35, after v2).
+const DISCOVERY_V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+
+/// One resource of the API.
+struct Resource {
+    group: String,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    verbs: &'static [&'static str],
+}
+
+/// The routes of one installation (its group suffix), with precomputed discovery documents.
+#[derive(Debug)]
+pub struct Routes {
+    login_group: String,
+    identity_group: String,
+    group_list: Bytes,
+    discovery_v2: Bytes,
+    discovery_v2beta1: Bytes,
+    discovery_etag: String,
+    groups: Vec<(String, Bytes, Bytes)>,
+}
+
+impl std::fmt::Debug for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resource").field("plural", &self.plural).finish()
+    }
+}
+
+/// What a request needs besides itself.
+pub struct Context<'a> {
+    /// The published chain and login API.
+    pub publisher: &'a Publisher,
+    /// Whether the server is ready (certificate and authentication settings loaded).
+    pub ready: bool,
+}
+
+impl Routes {
+    /// The routes for `config`'s group suffix.
+    pub fn new(config: &ControlPlaneConfig) -> Self {
+        let login_group = config.group(selkie_api::login::GROUP);
+        let identity_group = config.group("identity.concierge.pinniped.dev");
+        let resources = [
+            Resource {
+                group: login_group.clone(),
+                plural: "tokencredentialrequests",
+                singular: "tokencredentialrequest",
+                kind: "TokenCredentialRequest",
+                // Pinniped's list is a no-op that returns an empty list.
+                verbs: &["create", "list"],
+            },
+            Resource {
+                group: identity_group.clone(),
+                plural: "whoamirequests",
+                singular: "whoamirequest",
+                kind: "WhoAmIRequest",
+                verbs: &["create"],
+            },
+        ];
+        let group_list = json!({"kind": "APIGroupList", "apiVersion": "v1",
+            "groups": resources.iter().map(|r| api_group(&r.group)).collect::<Vec<_>>()});
+        let discovery = |version: &str| {
+            let items: Vec<Value> = resources
+                .iter()
+                .map(|r| {
+                    json!({
+                        "metadata": {"name": r.group, "creationTimestamp": null},
+                        "versions": [{
+                            "version": VERSION,
+                            "resources": [{
+                                "resource": r.plural,
+                                "responseKind": {"group": r.group, "version": VERSION, "kind": r.kind},
+                                "scope": "Cluster",
+                                "singularResource": r.singular,
+                                "verbs": r.verbs,
+                            }],
+                            "freshness": "Current",
+                        }],
+                    })
+                })
+                .collect();
+            let body = json!({"kind": "APIGroupDiscoveryList",
+                "apiVersion": format!("apidiscovery.k8s.io/{version}"),
+                "metadata": {}, "items": items});
+            Bytes::from(body.to_string())
+        };
+        let discovery_v2 = discovery("v2");
+        let mut hasher = std::hash::DefaultHasher::new();
+        discovery_v2.hash(&mut hasher);
+        let groups = resources
+            .iter()
+            .map(|r| {
+                let group = Bytes::from(api_group(&r.group).to_string());
+                let resources = json!({
+                    "kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": format!("{}/{VERSION}", r.group),
+                    "resources": [{"name": r.plural, "singularName": r.singular, "namespaced": false,
+                                   "kind": r.kind, "verbs": r.verbs}],
+                });
+                (r.group.clone(), group, Bytes::from(resources.to_string()))
+            })
+            .collect();
+        Self {
+            login_group,
+            identity_group,
+            group_list: Bytes::from(group_list.to_string()),
+            discovery_v2,
+            discovery_v2beta1: discovery("v2beta1"),
+            discovery_etag: format!("\"{:016x}\"", hasher.finish()),
+            groups,
+        }
+    }
+
+    /// The login group, `login.concierge.<suffix>`.
+    pub fn login_group(&self) -> &str {
+        &self.login_group
+    }
+
+    /// The identity group, `identity.concierge.<suffix>`.
+    pub fn identity_group(&self) -> &str {
+        &self.identity_group
+    }
+
+    /// Answers `request` from `caller` (authenticated by the connection's certificate and, for
+    /// the front proxy, its headers). Never fails: errors are `metav1.Status` responses.
+    pub async fn handle<B>(
+        &self,
+        context: Context<'_>,
+        request: Request<B>,
+        caller: UserInfo,
+    ) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = request.uri().path().to_string();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let method = request.method().clone();
+        let get = method == Method::GET || method == Method::HEAD;
+        match segments.as_slice() {
+            ["healthz"] | ["livez"] if get => text(StatusCode::OK, "ok"),
+            ["readyz"] if get => {
+                if context.ready {
+                    text(StatusCode::OK, "ok")
+                } else {
+                    text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "[-]serving certificate or extension-apiserver-authentication not loaded yet\nreadyz check failed",
+                    )
+                }
+            }
+            ["healthz"] | ["livez"] | ["readyz"] => method_not_allowed(),
+            ["openapi", "v2"] if get => json_response(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from(
+                    json!({"swagger": "2.0",
+                           "info": {"title": "Selkie Concierge aggregated API", "version": VERSION},
+                           "paths": {}})
+                    .to_string(),
+                ),
+            ),
+            ["openapi", "v3"] if get => json_response(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from_static(b"{\"paths\":{}}"),
+            ),
+            ["apis"] if get => self.group_list(request.headers()),
+            ["apis", group] if get => match self.group(group) {
+                Some((_, group, _)) => json_response(StatusCode::OK, "application/json", group.clone()),
+                None => not_found(),
+            },
+            ["apis", group, VERSION] if get => match self.group(group) {
+                Some((_, _, resources)) => {
+                    json_response(StatusCode::OK, "application/json", resources.clone())
+                }
+                None => not_found(),
+            },
+            ["apis"] | ["apis", _] | ["apis", _, VERSION] => method_not_allowed(),
+            ["apis", group, VERSION, "tokencredentialrequests"] if *group == self.login_group => {
+                if let Some(refusal) = not_acceptable(request.headers()) {
+                    return refusal;
+                }
+                if method == Method::POST {
+                    self.token_credential_request(&context, request).await
+                } else if get {
+                    let list = json!({"kind": "TokenCredentialRequestList",
+                        "apiVersion": format!("{}/{VERSION}", self.login_group),
+                        "metadata": {}, "items": []});
+                    json_response(StatusCode::OK, "application/json", Bytes::from(list.to_string()))
+                } else {
+                    method_not_allowed()
+                }
+            }
+            ["apis", group, VERSION, "whoamirequests"] if *group == self.identity_group => {
+                if let Some(refusal) = not_acceptable(request.headers()) {
+                    return refusal;
+                }
+                if method == Method::POST {
+                    self.who_am_i(request, &caller).await
+                } else {
+                    method_not_allowed()
+                }
+            }
+            _ => not_found(),
+        }
+    }
+
+    fn group(&self, name: &str) -> Option<&(String, Bytes, Bytes)> {
+        self.groups.iter().find(|(group, _, _)| group == name)
+    }
+
+    /// `/apis`: the aggregated discovery document when the client asks for it (kube-apiserver's
+    /// aggregator does, v2 first), else the legacy `APIGroupList`.
+    fn group_list(&self, headers: &HeaderMap) -> Response<Body> {
+        let accept = headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .map(|range| range.split(';').map(str::trim).collect::<Vec<_>>())
+            .find_map(|parts| {
+                let wants = |version: &str| {
+                    parts
+                        .first()
+                        .is_some_and(|t| t.eq_ignore_ascii_case("application/json"))
+                        && parts.contains(&"g=apidiscovery.k8s.io")
+                        && parts.contains(&"as=APIGroupDiscoveryList")
+                        && parts.contains(&version)
+                };
+                if wants("v=v2") {
+                    Some(true)
+                } else if wants("v=v2beta1") {
+                    Some(false)
+                } else {
+                    None
+                }
+            });
+        let (content_type, body) = match accept {
+            Some(true) => (DISCOVERY_V2, self.discovery_v2.clone()),
+            Some(false) => (DISCOVERY_V2BETA1, self.discovery_v2beta1.clone()),
+            None => return json_response(StatusCode::OK, "application/json", self.group_list.clone()),
+        };
+        let unchanged = headers
+            .get(header::IF_NONE_MATCH)
+            .is_some_and(|tag| tag.as_bytes() == self.discovery_etag.as_bytes());
+        let mut response = if unchanged {
+            let mut response = Response::new(Body::default());
+            *response.status_mut() = StatusCode::NOT_MODIFIED;
+            response
+        } else {
+            json_response(StatusCode::OK, content_type, body)
+        };
+        if let Ok(tag) = HeaderValue::from_str(&self.discovery_etag) {
+            response.headers_mut().insert(header::ETAG, tag);
+        }
+        response
+    }
+
+    async fn token_credential_request<B>(&self, context: &Context<'_>, request: Request<B>) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let api_version = format!("{}/{VERSION}", self.login_group);
+        let mut tcr: TokenCredentialRequest =
+            match read_object(request, &api_version, "TokenCredentialRequest").await {
+                Ok(object) => object,
+                Err(refusal) => return *refusal,
+            };
+        tcr.api_version = api_version;
+        tcr.kind = "TokenCredentialRequest".into();
+        let chain = context.publisher.current().chain.clone();
+        let answer = context
+            .publisher
+            .login_api()
+            .token_credential_request(&chain, tcr)
+            .await;
+        created(&answer)
+    }
+
+    async fn who_am_i<B>(&self, request: Request<B>, caller: &UserInfo) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let api_version = format!("{}/{VERSION}", self.identity_group);
+        let mut whoami: WhoAmIRequest = match read_object(request, &api_version, "WhoAmIRequest").await {
+            Ok(object) => object,
+            Err(refusal) => return *refusal,
+        };
+        whoami.api_version = api_version;
+        whoami.kind = "WhoAmIRequest".into();
+        created(&selkie_filters::login_api::who_am_i(whoami, caller))
+    }
+}
+
+fn api_group(group: &str) -> Value {
+    let version = json!({"groupVersion": format!("{group}/{VERSION}"), "version": VERSION});
+    json!({"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": [version],
+           "preferredVersion": version})
+}
+
+/// How a request body is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Json,
+    Yaml,
+}
+
+/// The body's encoding by `Content-Type` (none means JSON), or the 415 refusal.
+fn encoding(headers: &HeaderMap) -> Result<Encoding, Box<Response<Body>>> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(Encoding::Json);
+    };
+    let media_type = value
+        .to_str()
+        .ok()
+        .and_then(|value| value.split(';').next())
+        .map(|media| media.trim().to_ascii_lowercase());
+    match media_type.as_deref() {
+        Some("application/json") => Ok(Encoding::Json),
+        Some("application/yaml") => Ok(Encoding::Yaml),
+        _ => Err(Box::new(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            &format!(
+                "the body of the request was in an unknown format ({}) - accepted media types include: application/json, application/yaml",
+                value.to_str().unwrap_or("<not text>")
+            ),
+        ))),
+    }
+}
+
+/// A 406 when `Accept` rules out JSON (the only encoding served).
+fn not_acceptable(headers: &HeaderMap) -> Option<Response<Body>> {
+    let values: Vec<&str> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .filter(|range| !range.is_empty())
+        .collect();
+    let acceptable = values.is_empty()
+        || values.iter().any(|range| {
+            let media = range.split(';').next().unwrap_or_default().trim();
+            ["*/*", "application/*", "application/json"]
+                .iter()
+                .any(|ok| media.eq_ignore_ascii_case(ok))
+        });
+    (!acceptable).then(|| {
+        status(
+            StatusCode::NOT_ACCEPTABLE,
+            "NotAcceptable",
+            "only the following media types are accepted: application/json",
+        )
+    })
+}
+
+/// Reads and decodes the body as `T`, checking `apiVersion` and `kind` when present. Refuses a
+/// wrong `Content-Type` (415), a body over [`MAX_BODY_BYTES`] (413), and anything undecodable or of
+/// another kind (400). The refusal never quotes the body.
+async fn read_object<T, B>(
+    request: Request<B>,
+    api_version: &str,
+    kind: &str,
+) -> Result<T, Box<Response<Body>>>
+where
+    T: serde::de::DeserializeOwned,
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let encoding = encoding(request.headers())?;
+    let too_large = || {
+        Box::new(status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            &format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+        ))
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Err(error) => {
+            return Err(Box::new(status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &format!("reading the request body failed: {error}"),
+            )))
+        }
+    };
+    let bad = |message: String| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", &message));
+    let value: Value = match encoding {
+        Encoding::Json => serde_json::from_slice(&body).map_err(|e| {
+            bad(format!(
+                "the request body is not valid JSON: {}",
+                e.classify_message()
+            ))
+        })?,
+        Encoding::Yaml => {
+            serde_yaml::from_slice(&body).map_err(|_| bad("the request body is not valid YAML".into()))?
+        }
+    };
+    let Value::Object(fields) = &value else {
+        return Err(bad(format!("the request body must be a {kind} object")));
+    };
+    let field = |name: &str| fields.get(name).and_then(Value::as_str).unwrap_or_default();
+    if fields.get("apiVersion").is_some_and(|v| !v.is_string())
+        || fields.get("kind").is_some_and(|v| !v.is_string())
+    {
+        return Err(bad("apiVersion and kind must be strings".into()));
+    }
+    if !field("apiVersion").is_empty() && field("apiVersion") != api_version {
+        return Err(bad(format!(
+            "the API version in the data ({}) does not match the expected API version ({api_version})",
+            field("apiVersion")
+        )));
+    }
+    if !field("kind").is_empty() && field("kind") != kind {
+        return Err(bad(format!(
+            "the kind in the data ({}) does not match the expected kind ({kind})",
+            field("kind")
+        )));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        bad(format!(
+            "the request body is not a valid {kind}: {}",
+            e.classify_message()
+        ))
+    })
+}
+
+/// A serde error's description without the input it quotes (a token may be in it).
+trait ClassifyMessage {
+    fn classify_message(&self) -> String;
+}
+
+impl ClassifyMessage for serde_json::Error {
+    fn classify_message(&self) -> String {
+        let what = match self.classify() {
+            serde_json::error::Category::Io => "unreadable",
+            serde_json::error::Category::Syntax => "syntax error",
+            serde_json::error::Category::Data => "a field has the wrong type or value",
+            serde_json::error::Category::Eof => "unexpected end of input",
+        };
+        if self.line() > 0 {
+            format!("{what} at line {} column {}", self.line(), self.column())
+        } else {
+            what.to_string()
+        }
+    }
+}
+
+fn created(object: &impl serde::Serialize) -> Response<Body> {
+    match serde_json::to_vec(object) {
+        Ok(body) => json_response(StatusCode::CREATED, "application/json", Bytes::from(body)),
+        Err(_) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "the answer could not be encoded",
+        ),
+    }
+}
+
+/// A `metav1.Status` failure.
+pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                      "message": message, "reason": reason, "details": {}, "code": code.as_u16()});
+    json_response(code, "application/json", Bytes::from(body.to_string()))
+}
+
+fn not_found() -> Response<Body> {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+fn method_not_allowed() -> Response<Body> {
+    status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+    )
+}
+
+fn text(code: StatusCode, body: &'static str) -> Response<Body> {
+    let mut response = Response::new(Body::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn json_response(code: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Body::new(body));
+    *response.status_mut() = code;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use selkie_filters::signer::ClientCertificateSigner;
+
+    use super::*;
+
+    fn routes() -> (ControlPlaneConfig, Routes) {
+        let config: ControlPlaneConfig = serde_yaml::from_str("apiGroupSuffix: acme.example.com").unwrap();
+        let routes = Routes::new(&config);
+        (config, routes)
+    }
+
+    async fn call(
+        routes: &Routes,
+        _config: &ControlPlaneConfig,
+        publisher: &Publisher,
+        request: Request<Body>,
+    ) -> (StatusCode, HeaderMap, Value) {
+        let context = Context {
+            publisher,
+            ready: true,
+        };
+        let caller = UserInfo {
+            username: "alice".into(),
+            groups: vec!["ops".into(), "system:authenticated".into()],
+            ..UserInfo::default()
+        };
+        let response = routes.handle(context, request, caller).await;
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+        (parts.status, parts.headers, value)
+    }
+
+    fn request(method: Method, path: &str, body: &str) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Body::new(Bytes::from(body.to_string())))
+            .unwrap()
+    }
+
+    const TCR: &str = "/apis/login.concierge.acme.example.com/v1alpha1/tokencredentialrequests";
+    const WHOAMI: &str = "/apis/identity.concierge.acme.example.com/v1alpha1/whoamirequests";
+
+    #[tokio::test]
+    async fn legacy_discovery_names_both_groups_with_the_suffix() {
+        let (config, routes) = routes();
+        let publisher = Publisher::new();
+        let (code, _, groups) = call(&routes, &config, &publisher, request(Method::GET, "/apis", "")).await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(groups["kind"], "APIGroupList");
+        assert_eq!(groups["groups"][0]["name"], "login.concierge.acme.example.com");
+        assert_eq!(
+            groups["groups"][1]["preferredVersion"]["groupVersion"],
+            "identity.concierge.acme.example.com/v1alpha1"
+        );
+        let (code, _, list) = call(
+            &routes,
+            &config,
+            &publisher,
+            request(Method::GET, "/apis/login.concierge.acme.example.com/v1alpha1", ""),
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(list["resources"][0]["name"], "tokencredentialrequests");
+        assert_eq!(list["resources"][0]["namespaced"], false);
+        assert_eq!(list["resources"][0]["verbs"], json!(["create", "list"]));
+        let (_, _, list) = call(
+            &routes,
+            &config,
+            &publisher,
+            request(
+                Method::GET,
+                "/apis/identity.concierge.acme.example.com/v1alpha1",
+                "",
+            ),
+        )
+        .await;
+        assert_eq!(list["resources"][0]["kind"], "WhoAmIRequest");
+        assert_eq!(list["resources"][0]["verbs"], json!(["create"]));
+        let (code, _, group) = call(
+            &routes,
+            &config,
+            &publisher,
+            request(Method::GET, "/apis/identity.concierge.acme.example.com", ""),
+        )
+        .await;
+        assert_eq!((code, group["kind"].as_str()), (StatusCode::OK, Some("APIGroup")));
+        let (code, _, _) = call(
+            &routes,
+            &config,
+            &publisher,
+            request(Method::GET, "/apis/login.concierge.pinniped.dev/v1alpha1", ""),
+        )
+        .await;
+        assert_eq!(
+            code,
+            StatusCode::NOT_FOUND,
+            "the default group is not served under another suffix"
+        );
+    }
+
+    #[tokio::test]
+    async fn aggregated_discovery_is_served_as_the_aggregator_asks_with_an_etag() {
+        let (config, routes) = routes();
+        let publisher = Publisher::new();
+        // What kube-apiserver 1.35's aggregator sends.
+        let mut get = request(Method::GET, "/apis", "");
+        get.headers_mut().insert(
+            header::ACCEPT,
+            HeaderValue::from_str(&format!("{DISCOVERY_V2},{DISCOVERY_V2BETA1}")).unwrap(),
+        );
+        let (code, headers, document) = call(&routes, &config, &publisher, get).await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(headers[header::CONTENT_TYPE], DISCOVERY_V2);
+        assert_eq!(document["apiVersion"], "apidiscovery.k8s.io/v2");
+        assert_eq!(
+            document["items"][0]["metadata"]["name"],
+            "login.concierge.acme.example.com"
+        );
+        let resource = &document["items"][0]["versions"][0]["resources"][0];
+        assert_eq!(resource["scope"], "Cluster");
+        assert_eq!(resource["responseKind"]["kind"], "TokenCredentialRequest");
+        assert_eq!(
+            document["items"][1]["versions"][0]["resources"][0]["verbs"],
+            json!(["create"])
+        );
+
+        let mut again = request(Method::GET, "/apis", "");
+        again
+            .headers_mut()
+            .insert(header::ACCEPT, HeaderValue::from_static(DISCOVERY_V2BETA1));
+        again
+            .headers_mut()
+            .insert(header::IF_NONE_MATCH, headers[header::ETAG].clone());
+        let (code, _, _) = call(&routes, &config, &publisher, again).await;
+        assert_eq!(code, StatusCode::NOT_MODIFIED);
+        let mut beta = request(Method::GET, "/apis", "");
+        beta.headers_mut()
+            .insert(header::ACCEPT, HeaderValue::from_static(DISCOVERY_V2BETA1));
+        let (_, headers, document) = call(&routes, &config, &publisher, beta).await;
+        assert_eq!(headers[header::CONTENT_TYPE], DISCOVERY_V2BETA1);
+        assert_eq!(document["apiVersion"], "apidiscovery.k8s.io/v2beta1");
+    }
+
+    #[tokio::test]
+    async fn token_credential_requests_are_answered_201_even_when_they_fail() {
+        let (config, routes) = routes();
+        let publisher = Publisher::new();
+        let ca = crate::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();
+        publisher.login_api().set_signer(Some(Arc::new(
+            ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem).unwrap(),
+        )));
+        let body = json!({"apiVersion": "login.concierge.acme.example.com/v1alpha1", "kind": "TokenCredentialRequest",
+            "spec": {"token": "secret-token", "authenticator": {"kind": "JWTAuthenticator", "name": "nobody"}}});
+        let (code, _, answer) = call(
+            &routes,
+            &config,
+            &publisher,
+            request(Method::POST, TCR, &body.to_string()),
+        )
+        .await;
+        assert_eq!(code, StatusCode::CREATED);
+        assert_eq!(answer["status"]["message"], "authentication failed");
+        assert!(!answer.to_string().contains("secret-token"));
+        // The no-op list.
+        let (code, _, list) = call(&routes, &config, &publisher, request(Method::GET, TCR, "")).await;
+        assert_eq!((code, list["items"].clone()), (StatusCode::OK, json!([])));
+    }
+
+    #[tokio::test]
+    async fn who_am_i_reports_the_caller() {
+        let (config, routes) = routes();
+        let publisher = Publisher::new();
+        let (code, _, answer) = call(&routes, &config, &publisher, request(Method::POST, WHOAMI, "{}")).await;
+        assert_eq!(code, StatusCode::CREATED);
+        assert_eq!(answer["kind"], "WhoAmIRequest");
+        assert_eq!(
+            answer["apiVersion"],
+            "identity.concierge.acme.example.com/v1alpha1"
+        );
+        assert_eq!(
+            answer["status"]["kubernetesUserInfo"]["user"]["username"],
+            "alice"
+        );
+        assert_eq!(
+            answer["status"]["kubernetesUserInfo"]["user"]["groups"],
+            json!(["ops", "system:authenticated"])
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_precise_statuses_that_never_quote_the_body() {
+        let (config, routes) = routes();
+        let publisher = Publisher::new();
+        let cases: Vec<(Request<Body>, StatusCode, &str)> = vec![
+            (request(Method::POST, TCR, "{not json secret-token"), StatusCode::BAD_REQUEST, "BadRequest"),
+            (request(Method::POST, TCR, r#"{"spec": "secret-token"}"#), StatusCode::BAD_REQUEST, "BadRequest"),
+            (request(Method::POST, TCR, "[]"), StatusCode::BAD_REQUEST, "BadRequest"),
+            (request(Method::POST, TCR, r#"{"kind": "WhoAmIRequest"}"#), StatusCode::BAD_REQUEST, "BadRequest"),
+            (request(Method::POST, TCR, r#"{"apiVersion": "login.concierge.pinniped.dev/v1alpha1"}"#), StatusCode::BAD_REQUEST, "BadRequest"),
+            (request(Method::POST, WHOAMI, r#"{"kind": 5}"#), StatusCode::BAD_REQUEST, "BadRequest"),
+            (request(Method::DELETE, TCR, ""), StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            (request(Method::GET, WHOAMI, ""), StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            (request(Method::POST, "/apis", ""), StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            (request(Method::POST, "/apis/login.concierge.acme.example.com/v1alpha1/namespaces/default/tokencredentialrequests", "{}"), StatusCode::NOT_FOUND, "NotFound"),
+            (request(Method::GET, "/apis/login.concierge.acme.example.com/v1alpha1/tokencredentialrequests/x", ""), StatusCode::NOT_FOUND, "NotFound"),
+            (request(Method::GET, "/api/v1/pods", ""), StatusCode::NOT_FOUND, "NotFound"),
+            (request(Method::POST, TCR, &"x".repeat(MAX_BODY_BYTES + 1)), StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
+        ];
+        for (request, expected, reason) in cases {
+            let what = format!("{} {}", request.method(), request.uri());
+            let (code, _, status) = call(&routes, &config, &publisher, request).await;
+            assert_eq!(code, expected, "{what}: {status}");
+            assert_eq!(status["kind"], "Status", "{what}");
+            assert_eq!(status["reason"], reason, "{what}");
+            assert_eq!(status["code"], expected.as_u16(), "{what}");
+            assert!(!status.to_string().contains("secret-token"), "{what}: {status}");
+        }
+
+        let mut protobuf = request(Method::POST, TCR, "{}");
+        protobuf.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/vnd.kubernetes.protobuf"),
+        );
+        let (code, _, status) = call(&routes, &config, &publisher, protobuf).await;
+        assert_eq!(
+            (code, status["reason"].as_str()),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, Some("UnsupportedMediaType"))
+        );
+        let mut accept = request(Method::POST, TCR, "{}");
+        accept.headers_mut().insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/vnd.kubernetes.protobuf"),
+        );
+        let (code, _, _) = call(&routes, &config, &publisher, accept).await;
+        assert_eq!(code, StatusCode::NOT_ACCEPTABLE);
+
+        // YAML bodies are read too.
+        let mut yaml = request(Method::POST, WHOAMI, "kind: WhoAmIRequest\nspec: {}\n");
+        yaml.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/yaml"));
+        let (code, _, _) = call(&routes, &config, &publisher, yaml).await;
+        assert_eq!(code, StatusCode::CREATED);
+    }
+
+    #[tokio::test]
+    async fn health_and_openapi_answer() {
+        let (config, routes) = routes();
+        let publisher = Publisher::new();
+        for path in ["/healthz", "/livez", "/readyz"] {
+            let (code, _, _) = call(&routes, &config, &publisher, request(Method::GET, path, "")).await;
+            assert_eq!(code, StatusCode::OK, "{path}");
+        }
+        let context = Context {
+            publisher: &publisher,
+            ready: false,
+        };
+        let response = routes
+            .handle(context, request(Method::GET, "/readyz", ""), UserInfo::default())
+            .await;
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let (code, _, v2) = call(
+            &routes,
+            &config,
+            &publisher,
+            request(Method::GET, "/openapi/v2", ""),
+        )
+        .await;
+        assert_eq!((code, v2["swagger"].as_str()), (StatusCode::OK, Some("2.0")));
+        let (code, _, v3) = call(
+            &routes,
+            &config,
+            &publisher,
+            request(Method::GET, "/openapi/v3", ""),
+        )
+        .await;
+        assert_eq!((code, v3["paths"].clone()), (StatusCode::OK, json!({})));
+    }
+}
