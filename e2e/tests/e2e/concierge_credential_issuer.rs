@@ -359,6 +359,17 @@ fn ensure_sans(pem: &str, ips: &[&str], dns: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether the certificate's key is ECDSA P-256.
+fn is_p256(pem: &str) -> anyhow::Result<bool> {
+    let cert = Certificate::from_pem(pem.as_bytes())?;
+    let algorithm = cert.tbs_certificate.subject_public_key_info.algorithm;
+    let curve = algorithm
+        .parameters
+        .and_then(|p| p.decode_as::<x509_cert::der::asn1::ObjectIdentifier>().ok());
+    Ok(algorithm.oid.to_string() == "1.2.840.10045.2.1"
+        && curve.map(|c| c.to_string()).as_deref() == Some("1.2.840.10045.3.1.7"))
+}
+
 fn issuer_cn(pem: &str) -> anyhow::Result<String> {
     Ok(Certificate::from_pem(pem.as_bytes())?
         .tbs_certificate
@@ -423,6 +434,7 @@ async fn mode_changes_create_and_remove_the_services() -> anyhow::Result<()> {
         &[],
     )?;
     assert!(issuer_cn(&served.cert_pem)?.contains("Selkie Impersonation Proxy Serving CA"));
+    assert!(is_p256(&served.cert_pem)?, "the serving key is not ECDSA P-256");
 
     // None with an external endpoint: no Service at all, the certificate names the endpoint.
     f.apply(json!({
