@@ -69,6 +69,16 @@ const LOCK_POLL: Duration = Duration::from_millis(10);
 /// `{"args": <argv without the program>, "token": <token>, "cluster": <v1beta1 Cluster or null>}`,
 /// exactly what the pinniped CLI hashes, so the same kubeconfig finds the same entry with either.
 pub fn cache_key(args: &[String], token: &str, cluster: Option<&Cluster>) -> String {
+    key_of(args, Some(token), cluster)
+}
+
+/// The key of an entry written by `login oidc`: the same hash without the token member,
+/// `{"args": …, "cluster": …}`, which is what pinniped's `login oidc` hashes.
+pub fn oidc_cache_key(args: &[String], cluster: Option<&Cluster>) -> String {
+    key_of(args, None, cluster)
+}
+
+fn key_of(args: &[String], token: Option<&str>, cluster: Option<&Cluster>) -> String {
     let mut json = String::from("{\"args\":[");
     for (i, arg) in args.iter().enumerate() {
         if i > 0 {
@@ -76,8 +86,11 @@ pub fn cache_key(args: &[String], token: &str, cluster: Option<&Cluster>) -> Str
         }
         gojson::write_string(&mut json, arg);
     }
-    json.push_str("],\"token\":");
-    gojson::write_string(&mut json, token);
+    json.push(']');
+    if let Some(token) = token {
+        json.push_str(",\"token\":");
+        gojson::write_string(&mut json, token);
+    }
     json.push_str(",\"cluster\":");
     let mut cluster_json = String::new();
     match cluster {

@@ -179,23 +179,55 @@ impl HttpsClient {
         timeout: Option<Duration>,
     ) -> Result<Response, HttpError> {
         let url = self.url(path);
-        let method = http::Method::POST;
-        let mut request = http::Request::builder()
-            .method(method.clone())
-            .uri(&url)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json")
-            .header(
-                http::header::USER_AGENT,
-                concat!("selkie/", env!("CARGO_PKG_VERSION")),
-            );
+        let answer = self
+            .send(
+                http::Method::POST,
+                &url,
+                &[
+                    (http::header::CONTENT_TYPE, "application/json".into()),
+                    (http::header::ACCEPT, "application/json".into()),
+                ],
+                body,
+                timeout,
+            )
+            .await?;
+        Ok(Response {
+            status: answer.status,
+            body: answer.body,
+        })
+    }
+
+    /// Sends one request to `url` (absolute; any https URL, not only this client's base, with
+    /// this client's TLS settings and authorization) with `headers` and `body` (empty for none),
+    /// and returns the answer whatever its status, headers included. Redirects are not followed.
+    /// `timeout` bounds the whole exchange; `None` waits indefinitely. Header values are never
+    /// part of an error (they may hold credentials).
+    pub async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: &[(http::HeaderName, String)],
+        body: Vec<u8>,
+        timeout: Option<Duration>,
+    ) -> Result<FullResponse, HttpError> {
+        let mut request = http::Request::builder().method(method.clone()).uri(url).header(
+            http::header::USER_AGENT,
+            concat!("selkie/", env!("CARGO_PKG_VERSION")),
+        );
         if let Some(authorization) = &self.authorization {
             request = request.header(http::header::AUTHORIZATION, authorization.clone());
+        }
+        for (name, value) in headers {
+            let value = http::HeaderValue::from_str(value).map_err(|_| HttpError::BadUrl {
+                url: url.to_string(),
+                reason: format!("the {name} header value is not valid in HTTP"),
+            })?;
+            request = request.header(name, value);
         }
         let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| HttpError::BadUrl {
-                url: url.clone(),
+                url: url.to_string(),
                 reason: e.to_string(),
             })?;
         let exchange = async {
@@ -205,20 +237,25 @@ impl HttpsClient {
                 .await
                 .map_err(|e| HttpError::Request {
                     method: method.clone(),
-                    url: url.clone(),
+                    url: url.to_string(),
                     cause: error_chain(&e),
                 })?;
             let status = response.status();
+            let headers = response.headers().clone();
             let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
                 .collect()
                 .await
                 .map_err(|e| HttpError::Request {
                     method: method.clone(),
-                    url: url.clone(),
+                    url: url.to_string(),
                     cause: format!("reading the answer: {e}"),
                 })?
                 .to_bytes();
-            Ok(Response { status, body })
+            Ok(FullResponse {
+                status,
+                headers,
+                body,
+            })
         };
         match timeout {
             Some(timeout) => {
@@ -226,13 +263,24 @@ impl HttpsClient {
                     .await
                     .map_err(|_| HttpError::Timeout {
                         method: method.clone(),
-                        url: url.clone(),
+                        url: url.to_string(),
                         timeout,
                     })?
             }
             None => exchange.await,
         }
     }
+}
+
+/// An answer with its headers.
+#[derive(Debug)]
+pub struct FullResponse {
+    /// The HTTP status.
+    pub status: http::StatusCode,
+    /// The response headers.
+    pub headers: http::HeaderMap,
+    /// The body (at most [`MAX_RESPONSE_BYTES`]).
+    pub body: Bytes,
 }
 
 /// An error and its sources on one line, repeated messages dropped (hyper's wrappers often

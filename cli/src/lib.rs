@@ -6,6 +6,9 @@
 //!
 //! * [`login_static`]: `selkie login static`, a static token, optionally exchanged for a
 //!   short-lived client certificate with the Concierge's TokenCredentialRequest ([`concierge`]).
+//! * [`login_oidc`]: `selkie login oidc`, an OIDC login (browser with PKCE, pasted code, or
+//!   password) with pinniped's `sessions.yaml` ([`sessions`]), the relying party in [`oidc`] and
+//!   ID token signatures in [`jose`].
 //! * [`exec`]: the client-go exec credential protocol (`KUBERNETES_EXEC_INFO` in, one
 //!   `ExecCredential` of the same version out on stdout).
 //! * [`cache`]: the credential cache, in Pinniped's format and locking, keyed the way Pinniped
@@ -22,8 +25,12 @@ pub mod concierge;
 pub mod exec;
 pub mod gojson;
 pub mod http;
+pub mod jose;
 pub mod kubeconfig;
+pub mod login_oidc;
 pub mod login_static;
+pub mod oidc;
+pub mod sessions;
 pub mod timestamp;
 pub mod version;
 pub mod whoami;

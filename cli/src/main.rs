@@ -1,5 +1,7 @@
 //! The `selkie` binary: the pinniped CLI's commands and flags, each failure one line on stderr.
 //!
+//! * `selkie login oidc --issuer URL [--client-id ID] [--scopes …] [--enable-concierge ...]` — the
+//!   exec credential plugin for an OIDC issuer (browser, pasted code or password login).
 //! * `selkie login static [--token T | --token-env NAME] [--enable-concierge ...]` — the exec
 //!   credential plugin; stdout carries only the `ExecCredential`.
 //! * `selkie whoami [-o text|yaml|json] [--kubeconfig F] [--kubeconfig-context C] [--timeout D]
@@ -20,6 +22,7 @@ use selkie::{
     cache::CacheWarning,
     concierge::DEFAULT_API_GROUP_SUFFIX,
     exec::ExecInfo,
+    login_oidc::{self, OidcLoginOptions},
     login_static::{self, Reporter, StaticLoginOptions},
     version,
     whoami::{self, parse_go_duration, WhoamiOptions},
@@ -41,7 +44,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Authenticate with one of [static] (kubectl exec credential plugins, not meant to be run by hand)
+    /// Authenticate with one of [oidc, static] (kubectl exec credential plugins, not meant to be run by hand)
     Login {
         #[command(subcommand)]
         method: Login,
@@ -54,8 +57,115 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Login {
+    /// Login using an OpenID Connect provider
+    ///
+    /// Logs in to an OIDC issuer (a Pinniped-compatible Supervisor, or any OIDC provider such as
+    /// Dex) and prints an ExecCredential for kubectl. The browser flow (browser_authcode, the
+    /// default) uses the authorization code with PKCE and a callback listener on 127.0.0.1; when
+    /// no browser can be opened the URL is printed and, on a terminal, the code may be pasted.
+    /// The password flow (cli_password, or PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW=cli_password)
+    /// reads PINNIPED_USERNAME and PINNIPED_PASSWORD or prompts for them; it sends them as the
+    /// Pinniped-Username/Pinniped-Password headers to a Supervisor's authorize endpoint, and, for
+    /// an issuer that is not a Supervisor, uses the OAuth2 resource-owner password grant at its
+    /// token endpoint (the issuer must allow it for the client).
+    Oidc(Box<OidcArgs>),
     /// Login using a static token
-    Static(StaticArgs),
+    Static(Box<StaticArgs>),
+}
+
+#[derive(Args)]
+struct OidcArgs {
+    /// OpenID Connect issuer URL
+    #[arg(long, default_value = "", hide_default_value = true)]
+    issuer: String,
+    /// OpenID Connect client ID
+    #[arg(long = "client-id", default_value = "pinniped-cli")]
+    client_id: String,
+    /// TCP port for localhost listener (authorization code flow only)
+    #[arg(long = "listen-port", default_value = "0")]
+    listen_port: u16,
+    /// OIDC scopes to request during login
+    #[arg(long, value_delimiter = ',', default_value = selkie::login_oidc::DEFAULT_SCOPES)]
+    scopes: Vec<String>,
+    /// Skip opening the browser (just print the URL)
+    #[arg(long = "skip-browser", num_args = 0..=1, require_equals = true, default_value = "false",
+          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    skip_browser: bool,
+    /// Skip opening the local listener for OIDC login callback (user must copy and paste auth code)
+    #[arg(long = "skip-listen", hide = true, num_args = 0..=1, require_equals = true, default_value = "false",
+          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    skip_listen: bool,
+    /// Path to session cache file [default: $XDG_CONFIG_HOME/pinniped/sessions.yaml or ~/.config/pinniped/sessions.yaml]
+    #[arg(long = "session-cache", value_name = "PATH")]
+    session_cache: Option<String>,
+    /// Path to TLS certificate authority bundle (PEM format, optional, can be repeated)
+    #[arg(long = "ca-bundle", value_delimiter = ',')]
+    ca_bundle: Vec<PathBuf>,
+    /// Base64 encoded TLS certificate authority bundle (base64 encoded PEM format, optional, can be repeated)
+    #[arg(long = "ca-bundle-data", value_delimiter = ',')]
+    ca_bundle_data: Vec<String>,
+    /// Request a token with an alternate audience using RFC8693 token exchange
+    #[arg(long = "request-audience", default_value = "", hide_default_value = true)]
+    request_audience: String,
+    /// Use the Concierge to login
+    #[arg(long = "enable-concierge", num_args = 0..=1, require_equals = true, default_value = "false",
+          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    enable_concierge: bool,
+    /// Namespace in which the Concierge was installed (deprecated, ignored)
+    #[arg(
+        long = "concierge-namespace",
+        hide = true,
+        default_value = "pinniped-concierge"
+    )]
+    concierge_namespace: String,
+    /// Concierge authenticator type (e.g., 'webhook', 'jwt')
+    #[arg(
+        long = "concierge-authenticator-type",
+        default_value = "",
+        hide_default_value = true
+    )]
+    concierge_authenticator_type: String,
+    /// Concierge authenticator name
+    #[arg(
+        long = "concierge-authenticator-name",
+        default_value = "",
+        hide_default_value = true
+    )]
+    concierge_authenticator_name: String,
+    /// API base for the Concierge endpoint
+    #[arg(long = "concierge-endpoint", default_value = "", hide_default_value = true)]
+    concierge_endpoint: String,
+    /// CA bundle to use when connecting to the Concierge (base64 of PEM)
+    #[arg(
+        long = "concierge-ca-bundle-data",
+        default_value = "",
+        hide_default_value = true
+    )]
+    concierge_ca_bundle_data: String,
+    /// Concierge API group suffix
+    #[arg(long = "concierge-api-group-suffix", default_value = DEFAULT_API_GROUP_SUFFIX)]
+    concierge_api_group_suffix: String,
+    /// Path to cluster-specific credentials cache ("" disables the cache)
+    /// [default: $XDG_CONFIG_HOME/pinniped/credentials.yaml or ~/.config/pinniped/credentials.yaml]
+    #[arg(long = "credential-cache", value_name = "PATH")]
+    credential_cache: Option<String>,
+    /// The name of the upstream identity provider used during login with a Supervisor
+    #[arg(
+        long = "upstream-identity-provider-name",
+        default_value = "",
+        hide_default_value = true
+    )]
+    upstream_identity_provider_name: String,
+    /// The type of the upstream identity provider used during login with a Supervisor (e.g. 'oidc', 'ldap', 'activedirectory', 'github')
+    #[arg(long = "upstream-identity-provider-type", default_value = "oidc")]
+    upstream_identity_provider_type: String,
+    /// The type of client flow to use with the upstream identity provider during login with a Supervisor (e.g. 'browser_authcode', 'cli_password')
+    #[arg(
+        long = "upstream-identity-provider-flow",
+        default_value = "",
+        hide_default_value = true
+    )]
+    upstream_identity_provider_flow: String,
 }
 
 #[derive(Args)]
@@ -162,6 +272,32 @@ fn default_credential_cache() -> Option<PathBuf> {
     Some(base.join("pinniped").join("credentials.yaml"))
 }
 
+/// `$XDG_CONFIG_HOME/pinniped/<name>`, or `~/.config/pinniped/<name>`.
+fn default_pinniped_file(name: &str) -> Option<PathBuf> {
+    default_credential_cache().map(|path| path.with_file_name(name))
+}
+
+/// A cache path flag: "" disables the cache, absent means the default `name`.
+fn cache_path(flag: Option<String>, name: &str, option: &str) -> anyhow::Result<Option<PathBuf>> {
+    match flag {
+        Some(path) if path.is_empty() => Ok(None),
+        Some(path) => Ok(Some(PathBuf::from(path))),
+        None => Ok(Some(default_pinniped_file(name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "neither XDG_CONFIG_HOME nor HOME is set, so there is no default {name}: pass {option} PATH (or \"\" for none)"
+            )
+        })?)),
+    }
+}
+
+/// The process arguments after the program name, as the pinniped CLI hashes `os.Args[1:]`.
+fn argv() -> Vec<String> {
+    std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Writes cache warnings, and debug notes when asked for, to stderr.
 struct Stderr {
     debug: bool,
@@ -186,8 +322,50 @@ fn one_line(text: &str) -> String {
 async fn run(cli: Cli) -> anyhow::Result<String> {
     match cli.command {
         Command::Login {
+            method: Login::Oidc(args),
+        } => {
+            let args = *args;
+            let _deprecated_and_ignored = args.concierge_namespace;
+            if args.issuer.is_empty() {
+                anyhow::bail!("required flag \"issuer\" not set: pass --issuer https://…");
+            }
+            let options = OidcLoginOptions {
+                issuer: args.issuer,
+                client_id: args.client_id,
+                listen_port: args.listen_port,
+                scopes: args.scopes.into_iter().filter(|s| !s.is_empty()).collect(),
+                skip_browser: args.skip_browser,
+                skip_listen: args.skip_listen,
+                session_cache: cache_path(args.session_cache, "sessions.yaml", "--session-cache")?,
+                ca_bundle_files: args.ca_bundle,
+                ca_bundle_data: args.ca_bundle_data,
+                request_audience: args.request_audience,
+                enable_concierge: args.enable_concierge,
+                concierge_authenticator_type: args.concierge_authenticator_type,
+                concierge_authenticator_name: args.concierge_authenticator_name,
+                concierge_endpoint: args.concierge_endpoint,
+                concierge_ca_bundle_data: args.concierge_ca_bundle_data,
+                concierge_api_group_suffix: args.concierge_api_group_suffix,
+                credential_cache: cache_path(
+                    args.credential_cache,
+                    "credentials.yaml",
+                    "--credential-cache",
+                )?,
+                upstream_identity_provider_name: args.upstream_identity_provider_name,
+                upstream_identity_provider_type: args.upstream_identity_provider_type,
+                upstream_identity_provider_flow: args.upstream_identity_provider_flow,
+            };
+            let exec_info = ExecInfo::from_env()?;
+            let lookup_env = |name: &str| -> Option<String> { std::env::var(name).ok() };
+            let mut reporter = Stderr {
+                debug: std::env::var(DEBUG_ENV).is_ok_and(|value| value == "true"),
+            };
+            login_oidc::run(&options, &argv(), &lookup_env, exec_info.as_ref(), &mut reporter).await
+        }
+        Command::Login {
             method: Login::Static(args),
         } => {
+            let args = *args;
             let _deprecated_and_ignored = args.concierge_namespace;
             let credential_cache = match args.credential_cache {
                 Some(path) if path.is_empty() => None,

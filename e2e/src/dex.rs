@@ -24,6 +24,9 @@ use crate::{components::Components, pki::CertificateAuthority, process::ManagedP
 pub const CLIENT_ID: &str = "selkie-e2e";
 /// Its secret.
 pub const CLIENT_SECRET: &str = "selkie-e2e-secret";
+/// A public client like pinniped's `pinniped-cli`: no secret, PKCE, and (having no registered
+/// redirect URIs) any `http://127.0.0.1:<port>/callback` redirect, as Dex allows for public clients.
+pub const PUBLIC_CLIENT_ID: &str = "pinniped-cli";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -107,6 +110,8 @@ impl Dex {
             "staticClients": [{
                 "id": CLIENT_ID, "secret": CLIENT_SECRET, "name": "Selkie e2e",
                 "redirectURIs": ["http://127.0.0.1/callback"],
+            }, {
+                "id": PUBLIC_CLIENT_ID, "public": true, "name": "Pinniped CLI",
             }],
             "logger": {"level": "info"},
         });

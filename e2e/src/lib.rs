@@ -30,6 +30,7 @@ pub mod kubectl;
 pub mod pki;
 mod process;
 pub mod proxy;
+pub mod browser;
 
 pub use cluster::{Cluster, ClusterBuilder};
 pub use error::HarnessError;

@@ -1,0 +1,757 @@
+//! `selkie login oidc`: the exec credential plugin for an OIDC issuer (a Pinniped Supervisor,
+//! or any OIDC provider such as Dex), pinniped's `login oidc`.
+//!
+//! 1. The credential cache (`credentials.yaml`, keyed by the arguments and cluster, as pinniped
+//!    keys `login oidc`) answers while its credential is valid; its lock is held for the whole
+//!    login so parallel kubectl calls log in once.
+//! 2. Otherwise the session cache (`sessions.yaml`) gives an ID token with at least
+//!    [`MIN_ID_TOKEN_VALIDITY`] left, or a refresh token that is used silently.
+//! 3. Otherwise a login: `browser_authcode` (authorization code + PKCE S256 + state + nonce; a
+//!    callback listener on 127.0.0.1; `response_mode=form_post` when offered; the browser opened
+//!    with `$BROWSER` or xdg-open unless `--skip-browser`; the URL printed on stderr and, on a
+//!    terminal, the code may be pasted) or `cli_password` (username and password from
+//!    `PINNIPED_USERNAME`/`PINNIPED_PASSWORD` or prompts; sent as `Pinniped-Username` /
+//!    `Pinniped-Password` headers to a Supervisor's authorize endpoint, or, for an issuer that is
+//!    not a Supervisor, as the OAuth2 resource-owner password grant).
+//! 4. With `--request-audience`, an RFC 8693 exchange for an ID token of that audience.
+//! 5. With `--enable-concierge`, a TokenCredentialRequest for a client certificate; otherwise the
+//!    ID token itself is the credential.
+
+use std::{
+    io::{BufRead as _, IsTerminal as _, Write as _},
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
+
+use base64::{engine::general_purpose::STANDARD, Engine as _};
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, Limited};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{
+    cache::{oidc_cache_key, CredentialCache, Source},
+    concierge::{ConciergeClient, EXCHANGE_TIMEOUT},
+    exec::{render, CredentialStatus, ExecApiVersion, ExecInfo},
+    http::TlsOptions,
+    login_static::Reporter,
+    oidc::{CallbackOutcome, CallbackParams, ClientConfig, LoginParams, Provider},
+    sessions::{SessionCache, SessionKey, Tokens},
+    timestamp,
+};
+
+/// A cached ID token is used only with at least this much validity left (pinniped's).
+pub const MIN_ID_TOKEN_VALIDITY: Duration = Duration::from_secs(600);
+/// A cached access token is used for the RFC 8693 exchange only with this much left.
+pub const MIN_ACCESS_TOKEN_VALIDITY: Duration = Duration::from_secs(10);
+/// The longest a login may take (pinniped's `overallTimeout`).
+pub const OVERALL_TIMEOUT: Duration = Duration::from_secs(90 * 60);
+/// pinniped's default `--scopes`.
+pub const DEFAULT_SCOPES: &str = "offline_access,openid,pinniped:request-audience,username,groups";
+/// The variable that overrides `--upstream-identity-provider-flow`.
+pub const FLOW_ENV: &str = "PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW";
+/// The username variable of the `cli_password` flow.
+pub const USERNAME_ENV: &str = "PINNIPED_USERNAME";
+/// The password variable of the `cli_password` flow.
+pub const PASSWORD_ENV: &str = "PINNIPED_PASSWORD";
+/// Set to anything to not print the login URL when a browser was opened.
+pub const SKIP_PRINT_URL_ENV: &str = "PINNIPED_SKIP_PRINT_LOGIN_URL";
+/// The paste prompt, exactly pinniped's.
+pub const PASTE_PROMPT: &str = "    Optionally, paste your authorization code: ";
+
+/// The login flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// `browser_authcode`.
+    BrowserAuthcode,
+    /// `cli_password`.
+    CliPassword,
+}
+
+impl Flow {
+    /// Parses pinniped's flow names.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "browser_authcode" => Some(Self::BrowserAuthcode),
+            "cli_password" => Some(Self::CliPassword),
+            _ => None,
+        }
+    }
+}
+
+/// The command's options, as the flags give them.
+#[derive(Debug, Clone, Default)]
+pub struct OidcLoginOptions {
+    /// `--issuer`.
+    pub issuer: String,
+    /// `--client-id`.
+    pub client_id: String,
+    /// `--listen-port` (0: any).
+    pub listen_port: u16,
+    /// `--scopes`.
+    pub scopes: Vec<String>,
+    /// `--skip-browser`.
+    pub skip_browser: bool,
+    /// `--skip-listen`.
+    pub skip_listen: bool,
+    /// `--session-cache`; `None` disables it.
+    pub session_cache: Option<PathBuf>,
+    /// `--ca-bundle` files.
+    pub ca_bundle_files: Vec<PathBuf>,
+    /// `--ca-bundle-data` (base64 of PEM).
+    pub ca_bundle_data: Vec<String>,
+    /// `--request-audience`.
+    pub request_audience: String,
+    /// `--enable-concierge`.
+    pub enable_concierge: bool,
+    /// `--concierge-authenticator-type`.
+    pub concierge_authenticator_type: String,
+    /// `--concierge-authenticator-name`.
+    pub concierge_authenticator_name: String,
+    /// `--concierge-endpoint`.
+    pub concierge_endpoint: String,
+    /// `--concierge-ca-bundle-data`.
+    pub concierge_ca_bundle_data: String,
+    /// `--concierge-api-group-suffix`.
+    pub concierge_api_group_suffix: String,
+    /// `--credential-cache`; `None` disables it.
+    pub credential_cache: Option<PathBuf>,
+    /// `--upstream-identity-provider-name`.
+    pub upstream_identity_provider_name: String,
+    /// `--upstream-identity-provider-type`.
+    pub upstream_identity_provider_type: String,
+    /// `--upstream-identity-provider-flow` (empty: browser_authcode, or the env override).
+    pub upstream_identity_provider_flow: String,
+}
+
+/// Runs the login: `args` are the process arguments after the program name (the credential
+/// cache key), `lookup_env` reads the environment, `exec_info` is what kubectl passed. Returns
+/// the `ExecCredential` to print on stdout. Fails with a one-line error.
+pub async fn run(
+    options: &OidcLoginOptions,
+    args: &[String],
+    lookup_env: &(dyn Fn(&str) -> Option<String> + Sync),
+    exec_info: Option<&ExecInfo>,
+    reporter: &mut (dyn Reporter + Send),
+) -> anyhow::Result<String> {
+    let flow_name = lookup_env(FLOW_ENV)
+        .filter(|value| !value.is_empty())
+        .unwrap_or_else(|| options.upstream_identity_provider_flow.clone());
+    let flow = if flow_name.is_empty() {
+        Flow::BrowserAuthcode
+    } else {
+        Flow::parse(&flow_name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--upstream-identity-provider-flow (or {FLOW_ENV}) is {flow_name:?}: use browser_authcode or cli_password"
+            )
+        })?
+    };
+    if !matches!(
+        options.upstream_identity_provider_type.as_str(),
+        "" | "oidc" | "ldap" | "activedirectory" | "github"
+    ) {
+        anyhow::bail!(
+            "--upstream-identity-provider-type {:?} is not one of oidc, ldap, activedirectory, github",
+            options.upstream_identity_provider_type
+        );
+    }
+    let tls = TlsOptions {
+        ca_pem: ca_bundle(options)?,
+        ..TlsOptions::default()
+    };
+    let concierge = if options.enable_concierge {
+        Some(
+            ConciergeClient::new(
+                &options.concierge_endpoint,
+                &options.concierge_ca_bundle_data,
+                &options.concierge_authenticator_type,
+                &options.concierge_authenticator_name,
+                &options.concierge_api_group_suffix,
+            )
+            .map_err(|e| anyhow::anyhow!("invalid Concierge parameters: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let version = exec_info.map_or(ExecApiVersion::V1Beta1, |info| info.api_version);
+    let mut login = Login {
+        options,
+        flow,
+        tls,
+        lookup_env,
+        notes: Vec::new(),
+    };
+    let credential = match &options.credential_cache {
+        None => login.credential(concierge.as_ref()).await,
+        Some(path) => {
+            let key = oidc_cache_key(args, exec_info.and_then(ExecInfo::cache_cluster));
+            let mut warnings = Vec::new();
+            let result = CredentialCache::new(path)
+                .get_or_fetch(&key, || login.credential(concierge.as_ref()), &mut |warning| {
+                    warnings.push(warning)
+                })
+                .await;
+            for warning in &warnings {
+                reporter.warn(warning);
+            }
+            result.map(|(credential, source)| {
+                if source == Source::Cache {
+                    login
+                        .notes
+                        .push(Note::Debug("using cached cluster credential.".into()));
+                }
+                credential
+            })
+        }
+    };
+    for note in login.notes.drain(..) {
+        match note {
+            Note::Debug(message) => reporter.debug(&message),
+            Note::Warn(message) => eprintln!("selkie: warning: {message}"),
+        }
+    }
+    Ok(render(version, &credential?))
+}
+
+enum Note {
+    Debug(String),
+    Warn(String),
+}
+
+struct Login<'a> {
+    options: &'a OidcLoginOptions,
+    flow: Flow,
+    tls: TlsOptions,
+    lookup_env: &'a (dyn Fn(&str) -> Option<String> + Sync),
+    notes: Vec<Note>,
+}
+
+impl Login<'_> {
+    /// The cluster credential: the ID token, or what the Concierge gives for it.
+    async fn credential(&mut self, concierge: Option<&ConciergeClient>) -> anyhow::Result<CredentialStatus> {
+        let (token, expiry) = tokio::time::timeout(OVERALL_TIMEOUT, self.id_token())
+            .await
+            .map_err(|_| anyhow::anyhow!("the login did not finish within {OVERALL_TIMEOUT:?}"))??;
+        match concierge {
+            Some(concierge) => concierge
+                .exchange(&token, EXCHANGE_TIMEOUT)
+                .await
+                .map_err(|e| anyhow::anyhow!("could not complete the Concierge credential exchange: {e}")),
+            None => Ok(CredentialStatus {
+                expiration_timestamp: expiry,
+                token,
+                ..CredentialStatus::default()
+            }),
+        }
+    }
+
+    /// The ID token for the cluster (and its expiry).
+    async fn id_token(&mut self) -> anyhow::Result<(String, Option<String>)> {
+        let options = self.options;
+        let mut scopes = options.scopes.clone();
+        scopes.sort();
+        let key = SessionKey {
+            client_id: options.client_id.clone(),
+            issuer: options.issuer.clone(),
+            redirect_uri: format!("http://localhost:{}/callback", options.listen_port),
+            scopes,
+            upstream_provider_name: options.upstream_identity_provider_name.clone(),
+        };
+        let sessions = options.session_cache.as_ref().map(SessionCache::new);
+        let mut warnings = Vec::new();
+        let cached = match &sessions {
+            Some(cache) => cache.get(&key, &mut |w| warnings.push(w.to_string())).await?,
+            None => None,
+        };
+        self.notes.extend(warnings.drain(..).map(Note::Warn));
+        let audience = options.request_audience.as_str();
+        let needs_exchange = |tokens: &Tokens| {
+            !audience.is_empty()
+                && tokens
+                    .id
+                    .as_ref()
+                    .and_then(|id| id.claims.as_ref())
+                    .and_then(|c| c.get("aud"))
+                    .and_then(|aud| aud.as_str())
+                    != Some(audience)
+        };
+        let now = timestamp::now();
+        let fresh_enough = |tokens: &Tokens| {
+            if needs_exchange(tokens) {
+                tokens
+                    .access_expiry()
+                    .is_some_and(|e| e - now > MIN_ACCESS_TOKEN_VALIDITY)
+            } else {
+                tokens
+                    .id_expiry()
+                    .is_some_and(|e| e - now > MIN_ID_TOKEN_VALIDITY)
+            }
+        };
+        let config = ClientConfig {
+            client_id: options.client_id.clone(),
+            scopes: options.scopes.clone(),
+        };
+        let mut provider: Option<Provider> = None;
+        let tokens = match cached {
+            Some(tokens) if fresh_enough(&tokens) => {
+                self.notes
+                    .push(Note::Debug("found unexpired cached token.".into()));
+                tokens
+            }
+            cached => {
+                let mut discovered = Provider::discover(&options.issuer, &self.tls).await?;
+                let refreshed = match cached.and_then(|tokens| tokens.refresh) {
+                    Some(refresh) => match discovered.refresh(&config, &refresh.token).await {
+                        Ok(tokens) if tokens.id.is_some() => {
+                            self.notes.push(Note::Debug("refreshed cached tokens.".into()));
+                            Some(tokens)
+                        }
+                        Ok(_) => None,
+                        Err(error) => {
+                            self.notes
+                                .push(Note::Debug(format!("refresh failed, logging in again: {error}")));
+                            None
+                        }
+                    },
+                    None => None,
+                };
+                let tokens = match refreshed {
+                    Some(tokens) => tokens,
+                    None => self.login(&mut discovered, &config).await?,
+                };
+                if let Some(cache) = &sessions {
+                    cache
+                        .put(&key, &tokens, &mut |w| warnings.push(w.to_string()))
+                        .await?;
+                    self.notes.extend(warnings.drain(..).map(Note::Warn));
+                }
+                provider = Some(discovered);
+                tokens
+            }
+        };
+        if needs_exchange(&tokens) {
+            let mut provider = match provider {
+                Some(provider) => provider,
+                None => Provider::discover(&options.issuer, &self.tls).await?,
+            };
+            let access = tokens
+                .access
+                .as_ref()
+                .map(|access| access.token.clone())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("the session has no access token for the --request-audience exchange")
+                })?;
+            let id = provider
+                .token_exchange(&config, &access, audience)
+                .await
+                .map_err(|e| anyhow::anyhow!("failed to exchange token: {e}"))?;
+            return Ok((id.token, id.expiry));
+        }
+        let id = tokens.id.ok_or_else(|| {
+            anyhow::anyhow!("the issuer gave no ID token; request the openid scope with --scopes")
+        })?;
+        Ok((id.token, id.expiry))
+    }
+
+    /// A fresh login in the chosen flow.
+    async fn login(&mut self, provider: &mut Provider, config: &ClientConfig) -> anyhow::Result<Tokens> {
+        let params = LoginParams::generate()?;
+        let options = self.options;
+        let mut extra: Vec<(&str, &str)> = Vec::new();
+        if !options.upstream_identity_provider_name.is_empty() {
+            extra.push(("pinniped_idp_name", &options.upstream_identity_provider_name));
+            extra.push(("pinniped_idp_type", idp_type(options)));
+        }
+        match self.flow {
+            Flow::CliPassword => {
+                let (username, password) = self.credentials()?;
+                if provider.discovery.is_supervisor() {
+                    let port = self.options.listen_port;
+                    let redirect_uri = format!("http://127.0.0.1:{port}/callback");
+                    let url = provider.authorize_url(config, &params, &redirect_uri, &extra);
+                    let code = provider
+                        .supervisor_password_authorize(
+                            &url,
+                            &redirect_uri,
+                            &params.state,
+                            &username,
+                            &password,
+                        )
+                        .await?;
+                    Ok(provider
+                        .exchange_code(config, &params, &code, &redirect_uri)
+                        .await?)
+                } else {
+                    Ok(provider.password_grant(config, &username, &password).await?)
+                }
+            }
+            Flow::BrowserAuthcode => self.browser_login(provider, config, &params, &extra).await,
+        }
+    }
+
+    /// `PINNIPED_USERNAME` / `PINNIPED_PASSWORD`, or prompts on the terminal.
+    fn credentials(&mut self) -> anyhow::Result<(String, String)> {
+        let env = |name| (self.lookup_env)(name).filter(|value: &String| !value.is_empty());
+        if !self.options.upstream_identity_provider_name.is_empty() {
+            eprintln!("\nLog in to {}\n", self.options.upstream_identity_provider_name);
+        }
+        let username = match env(USERNAME_ENV) {
+            Some(username) => {
+                self.notes.push(Note::Debug(format!(
+                    "read username from environment variable {USERNAME_ENV}"
+                )));
+                username
+            }
+            None => prompt_line("Username: ").map_err(|e| {
+                anyhow::anyhow!(
+                    "error prompting for username: {e} (set {USERNAME_ENV} and {PASSWORD_ENV} instead)"
+                )
+            })?,
+        };
+        let password = match env(PASSWORD_ENV) {
+            Some(password) => password,
+            None => prompt_secret("Password: ").map_err(|e| {
+                anyhow::anyhow!("error prompting for password: {e} (set {PASSWORD_ENV} instead)")
+            })?,
+        };
+        Ok((username, password))
+    }
+
+    async fn browser_login(
+        &mut self,
+        provider: &mut Provider,
+        config: &ClientConfig,
+        params: &LoginParams,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<Tokens> {
+        let options = self.options;
+        let listener = if options.skip_listen {
+            None
+        } else {
+            match tokio::net::TcpListener::bind(("127.0.0.1", options.listen_port)).await {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    eprintln!(
+                        "selkie: warning: could not open the callback listener on 127.0.0.1:{}: {error}",
+                        options.listen_port
+                    );
+                    None
+                }
+            }
+        };
+        let stdin_tty = std::io::stdin().is_terminal();
+        if listener.is_none() && !stdin_tty {
+            anyhow::bail!(
+                "login failed: must have either a localhost listener or stdin must be a TTY \
+                 (run without --skip-listen, or in a terminal to paste the code)"
+            );
+        }
+        let port = match &listener {
+            Some(listener) => listener.local_addr()?.port(),
+            None => options.listen_port,
+        };
+        let redirect_uri = format!("http://127.0.0.1:{port}/callback");
+        let form_post = provider.discovery.supports_form_post();
+        let mut authorize_extra = extra.to_vec();
+        if form_post {
+            authorize_extra.push(("response_mode", "form_post"));
+        }
+        let url = provider.authorize_url(config, params, &redirect_uri, &authorize_extra);
+
+        let (codes, mut incoming) =
+            mpsc::channel::<(CallbackOutcome, oneshot::Sender<Result<(), String>>)>(4);
+        let server = listener.map(|listener| {
+            let origin = origin_of(&options.issuer);
+            tokio::spawn(serve_callbacks(
+                listener,
+                codes.clone(),
+                origin,
+                params.state.clone(),
+            ))
+        });
+        let _stop_server = AbortOnDrop(server);
+
+        let opened = !options.skip_browser && open_browser(&url, self.lookup_env);
+        let print_url = !opened || (self.lookup_env)(SKIP_PRINT_URL_ENV).is_none();
+        let mut pasted = None;
+        if print_url {
+            eprint!("Log in by visiting this link:\n\n    {url}\n\n");
+            if stdin_tty && (form_post || port == 0 || options.skip_listen) {
+                eprint!("{PASTE_PROMPT}");
+                let _best_effort = std::io::stderr().flush();
+                pasted = Some(read_line_in_background());
+            }
+        }
+
+        let pasted_code = async {
+            match pasted {
+                Some(receiver) => receiver.await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            pasted = pasted_code => {
+                let code = pasted.unwrap_or_default();
+                eprintln!();
+                let code = code.trim();
+                if code.is_empty() {
+                    anyhow::bail!("no authorization code was pasted; run the command again to log in");
+                }
+                Ok(provider.exchange_code(config, params, code, &redirect_uri).await?)
+            }
+            callback = incoming.recv() => {
+                let Some((outcome, reply)) = callback else {
+                    anyhow::bail!("the callback listener stopped before a login arrived");
+                };
+                let result = match outcome {
+                    CallbackOutcome::Failed(reason) => Err(anyhow::anyhow!("login failed: {reason}")),
+                    CallbackOutcome::Code(code) => provider
+                        .exchange_code(config, params, &code, &redirect_uri)
+                        .await
+                        .map_err(anyhow::Error::from),
+                };
+                let _gone = reply.send(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                // Let the browser get its page before this process goes on (and maybe exits).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                result
+            }
+        }
+    }
+}
+
+/// `--upstream-identity-provider-type`, `oidc` when not given.
+fn idp_type(options: &OidcLoginOptions) -> &str {
+    match options.upstream_identity_provider_type.as_str() {
+        "" => "oidc",
+        other => other,
+    }
+}
+
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// `scheme://host[:port]` of the issuer (the origin allowed to POST the form).
+fn origin_of(issuer: &str) -> String {
+    match issuer.parse::<http::Uri>() {
+        Ok(uri) => format!(
+            "{}://{}",
+            uri.scheme_str().unwrap_or("https"),
+            uri.authority().map(|a| a.as_str()).unwrap_or_default()
+        ),
+        Err(_) => String::new(),
+    }
+}
+
+type CallbackSender = mpsc::Sender<(CallbackOutcome, oneshot::Sender<Result<(), String>>)>;
+
+/// Serves `/callback` on `listener`: GET (query) or POST (form_post body), CORS preflight for
+/// the issuer's origin. Each authorization response goes to `codes`; the page shows the result.
+async fn serve_callbacks(
+    listener: tokio::net::TcpListener,
+    codes: CallbackSender,
+    origin: String,
+    state: String,
+) {
+    let shared = Arc::new((origin, state));
+    while let Ok((stream, _peer)) = listener.accept().await {
+        let (codes, shared) = (codes.clone(), shared.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let (codes, shared) = (codes.clone(), shared.clone());
+                async move {
+                    let (origin, state) = &*shared;
+                    Ok::<_, std::convert::Infallible>(callback(request, &codes, origin, state).await)
+                }
+            });
+            let _ended = hyper::server::conn::http1::Builder::new()
+                .header_read_timeout(Duration::from_secs(10))
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn callback(
+    request: http::Request<hyper::body::Incoming>,
+    codes: &CallbackSender,
+    origin: &str,
+    state: &str,
+) -> http::Response<Full<Bytes>> {
+    let page = |status: u16, text: &str| {
+        let mut response = http::Response::new(Full::new(Bytes::from(text.to_string())));
+        *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::BAD_REQUEST);
+        let headers = response.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        headers.insert(
+            http::header::CACHE_CONTROL,
+            http::HeaderValue::from_static("no-store"),
+        );
+        if let Ok(origin) = http::HeaderValue::from_str(origin) {
+            headers.insert(http::header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            headers.insert(http::header::VARY, http::HeaderValue::from_static("*"));
+        }
+        response
+    };
+    if request.uri().path() != "/callback" {
+        return page(404, "not found");
+    }
+    let params = match *request.method() {
+        http::Method::OPTIONS => {
+            let mut response = page(204, "");
+            let headers = response.headers_mut();
+            headers.insert(
+                http::header::ACCESS_CONTROL_ALLOW_METHODS,
+                http::HeaderValue::from_static("GET, POST, OPTIONS"),
+            );
+            headers.insert(
+                http::HeaderName::from_static("access-control-allow-private-network"),
+                http::HeaderValue::from_static("true"),
+            );
+            return response;
+        }
+        http::Method::GET => CallbackParams::parse(request.uri().query().unwrap_or_default()),
+        http::Method::POST => match Limited::new(request.into_body(), 64 << 10).collect().await {
+            Ok(body) => CallbackParams::parse(&String::from_utf8_lossy(&body.to_bytes())),
+            Err(_) => return page(400, "invalid form"),
+        },
+        _ => return page(405, "method not allowed"),
+    };
+    let (reply, result) = oneshot::channel();
+    if codes.send((params.outcome(state), reply)).await.is_err() {
+        return page(410, "this login has already finished; you may close this tab");
+    }
+    match result.await {
+        Ok(Ok(())) => page(200, "you have been logged in and may now close this tab"),
+        Ok(Err(reason)) => page(403, &format!("login failed: {reason}")),
+        Err(_) => page(410, "this login has already finished; you may close this tab"),
+    }
+}
+
+/// The CA bundle from `--ca-bundle` files and `--ca-bundle-data`; `None` for the system roots.
+fn ca_bundle(options: &OidcLoginOptions) -> anyhow::Result<Option<Vec<u8>>> {
+    let mut pem = Vec::new();
+    for file in &options.ca_bundle_files {
+        let bytes = std::fs::read(file)
+            .map_err(|e| anyhow::anyhow!("could not read --ca-bundle {}: {e}", file.display()))?;
+        pem.extend_from_slice(&bytes);
+        pem.push(b'\n');
+    }
+    for data in &options.ca_bundle_data {
+        let bytes = STANDARD
+            .decode(data.trim())
+            .map_err(|e| anyhow::anyhow!("--ca-bundle-data is not base64: {e}"))?;
+        pem.extend_from_slice(&bytes);
+        pem.push(b'\n');
+    }
+    Ok((!pem.is_empty()).then_some(pem))
+}
+
+/// Opens `url` with `$BROWSER` (a `:`-separated list of commands; `%s` is replaced by the URL,
+/// otherwise it is the last argument), or else xdg-open, x-www-browser, www-browser. A command
+/// that exits non-zero within two seconds counts as failed; one still running counts as opened.
+/// The browser never gets this process's stdout (which carries the credential).
+fn open_browser(url: &str, lookup_env: &dyn Fn(&str) -> Option<String>) -> bool {
+    let commands: Vec<Vec<String>> = match lookup_env("BROWSER").filter(|b| !b.trim().is_empty()) {
+        Some(list) => list
+            .split(':')
+            .map(|command| command.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .filter(|words| !words.is_empty())
+            .collect(),
+        None => ["xdg-open", "x-www-browser", "www-browser"]
+            .iter()
+            .map(|command| vec![command.to_string()])
+            .collect(),
+    };
+    for mut words in commands {
+        let program = words.remove(0);
+        let mut args: Vec<String> = words.iter().map(|w| w.replace("%s", url)).collect();
+        if !words.iter().any(|w| w.contains("%s")) {
+            args.push(url.to_string());
+        }
+        let child = std::process::Command::new(&program)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let Ok(mut child) = child else {
+            continue;
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let opened = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status.success(),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(None) => {
+                    // Still running: reap it in the background when it ends.
+                    std::thread::spawn(move || child.wait());
+                    break true;
+                }
+                Err(_) => break false,
+            }
+        };
+        if opened {
+            return true;
+        }
+    }
+    false
+}
+
+/// Reads one line of stdin on a thread (a blocked read never holds up the login).
+fn read_line_in_background() -> oneshot::Receiver<String> {
+    let (sender, receiver) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        if std::io::stdin().lock().read_line(&mut line).is_ok() {
+            let _gone = sender.send(line);
+        }
+    });
+    receiver
+}
+
+fn prompt_line(prompt: &str) -> Result<String, String> {
+    if !std::io::stdin().is_terminal() {
+        return Err("stdin is not connected to a terminal".into());
+    }
+    eprint!("{prompt}");
+    let _best_effort = std::io::stderr().flush();
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    Ok(line.trim().to_string())
+}
+
+fn prompt_secret(prompt: &str) -> Result<String, String> {
+    use nix::sys::termios::{tcgetattr, tcsetattr, LocalFlags, SetArg};
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err("stdin is not connected to a terminal".into());
+    }
+    eprint!("{prompt}");
+    let _best_effort = std::io::stderr().flush();
+    let original = tcgetattr(&stdin).map_err(|e| e.to_string())?;
+    let mut quiet = original.clone();
+    quiet.local_flags.remove(LocalFlags::ECHO);
+    tcsetattr(&stdin, SetArg::TCSANOW, &quiet).map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    let read = stdin.lock().read_line(&mut line);
+    let _restored = tcsetattr(&stdin, SetArg::TCSANOW, &original);
+    eprintln!();
+    read.map_err(|e| e.to_string())?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
