@@ -2,7 +2,8 @@
 # Installs everything Selkie's build, tests and demo need on a fresh machine, and does nothing
 # (in about a second) on a machine that already has it:
 #   * Debian packages: util-linux (setpriv), cmake (pingora's zlib-ng), pkg-config, g++ (libFuzzer,
-#     which the fuzz targets link);
+#     which the fuzz targets link); chromium, chromium-driver and tmux (the browser and the terminal
+#     of the OIDC login tests, e2e/tests/e2e/cli_oidc.rs);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
 #     (build-components.sh).
@@ -20,6 +21,9 @@ command -v setpriv >/dev/null || missing+=(util-linux)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 command -v c++ >/dev/null || missing+=(g++)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
+command -v tmux >/dev/null || missing+=(tmux)
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   sudo=""
