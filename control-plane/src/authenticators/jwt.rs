@@ -219,7 +219,15 @@ pub(crate) async fn evaluate(
         Ok(_) => checks.extend([discovery_ok(), jwks_url_ok(), jwks_fetch_ok()]),
         Err(error) => {
             retry = true;
-            checks.extend(fetch_failure(&error));
+            let mut failure = fetch_failure(&error);
+            if let JwksError::Discovery { .. } = error {
+                // The HTTPS client reports a failed connection without its cause; a probe of the
+                // same host with the same trust says what it was (refused, untrusted, ...).
+                if let Some(cause) = connection_problem(&spec.issuer, tls.ca_bundle_pem.as_deref()).await {
+                    failure[0].message.push_str(&format!(" ({cause})"));
+                }
+            }
+            checks.extend(failure);
         }
     }
     let fetched = checks.iter().all(Check::is_true);
@@ -240,6 +248,15 @@ pub(crate) async fn evaluate(
         built: Some(TokenAuthenticator::Jwt(Arc::new(authenticator))),
         retry: false,
     }
+}
+
+/// Why a connection to the issuer's host fails, if it does.
+async fn connection_problem(issuer: &str, ca_bundle_pem: Option<&str>) -> Option<String> {
+    let uri: Uri = issuer.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    super::webhook::dial(host, uri.port_u16().unwrap_or(443), ca_bundle_pem)
+        .await
+        .err()
 }
 
 fn invalid_authenticator(message: &str) -> Check {
@@ -438,6 +455,10 @@ mod tests {
                 .message
                 .starts_with("could not perform oidc discovery on provider issuer: "),
             "{discovery:?}"
+        );
+        assert!(
+            discovery.message.contains("(dial tcp 127.0.0.1:1: "),
+            "the probe names the cause: {discovery:?}"
         );
         assert!(evaluation.retry);
         assert!(evaluation.built.is_none());
