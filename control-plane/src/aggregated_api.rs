@@ -173,6 +173,7 @@ pub async fn serve_on(
     background.spawn(serving::watch_secret(
         Api::<Secret>::namespaced(client.clone(), &config.namespace),
         names.secret.clone(),
+        names.serving_name.clone(),
         shared.serving.clone(),
         provider.clone(),
         wake.clone(),

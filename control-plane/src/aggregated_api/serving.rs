@@ -231,6 +231,14 @@ impl ServingMaterial {
         None
     }
 
+    /// Whether the serving certificate names `service_name` (what the aggregator verifies).
+    pub fn is_for(&self, service_name: &str) -> bool {
+        certificates(&self.cert_pem)
+            .ok()
+            .and_then(|certificates| certificates.into_iter().next())
+            .is_some_and(|(_, leaf)| leaf.dns_names.iter().any(|name| name == service_name))
+    }
+
     /// A new CA and serving certificate for `service_name`, valid for [`CERTIFICATE_LIFETIME`].
     /// The CA bundle also holds the aggregation CAs of `previous_bundles` that are still valid
     /// at `now` (at most two), so clients that trust them keep working during the switch.
@@ -283,8 +291,14 @@ impl std::fmt::Debug for ServingCertificate {
 
 impl ServingCertificate {
     /// Serves `material` from the next handshake on. Returns whether it differs from what was
-    /// served; fails (and keeps the current certificate) when it is unusable.
-    pub fn install(&self, material: &ServingMaterial, provider: &CryptoProvider) -> Result<bool, String> {
+    /// served; fails (and keeps the current certificate) when it is unusable or not for
+    /// `service_name` (kube-apiserver would refuse it; the leader replaces such a Secret).
+    pub fn install(
+        &self,
+        material: &ServingMaterial,
+        service_name: &str,
+        provider: &CryptoProvider,
+    ) -> Result<bool, String> {
         if self
             .installed
             .load()
@@ -292,6 +306,9 @@ impl ServingCertificate {
             .is_some_and(|installed| installed.cert_pem == material.cert_pem)
         {
             return Ok(false);
+        }
+        if !material.is_for(service_name) {
+            return Err(format!("the certificate is not for {service_name}"));
         }
         let key = material.certified_key(provider)?;
         self.installed.store(Some(Arc::new(Installed {
@@ -316,11 +333,12 @@ impl ResolvesServerCert for ServingCertificate {
     }
 }
 
-/// Watches the Secret and installs each readable version; wakes `leader_wake` on every change
+/// Watches the Secret and installs each usable version for `service_name`; wakes `leader_wake` on every change
 /// (a deleted Secret is the leader's to recreate). Runs until its task is dropped.
 pub async fn watch_secret(
     secrets: Api<Secret>,
     name: String,
+    service_name: String,
     serving: Arc<ServingCertificate>,
     provider: Arc<CryptoProvider>,
     leader_wake: Arc<Notify>,
@@ -331,7 +349,7 @@ pub async fn watch_secret(
         match event {
             Ok(watcher::Event::Apply(secret) | watcher::Event::InitApply(secret)) => {
                 match ServingMaterial::from_secret(&secret)
-                    .and_then(|material| serving.install(&material, &provider))
+                    .and_then(|material| serving.install(&material, &service_name, &provider))
                 {
                     Ok(true) => {
                         tracing::info!(secret = %name, "serving the aggregated API's new certificate")
@@ -655,11 +673,18 @@ mod tests {
         assert!(mismatched.certified_key(&provider()).is_err());
         let serving = ServingCertificate::default();
         assert!(!serving.is_ready());
-        assert!(serving.install(&mismatched, &provider()).is_err());
+        assert!(serving.install(&mismatched, SERVICE, &provider()).is_err());
         assert!(!serving.is_ready());
-        assert!(serving.install(&material, &provider()).unwrap());
-        assert!(!serving.install(&material, &provider()).unwrap(), "unchanged");
+        assert!(serving.install(&material, SERVICE, &provider()).unwrap());
+        assert!(
+            !serving.install(&material, SERVICE, &provider()).unwrap(),
+            "unchanged"
+        );
         assert!(serving.is_ready());
+        let elsewhere = ServingMaterial::generate("other.ns.svc", &[], SystemTime::now()).unwrap();
+        assert!(!elsewhere.is_for(SERVICE));
+        let refused = serving.install(&elsewhere, SERVICE, &provider()).unwrap_err();
+        assert!(refused.contains("not for"), "{refused}");
         let garbage = ServingMaterial {
             cert_pem: "garbage".into(),
             ..material

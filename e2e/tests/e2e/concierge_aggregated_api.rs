@@ -82,16 +82,73 @@ impl Drop for Cleanup {
     }
 }
 
-/// A running aggregated API server, registered with the shared cluster.
+/// One replica of the aggregated API server, running in this process on a loopback port.
+struct Replica {
+    port: u16,
+    leader: tokio::sync::watch::Sender<bool>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), AggregatedApiError>>>,
+}
+
+impl Replica {
+    async fn start(
+        client: &Client,
+        config: &Arc<ControlPlaneConfig>,
+        publisher: &Publisher,
+        leader: bool,
+    ) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (leader, leading) = tokio::sync::watch::channel(leader);
+        let task = tokio::spawn(aggregated_api::serve_on(
+            listener,
+            client.clone(),
+            config.clone(),
+            publisher.clone(),
+            leading,
+            async move {
+                let _stopped = stopped.await;
+            },
+        ));
+        Ok(Self {
+            port,
+            leader,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// Stops the replica and checks that it returns cleanly.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ignored = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(20), task).await???;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A running aggregated API server (its leading replica), registered with the shared cluster.
 struct Concierge {
     namespace: String,
+    config: Arc<ControlPlaneConfig>,
     names: Names,
     publisher: Publisher,
     port: u16,
     login_group: String,
     identity_group: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), AggregatedApiError>>>,
+    replica: Option<Replica>,
     _cleanup: Cleanup,
 }
 
@@ -112,22 +169,9 @@ impl Concierge {
         let names = Names::new(&config);
         let login_group = config.group("login.concierge.pinniped.dev");
         let identity_group = config.group("identity.concierge.pinniped.dev");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
         let publisher = Publisher::new();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (_leader_tx, leader) = tokio::sync::watch::channel(true);
-        let task = tokio::spawn(aggregated_api::serve_on(
-            listener,
-            client.clone(),
-            config.clone(),
-            publisher.clone(),
-            leader,
-            async move {
-                let _leader_tx = _leader_tx;
-                let _stopped = stopped.await;
-            },
-        ));
+        let replica = Replica::start(client, &config, &publisher, true).await?;
+        let port = replica.port;
 
         let pre_authn = format!("{namespace}-pre-authn-apis");
         let kubectl = cluster.kubectl();
@@ -180,11 +224,11 @@ impl Concierge {
             namespace,
             names,
             publisher,
+            config,
             port,
             login_group,
             identity_group,
-            stop: Some(stop),
-            task: Some(task),
+            replica: Some(replica),
             _cleanup: cleanup,
         };
         for name in &concierge.names.api_services {
@@ -250,22 +294,12 @@ impl Concierge {
         serving::ServingMaterial::from_secret(&secret).map_err(anyhow::Error::msg)
     }
 
-    /// Stops the server and checks that it returns cleanly.
-    async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ignored = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(Duration::from_secs(20), task).await???;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Concierge {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
+    /// Stops the server and checks that it returns cleanly; the APIServices stay registered
+    /// until `self` is dropped.
+    async fn stop(&mut self) -> anyhow::Result<()> {
+        match self.replica.take() {
+            Some(replica) => replica.stop().await,
+            None => Ok(()),
         }
     }
 }
@@ -453,7 +487,7 @@ async fn token_credential_requests_through_kube_apiserver_issue_certificates_kub
 ) -> anyhow::Result<()> {
     let cluster = Cluster::shared().await?;
     let client = cluster.client().await?;
-    let concierge = Concierge::start(cluster, &client, "aggapi-login").await?;
+    let mut concierge = Concierge::start(cluster, &client, "aggapi-login").await?;
     let user = dex_user();
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     let chain = dex_chain(&dex)?;
@@ -608,7 +642,7 @@ async fn token_credential_requests_through_kube_apiserver_issue_certificates_kub
 async fn who_am_i_reports_the_front_proxy_user_and_forged_headers_are_not_trusted() -> anyhow::Result<()> {
     let cluster = Cluster::shared().await?;
     let client = cluster.client().await?;
-    let concierge = Concierge::start(cluster, &client, "aggapi-whoami").await?;
+    let mut concierge = Concierge::start(cluster, &client, "aggapi-whoami").await?;
     let whoami_path = concierge.whoami_path();
     let body = concierge.whoami();
     let user_info = |answer: &Value| answer["status"]["kubernetesUserInfo"]["user"].clone();
@@ -818,7 +852,7 @@ async fn who_am_i_reports_the_front_proxy_user_and_forged_headers_are_not_truste
 async fn a_deleted_serving_secret_is_regenerated_and_the_api_stays_available() -> anyhow::Result<()> {
     let cluster = Cluster::shared().await?;
     let client = cluster.client().await?;
-    let concierge = Concierge::start(cluster, &client, "aggapi-rotate").await?;
+    let mut concierge = Concierge::start(cluster, &client, "aggapi-rotate").await?;
     let before = concierge.secret(&client).await?;
     let api_services = Api::<APIService>::all(client.clone());
     let ca_bundle = |service: APIService| {
@@ -944,4 +978,111 @@ async fn a_deleted_serving_secret_is_regenerated_and_the_api_stays_available() -
         concierge.wait_available(&cluster.kubectl(), name).await?;
     }
     concierge.stop().await
+}
+
+#[tokio::test]
+async fn a_follower_serves_the_leaders_certificate_never_writes_and_takes_over() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let mut concierge = Concierge::start(cluster, &client, "aggapi-replicas").await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &concierge.namespace);
+    let api_services = Api::<APIService>::all(client.clone());
+    let first = concierge.secret(&client).await?;
+    let follower = Replica::start(&client, &concierge.config, &concierge.publisher, false).await?;
+    let name = concierge.names.serving_name.clone();
+    let served_by = |port: u16, ca: String| {
+        let name = name.clone();
+        async move {
+            let (status, _, served) = direct(port, &name, &ca, None, "GET", "/readyz", &[], "").await?;
+            anyhow::ensure!(status == 200, "/readyz answered {status}");
+            Ok::<_, anyhow::Error>(served)
+        }
+    };
+    let leaf = |material: &serving::ServingMaterial| -> anyhow::Result<CertificateDer<'static>> {
+        Ok(CertificateDer::from_pem_slice(material.cert_pem.as_bytes())?)
+    };
+    let served = eventually(Duration::from_secs(10), || {
+        served_by(follower.port, first.ca_bundle_pem.clone())
+    })
+    .await?;
+    assert_eq!(
+        served,
+        leaf(&first)?,
+        "the follower serves the leader's certificate"
+    );
+
+    // With the leader gone, a deleted Secret stays deleted: a follower never writes, and keeps
+    // serving what it has.
+    concierge.stop().await?;
+    secrets
+        .delete(&concierge.names.secret, &DeleteParams::default())
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        secrets.get_opt(&concierge.names.secret).await?.is_none(),
+        "a follower must not write the Secret"
+    );
+    assert_eq!(
+        served_by(follower.port, first.ca_bundle_pem.clone()).await?,
+        leaf(&first)?
+    );
+
+    // Elected, it generates a new Secret, serves it and publishes the caBundle.
+    follower.leader.send(true)?;
+    let second = eventually(Duration::from_secs(20), || async {
+        let second = concierge.secret(&client).await?;
+        anyhow::ensure!(second.cert_pem != first.cert_pem, "not regenerated yet");
+        Ok(second)
+    })
+    .await?;
+    let served = eventually(Duration::from_secs(10), || async {
+        let served = served_by(follower.port, second.ca_bundle_pem.clone()).await?;
+        anyhow::ensure!(served == leaf(&second)?, "still serving the old certificate");
+        Ok(served)
+    })
+    .await?;
+    assert_eq!(served, leaf(&second)?);
+    for api_service in &concierge.names.api_services {
+        eventually(Duration::from_secs(10), || async {
+            let bundle = api_services
+                .get(api_service)
+                .await?
+                .spec
+                .and_then(|spec| spec.ca_bundle)
+                .map(|bundle| bundle.0)
+                .unwrap_or_default();
+            anyhow::ensure!(
+                bundle == second.ca_bundle_pem.as_bytes(),
+                "{api_service}'s caBundle has not followed"
+            );
+            Ok(())
+        })
+        .await?;
+    }
+
+    // A Secret for another name (which replicas refuse to serve) is replaced by the leader.
+    let elsewhere = serving::ServingMaterial::generate("somewhere-else.example.svc", &[], SystemTime::now())?;
+    let mut secret = secrets.get(&concierge.names.secret).await?;
+    secret.data = Some(elsewhere.secret_data());
+    secrets
+        .replace(&concierge.names.secret, &PostParams::default(), &secret)
+        .await?;
+    let third = eventually(Duration::from_secs(20), || async {
+        let third = concierge.secret(&client).await?;
+        anyhow::ensure!(
+            third.cert_pem != elsewhere.cert_pem && third.cert_pem != second.cert_pem,
+            "not replaced yet"
+        );
+        Ok(third)
+    })
+    .await?;
+    assert!(third.is_for(&name));
+    let served = eventually(Duration::from_secs(10), || async {
+        let served = served_by(follower.port, third.ca_bundle_pem.clone()).await?;
+        anyhow::ensure!(served == leaf(&third)?, "not serving the replacement yet");
+        Ok(served)
+    })
+    .await?;
+    assert_ne!(served, leaf(&elsewhere)?);
+    follower.stop().await
 }
