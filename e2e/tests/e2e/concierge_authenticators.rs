@@ -1029,7 +1029,7 @@ async fn only_the_leader_writes_statuses_and_a_new_leader_writes_them_all() -> a
                 .chain
                 .token_authenticators()
                 .iter()
-                .any(|a| &**a.name() == name),
+                .any(|a| **a.name() == *name),
             "{name} not published yet"
         );
         Ok(())
