@@ -751,6 +751,25 @@ async fn a_bring_your_own_tls_secret_is_served_and_advertised() -> anyhow::Resul
     })
     .await?;
 
+    // The Secret is rotated in place (as cert-manager would): the new certificate is served.
+    let (rotated_cert, _) = create_byo_secret(&f, "rotated-tls", "byo.example.com", true).await?;
+    let rotated = f.secrets().get("rotated-tls").await?;
+    f.secrets()
+        .patch(
+            "missing-tls",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": rotated.data })),
+        )
+        .await?;
+    f.wait_for_serving(|s| {
+        ensure!(
+            s.map(|s| s.cert_pem.as_str()) == Some(rotated_cert.as_str()),
+            "not the rotated certificate"
+        );
+        Ok(())
+    })
+    .await?;
+
     // certificateAuthorityData takes precedence over ca.crt.
     let (_, advertised) = create_byo_secret(&f, "unused-tls", "x.example.com", false).await?;
     f.apply(json!({
@@ -783,6 +802,42 @@ async fn a_bring_your_own_tls_secret_is_served_and_advertised() -> anyhow::Resul
         "could not decode impersonationSpec.TLS.certificateAuthorityData: data is not a certificate",
     )
     .await?;
+
+    // A Secret whose key is not the certificate's: a precise Error, the last certificate stays.
+    let mut data = f.secrets().get("rotated-tls").await?.data.context("no data")?;
+    let other_key = f.secrets().get("unused-tls").await?.data.context("no data")?["tls.key"].clone();
+    data.insert("tls.key".into(), other_key);
+    let mismatched = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("mismatched-tls".into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    f.secrets().create(&PostParams::default(), &mismatched).await?;
+    f.apply(json!({
+        "mode": "enabled",
+        "service": {"type": "None"},
+        "externalEndpoint": "byo.example.com",
+        "tls": {"secretName": "mismatched-tls"},
+    }))
+    .await?;
+    f.wait_for_strategy(
+        StrategyReason::ErrorDuringSetup,
+        "could not load the externally provided TLS secret for the impersonation proxy: \
+         could not parse TLS cert PEM data from Secret: tls: private key does not match public key",
+    )
+    .await?;
+    assert_eq!(
+        f.publisher
+            .current()
+            .proxy_serving
+            .as_ref()
+            .map(|s| s.cert_pem.as_str()),
+        Some(rotated_cert.as_str())
+    );
     Ok(())
 }
 
