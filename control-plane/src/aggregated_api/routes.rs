@@ -294,11 +294,11 @@ impl Routes {
             };
         tcr.api_version = api_version;
         tcr.kind = "TokenCredentialRequest".into();
-        let chain = context.publisher.current().chain.clone();
+        let published = context.publisher.current();
         let answer = context
             .publisher
             .login_api()
-            .token_credential_request(&chain, tcr)
+            .token_credential_request(&published.chain, tcr)
             .await;
         created(&answer)
     }

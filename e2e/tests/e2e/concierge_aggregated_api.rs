@@ -1084,5 +1084,29 @@ async fn a_follower_serves_the_leaders_certificate_never_writes_and_takes_over()
     })
     .await?;
     assert_ne!(served, leaf(&elsewhere)?);
+
+    // APIServices are the install manifests' to create: a deleted one is not recreated.
+    let (login, identity) = (&concierge.names.api_services[0], &concierge.names.api_services[1]);
+    api_services.delete(identity, &DeleteParams::default()).await?;
+    secrets
+        .delete(&concierge.names.secret, &DeleteParams::default())
+        .await?;
+    let fourth = eventually(Duration::from_secs(20), || async {
+        let fourth = concierge.secret(&client).await?;
+        anyhow::ensure!(fourth.cert_pem != third.cert_pem, "not regenerated yet");
+        Ok(fourth)
+    })
+    .await?;
+    let login_bundle = api_services
+        .get(login)
+        .await?
+        .spec
+        .and_then(|spec| spec.ca_bundle)
+        .map(|b| b.0);
+    assert_eq!(login_bundle.as_deref(), Some(fourth.ca_bundle_pem.as_bytes()));
+    assert!(
+        api_services.get_opt(identity).await?.is_none(),
+        "{identity} was recreated"
+    );
     follower.stop().await
 }
