@@ -821,6 +821,67 @@ async fn a_broken_update_keeps_the_last_valid_form_and_a_recovering_issuer_turns
     Ok(())
 }
 
+/// Each CR is probed on its own: an issuer that accepts connections and never answers does not
+/// delay the publication of another authenticator.
+#[tokio::test]
+async fn a_hanging_issuer_does_not_delay_other_authenticators() -> anyhow::Result<()> {
+    let control_plane = control_plane().await?;
+    let user = pinny();
+    let dex = Dex::start(std::slice::from_ref(&user)).await?;
+    let id = unique(control_plane, "jwt-hang").await?;
+    // Accepts every connection and holds it, silent, for the rest of the test.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = listener.accept().await {
+            connections.push(connection);
+        }
+    });
+    let hanging = format!("{id}-hanging");
+    control_plane
+        .apply(&control_plane.jwt_yaml(
+            &hanging,
+            &format!("https://127.0.0.1:{port}/issuer"),
+            CLIENT_ID,
+            "",
+        ))
+        .await?;
+    // Give the hanging probe time to start before the good CR arrives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let good = format!("{id}-good");
+    let started = tokio::time::Instant::now();
+    control_plane
+        .apply(&control_plane.jwt_yaml(
+            &good,
+            dex.issuer(),
+            CLIENT_ID,
+            &format!("  claims:\n    username: email\n{}", inline_ca(&dex.ca_pem())),
+        ))
+        .await?;
+    while control_plane.published(&good).is_none() {
+        ensure!(
+            started.elapsed() < Duration::from_secs(2),
+            "{good} not published within 2 s while {hanging} hangs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("{good} published {:?} after kubectl apply", started.elapsed());
+    let status = control_plane
+        .object(Kind::Jwt, &hanging)
+        .await?
+        .data
+        .get("status")
+        .cloned();
+    assert!(
+        status.is_none(),
+        "the hanging issuer's probe should still be running (no status yet): {status:?}"
+    );
+    held.abort();
+    Ok(())
+}
+
 /// Kills the Dex process serving `dex` (found by its issuer in its configuration file), so that
 /// its port refuses connections until [`Dex::restart`].
 fn kill_dex(dex: &Dex) -> anyhow::Result<()> {
