@@ -21,7 +21,8 @@
 //!   `externalEndpoint` host, else the load balancer's ingress hostname or IP, else the
 //!   ClusterIP(s). It is re-issued whenever it stops matching (other name, other CA, unreadable).
 //!   `tls.secretName` (a `kubernetes.io/tls` Secret) replaces it; then the advertised CA is
-//!   `tls.certificateAuthorityData`, else the Secret's `ca.crt`.
+//!   `tls.certificateAuthorityData`, else the Secret's `ca.crt` (one of them is required: the
+//!   status cannot advertise an empty bundle).
 //! * **Status.** The `ImpersonationProxy` strategy with Pinniped's reasons and messages,
 //!   merged into `status.strategies` by [`set_strategy`].
 //! * **Published.** [`crate::published::Published::proxy_serving`] is the serving certificate
@@ -981,6 +982,15 @@ impl Reconciler {
                     .into());
             }
             bundle = Some(decoded);
+        }
+        // Pinniped would advertise an empty bundle here, which the CRD's minLength refuses, so
+        // its status would never be written; say why instead.
+        if bundle.is_none() {
+            return Err(load_error(format!(
+                "the Secret {secret_name:?} has no {CA_CRT_KEY} and impersonationSpec.TLS.certificateAuthorityData \
+                 is empty, so there is no CA bundle to advertise"
+            ))
+            .into());
         }
         Ok((bundle, Some(ServingKeyPair { cert_pem, key_pem })))
     }

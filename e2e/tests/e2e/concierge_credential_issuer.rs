@@ -803,6 +803,22 @@ async fn a_bring_your_own_tls_secret_is_served_and_advertised() -> anyhow::Resul
     )
     .await?;
 
+    // A Secret without ca.crt and no certificateAuthorityData: nothing to advertise, an Error.
+    f.apply(json!({
+        "mode": "enabled",
+        "service": {"type": "None"},
+        "externalEndpoint": "byo.example.com",
+        "tls": {"secretName": "unused-tls"},
+    }))
+    .await?;
+    f.wait_for_strategy(
+        StrategyReason::ErrorDuringSetup,
+        "could not load the externally provided TLS secret for the impersonation proxy: the Secret \"unused-tls\" \
+         has no ca.crt and impersonationSpec.TLS.certificateAuthorityData is empty, so there is no CA bundle to \
+         advertise",
+    )
+    .await?;
+
     // A Secret whose key is not the certificate's: a precise Error, the last certificate stays.
     let mut data = f.secrets().get("rotated-tls").await?.data.context("no data")?;
     let other_key = f.secrets().get("unused-tls").await?.data.context("no data")?["tls.key"].clone();
