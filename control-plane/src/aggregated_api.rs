@@ -41,7 +41,7 @@ use futures::StreamExt as _;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::{
-    rt::{TokioExecutor, TokioIo},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::graceful::GracefulShutdown,
 };
 use k8s_openapi::{
@@ -67,6 +67,8 @@ use self::{
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP/1.1 client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long open connections may finish their requests after shutdown is asked for.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -288,7 +290,12 @@ async fn serve_connection(
             Ok::<_, std::convert::Infallible>(response)
         }
     });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A client that opens a connection and sends no request headers does not hold it forever.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     let connection = builder.serve_connection(TokioIo::new(tls), service);
     if let Err(error) = watcher.watch(connection).await {
         tracing::debug!(%error, "aggregated API connection ended with an error");
