@@ -788,6 +788,75 @@ mod tests {
         assert_eq!(code, StatusCode::CREATED);
     }
 
+    /// Records every event as `target field=value …` lines.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<String>>);
+
+    impl tracing::Subscriber for Captured {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let mut line = format!("{} ", event.metadata().target());
+            event.record(
+                &mut |field: &tracing::field::Field, value: &dyn std::fmt::Debug| {
+                    line.push_str(&format!("{}={value:?} ", field.name()));
+                },
+            );
+            let mut captured = self.0.lock().unwrap();
+            captured.push_str(&line);
+            captured.push('\n');
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn one_audit_line_per_token_credential_request_and_never_a_token() {
+        let captured = Captured::default();
+        let _default = tracing::subscriber::set_default(captured.clone());
+        let (config, routes) = routes();
+        let publisher = Publisher::new();
+        let ca = crate::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();
+        publisher.login_api().set_signer(Some(Arc::new(
+            ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem).unwrap(),
+        )));
+        let tcr = json!({"kind": "TokenCredentialRequest",
+            "spec": {"token": "tok-SECRET-1", "authenticator": {"kind": "JWTAuthenticator", "name": "dex"}}});
+        let bodies = [
+            tcr.to_string(),
+            "{\"spec\": {\"token\": \"tok-SECRET-2\"".to_string(),
+            r#"{"spec": "tok-SECRET-3"}"#.to_string(),
+            r#"{"kind": "Secret", "spec": {"token": "tok-SECRET-4"}}"#.to_string(),
+            r#"{"spec": {"token": 5, "authenticator": "tok-SECRET-5"}}"#.to_string(),
+        ];
+        for body in &bodies {
+            let (code, _, answer) =
+                call(&routes, &config, &publisher, request(Method::POST, TCR, body)).await;
+            assert!(!answer.to_string().contains("tok-SECRET"), "{code}: {answer}");
+        }
+        let captured = captured.0.lock().unwrap().clone();
+        let audit: Vec<&str> = captured
+            .lines()
+            .filter(|line| line.starts_with("selkie::audit"))
+            .collect();
+        assert_eq!(
+            audit.len(),
+            1,
+            "one line for the one request that was read: {captured}"
+        );
+        assert!(
+            audit[0].contains("authenticator=dex") && audit[0].contains("issued=false"),
+            "{captured}"
+        );
+        assert!(!captured.contains("tok-SECRET"), "a token was logged: {captured}");
+    }
+
     #[tokio::test]
     async fn health_and_openapi_answer() {
         let (config, routes) = routes();
