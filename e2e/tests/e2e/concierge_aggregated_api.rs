@@ -578,6 +578,19 @@ async fn token_credential_requests_through_kube_apiserver_issue_certificates_kub
     let (cn, groups, _, _) = subject_and_lifetime(&credential(&created)?.cert_pem)?;
     assert_eq!((cn, groups), (user.email.clone(), user.groups.clone()));
 
+    // A kube client with no credential at all (no Authorization header, no certificate).
+    let mut anonymous_config = kube::Config::new(cluster.server_url().parse()?);
+    anonymous_config.root_cert = Some(vec![CertificateDer::from_pem_slice(
+        cluster.pki().server_ca.cert_pem().as_bytes(),
+    )?
+    .to_vec()]);
+    let anonymous_client = Client::try_from(anonymous_config)?;
+    let created = Api::<DynamicObject>::all_with(anonymous_client, &resource)
+        .create(&PostParams::default(), &request)
+        .await?;
+    let (cn, _, _, _) = subject_and_lifetime(&credential(&serde_json::to_value(&created)?)?.cert_pem)?;
+    assert_eq!(cn, user.email);
+
     // Refused logins are still 201, with Pinniped's opaque message.
     let refused = [
         (
@@ -675,6 +688,26 @@ async fn who_am_i_reports_the_front_proxy_user_and_forged_headers_are_not_truste
     assert_eq!(
         user_info(&answer),
         json!({"username": "system:anonymous", "groups": ["system:unauthenticated"]})
+    );
+    let whoami_resource = ApiResource {
+        group: concierge.identity_group.clone(),
+        version: "v1alpha1".into(),
+        api_version: format!("{}/v1alpha1", concierge.identity_group),
+        kind: "WhoAmIRequest".into(),
+        plural: "whoamirequests".into(),
+    };
+    let mut anonymous_config = kube::Config::new(cluster.server_url().parse()?);
+    anonymous_config.root_cert = Some(vec![CertificateDer::from_pem_slice(
+        cluster.pki().server_ca.cert_pem().as_bytes(),
+    )?
+    .to_vec()]);
+    let answer = Api::<DynamicObject>::all_with(Client::try_from(anonymous_config)?, &whoami_resource)
+        .create(&PostParams::default(), &serde_json::from_str(&body)?)
+        .await?;
+    assert_eq!(
+        user_info(&serde_json::to_value(&answer)?),
+        json!({"username": "system:anonymous", "groups": ["system:unauthenticated"]}),
+        "a kube client without any credential"
     );
     // Impersonation is resolved by kube-apiserver; the extras come through X-Remote-Extra-*.
     let impersonated = cluster
