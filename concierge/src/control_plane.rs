@@ -46,7 +46,7 @@ impl ControlPlane {
     /// What the proxy starts with before anything is published: no authenticators or CAs yet,
     /// and the control plane's login API (which refuses logins until a signer is read).
     pub(crate) fn initial_extension(&self) -> Extension {
-        extension(&self.publisher, &self.publisher.current())
+        extension(&self.config, &self.publisher, &self.publisher.current())
     }
 
     /// Starts the control plane on a thread of its own. Fails if its runtime cannot be built or
@@ -135,7 +135,7 @@ impl ControlPlane {
                     .context("the aggregated API server")
             });
         }
-        tasks.spawn(bridge(publisher, composer, serving));
+        tasks.spawn(bridge(config.clone(), publisher, composer, serving));
 
         match tasks.join_next().await {
             Some(Ok(Ok(()))) | None => anyhow::bail!("a control-plane component ended"),
@@ -164,17 +164,19 @@ async fn client(config: &ControlPlaneConfig) -> anyhow::Result<Client> {
 }
 
 /// The proxy's share of a published value.
-fn extension(publisher: &Publisher, published: &Published) -> Extension {
+fn extension(config: &ControlPlaneConfig, publisher: &Publisher, published: &Published) -> Extension {
     Extension {
         chain: published.chain.clone(),
         client_ca_pems: published.client_ca_pems.clone(),
         concierge_api: Some(publisher.login_api().clone() as Arc<dyn ConciergeApi>),
+        api_group_suffix: Some(config.api_group_suffix.clone()),
     }
 }
 
 /// Turns every published value into the proxy's snapshot and serving certificate, until the
 /// publisher is gone.
 async fn bridge(
+    config: Arc<ControlPlaneConfig>,
     publisher: Publisher,
     composer: Arc<Composer>,
     serving: Arc<ServingCert>,
@@ -182,7 +184,7 @@ async fn bridge(
     let mut receiver = publisher.subscribe();
     loop {
         let published = receiver.borrow_and_update().clone();
-        if let Err(error) = composer.extension_changed(extension(&publisher, &published)) {
+        if let Err(error) = composer.extension_changed(extension(&config, &publisher, &published)) {
             tracing::warn!(%error, "what the control plane published cannot be used; the proxy keeps its configuration");
         }
         match &published.proxy_serving {

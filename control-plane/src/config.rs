@@ -72,25 +72,38 @@ impl Default for AggregatedApiConfig {
     }
 }
 
-/// Where the cluster's client signing certificate and key are read from.
+/// Where the cluster's client signing certificate and key are read from: exactly one of a
+/// Secret (`secret: {namespace, name}`) or files (`files: {certFile, keyFile}`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub enum ClusterSigningKeySource {
-    /// A Secret with `tls.crt` / `tls.key` (or `ca.crt` / `ca.key`), watched for changes.
-    Secret {
-        /// Its namespace.
-        namespace: String,
-        /// Its name.
-        name: String,
-    },
+pub struct ClusterSigningKeySource {
+    /// A Secret with `tls.crt` / `tls.key` (or `ca.crt` / `ca.key`), re-read periodically.
+    #[serde(default)]
+    pub secret: Option<SecretReference>,
     /// PEM files on this node (kube-controller-manager's `--cluster-signing-cert-file` and
-    /// `--cluster-signing-key-file`), re-read when they change.
-    Files {
-        /// The CA certificate.
-        cert_file: PathBuf,
-        /// Its private key.
-        key_file: PathBuf,
-    },
+    /// `--cluster-signing-key-file`), re-read periodically.
+    #[serde(default)]
+    pub files: Option<KeyFiles>,
+}
+
+/// A Secret by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretReference {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// A PEM certificate file and its key file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeyFiles {
+    /// The CA certificate.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
 }
 
 fn default_namespace() -> String {
@@ -178,6 +191,14 @@ impl ControlPlaneConfig {
             field: "apiGroupSuffix",
             message: e.to_string(),
         })?;
+        if let Some(source) = &self.cluster_signing_key {
+            if source.secret.is_some() == source.files.is_some() {
+                return Err(ConfigError::Invalid {
+                    field: "clusterSigningKey",
+                    message: "needs exactly one of secret and files".into(),
+                });
+            }
+        }
         for (field, value) in [
             ("namespace", &self.namespace),
             ("namePrefix", &self.name_prefix),
@@ -268,5 +289,14 @@ mod tests {
         let error = config.validate().unwrap_err().to_string();
         assert!(error.starts_with("apiGroupSuffix:"), "{error}");
         assert!(serde_yaml::from_str::<ControlPlaneConfig>("namspace: x").is_err());
+        let both: ControlPlaneConfig = serde_yaml::from_str(
+            "clusterSigningKey: {secret: {namespace: a, name: b}, files: {certFile: c, keyFile: d}}",
+        )
+        .unwrap();
+        let error = both.validate().unwrap_err().to_string();
+        assert_eq!(error, "clusterSigningKey: needs exactly one of secret and files");
+        let secret: ControlPlaneConfig =
+            serde_yaml::from_str("clusterSigningKey: {secret: {namespace: a, name: b}}").unwrap();
+        secret.validate().unwrap();
     }
 }

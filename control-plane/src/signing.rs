@@ -44,7 +44,7 @@ use tokio::sync::watch;
 
 use crate::{
     certs::{self, CertPair},
-    config::{ClusterSigningKeySource, ControlPlaneConfig},
+    config::{ClusterSigningKeySource, ControlPlaneConfig, KeyFiles, SecretReference},
     published::{Published, Publisher},
 };
 
@@ -182,8 +182,8 @@ async fn cluster_signing_key(
     client: &Client,
     source: &ClusterSigningKeySource,
 ) -> Result<CertPair, SigningError> {
-    match source {
-        ClusterSigningKeySource::Secret { namespace, name } => {
+    match (&source.secret, &source.files) {
+        (Some(SecretReference { namespace, name }), _) => {
             let secret = Api::<Secret>::namespaced(client.clone(), namespace)
                 .get(name)
                 .await
@@ -201,7 +201,7 @@ async fn cluster_signing_key(
                 ))),
             }
         }
-        ClusterSigningKeySource::Files { cert_file, key_file } => {
+        (None, Some(KeyFiles { cert_file, key_file })) => {
             let read = |path: &std::path::Path| {
                 std::fs::read_to_string(path).map_err(|source| SigningError::Read {
                     path: path.display().to_string(),
@@ -213,6 +213,9 @@ async fn cluster_signing_key(
                 key_pem: read(key_file)?,
             })
         }
+        (None, None) => Err(SigningError::Invalid(
+            "clusterSigningKey names neither a secret nor files".into(),
+        )),
     }
 }
 

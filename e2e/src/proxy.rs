@@ -109,6 +109,17 @@ impl Proxy {
         jwt: &[JwtSpec],
         customize: impl FnOnce(&mut serde_json::Value),
     ) -> Result<Proxy, HarnessError> {
+        Self::start_with_args(cluster, jwt, customize, &[]).await
+    }
+
+    /// Like [`Proxy::start_configured`], with more command-line arguments for `selkie-concierge`
+    /// (e.g. `--control-plane FILE`).
+    pub async fn start_with_args(
+        cluster: &Cluster,
+        jwt: &[JwtSpec],
+        customize: impl FnOnce(&mut serde_json::Value),
+        extra_args: &[OsString],
+    ) -> Result<Proxy, HarnessError> {
         crate::install_crypto_provider();
         let binary = concierge_binary()?;
         {
@@ -180,12 +191,13 @@ impl Proxy {
         let config_path = path("proxy.yaml");
         write("proxy.yaml", &config.to_string())?;
 
-        let args = [
+        let mut args = vec![
             OsString::from("--config"),
             config_path.clone().into_os_string(),
             OsString::from("--watch-interval"),
             OsString::from("200ms"),
         ];
+        args.extend(extra_args.iter().cloned());
         let mut process = ManagedProcess::spawn("selkie-concierge", &binary, &args, path("proxy.log"))?;
         let deadline = Instant::now() + READY_TIMEOUT;
         while TcpStream::connect(("127.0.0.1", port)).is_err() {

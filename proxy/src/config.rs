@@ -28,7 +28,7 @@ use serde::Deserialize;
 use crate::{
     downstream::Timeouts,
     headers::PreparedIdentity,
-    snapshot::{Snapshot, TokenFile, Upstream, UpstreamCredential},
+    snapshot::{ConciergePaths, Snapshot, TokenFile, Upstream, UpstreamCredential},
     tls::ServingCert,
 };
 
@@ -68,6 +68,11 @@ pub struct StaticConfig {
     /// authenticating layer; never set it on a proxy reachable by untrusted clients.
     #[serde(default)]
     pub static_identity: Option<StaticIdentityConfig>,
+    /// Pinniped's `apiGroupSuffix`: where the proxy answers TokenCredentialRequest and
+    /// WhoAmIRequest (`login.concierge.<suffix>`, `identity.concierge.<suffix>`). Default
+    /// `pinniped.dev`; a control plane's own setting takes precedence.
+    #[serde(default)]
+    pub api_group_suffix: Option<String>,
     /// A CA certificate and key; when set, the proxy answers TokenCredentialRequests itself with
     /// client certificates from this CA (and WhoAmIRequests from what it authenticated).
     #[serde(default)]
@@ -452,6 +457,12 @@ impl StaticConfig {
             (None, None) => None,
         };
 
+        let suffix = match (&extension.api_group_suffix, &self.api_group_suffix) {
+            (Some(suffix), _) | (None, Some(suffix)) => suffix.as_str(),
+            (None, None) => selkie_api::group_suffix::DEFAULT_API_GROUP_SUFFIX,
+        };
+        selkie_api::group_suffix::validate_api_group_suffix(suffix)
+            .map_err(|e| invalid("apiGroupSuffix", e))?;
         let upstream = match upstream {
             Some(upstream) => upstream,
             None => Arc::new(self.upstream.build()?),
@@ -463,6 +474,7 @@ impl StaticConfig {
             static_prepared: static_identity.clone().map(PreparedIdentity::new),
             static_identity,
             concierge_api,
+            concierge_paths: ConciergePaths::for_suffix(suffix),
         })
     }
 }
@@ -476,6 +488,8 @@ pub struct Extension {
     pub client_ca_pems: Vec<String>,
     /// Answers TokenCredentialRequest and WhoAmIRequest instead of the file's `credentialSigner`.
     pub concierge_api: Option<Arc<dyn ConciergeApi>>,
+    /// The API group suffix, instead of the file's `apiGroupSuffix`.
+    pub api_group_suffix: Option<String>,
 }
 
 impl UpstreamConfig {

@@ -31,7 +31,7 @@ use crate::{
     headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
     metrics::{Active, Metrics, VerbClass},
     nested::{forbidden_message, plan, reserved_extra, NestedError},
-    snapshot::{Snapshot, UpstreamCredential},
+    snapshot::{ConciergePaths, Snapshot, UpstreamCredential},
     status::{status_body, Failure},
     tls::PeerIdentity,
 };
@@ -47,12 +47,6 @@ fn append_header(request: &mut RequestHeader, name: &HeaderName, value: HeaderVa
         _ => request.append_header(name.clone(), value),
     }
 }
-
-/// The paths anonymous callers may reach: creating TokenCredentialRequests and WhoAmIRequests.
-const ANONYMOUS_PATHS: [&str; 2] = [
-    "/apis/login.concierge.pinniped.dev/v1alpha1/tokencredentialrequests",
-    "/apis/identity.concierge.pinniped.dev/v1alpha1/whoamirequests",
-];
 
 /// The impersonation proxy. Cheap to share: it holds only the snapshot handle and the metrics.
 pub struct ImpersonationProxy {
@@ -217,11 +211,14 @@ enum LocalApi {
 /// Largest TokenCredentialRequest or WhoAmIRequest body read.
 const MAX_LOCAL_BODY: usize = 256 * 1024;
 
-fn local_api(path: &str) -> Option<LocalApi> {
-    match ANONYMOUS_PATHS.iter().position(|known| *known == path) {
-        Some(0) => Some(LocalApi::TokenCredentialRequest),
-        Some(1) => Some(LocalApi::WhoAmIRequest),
-        _ => None,
+/// Which Concierge API `path` is, under the snapshot's API group suffix.
+fn local_api(path: &str, paths: &ConciergePaths) -> Option<LocalApi> {
+    if path == paths.token_credential_requests {
+        Some(LocalApi::TokenCredentialRequest)
+    } else if path == paths.who_am_i_requests {
+        Some(LocalApi::WhoAmIRequest)
+    } else {
+        None
     }
 }
 
@@ -414,7 +411,11 @@ impl ProxyHttp for ImpersonationProxy {
             },
             Decision::Anonymous => match &snapshot.static_identity {
                 Some(identity) => Effective::Impersonate(identity.clone()),
-                None if ANONYMOUS_PATHS.contains(&session.req_header().uri.path()) => Effective::Anonymous,
+                // The paths anonymous callers may reach: creating TokenCredentialRequests and
+                // WhoAmIRequests.
+                None if local_api(session.req_header().uri.path(), &snapshot.concierge_paths).is_some() => {
+                    Effective::Anonymous
+                }
                 None => {
                     ctx.refusal = Some("anonymous".into());
                     return refuse(session, Failure::UNAUTHORIZED).await;
@@ -502,7 +503,7 @@ impl ProxyHttp for ImpersonationProxy {
         ctx.effective = Some(effective);
         match (
             &snapshot.concierge_api,
-            local_api(session.req_header().uri.path()),
+            local_api(session.req_header().uri.path(), &snapshot.concierge_paths),
         ) {
             (Some(api), Some(kind)) => answer_locally(session, ctx, api.as_ref(), &snapshot, kind).await,
             _ => Ok(false),

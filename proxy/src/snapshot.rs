@@ -194,6 +194,36 @@ pub struct Snapshot {
     /// When set, the proxy answers TokenCredentialRequest and WhoAmIRequest itself instead of
     /// forwarding them.
     pub concierge_api: Option<Arc<dyn ConciergeApi>>,
+    /// Where those two APIs live (they move with the API group suffix); anonymous callers may
+    /// reach these paths and no others.
+    pub concierge_paths: ConciergePaths,
+}
+
+/// The request paths of the Concierge's login and identity APIs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConciergePaths {
+    /// `POST` here creates a TokenCredentialRequest.
+    pub token_credential_requests: String,
+    /// `POST` here creates a WhoAmIRequest.
+    pub who_am_i_requests: String,
+}
+
+impl ConciergePaths {
+    /// The paths under `suffix` (Pinniped's `apiGroupSuffix`, `pinniped.dev` by default).
+    pub fn for_suffix(suffix: &str) -> Self {
+        Self {
+            token_credential_requests: format!(
+                "/apis/login.concierge.{suffix}/v1alpha1/tokencredentialrequests"
+            ),
+            who_am_i_requests: format!("/apis/identity.concierge.{suffix}/v1alpha1/whoamirequests"),
+        }
+    }
+}
+
+impl Default for ConciergePaths {
+    fn default() -> Self {
+        Self::for_suffix(selkie_api::group_suffix::DEFAULT_API_GROUP_SUFFIX)
+    }
 }
 
 #[cfg(test)]

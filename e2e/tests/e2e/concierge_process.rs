@@ -1,1 +1,498 @@
-//! Placeholder: end-to-end tests of work in progress.
+//! The whole Concierge as users run it: the real `selkie-concierge` binary with `--control-plane`
+//! against the harness's kube-apiserver, Pinniped's CRDs (under an API group suffix of the test's
+//! own), a real Dex, and the real kubectl. A JWTAuthenticator becomes Ready; a
+//! TokenCredentialRequest through kube-apiserver's aggregation returns a certificate signed with
+//! the cluster's signing key (a Secret); that certificate works directly against kube-apiserver
+//! and through the impersonation proxy (whose endpoint and CA come from the CredentialIssuer);
+//! a GitOps change of the authenticator takes effect in seconds; and of two replicas one leads
+//! (writes) while both serve, and the other takes over when the leader stops; deleting the
+//! authenticator stops logins.
+
+use std::{ffi::OsString, net::TcpListener, time::Duration};
+
+use anyhow::{ensure, Context as _};
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use selkie_api::crds;
+use selkie_e2e::{
+    cluster::write_kubeconfig_for_user,
+    dex::{Dex, DexUser, CLIENT_ID},
+    kubectl::Kubectl,
+    proxy::Proxy,
+    Cluster,
+};
+use serde_json::{json, Value};
+
+use crate::eventually;
+
+fn pinny() -> DexUser {
+    DexUser {
+        email: "pinny@example.com".into(),
+        password: "password123".into(),
+        user_id: "061d23d1-fe1e-4777-9ae9-59cd12abeaab".into(),
+        groups: vec!["ops".into(), "devs".into()],
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// One installation of the Concierge under its own API group suffix and namespace.
+struct Installation<'a> {
+    cluster: &'a Cluster,
+    namespace: String,
+    suffix: String,
+    dir: tempfile::TempDir,
+}
+
+impl<'a> Installation<'a> {
+    fn group(&self, prefix: &str) -> String {
+        format!("{prefix}.{}", self.suffix)
+    }
+
+    /// Plays the install manifests: CRDs for the suffix, the cluster signing key Secret, the
+    /// ExternalName Service and APIServices for an aggregated API on `127.0.0.1:<port>`, the
+    /// pre-authentication RBAC, and kube-public/cluster-info (as kubeadm writes it).
+    async fn install(cluster: &'a Cluster, aggregated_port: u16) -> anyhow::Result<Self> {
+        let client = cluster.client().await?;
+        let namespace = cluster.create_namespace(&client, "concierge").await?;
+        let suffix = format!("{namespace}.selkie.test");
+        let kubectl = cluster.kubectl();
+        for (_, yaml) in crds::render_all(&suffix)? {
+            kubectl
+                .run_with_stdin(&["apply", "--server-side", "-f", "-"], Some(&yaml))
+                .await?;
+        }
+        let installation = Self {
+            cluster,
+            namespace,
+            suffix,
+            dir: tempfile::tempdir()?,
+        };
+        let ns = &installation.namespace;
+        let pki = cluster.pki();
+        let cluster_info_kubeconfig = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "", "cluster": {
+                "server": cluster.server_url(),
+                "certificate-authority-data": B64.encode(pki.server_ca.cert_pem())}}],
+        });
+        let mut items = vec![
+            json!({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": {"name": "cluster-signing", "namespace": ns},
+                   "type": "kubernetes.io/tls",
+                   "data": {"tls.crt": B64.encode(pki.client_ca.cert_pem()),
+                            "tls.key": B64.encode(pki.client_ca.key_pem())}}),
+            json!({"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": "pinniped-concierge-api", "namespace": ns},
+                   "spec": {"type": "ExternalName", "externalName": "localhost"}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": format!("{ns}-pre-authn-apis")},
+                   "rules": [{"apiGroups": [installation.group("login.concierge")],
+                              "resources": ["tokencredentialrequests"], "verbs": ["create", "list"]},
+                             {"apiGroups": [installation.group("identity.concierge")],
+                              "resources": ["whoamirequests"], "verbs": ["create", "list"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": format!("{ns}-pre-authn-apis")},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": format!("{ns}-pre-authn-apis")},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"},
+                                {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:unauthenticated"}]}),
+        ];
+        for group in ["login.concierge", "identity.concierge"] {
+            let group = installation.group(group);
+            items.push(json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+                "metadata": {"name": format!("v1alpha1.{group}")},
+                "spec": {"group": group, "version": "v1alpha1", "groupPriorityMinimum": 9900,
+                         "versionPriority": 15,
+                         "service": {"name": "pinniped-concierge-api", "namespace": ns, "port": aggregated_port}}}));
+        }
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+        kubectl.run_with_stdin(&["apply", "-f", "-"], Some(&list)).await?;
+        // As kubeadm writes it.
+        let cluster_info = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+            "data": {"kubeconfig": serde_yaml::to_string(&cluster_info_kubeconfig)?}})
+        .to_string();
+        kubectl
+            .run_with_stdin(&["create", "-f", "-"], Some(&cluster_info))
+            .await?;
+        Ok(installation)
+    }
+
+    /// Starts one replica: the proxy harness's configuration without its own signer, plus a
+    /// control-plane file for this installation.
+    async fn start_replica(&self, identity: &str, aggregated_port: u16) -> anyhow::Result<Proxy> {
+        let control_plane = json!({
+            "kubeconfig": self.cluster.admin_kubeconfig(),
+            "namespace": self.namespace,
+            "apiGroupSuffix": self.suffix,
+            "identity": identity,
+            "aggregatedApi": {"listen": format!("127.0.0.1:{aggregated_port}")},
+            "clusterSigningKey": {"secret": {"namespace": self.namespace, "name": "cluster-signing"}},
+            "discoveryUrl": self.cluster.server_url(),
+        });
+        let path = self.dir.path().join(format!("{identity}.yaml"));
+        std::fs::write(&path, control_plane.to_string())?;
+        let proxy = Proxy::start_with_args(
+            self.cluster,
+            &[],
+            |config| {
+                let config = config
+                    .as_object_mut()
+                    .expect("the proxy configuration is an object");
+                config.remove("credentialSigner");
+                config.remove("clientCertificateCaFiles");
+                config.remove("servingCertificate");
+            },
+            &[OsString::from("--control-plane"), path.into_os_string()],
+        )
+        .await?;
+        Ok(proxy)
+    }
+
+    fn kubeconfig(
+        &self,
+        name: &str,
+        server: &str,
+        ca_pem: &str,
+        user: Value,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        let path = self.dir.path().join(format!("{name}.kubeconfig"));
+        write_kubeconfig_for_user(&path, server, ca_pem, name, user)?;
+        Ok(path)
+    }
+
+    /// kubectl against `server` as `system:anonymous`: a user name without a password is basic
+    /// authentication nobody accepts (an empty user entry would make kubectl prompt on stdin).
+    fn anonymous_kubectl(&self, name: &str, server: &str, ca_pem: &str) -> anyhow::Result<Kubectl> {
+        let path = self.kubeconfig(name, server, ca_pem, json!({"username": "nobody"}))?;
+        Ok(self.cluster.kubectl().with_kubeconfig(&path))
+    }
+
+    /// kubectl against the proxy at `server` whose user is `selkie login static` exchanging
+    /// `token` at that proxy's TokenCredentialRequest API (no credential cache), as the
+    /// kubeconfigs of `pinniped get kubeconfig` do in impersonation-proxy mode.
+    fn plugin_kubectl(&self, name: &str, server: &str, ca_pem: &str, token: &str) -> anyhow::Result<Kubectl> {
+        let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+        let exec = json!({"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": selkie,
+            "args": ["login", "static", "--enable-concierge",
+                     format!("--concierge-api-group-suffix={}", self.suffix),
+                     "--concierge-authenticator-type=jwt",
+                     "--concierge-authenticator-name=dex",
+                     format!("--concierge-endpoint={server}"),
+                     format!("--concierge-ca-bundle-data={}", B64.encode(ca_pem)),
+                     "--credential-cache=",
+                     "--token-env=SELKIE_TEST_TOKEN"],
+            "env": [{"name": "SELKIE_TEST_TOKEN", "value": token}],
+            "interactiveMode": "Never",
+        }});
+        let path = self.kubeconfig(name, server, ca_pem, exec)?;
+        Ok(self.cluster.kubectl().with_kubeconfig(&path))
+    }
+
+    fn token_credential_request(&self, token: &str, authenticator: &str) -> String {
+        json!({
+            "apiVersion": format!("{}/v1alpha1", self.group("login.concierge")),
+            "kind": "TokenCredentialRequest",
+            "spec": {"token": token, "authenticator": {
+                "apiGroup": self.group("authentication.concierge"),
+                "kind": "JWTAuthenticator", "name": authenticator}},
+        })
+        .to_string()
+    }
+
+    async fn apply_jwt_authenticator(&self, dex: &Dex, audience: &str) -> anyhow::Result<()> {
+        let authenticator = json!({
+            "apiVersion": format!("{}/v1alpha1", self.group("authentication.concierge")),
+            "kind": "JWTAuthenticator",
+            "metadata": {"name": "dex"},
+            "spec": {"issuer": dex.issuer(), "audience": audience,
+                     "claims": {"username": "email", "groups": "groups"},
+                     "tls": {"certificateAuthorityData": B64.encode(dex.ca_pem())}},
+        })
+        .to_string();
+        let kubectl = self.cluster.kubectl();
+        eventually(Duration::from_secs(20), || async {
+            Ok(kubectl
+                .run_with_stdin(&["apply", "-f", "-"], Some(&authenticator))
+                .await?)
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn get_json(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.cluster.kubectl().run(&all).await?)?)
+    }
+}
+
+/// The credential of a TokenCredentialRequest response, or what the response said instead.
+fn credential(response: &str) -> anyhow::Result<(String, String)> {
+    let response: Value = serde_json::from_str(response)?;
+    let credential = &response["status"]["credential"];
+    match (
+        credential["clientCertificateData"].as_str(),
+        credential["clientKeyData"].as_str(),
+    ) {
+        (Some(cert), Some(key)) => Ok((cert.to_string(), key.to_string())),
+        _ => anyhow::bail!("no credential in {response}"),
+    }
+}
+
+fn cert_user(cert: &str, key: &str) -> Value {
+    json!({"client-certificate-data": B64.encode(cert), "client-key-data": B64.encode(key)})
+}
+
+async fn whoami(kubectl: &Kubectl) -> anyhow::Result<Value> {
+    Ok(serde_json::from_str(
+        &kubectl.run(&["auth", "whoami", "-o", "json"]).await?,
+    )?)
+}
+
+fn assert_dex_user(whoami: &Value) -> anyhow::Result<()> {
+    let user = &whoami["status"]["userInfo"];
+    ensure!(user["username"] == "pinny@example.com", "whoami said {whoami}");
+    let groups: Vec<&str> = user["groups"]
+        .as_array()
+        .context("no groups")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    ensure!(
+        groups.contains(&"ops") && groups.contains(&"devs"),
+        "whoami said {whoami}"
+    );
+    Ok(())
+}
+
+async fn lease_holder(installation: &Installation<'_>) -> anyhow::Result<String> {
+    let lease = installation
+        .get_json(&[
+            "get",
+            "lease",
+            "-n",
+            &installation.namespace,
+            "pinniped-concierge-leader-election",
+        ])
+        .await?;
+    Ok(lease["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+#[tokio::test]
+async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> anyhow::Result<()> {
+    // A private cluster: the control plane reconciles every authenticator of its API group, and
+    // a second set of the Concierge's CRDs would make kubectl's short names ambiguous for the
+    // other tests of the shared cluster.
+    let cluster = &Cluster::start().await?;
+    let aggregated_port = free_port()?;
+    let installation = Installation::install(cluster, aggregated_port).await?;
+    let mut first = installation.start_replica("replica-a", aggregated_port).await?;
+    let dex = Dex::start(&[pinny()]).await?;
+    installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
+    let jwt_resource = format!(
+        "jwtauthenticators.{}",
+        installation.group("authentication.concierge")
+    );
+
+    // The authenticator becomes Ready, and the replica leads.
+    eventually(Duration::from_secs(30), || async {
+        let status = installation.get_json(&["get", &jwt_resource, "dex"]).await?;
+        ensure!(
+            status["status"]["phase"] == "Ready",
+            "status: {}",
+            status["status"]
+        );
+        Ok(())
+    })
+    .await
+    .with_context(|| first.log())?;
+    assert_eq!(lease_holder(&installation).await?, "replica-a");
+
+    // A TokenCredentialRequest through kube-apiserver, as an anonymous client, with a Dex token.
+    let token = dex
+        .password_grant("pinny@example.com", "password123")
+        .await?
+        .id_token;
+    let anonymous = installation.anonymous_kubectl(
+        "anonymous",
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+    )?;
+    let request = installation.token_credential_request(&token, "dex");
+    let tcr_path = format!(
+        "/apis/{}/v1alpha1/tokencredentialrequests",
+        installation.group("login.concierge")
+    );
+    let response = eventually(Duration::from_secs(60), || async {
+        let response = anonymous
+            .run_with_stdin(&["create", "--raw", &tcr_path, "-f", "-"], Some(&request))
+            .await?;
+        credential(&response)?;
+        Ok(response)
+    })
+    .await
+    .with_context(|| first.log())?;
+    let (cert, key) = credential(&response)?;
+    assert!(!response.contains(&token), "the token is never echoed");
+
+    // The certificate is signed with the cluster's key: it works directly against kube-apiserver.
+    let direct = installation.kubeconfig(
+        "direct",
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+        cert_user(&cert, &key),
+    )?;
+    assert_dex_user(&whoami(&cluster.kubectl().with_kubeconfig(&direct)).await?)?;
+
+    // The CredentialIssuer reports the cluster-key strategy with kube-apiserver as the frontend.
+    let issuer_resource = format!("credentialissuers.{}", installation.group("config.concierge"));
+    eventually(Duration::from_secs(30), || async {
+        let issuer = installation
+            .get_json(&["get", &issuer_resource, "pinniped-concierge-config"])
+            .await?;
+        let strategies = issuer["status"]["strategies"]
+            .as_array()
+            .context("no strategies")?;
+        let key = strategies
+            .iter()
+            .find(|s| s["type"] == "KubeClusterSigningCertificate")
+            .context("no KubeClusterSigningCertificate strategy")?;
+        ensure!(
+            key["status"] == "Success" && key["reason"] == "FetchedKey",
+            "{key}"
+        );
+        ensure!(
+            key["frontend"]["tokenCredentialRequestInfo"]["server"] == cluster.server_url(),
+            "{key}"
+        );
+        Ok(())
+    })
+    .await
+    .with_context(|| first.log())?;
+
+    // Expose the proxy on its loopback address (type None + externalEndpoint) and use it with the
+    // endpoint and CA the CredentialIssuer advertises.
+    let endpoint = first.url().trim_start_matches("https://").to_string();
+    let issuer = json!({
+        "apiVersion": format!("{}/v1alpha1", installation.group("config.concierge")),
+        "kind": "CredentialIssuer",
+        "metadata": {"name": "pinniped-concierge-config"},
+        "spec": {"impersonationProxy": {"mode": "enabled", "service": {"type": "None"},
+                                        "externalEndpoint": endpoint}},
+    })
+    .to_string();
+    cluster
+        .kubectl()
+        .run_with_stdin(&["apply", "-f", "-"], Some(&issuer))
+        .await?;
+    let (proxy_endpoint, proxy_ca) = eventually(Duration::from_secs(30), || async {
+        let issuer = installation
+            .get_json(&["get", &issuer_resource, "pinniped-concierge-config"])
+            .await?;
+        let strategies = issuer["status"]["strategies"]
+            .as_array()
+            .context("no strategies")?;
+        let proxy = strategies
+            .iter()
+            .find(|s| s["type"] == "ImpersonationProxy")
+            .context("no ImpersonationProxy strategy")?;
+        ensure!(
+            proxy["status"] == "Success" && proxy["reason"] == "Listening",
+            "{proxy}"
+        );
+        let info = &proxy["frontend"]["impersonationProxyInfo"];
+        let ca = B64.decode(info["certificateAuthorityData"].as_str().context("no CA")?)?;
+        Ok((
+            info["endpoint"].as_str().context("no endpoint")?.to_string(),
+            String::from_utf8(ca)?,
+        ))
+    })
+    .await
+    .with_context(|| first.log())?;
+    assert_eq!(proxy_endpoint, format!("https://{endpoint}"));
+    let through_proxy = installation.kubeconfig(
+        "through-proxy",
+        &proxy_endpoint,
+        &proxy_ca,
+        cert_user(&cert, &key),
+    )?;
+    let proxy_kubectl = cluster.kubectl().with_kubeconfig(&through_proxy);
+    let seen = eventually(Duration::from_secs(20), || async { whoami(&proxy_kubectl).await })
+        .await
+        .with_context(|| first.log())?;
+    assert_dex_user(&seen)?;
+
+    // The proxy answers TokenCredentialRequests itself, for clients that reach only the proxy:
+    // the CLI as kubectl's credential plugin logs in there and kubectl works through it.
+    let via_proxy_login = installation.plugin_kubectl("proxy-login", &proxy_endpoint, &proxy_ca, &token)?;
+    assert_dex_user(&whoami(&via_proxy_login).await?)?;
+
+    // A second replica serves too (its own aggregated listener and proxy) but does not lead.
+    let second_port = free_port()?;
+    let second = installation.start_replica("replica-b", second_port).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        lease_holder(&installation).await?,
+        "replica-a",
+        "one leader at a time"
+    );
+    let second_login = installation.plugin_kubectl("second-login", second.url(), &proxy_ca, &token)?;
+    let seen = eventually(Duration::from_secs(30), || async { whoami(&second_login).await })
+        .await
+        .with_context(|| second.log())?;
+    assert_dex_user(&seen)?;
+
+    // GitOps: another audience takes effect within seconds on both replicas, without restarts.
+    installation
+        .apply_jwt_authenticator(&dex, "another-audience")
+        .await?;
+    let started = std::time::Instant::now();
+    eventually(Duration::from_secs(2), || async {
+        let response = anonymous
+            .run_with_stdin(&["create", "--raw", &tcr_path, "-f", "-"], Some(&request))
+            .await?;
+        ensure!(credential(&response).is_err(), "still accepted: {response}");
+        ensure!(response.contains("authentication failed"), "{response}");
+        ensure!(
+            whoami(&second_login).await.is_err(),
+            "the second replica still logs in"
+        );
+        Ok(())
+    })
+    .await?;
+    eprintln!("the audience change took effect after {:?}", started.elapsed());
+
+    // The leader stops; the other replica takes the Lease over.
+    first.terminate()?;
+    first.wait_for_exit(Duration::from_secs(30)).await?;
+    eventually(Duration::from_secs(40), || async {
+        ensure!(lease_holder(&installation).await? == "replica-b");
+        Ok(())
+    })
+    .await
+    .with_context(|| second.log())?;
+
+    // Deleting the authenticator stops new logins.
+    installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
+    eventually(Duration::from_secs(5), || async { whoami(&second_login).await })
+        .await
+        .with_context(|| second.log())?;
+    cluster.kubectl().run(&["delete", &jwt_resource, "dex"]).await?;
+    eventually(Duration::from_secs(2), || async {
+        ensure!(
+            whoami(&second_login).await.is_err(),
+            "still logging in after the delete"
+        );
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
