@@ -230,6 +230,8 @@ pub struct Selected {
     pub cluster: ClusterFields,
     /// The directory the cluster's file is in.
     pub cluster_dir: PathBuf,
+    /// The user's name, as the context gives it.
+    pub user_name: String,
     /// The user (empty if the context names none, or one the kubeconfig lacks: anonymous).
     pub user: UserFields,
     /// The directory the user's file is in.
@@ -382,6 +384,7 @@ impl Kubeconfig {
             cluster_name: fields.cluster.clone(),
             cluster,
             cluster_dir,
+            user_name: fields.user.clone(),
             user,
             user_dir,
         })

@@ -9,6 +9,8 @@
 //! * [`login_oidc`]: `selkie login oidc`, an OIDC login (browser with PKCE, pasted code, or
 //!   password) with pinniped's `sessions.yaml` ([`sessions`]), the relying party in [`oidc`] and
 //!   ID token signatures in [`jose`].
+//! * [`get_kubeconfig`]: `selkie get kubeconfig`, a kubeconfig discovered from the Concierge's
+//!   CredentialIssuer and authenticators.
 //! * [`exec`]: the client-go exec credential protocol (`KUBERNETES_EXEC_INFO` in, one
 //!   `ExecCredential` of the same version out on stdout).
 //! * [`cache`]: the credential cache, in Pinniped's format and locking, keyed the way Pinniped
@@ -23,6 +25,7 @@
 pub mod cache;
 pub mod concierge;
 pub mod exec;
+pub mod get_kubeconfig;
 pub mod gojson;
 pub mod http;
 pub mod jose;

@@ -1,5 +1,7 @@
 //! The `selkie` binary: the pinniped CLI's commands and flags, each failure one line on stderr.
 //!
+//! * `selkie get kubeconfig [flags of pinniped get kubeconfig]` — a kubeconfig discovered from
+//!   the cluster's CredentialIssuer and authenticator, its user running selkie.
 //! * `selkie login oidc --issuer URL [--client-id ID] [--scopes …] [--enable-concierge ...]` — the
 //!   exec credential plugin for an OIDC issuer (browser, pasted code or password login).
 //! * `selkie login static [--token T | --token-env NAME] [--enable-concierge ...]` — the exec
@@ -22,6 +24,7 @@ use selkie::{
     cache::CacheWarning,
     concierge::DEFAULT_API_GROUP_SUFFIX,
     exec::ExecInfo,
+    get_kubeconfig::{self, GetKubeconfigOptions},
     login_oidc::{self, OidcLoginOptions},
     login_static::{self, Reporter, StaticLoginOptions},
     version,
@@ -49,6 +52,11 @@ enum Command {
         #[command(subcommand)]
         method: Login,
     },
+    /// Gets one of [kubeconfig]
+    Get {
+        #[command(subcommand)]
+        what: Get,
+    },
     /// Print information about the current user
     Whoami(WhoamiArgs),
     /// Print the version of this CLI
@@ -71,6 +79,143 @@ enum Login {
     Oidc(Box<OidcArgs>),
     /// Login using a static token
     Static(Box<StaticArgs>),
+}
+
+#[derive(Subcommand)]
+enum Get {
+    /// Generate a Pinniped-compatible kubeconfig for a cluster (its user runs selkie)
+    Kubeconfig(Box<GetKubeconfigArgs>),
+}
+
+#[derive(Args)]
+struct GetKubeconfigArgs {
+    /// Instead of doing an OIDC-based login, specify a static token
+    #[arg(long = "static-token", default_value = "", hide_default_value = true)]
+    static_token: String,
+    /// Instead of doing an OIDC-based login, read a static token from the environment
+    #[arg(long = "static-token-env", default_value = "", hide_default_value = true)]
+    static_token_env: String,
+    /// Generate a configuration which does not use the Concierge, but sends the credential to the cluster directly
+    #[arg(long = "no-concierge", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    no_concierge: bool,
+    /// Namespace in which the Concierge was installed (deprecated, ignored)
+    #[arg(
+        long = "concierge-namespace",
+        hide = true,
+        default_value = "pinniped-concierge"
+    )]
+    concierge_namespace: String,
+    /// Concierge CredentialIssuer object to use for autodiscovery (default: autodiscover)
+    #[arg(
+        long = "concierge-credential-issuer",
+        default_value = "",
+        hide_default_value = true
+    )]
+    concierge_credential_issuer: String,
+    /// Concierge authenticator type (e.g., 'webhook', 'jwt') (default: autodiscover)
+    #[arg(
+        long = "concierge-authenticator-type",
+        default_value = "",
+        hide_default_value = true
+    )]
+    concierge_authenticator_type: String,
+    /// Concierge authenticator name (default: autodiscover)
+    #[arg(
+        long = "concierge-authenticator-name",
+        default_value = "",
+        hide_default_value = true
+    )]
+    concierge_authenticator_name: String,
+    /// Concierge API group suffix
+    #[arg(long = "concierge-api-group-suffix", default_value = DEFAULT_API_GROUP_SUFFIX)]
+    concierge_api_group_suffix: String,
+    /// Skip waiting for any pending Concierge strategies to become ready (default: false)
+    #[arg(long = "concierge-skip-wait", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    concierge_skip_wait: bool,
+    /// Path to TLS certificate authority bundle (PEM format, optional, can be repeated) to use when connecting to the Concierge
+    #[arg(long = "concierge-ca-bundle")]
+    concierge_ca_bundle: Vec<PathBuf>,
+    /// API base for the Concierge endpoint
+    #[arg(long = "concierge-endpoint", default_value = "", hide_default_value = true)]
+    concierge_endpoint: String,
+    /// Concierge mode of operation (TokenCredentialRequestAPI or ImpersonationProxy; default: autodetect)
+    #[arg(long = "concierge-mode", default_value = "", hide_default_value = true)]
+    concierge_mode: String,
+    /// OpenID Connect issuer URL (default: autodiscover)
+    #[arg(long = "oidc-issuer", default_value = "", hide_default_value = true)]
+    oidc_issuer: String,
+    /// OpenID Connect client ID (default: autodiscover)
+    #[arg(long = "oidc-client-id", default_value = "pinniped-cli")]
+    oidc_client_id: String,
+    /// TCP port for localhost listener (authorization code flow only)
+    #[arg(long = "oidc-listen-port", default_value = "0")]
+    oidc_listen_port: u16,
+    /// OpenID Connect scopes to request during login
+    #[arg(long = "oidc-scopes", value_delimiter = ',', default_value = selkie::login_oidc::DEFAULT_SCOPES)]
+    oidc_scopes: Vec<String>,
+    /// During OpenID Connect login, skip opening the browser (just print the URL)
+    #[arg(long = "oidc-skip-browser", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    oidc_skip_browser: bool,
+    /// During OpenID Connect login, skip starting a localhost callback listener (manual copy/paste flow only)
+    #[arg(long = "oidc-skip-listen", hide = true, num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    oidc_skip_listen: bool,
+    /// Path to OpenID Connect session cache file
+    #[arg(long = "oidc-session-cache", default_value = "", hide_default_value = true)]
+    oidc_session_cache: String,
+    /// Path to TLS certificate authority bundle (PEM format, optional, can be repeated)
+    #[arg(long = "oidc-ca-bundle")]
+    oidc_ca_bundle: Vec<PathBuf>,
+    /// Request a token with an alternate audience using RFC8693 token exchange
+    #[arg(long = "oidc-request-audience", default_value = "", hide_default_value = true)]
+    oidc_request_audience: String,
+    /// The name of the upstream identity provider used during login with a Supervisor
+    #[arg(
+        long = "upstream-identity-provider-name",
+        default_value = "",
+        hide_default_value = true
+    )]
+    upstream_identity_provider_name: String,
+    /// The type of the upstream identity provider used during login with a Supervisor (e.g. 'oidc', 'ldap', 'activedirectory', 'github')
+    #[arg(
+        long = "upstream-identity-provider-type",
+        default_value = "",
+        hide_default_value = true
+    )]
+    upstream_identity_provider_type: String,
+    /// The type of client flow to use with the upstream identity provider during login with a Supervisor (e.g. 'cli_password', 'browser_authcode')
+    #[arg(
+        long = "upstream-identity-provider-flow",
+        default_value = "",
+        hide_default_value = true
+    )]
+    upstream_identity_provider_flow: String,
+    /// Path to kubeconfig file [default: $KUBECONFIG, then ~/.kube/config]
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context name (default: current active context)
+    #[arg(long = "kubeconfig-context")]
+    kubeconfig_context: Option<String>,
+    /// Skip final validation of the kubeconfig (default: false)
+    #[arg(long = "skip-validation", num_args = 0..=1, require_equals = true, default_value = "false", default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    skip_validation: bool,
+    /// Timeout for autodiscovery and validation
+    #[arg(long, default_value = "10m", value_parser = parse_go_duration)]
+    timeout: std::time::Duration,
+    /// Output file path (default: stdout)
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+    /// Suffix to append to generated cluster, context, user kubeconfig entries
+    #[arg(long = "generated-name-suffix", default_value = "-pinniped")]
+    generated_name_suffix: String,
+    /// Path to cluster-specific credentials cache
+    #[arg(long = "credential-cache")]
+    credential_cache: Option<String>,
+    /// Full path or executable name for the CLI binary to be embedded in the resulting kubeconfig output (e.g. 'selkie' or 'pinniped') (default: full path of the binary used to execute this command)
+    #[arg(long = "pinniped-cli-path")]
+    pinniped_cli_path: Option<String>,
+    /// This text is shown to the user when the CLI is not installed.
+    #[arg(long = "install-hint", default_value = selkie::get_kubeconfig::DEFAULT_INSTALL_HINT)]
+    install_hint: String,
 }
 
 #[derive(Args)]
@@ -399,6 +544,60 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
                 debug: std::env::var(DEBUG_ENV).is_ok_and(|value| value == "true"),
             };
             login_static::run(&options, &argv, &lookup_env, exec_info.as_ref(), &mut reporter).await
+        }
+        Command::Get {
+            what: Get::Kubeconfig(args),
+        } => {
+            let args = *args;
+            let _deprecated_and_ignored = args.concierge_namespace;
+            let options = GetKubeconfigOptions {
+                kubeconfig: args.kubeconfig,
+                kubeconfig_context: args.kubeconfig_context,
+                timeout: args.timeout,
+                skip_validation: args.skip_validation,
+                generated_name_suffix: args.generated_name_suffix,
+                credential_cache: args.credential_cache,
+                cli_path: args.pinniped_cli_path,
+                install_hint: args.install_hint,
+                static_token: args.static_token,
+                static_token_env: args.static_token_env,
+                no_concierge: args.no_concierge,
+                concierge_credential_issuer: args.concierge_credential_issuer,
+                concierge_authenticator_type: args.concierge_authenticator_type,
+                concierge_authenticator_name: args.concierge_authenticator_name,
+                concierge_api_group_suffix: args.concierge_api_group_suffix,
+                concierge_skip_wait: args.concierge_skip_wait,
+                concierge_ca_bundle: args.concierge_ca_bundle,
+                concierge_endpoint: args.concierge_endpoint,
+                concierge_mode: args.concierge_mode,
+                oidc_issuer: args.oidc_issuer,
+                oidc_client_id: args.oidc_client_id,
+                oidc_listen_port: args.oidc_listen_port,
+                oidc_scopes: args.oidc_scopes.into_iter().filter(|s| !s.is_empty()).collect(),
+                oidc_skip_browser: args.oidc_skip_browser,
+                oidc_skip_listen: args.oidc_skip_listen,
+                oidc_session_cache: args.oidc_session_cache,
+                oidc_ca_bundle: args.oidc_ca_bundle,
+                oidc_request_audience: args.oidc_request_audience,
+                upstream_identity_provider_name: args.upstream_identity_provider_name,
+                upstream_identity_provider_type: args.upstream_identity_provider_type,
+                upstream_identity_provider_flow: args.upstream_identity_provider_flow,
+            };
+            let self_path = std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("could not determine the selkie executable path: {e}"))?
+                .to_string_lossy()
+                .into_owned();
+            let yaml =
+                get_kubeconfig::run(&options, &self_path, &mut |line| eprintln!("selkie: {line}")).await?;
+            match args.output {
+                None => Ok(yaml),
+                Some(path) => {
+                    std::fs::write(&path, yaml).map_err(|e| {
+                        anyhow::anyhow!("could not write the output file {}: {e}", path.display())
+                    })?;
+                    Ok(String::new())
+                }
+            }
         }
         Command::Whoami(args) => {
             let options = WhoamiOptions {

@@ -719,3 +719,270 @@ async fn bad_input_is_one_line_on_stderr_and_no_token() -> anyhow::Result<()> {
     assert_one_line("open session cache", &result, &["mode 0644", "chmod 600"])?;
     Ok(())
 }
+
+/// Runs kubectl (directly, to give it `env`) with `kubeconfig`.
+async fn kubectl_with_env(
+    kubectl: &Path,
+    kubeconfig: &Path,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> anyhow::Result<(bool, String, String)> {
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(kubectl)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("KUBECACHEDIR", kubeconfig.with_extension("kubectl-cache"))
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    Ok((
+        output.status.success(),
+        String::from_utf8(output.stdout)?,
+        String::from_utf8(output.stderr)?,
+    ))
+}
+
+#[tokio::test]
+async fn get_kubeconfig_discovers_the_concierge_and_the_jwt_authenticator_and_its_output_works(
+) -> anyhow::Result<()> {
+    // A cluster of its own: discovery wants exactly one CredentialIssuer and one authenticator.
+    // The JWTAuthenticator object is named like the proxy's configured authenticator ("dex"), as
+    // the Concierge's controller would configure it.
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let cluster = Cluster::start().await?;
+    let client = cluster.client().await?;
+    let admin = cluster.kubectl();
+    let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf/crds");
+    admin
+        .run(&["apply", "--server-side", "-f", &crds.to_string_lossy()])
+        .await?;
+    admin
+        .run(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            &crds.to_string_lossy(),
+        ])
+        .await?;
+    let namespace = cluster.create_namespace(&client, "oidc-kubeconfig").await?;
+    let email = format!("{namespace}@example.com");
+    let dex = Dex::start(&[DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec![],
+    }])
+    .await?;
+    grant_configmaps(&cluster, &namespace, "User", &email).await?;
+    let proxy = Proxy::start(
+        &cluster,
+        &[JwtSpec {
+            audience: PUBLIC_CLIENT_ID.into(),
+            ..JwtSpec::for_dex(&dex)
+        }],
+    )
+    .await?;
+    let dir = tempfile::Builder::new().prefix("selkie-getkc-").tempdir()?;
+    let get = |extra: &[String]| {
+        let mut args = vec![
+            "get".to_string(),
+            "kubeconfig".into(),
+            format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
+            format!(
+                "--oidc-session-cache={}",
+                dir.path().join("sessions.yaml").display()
+            ),
+            format!(
+                "--credential-cache={}",
+                dir.path().join("credentials.yaml").display()
+            ),
+            "--oidc-scopes=openid,offline_access,email,groups".into(),
+            "--upstream-identity-provider-flow=cli_password".into(),
+            "--timeout=60s".into(),
+        ];
+        args.extend(extra.iter().cloned());
+        let selkie = selkie.clone();
+        async move {
+            let output = tokio::process::Command::new(selkie)
+                .args(&args)
+                .env_remove("KUBECONFIG")
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output()
+                .await?;
+            anyhow::Ok((
+                output.status.success(),
+                String::from_utf8(output.stdout)?,
+                String::from_utf8(output.stderr)?,
+            ))
+        }
+    };
+
+    // Nothing installed yet: one line each.
+    // Progress lines come first (as pinniped logs them); the failure is the last line.
+    let failed_with = |(ok, stdout, stderr): (bool, String, String), expected: &str| {
+        let last = stderr.lines().last().unwrap_or_default().to_string();
+        anyhow::ensure!(!ok && stdout.is_empty(), "{expected}: {stdout}");
+        anyhow::ensure!(
+            last.starts_with("selkie: ") && last.contains(expected),
+            "{expected}: {stderr}"
+        );
+        Ok(())
+    };
+    failed_with(get(&[]).await?, "no CredentialIssuers were found")?;
+
+    let issuer_object = json!({
+        "apiVersion": "config.concierge.pinniped.dev/v1alpha1", "kind": "CredentialIssuer",
+        "metadata": {"name": "selkie-test-config"},
+        "spec": {"impersonationProxy": {"mode": "auto", "service": {"type": "LoadBalancer"}}},
+    });
+    admin
+        .run_with_stdin(&["apply", "-f", "-"], Some(&issuer_object.to_string()))
+        .await?;
+    failed_with(get(&[]).await?, "no authenticators were found")?;
+
+    let authenticator = json!({
+        "apiVersion": "authentication.concierge.pinniped.dev/v1alpha1", "kind": "JWTAuthenticator",
+        "metadata": {"name": "dex"},
+        "spec": {"issuer": dex.issuer(), "audience": PUBLIC_CLIENT_ID,
+                 "tls": {"certificateAuthorityData": B64.encode(dex.ca_pem())}},
+    });
+    admin
+        .run_with_stdin(&["apply", "-f", "-"], Some(&authenticator.to_string()))
+        .await?;
+
+    // The impersonation proxy strategy is pending at first: the command waits for it.
+    let strategy = |status: &str, reason: &str, frontend: Value| {
+        json!({"status": {"strategies": [
+            {"type": "KubeClusterSigningCertificate", "status": "Error", "reason": "CouldNotFetchKey",
+             "message": "unable to fetch cluster signing key", "lastUpdateTime": "2026-01-01T00:00:00Z"},
+            {"type": "ImpersonationProxy", "status": status, "reason": reason, "message": "test",
+             "lastUpdateTime": "2026-01-01T00:00:00Z", "frontend": frontend},
+        ]}})
+    };
+    let patch_status = |status: Value| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .run(&[
+                    "patch",
+                    "credentialissuer",
+                    "selkie-test-config",
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    &status.to_string(),
+                ])
+                .await
+        }
+    };
+    patch_status(strategy("Error", "Pending", Value::Null)).await?;
+    let proxy_frontend = json!({"type": "ImpersonationProxy", "impersonationProxyInfo": {
+        "endpoint": proxy.url(), "certificateAuthorityData": B64.encode(proxy.serving_ca().cert_pem())}});
+    let (generated, patched) = tokio::join!(get(&[]), async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        patch_status(strategy("Success", "Listening", proxy_frontend.clone())).await
+    });
+    patched?;
+    let (ok, yaml, stderr) = generated?;
+    anyhow::ensure!(ok, "get kubeconfig: {stderr}");
+    anyhow::ensure!(
+        stderr.contains("waiting for CredentialIssuer pending strategies"),
+        "{stderr}"
+    );
+    anyhow::ensure!(stderr.contains("impersonation proxy mode"), "{stderr}");
+    anyhow::ensure!(!yaml.contains("selkie:"), "messages on stdout: {yaml}");
+
+    let config: Value = serde_yaml::from_str(&yaml)?;
+    anyhow::ensure!(config["current-context"] == "selkie-test-pinniped", "{config}");
+    let cluster_entry = &config["clusters"][0]["cluster"];
+    anyhow::ensure!(cluster_entry["server"] == proxy.url(), "{config}");
+    anyhow::ensure!(
+        cluster_entry["certificate-authority-data"] == B64.encode(proxy.serving_ca().cert_pem()).as_str(),
+        "{config}"
+    );
+    let exec = &config["users"][0]["user"]["exec"];
+    anyhow::ensure!(exec["command"] == selkie.to_string_lossy().as_ref(), "{exec}");
+    anyhow::ensure!(exec["provideClusterInfo"] == true, "{exec}");
+    let args: Vec<String> = exec["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(String::from))
+        .collect();
+    for expected in [
+        "login".to_string(),
+        "oidc".into(),
+        "--enable-concierge".into(),
+        "--concierge-authenticator-type=jwt".into(),
+        "--concierge-authenticator-name=dex".into(),
+        format!("--concierge-endpoint={}", proxy.url()),
+        format!(
+            "--concierge-ca-bundle-data={}",
+            B64.encode(proxy.serving_ca().cert_pem())
+        ),
+        format!("--issuer={}", dex.issuer()),
+        "--client-id=pinniped-cli".into(),
+        format!("--request-audience={PUBLIC_CLIENT_ID}"),
+        format!("--ca-bundle-data={}", B64.encode(dex.ca_pem())),
+        "--upstream-identity-provider-flow=cli_password".into(),
+    ] {
+        anyhow::ensure!(args.contains(&expected), "{expected} missing from {args:?}");
+    }
+
+    // kubectl with the generated kubeconfig: the password flow from the environment, a
+    // TokenCredentialRequest at the proxy, then the cluster.
+    let kubeconfig = dir.path().join("generated.kubeconfig");
+    std::fs::write(&kubeconfig, &yaml)?;
+    let env = vec![
+        ("PINNIPED_USERNAME", email.clone()),
+        ("PINNIPED_PASSWORD", PASSWORD.to_string()),
+    ];
+    let kubectl_binary = admin.binary().to_path_buf();
+    let (ok, _, stderr) = kubectl_with_env(
+        &kubectl_binary,
+        &kubeconfig,
+        &["create", "configmap", "via-generated", "-n", &namespace],
+        &env,
+    )
+    .await?;
+    anyhow::ensure!(ok, "kubectl with the generated kubeconfig: {stderr}");
+    let (ok, whoami, stderr) = kubectl_with_env(
+        &kubectl_binary,
+        &kubeconfig,
+        &["auth", "whoami", "-o", "json"],
+        &env,
+    )
+    .await?;
+    anyhow::ensure!(ok, "{stderr}");
+    let review: Value = serde_json::from_str(&whoami)?;
+    anyhow::ensure!(
+        review["status"]["userInfo"]["username"] == email.as_str(),
+        "{review}"
+    );
+
+    // The static-token variant.
+    let (ok, yaml, stderr) = get(&[
+        "--static-token-env=MY_TOKEN".into(),
+        "--concierge-authenticator-type=jwt".into(),
+        "--concierge-authenticator-name=dex".into(),
+    ])
+    .await?;
+    anyhow::ensure!(ok, "{stderr}");
+    let config: Value = serde_yaml::from_str(&yaml)?;
+    let args = &config["users"][0]["user"]["exec"]["args"];
+    anyhow::ensure!(args[0] == "login" && args[1] == "static", "{args}");
+    anyhow::ensure!(
+        args.as_array()
+            .is_some_and(|a| a.iter().any(|v| v == "--token-env=MY_TOKEN")),
+        "{args}"
+    );
+    anyhow::ensure!(!args.to_string().contains("--issuer"), "{args}");
+    Ok(())
+}
