@@ -73,7 +73,8 @@ impl Default for AggregatedApiConfig {
 }
 
 /// Where the cluster's client signing certificate and key are read from: exactly one of a
-/// Secret (`secret: {namespace, name}`) or files (`files: {certFile, keyFile}`).
+/// Secret (`secret: {namespace, name}`), files (`files: {certFile, keyFile}`) or the kube cert
+/// agent (`agent: {image, …}`, see [`crate::kube_cert_agent`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSigningKeySource {
@@ -84,6 +85,9 @@ pub struct ClusterSigningKeySource {
     /// `--cluster-signing-key-file`), re-read periodically.
     #[serde(default)]
     pub files: Option<KeyFiles>,
+    /// The kube cert agent: a pod beside kube-controller-manager whose files it prints.
+    #[serde(default)]
+    pub agent: Option<crate::kube_cert_agent::AgentConfig>,
 }
 
 /// A Secret by namespace and name.
@@ -192,11 +196,21 @@ impl ControlPlaneConfig {
             message: e.to_string(),
         })?;
         if let Some(source) = &self.cluster_signing_key {
-            if source.secret.is_some() == source.files.is_some() {
+            let sources = [
+                source.secret.is_some(),
+                source.files.is_some(),
+                source.agent.is_some(),
+            ];
+            if sources.iter().filter(|set| **set).count() != 1 {
                 return Err(ConfigError::Invalid {
                     field: "clusterSigningKey",
-                    message: "needs exactly one of secret and files".into(),
+                    message: "needs exactly one of secret, files and agent".into(),
                 });
+            }
+            if let Some(agent) = &source.agent {
+                agent
+                    .validate()
+                    .map_err(|(field, message)| ConfigError::Invalid { field, message })?;
             }
         }
         for (field, value) in [
@@ -294,7 +308,25 @@ mod tests {
         )
         .unwrap();
         let error = both.validate().unwrap_err().to_string();
-        assert_eq!(error, "clusterSigningKey: needs exactly one of secret and files");
+        assert_eq!(
+            error,
+            "clusterSigningKey: needs exactly one of secret, files and agent"
+        );
+        let agent_and_files: ControlPlaneConfig =
+            serde_yaml::from_str("clusterSigningKey: {agent: {image: i}, files: {certFile: c, keyFile: d}}")
+                .unwrap();
+        let error = agent_and_files.validate().unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "clusterSigningKey: needs exactly one of secret, files and agent"
+        );
+        let agent: ControlPlaneConfig =
+            serde_yaml::from_str("clusterSigningKey: {agent: {image: registry.example/selkie:1}}").unwrap();
+        agent.validate().unwrap();
+        let no_image: ControlPlaneConfig =
+            serde_yaml::from_str("clusterSigningKey: {agent: {image: ''}}").unwrap();
+        let error = no_image.validate().unwrap_err().to_string();
+        assert_eq!(error, "clusterSigningKey.agent.image: must not be empty");
         let secret: ControlPlaneConfig =
             serde_yaml::from_str("clusterSigningKey: {secret: {namespace: a, name: b}}").unwrap();
         secret.validate().unwrap();

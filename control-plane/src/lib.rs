@@ -18,6 +18,8 @@
 //! * [`credential_issuer`]: the CredentialIssuer — impersonation proxy mode, its Services,
 //!   serving certificates and the status strategies clients read.
 //!
+//! * [`kube_cert_agent`]: the kube cert agent — a pod beside kube-controller-manager that the
+//!   cluster's signing key is read from (the third `clusterSigningKey` source).
 //! * [`leader`]: the Lease that makes one replica the writer; every replica serves.
 //!
 //! Every failure of a custom resource is reported in that resource's status and never replaces a
@@ -29,6 +31,7 @@ pub mod certs;
 pub mod conditions;
 pub mod config;
 pub mod credential_issuer;
+pub mod kube_cert_agent;
 pub mod leader;
 pub mod published;
 pub mod signing;

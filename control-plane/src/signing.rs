@@ -4,7 +4,8 @@
 //! Two signers, in Pinniped's order of preference:
 //!
 //! 1. **The cluster's signing key** (the KubeClusterSigningCertificate strategy): read from a
-//!    Secret or from files on a control-plane node ([`ClusterSigningKeySource`]). Certificates it
+//!    Secret, from files on a control-plane node, or through the kube cert agent
+//!    ([`ClusterSigningKeySource`], [`crate::kube_cert_agent`]). Certificates it
 //!    signs work directly against kube-apiserver. Its outcome is the CredentialIssuer's
 //!    `KubeClusterSigningCertificate` strategy, with the `TokenCredentialRequestAPI` frontend
 //!    (kube-apiserver's URL and CA, from `discoveryUrl` or `kube-public/cluster-info`).
@@ -45,6 +46,7 @@ use tokio::sync::watch;
 use crate::{
     certs::{self, CertPair},
     config::{ClusterSigningKeySource, ControlPlaneConfig, KeyFiles, SecretReference},
+    kube_cert_agent::KubeCertAgent,
     published::{Published, Publisher},
 };
 
@@ -399,6 +401,11 @@ pub async fn run<W, F>(
     F: std::future::Future<Output = Result<(), String>>,
 {
     let mut last = Round::default();
+    let mut agent = config
+        .cluster_signing_key
+        .as_ref()
+        .and_then(|source| source.agent.clone())
+        .map(|agent| KubeCertAgent::new(client.clone(), config.clone(), agent));
     loop {
         let is_leader = *leader.borrow();
         match signer_ca(&client, &config, is_leader).await {
@@ -408,16 +415,21 @@ pub async fn run<W, F>(
         let key = match &config.cluster_signing_key {
             None => None,
             Some(source) => Some(
-                cluster_signing_key(&client, source)
-                    .await
-                    .and_then(|pair| {
-                        let signer = ClientCertificateSigner::from_pem(&pair.cert_pem, &pair.key_pem)
-                            .map_err(|e| {
-                                SigningError::Invalid(format!("the cluster signing key cannot sign: {e}"))
-                            })?;
-                        Ok((pair, Arc::new(signer)))
-                    })
-                    .map_err(|e| e.to_string()),
+                match agent.as_mut() {
+                    Some(agent) => agent
+                        .fetch(is_leader)
+                        .await
+                        .map_err(|e| SigningError::Invalid(e.to_string())),
+                    None => cluster_signing_key(&client, source).await,
+                }
+                .and_then(|pair| {
+                    let signer =
+                        ClientCertificateSigner::from_pem(&pair.cert_pem, &pair.key_pem).map_err(|e| {
+                            SigningError::Invalid(format!("the cluster signing key cannot sign: {e}"))
+                        })?;
+                    Ok((pair, Arc::new(signer)))
+                })
+                .map_err(|e| e.to_string()),
             ),
         };
         match &key {
