@@ -496,3 +496,249 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     .await?;
     Ok(())
 }
+
+/// The install manifests (`conf/crds/`, `conf/install/concierge.yaml`) apply to a fresh cluster,
+/// and the Concierge runs with exactly the permissions they grant its service account: its
+/// control plane and its proxy use that account's token. Without a cluster signing key, logins
+/// get certificates of the Concierge's own signer CA, which work through the impersonation proxy
+/// and not directly against kube-apiserver.
+#[tokio::test]
+async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Result<()> {
+    let cluster = &Cluster::start().await?;
+    let kubectl = cluster.kubectl();
+    let conf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf");
+    kubectl
+        .run(&[
+            "apply",
+            "--server-side",
+            "-f",
+            &conf.join("crds").to_string_lossy(),
+        ])
+        .await?;
+    kubectl
+        .run(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "--all",
+        ])
+        .await?;
+    let install = conf.join("install/concierge.yaml");
+    eventually(Duration::from_secs(20), || async {
+        Ok(kubectl.run(&["apply", "-f", &install.to_string_lossy()]).await?)
+    })
+    .await?;
+
+    // No kubelet here: the aggregated API runs on loopback, reached through an ExternalName
+    // Service, and the Deployment's pods never start.
+    let namespace = "pinniped-concierge";
+    let aggregated_port = free_port()?;
+    kubectl
+        .run(&["delete", "service", "-n", namespace, "pinniped-concierge-api"])
+        .await?;
+    let service = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "pinniped-concierge-api", "namespace": namespace},
+        "spec": {"type": "ExternalName", "externalName": "localhost"}})
+    .to_string();
+    kubectl
+        .run_with_stdin(&["create", "-f", "-"], Some(&service))
+        .await?;
+    for group in ["login", "identity"] {
+        let patch = json!({"spec": {"service": {"port": aggregated_port}}}).to_string();
+        kubectl
+            .run(&[
+                "patch",
+                "apiservice",
+                &format!("v1alpha1.{group}.concierge.pinniped.dev"),
+                "--type=merge",
+                "-p",
+                &patch,
+            ])
+            .await?;
+    }
+
+    // The service account's own token, for the control plane and the proxy alike.
+    let token = kubectl
+        .run(&[
+            "create",
+            "token",
+            "pinniped-concierge",
+            "-n",
+            namespace,
+            "--duration=2h",
+        ])
+        .await?
+        .trim()
+        .to_string();
+    let dir = tempfile::tempdir()?;
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &token)?;
+    let account_kubeconfig = dir.path().join("account.kubeconfig");
+    write_kubeconfig_for_user(
+        &account_kubeconfig,
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+        "pinniped-concierge",
+        json!({"token": token}),
+    )?;
+    let control_plane = dir.path().join("control-plane.yaml");
+    std::fs::write(
+        &control_plane,
+        json!({
+            "kubeconfig": account_kubeconfig,
+            "identity": "replica-a",
+            "aggregatedApi": {"listen": format!("127.0.0.1:{aggregated_port}")},
+        })
+        .to_string(),
+    )?;
+    let concierge = Proxy::start_with_args(
+        cluster,
+        &[],
+        |config| {
+            let config = config
+                .as_object_mut()
+                .expect("the proxy configuration is an object");
+            for field in [
+                "credentialSigner",
+                "clientCertificateCaFiles",
+                "servingCertificate",
+            ] {
+                config.remove(field);
+            }
+            config["upstream"]
+                .as_object_mut()
+                .expect("upstream is an object")
+                .remove("clientCertificate");
+            config["upstream"]["tokenFile"] = json!(token_file);
+        },
+        &[OsString::from("--control-plane"), control_plane.into_os_string()],
+    )
+    .await?;
+
+    let dex = Dex::start(&[pinny()]).await?;
+    let installation = Installation {
+        cluster,
+        namespace: namespace.to_string(),
+        suffix: "pinniped.dev".to_string(),
+        dir,
+    };
+    installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
+    eventually(Duration::from_secs(30), || async {
+        let status = installation.get_json(&["get", "jwtauthenticator", "dex"]).await?;
+        ensure!(
+            status["status"]["phase"] == "Ready",
+            "status: {}",
+            status["status"]
+        );
+        Ok(())
+    })
+    .await
+    .with_context(|| concierge.log())?;
+
+    // Exposed on loopback, the proxy gets its endpoint and CA from the CredentialIssuer.
+    let endpoint = concierge.url().trim_start_matches("https://").to_string();
+    let issuer = json!({
+        "apiVersion": "config.concierge.pinniped.dev/v1alpha1",
+        "kind": "CredentialIssuer",
+        "metadata": {"name": "pinniped-concierge-config"},
+        "spec": {"impersonationProxy": {"mode": "enabled", "service": {"type": "None"},
+                                        "externalEndpoint": endpoint}},
+    })
+    .to_string();
+    kubectl
+        .run_with_stdin(&["apply", "-f", "-"], Some(&issuer))
+        .await?;
+    let (proxy_endpoint, proxy_ca, key_strategy) = eventually(Duration::from_secs(30), || async {
+        let issuer = installation
+            .get_json(&["get", "credentialissuer", "pinniped-concierge-config"])
+            .await?;
+        let strategies = issuer["status"]["strategies"]
+            .as_array()
+            .context("no strategies")?;
+        let find = |kind: &str| strategies.iter().find(|s| s["type"] == kind).cloned();
+        let proxy = find("ImpersonationProxy").context("no ImpersonationProxy strategy")?;
+        let key =
+            find("KubeClusterSigningCertificate").context("no KubeClusterSigningCertificate strategy")?;
+        ensure!(proxy["reason"] == "Listening", "{proxy}");
+        let info = &proxy["frontend"]["impersonationProxyInfo"];
+        let ca = B64.decode(info["certificateAuthorityData"].as_str().context("no CA")?)?;
+        Ok((
+            info["endpoint"].as_str().context("no endpoint")?.to_string(),
+            String::from_utf8(ca)?,
+            key,
+        ))
+    })
+    .await
+    .with_context(|| concierge.log())?;
+    assert_eq!(key_strategy["status"], "Error", "{key_strategy}");
+    assert_eq!(key_strategy["reason"], "CouldNotFetchKey", "{key_strategy}");
+
+    // A login through kube-apiserver's aggregation gets a certificate of the signer CA ...
+    let token = dex
+        .password_grant("pinny@example.com", "password123")
+        .await?
+        .id_token;
+    let anonymous = installation.anonymous_kubectl(
+        "anonymous",
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+    )?;
+    let request = installation.token_credential_request(&token, "dex");
+    let response = eventually(Duration::from_secs(60), || async {
+        let response = anonymous
+            .run_with_stdin(
+                &[
+                    "create",
+                    "--raw",
+                    "/apis/login.concierge.pinniped.dev/v1alpha1/tokencredentialrequests",
+                    "-f",
+                    "-",
+                ],
+                Some(&request),
+            )
+            .await?;
+        credential(&response)?;
+        Ok(response)
+    })
+    .await
+    .with_context(|| concierge.log())?;
+    let (cert, key) = credential(&response)?;
+
+    // ... which works through the impersonation proxy ...
+    let through_proxy = installation.kubeconfig(
+        "through-proxy",
+        &proxy_endpoint,
+        &proxy_ca,
+        cert_user(&cert, &key),
+    )?;
+    let seen = eventually(Duration::from_secs(20), || async {
+        whoami(&kubectl.with_kubeconfig(&through_proxy)).await
+    })
+    .await
+    .with_context(|| concierge.log())?;
+    assert_dex_user(&seen)?;
+
+    // ... and not directly: kube-apiserver does not trust the Concierge's own CA.
+    let direct = installation.kubeconfig(
+        "direct",
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+        cert_user(&cert, &key),
+    )?;
+    let refused = whoami(&kubectl.with_kubeconfig(&direct)).await;
+    ensure!(
+        refused.is_err(),
+        "kube-apiserver accepted a signer-CA certificate: {refused:?}"
+    );
+
+    // Nothing it did was forbidden to it.
+    let log = concierge.log();
+    let forbidden: Vec<&str> = log.lines().filter(|line| line.contains("forbidden")).collect();
+    ensure!(
+        forbidden.is_empty(),
+        "the Concierge was refused:\n{}",
+        forbidden.join("\n")
+    );
+    Ok(())
+}
