@@ -43,12 +43,29 @@ const BUSY: [&str; 3] = ["rustc", "kube-apiserver", "cc1"];
 #[derive(Debug, Parser)]
 #[command(name = "selkie-perf-run", about)]
 struct Args {
-    /// Where the results go.
-    #[arg(long, default_value = "perf/results")]
-    out: PathBuf,
-    /// File name of the results, without extension.
-    #[arg(long, default_value = "side-by-side-first")]
-    name: String,
+    /// Where the results go (default `perf/results`; `target/perf-smoke` with `--smoke`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// File name of the results, without extension (default `side-by-side-first`;
+    /// `side-by-side-smoke` with `--smoke`).
+    #[arg(long)]
+    name: Option<String>,
+    /// Smoke pass (what `make test` runs): every system and protocol for 1 s after a 0.5 s
+    /// warm-up at `--smoke-rate` only (no maximum-throughput step), 4 HTTP/1.1 or 1 HTTP/2
+    /// connections, a bounded request count, no waiting for a quiet machine. Exits non-zero if
+    /// a system does not start or a step has no answers, a non-2xx answer, a failed request, a
+    /// re-established connection, a backend handshake failure or an impersonation mismatch.
+    /// Asserts that the harness runs, never that it is fast. Overrides `--duration`,
+    /// `--warmup`, the connection counts and the rates.
+    #[arg(long)]
+    smoke: bool,
+    /// The fixed rate of every smoke step, requests per second.
+    #[arg(long, default_value_t = 100.0)]
+    smoke_rate: f64,
+    /// Most requests one load step may send, warm-up included (default: the load client's own
+    /// bound; with `--smoke` twice the scheduled count).
+    #[arg(long)]
+    max_requests: Option<u64>,
     /// Systems to run, in this order.
     #[arg(long, value_delimiter = ',', default_value = "D,N,S0,SX")]
     systems: Vec<String>,
@@ -602,8 +619,14 @@ http {{
         rate: Option<f64>,
         quiet_budget: &mut Duration,
     ) -> anyhow::Result<Step> {
-        let (load_average_1m_at_start, cpu_busy_at_start, waited, quiet) =
-            wait_for_quiet(&self.args, quiet_budget);
+        let (load_average_1m_at_start, cpu_busy_at_start, waited, quiet) = if self.args.smoke {
+            // A smoke pass asserts that the harness runs; it neither waits for nor claims a
+            // quiet machine.
+            let load = load_average().map(|l| l[0]).unwrap_or(f64::NAN);
+            (load, 0.0, 0.0, false)
+        } else {
+            wait_for_quiet(&self.args, quiet_budget)
+        };
         let mut command = Command::new("taskset");
         command
             .args(["-c", "0"])
@@ -615,6 +638,9 @@ http {{
             .args(["--warmup", &format!("{}ms", self.args.warmup.as_millis())])
             .args(&route.extra)
             .args(["--pid", &format!("backend={}", self.backend_pid)]);
+        if let Some(max) = self.args.max_requests {
+            command.args(["--max-requests", &max.to_string()]);
+        }
         if let Some(sut) = route.sut {
             command.args(["--pid", &format!("sut={sut}")]);
         }
@@ -917,7 +943,21 @@ fn markdown(results: &Results) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.smoke {
+        args.duration = Duration::from_secs(1);
+        args.warmup = Duration::from_millis(500);
+        args.h1_connections = 4;
+        args.h2_connections = 1;
+        args.rate_h1 = Some(args.smoke_rate);
+        args.rate_h2 = Some(args.smoke_rate);
+        anyhow::ensure!(
+            args.smoke_rate > 0.0 && args.smoke_rate <= 10_000.0,
+            "--smoke-rate must be in (0, 10000]"
+        );
+        let scheduled = args.smoke_rate * (args.duration + args.warmup).as_secs_f64();
+        args.max_requests.get_or_insert((scheduled * 2.0).ceil() as u64);
+    }
     let systems = args
         .systems
         .iter()
@@ -1021,7 +1061,9 @@ fn main() -> anyhow::Result<()> {
         // First the maximum of every system, then one fixed rate that all of them can sustain.
         for protocol in &runner.args.protocols {
             let mut lowest_max = f64::INFINITY;
-            for (system, started) in &running {
+            // A smoke pass has no maximum step: its rate is fixed.
+            let max_steps = if runner.args.smoke { &[][..] } else { &running[..] };
+            for (system, started) in max_steps {
                 eprintln!("-- {system:?} {protocol}: maximum throughput");
                 let max = runner.step(*system, &started.route, protocol, None, &mut quiet_budget)?;
                 eprintln!(
@@ -1092,11 +1134,220 @@ fn main() -> anyhow::Result<()> {
         skipped,
         steps,
     };
-    std::fs::create_dir_all(&runner.args.out)?;
-    let json = runner.args.out.join(format!("{}.json", runner.args.name));
-    let md = runner.args.out.join(format!("{}.md", runner.args.name));
+    let (out, name) = if runner.args.smoke {
+        ("target/perf-smoke", "side-by-side-smoke")
+    } else {
+        ("perf/results", "side-by-side-first")
+    };
+    let out = runner.args.out.clone().unwrap_or_else(|| out.into());
+    let name = runner.args.name.clone().unwrap_or_else(|| name.into());
+    std::fs::create_dir_all(&out)?;
+    let json = out.join(format!("{name}.json"));
+    let md = out.join(format!("{name}.md"));
     std::fs::write(&json, serde_json::to_string_pretty(&results)?)?;
     std::fs::write(&md, markdown(&results))?;
     eprintln!("wrote {} and {}", md.display(), json.display());
+    if runner.args.smoke {
+        let failures = smoke_failures(&systems, &runner.args.protocols, &results);
+        for step in &results.steps {
+            let l = &step.load;
+            eprintln!(
+                "smoke {:?} {}: {} answered of {} sent at {:.0} req/s, p50 {:.0} µs, non-2xx {}, errors {}, reconnects {}, backend requests {}, mismatches {}, handshake failures {}",
+                step.system,
+                step.protocol,
+                l.completed,
+                l.sent,
+                l.target_rate,
+                l.latency_us.p50,
+                l.non_2xx,
+                l.errors,
+                l.reconnects,
+                step.backend.requests,
+                step.backend.impersonation_mismatches,
+                step.backend.handshake_failures,
+            );
+        }
+        if !failures.is_empty() {
+            for failure in &failures {
+                eprintln!("smoke FAILED: {failure}");
+            }
+            anyhow::bail!("the perf smoke pass failed ({} problems)", failures.len());
+        }
+        eprintln!(
+            "smoke passed: {} steps ({} systems × {} protocols), every error counter 0",
+            results.steps.len(),
+            systems.len(),
+            runner.args.protocols.len()
+        );
+    }
     Ok(())
+}
+
+/// What is wrong with a smoke pass's results: a system or protocol that did not run, a step
+/// without answers, or any non-zero error counter. Empty when the pass is good.
+fn smoke_failures(systems: &[System], protocols: &[String], results: &Results) -> Vec<String> {
+    let mut failures: Vec<String> = results
+        .skipped
+        .iter()
+        .map(|skipped| format!("not run: {skipped}"))
+        .collect();
+    for system in systems {
+        for protocol in protocols {
+            let ran = results
+                .steps
+                .iter()
+                .any(|st| st.system == *system && &st.protocol == protocol);
+            if !ran {
+                failures.push(format!("{system:?} {protocol}: no step ran"));
+            }
+        }
+    }
+    for st in &results.steps {
+        let (l, b) = (&st.load, &st.backend);
+        let id = format!("{:?} {} {}", st.system, st.protocol, st.kind);
+        let mut check = |bad: bool, what: String| {
+            if bad {
+                failures.push(format!("{id}: {what}"));
+            }
+        };
+        check(l.completed == 0, "no request was answered".into());
+        check(l.non_2xx > 0, format!("{} answers outside 200–299", l.non_2xx));
+        check(
+            l.errors > 0,
+            format!(
+                "{} failed requests ({} timed out): {:?}",
+                l.errors, l.timeouts, l.error_examples
+            ),
+        );
+        check(
+            l.reconnects > 0,
+            format!("{} connections closed and re-established", l.reconnects),
+        );
+        check(
+            b.impersonation_mismatches > 0,
+            format!(
+                "{} impersonation mismatches at the backend: {:?}",
+                b.impersonation_mismatches, b.mismatch_examples
+            ),
+        );
+        check(
+            b.handshake_failures > 0,
+            format!("{} failed TLS handshakes at the backend", b.handshake_failures),
+        );
+        // Every answer must come from the backend (through the system), not the system itself.
+        check(
+            b.requests < l.completed,
+            format!(
+                "the backend served {} requests but the client got {} answers",
+                b.requests, l.completed
+            ),
+        );
+    }
+    failures
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(system: System, protocol: &str) -> Step {
+        Step {
+            system,
+            protocol: protocol.into(),
+            kind: "fixed-rate",
+            load_average_1m_at_start: 0.0,
+            cpu_busy_at_start: 0.0,
+            waited_for_quiet_s: 0.0,
+            quiet: false,
+            busy_during_step: Vec::new(),
+            load: LoadReport {
+                sent: 100,
+                completed: 100,
+                ..LoadReport::default()
+            },
+            backend: BackendCounters {
+                requests: 150,
+                ..BackendCounters::default()
+            },
+            command: String::new(),
+        }
+    }
+
+    fn results(steps: Vec<Step>) -> Results {
+        Results {
+            date_utc: String::new(),
+            machine: Machine {
+                cpu_model: String::new(),
+                cores: String::new(),
+                kernel: String::new(),
+                memory: String::new(),
+                rustc: String::new(),
+                nginx: String::new(),
+            },
+            settings: Settings {
+                duration_s: 1.0,
+                warmup_s: 0.5,
+                h1_connections: 4,
+                h2_connections: 1,
+                h2_streams: 16,
+                fixed_rates: Vec::new(),
+                rate_rule: String::new(),
+                path: PATH,
+                response_body_bytes: 1024,
+            },
+            skipped: Vec::new(),
+            steps,
+        }
+    }
+
+    #[test]
+    fn a_clean_smoke_pass_has_no_failures() {
+        let all = results(vec![step(System::D, "h1"), step(System::S0, "h1")]);
+        assert_eq!(
+            smoke_failures(&[System::D, System::S0], &["h1".into()], &all),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn every_error_counter_fails_the_smoke_pass() {
+        let systems = [System::SX];
+        let protocols = ["h2".to_string()];
+        type Spoil = fn(&mut Step);
+        let cases: [(&str, Spoil); 7] = [
+            ("no request was answered", |s| s.load.completed = 0),
+            ("answers outside 200–299", |s| s.load.non_2xx = 1),
+            ("failed requests", |s| s.load.errors = 2),
+            ("re-established", |s| s.load.reconnects = 1),
+            ("impersonation mismatches", |s| {
+                s.backend.impersonation_mismatches = 3
+            }),
+            ("failed TLS handshakes", |s| s.backend.handshake_failures = 1),
+            ("the backend served 99 requests", |s| s.backend.requests = 99),
+        ];
+        for (expected, spoil) in cases {
+            let mut bad = step(System::SX, "h2");
+            spoil(&mut bad);
+            let failures = smoke_failures(&systems, &protocols, &results(vec![bad]));
+            assert_eq!(failures.len(), 1, "{expected}: {failures:?}");
+            assert!(failures[0].starts_with("SX h2 fixed-rate: "), "{failures:?}");
+            assert!(failures[0].contains(expected), "{expected}: {failures:?}");
+        }
+    }
+
+    #[test]
+    fn a_system_that_did_not_run_fails_the_smoke_pass() {
+        let mut partial = results(vec![step(System::D, "h1")]);
+        partial.skipped.push("S0 — did not start".into());
+        let failures = smoke_failures(&[System::D, System::S0], &["h1".into(), "h2".into()], &partial);
+        assert_eq!(
+            failures,
+            [
+                "not run: S0 — did not start",
+                "D h2: no step ran",
+                "S0 h1: no step ran",
+                "S0 h2: no step ran"
+            ]
+        );
+    }
 }
