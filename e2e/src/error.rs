@@ -59,6 +59,10 @@ pub enum HarnessError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A component did not reach the state the harness waited for in time; the message says
+    /// which state and what was last seen.
+    #[error("{0}")]
+    NotReady(String),
     /// A kubectl invocation failed.
     #[error("kubectl {args} failed ({status})\n--- stderr ---\n{stderr}")]
     Kubectl {

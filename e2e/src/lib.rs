@@ -17,12 +17,15 @@
 //! * [`echo_api`] serves a small aggregated API on loopback, registered through an APIService,
 //!   that echoes over WebSocket and SPDY/3.1 upgrades and records who kube-apiserver said called.
 //! * [`proxy`] runs Selkie's impersonation proxy (`selkie-concierge`) in front of a cluster.
+//! * [`concierge`] installs the Concierge from `conf/` and runs it, control plane included, with
+//!   its service account's permissions.
 //!
 //! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
 //! the command and the tail of its log.
 
 pub mod cluster;
 pub mod components;
+pub mod concierge;
 pub mod dex;
 pub mod echo_api;
 mod error;

@@ -15,6 +15,7 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use selkie_api::crds;
 use selkie_e2e::{
     cluster::write_kubeconfig_for_user,
+    concierge::{self, InstalledConcierge},
     dex::{Dex, DexUser, CLIENT_ID},
     kubectl::Kubectl,
     proxy::Proxy,
@@ -506,122 +507,13 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
 async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Result<()> {
     let cluster = &Cluster::start().await?;
     let kubectl = cluster.kubectl();
-    let conf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf");
-    kubectl
-        .run(&[
-            "apply",
-            "--server-side",
-            "-f",
-            &conf.join("crds").to_string_lossy(),
-        ])
-        .await?;
-    kubectl
-        .run(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd",
-            "--all",
-        ])
-        .await?;
-    let install = conf.join("install/concierge.yaml");
-    eventually(Duration::from_secs(20), || async {
-        Ok(kubectl.run(&["apply", "-f", &install.to_string_lossy()]).await?)
-    })
-    .await?;
-
-    // No kubelet here: the aggregated API runs on loopback, reached through an ExternalName
-    // Service, and the Deployment's pods never start.
-    let namespace = "pinniped-concierge";
-    let aggregated_port = free_port()?;
-    kubectl
-        .run(&["delete", "service", "-n", namespace, "pinniped-concierge-api"])
-        .await?;
-    let service = json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "pinniped-concierge-api", "namespace": namespace},
-        "spec": {"type": "ExternalName", "externalName": "localhost"}})
-    .to_string();
-    kubectl
-        .run_with_stdin(&["create", "-f", "-"], Some(&service))
-        .await?;
-    for group in ["login", "identity"] {
-        let patch = json!({"spec": {"service": {"port": aggregated_port}}}).to_string();
-        kubectl
-            .run(&[
-                "patch",
-                "apiservice",
-                &format!("v1alpha1.{group}.concierge.pinniped.dev"),
-                "--type=merge",
-                "-p",
-                &patch,
-            ])
-            .await?;
-    }
-
-    // The service account's own token, for the control plane and the proxy alike.
-    let token = kubectl
-        .run(&[
-            "create",
-            "token",
-            "pinniped-concierge",
-            "-n",
-            namespace,
-            "--duration=2h",
-        ])
-        .await?
-        .trim()
-        .to_string();
-    let dir = tempfile::tempdir()?;
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, &token)?;
-    let account_kubeconfig = dir.path().join("account.kubeconfig");
-    write_kubeconfig_for_user(
-        &account_kubeconfig,
-        cluster.server_url(),
-        &cluster.pki().server_ca.cert_pem(),
-        "pinniped-concierge",
-        json!({"token": token}),
-    )?;
-    let control_plane = dir.path().join("control-plane.yaml");
-    std::fs::write(
-        &control_plane,
-        json!({
-            "kubeconfig": account_kubeconfig,
-            "identity": "replica-a",
-            "aggregatedApi": {"listen": format!("127.0.0.1:{aggregated_port}")},
-        })
-        .to_string(),
-    )?;
-    let concierge = Proxy::start_with_args(
-        cluster,
-        &[],
-        |config| {
-            let config = config
-                .as_object_mut()
-                .expect("the proxy configuration is an object");
-            for field in [
-                "credentialSigner",
-                "clientCertificateCaFiles",
-                "servingCertificate",
-            ] {
-                config.remove(field);
-            }
-            config["upstream"]
-                .as_object_mut()
-                .expect("upstream is an object")
-                .remove("clientCertificate");
-            config["upstream"]["tokenFile"] = json!(token_file);
-        },
-        &[OsString::from("--control-plane"), control_plane.into_os_string()],
-    )
-    .await?;
-
+    let concierge = InstalledConcierge::install(cluster).await?;
     let dex = Dex::start(&[pinny()]).await?;
     let installation = Installation {
         cluster,
-        namespace: namespace.to_string(),
+        namespace: concierge::NAMESPACE.to_string(),
         suffix: "pinniped.dev".to_string(),
-        dir,
+        dir: tempfile::tempdir()?,
     };
     installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
     eventually(Duration::from_secs(30), || async {
@@ -634,45 +526,27 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         Ok(())
     })
     .await
-    .with_context(|| concierge.log())?;
+    .with_context(|| concierge.process().log())?;
 
-    // Exposed on loopback, the proxy gets its endpoint and CA from the CredentialIssuer.
-    let endpoint = concierge.url().trim_start_matches("https://").to_string();
-    let issuer = json!({
-        "apiVersion": "config.concierge.pinniped.dev/v1alpha1",
-        "kind": "CredentialIssuer",
-        "metadata": {"name": "pinniped-concierge-config"},
-        "spec": {"impersonationProxy": {"mode": "enabled", "service": {"type": "None"},
-                                        "externalEndpoint": endpoint}},
-    })
-    .to_string();
-    kubectl
-        .run_with_stdin(&["apply", "-f", "-"], Some(&issuer))
-        .await?;
-    let (proxy_endpoint, proxy_ca, key_strategy) = eventually(Duration::from_secs(30), || async {
+    // The proxy's endpoint and CA come from the CredentialIssuer; without a configured key the
+    // cluster-key strategy says why.
+    let (proxy_endpoint, proxy_ca) = concierge.expose_proxy(cluster).await?;
+    eventually(Duration::from_secs(20), || async {
         let issuer = installation
-            .get_json(&["get", "credentialissuer", "pinniped-concierge-config"])
+            .get_json(&["get", "credentialissuer", concierge::CREDENTIAL_ISSUER])
             .await?;
-        let strategies = issuer["status"]["strategies"]
+        let key = issuer["status"]["strategies"]
             .as_array()
-            .context("no strategies")?;
-        let find = |kind: &str| strategies.iter().find(|s| s["type"] == kind).cloned();
-        let proxy = find("ImpersonationProxy").context("no ImpersonationProxy strategy")?;
-        let key =
-            find("KubeClusterSigningCertificate").context("no KubeClusterSigningCertificate strategy")?;
-        ensure!(proxy["reason"] == "Listening", "{proxy}");
-        let info = &proxy["frontend"]["impersonationProxyInfo"];
-        let ca = B64.decode(info["certificateAuthorityData"].as_str().context("no CA")?)?;
-        Ok((
-            info["endpoint"].as_str().context("no endpoint")?.to_string(),
-            String::from_utf8(ca)?,
-            key,
-        ))
+            .and_then(|all| all.iter().find(|s| s["type"] == "KubeClusterSigningCertificate"))
+            .cloned()
+            .context("no KubeClusterSigningCertificate strategy")?;
+        ensure!(
+            key["status"] == "Error" && key["reason"] == "CouldNotFetchKey",
+            "{key}"
+        );
+        Ok(())
     })
-    .await
-    .with_context(|| concierge.log())?;
-    assert_eq!(key_strategy["status"], "Error", "{key_strategy}");
-    assert_eq!(key_strategy["reason"], "CouldNotFetchKey", "{key_strategy}");
+    .await?;
 
     // A login through kube-apiserver's aggregation gets a certificate of the signer CA ...
     let token = dex
@@ -702,7 +576,7 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         Ok(response)
     })
     .await
-    .with_context(|| concierge.log())?;
+    .with_context(|| concierge.process().log())?;
     let (cert, key) = credential(&response)?;
 
     // ... which works through the impersonation proxy ...
@@ -716,7 +590,7 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         whoami(&kubectl.with_kubeconfig(&through_proxy)).await
     })
     .await
-    .with_context(|| concierge.log())?;
+    .with_context(|| concierge.process().log())?;
     assert_dex_user(&seen)?;
 
     // ... and not directly: kube-apiserver does not trust the Concierge's own CA.
@@ -733,7 +607,7 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
     );
 
     // Nothing it did was forbidden to it.
-    let log = concierge.log();
+    let log = concierge.process().log();
     let forbidden: Vec<&str> = log.lines().filter(|line| line.contains("forbidden")).collect();
     ensure!(
         forbidden.is_empty(),

@@ -1,0 +1,221 @@
+//! Selkie's Concierge installed from its manifests (`conf/crds/`, `conf/install/concierge.yaml`)
+//! on a harness [`Cluster`], and run — as the Deployment would run it — as `selkie-concierge
+//! --config … --control-plane …` with the token of the service account the manifests create, so
+//! it has exactly the permissions they grant.
+//!
+//! The harness has no kubelet: the Deployment's pods never start. Instead the process runs on
+//! loopback, the aggregated API's Service becomes an `ExternalName` to `localhost` (with the
+//! APIServices pointed at the process's port), and the proxy is exposed by setting the
+//! CredentialIssuer to `service.type: None` with the loopback address as `externalEndpoint`
+//! ([`InstalledConcierge::expose_proxy`]).
+
+use std::{
+    ffi::OsString,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use serde_json::json;
+
+use crate::{cluster::write_kubeconfig_for_user, proxy::Proxy, Cluster, HarnessError};
+
+/// The namespace of the manifests.
+pub const NAMESPACE: &str = "pinniped-concierge";
+/// The CredentialIssuer of the manifests.
+pub const CREDENTIAL_ISSUER: &str = "pinniped-concierge-config";
+
+/// A Concierge installed from the manifests and running on loopback. Stops when dropped.
+pub struct InstalledConcierge {
+    process: Proxy,
+    dir: tempfile::TempDir,
+}
+
+fn conf_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf")
+}
+
+impl InstalledConcierge {
+    /// Applies the manifests to `cluster` and starts the Concierge with its service account's
+    /// token. Returns once the process serves (its `/readyz` answers 200); the control plane
+    /// then writes the CredentialIssuer's status and the APIServices' `caBundle` within seconds.
+    pub async fn install(cluster: &Cluster) -> Result<Self, HarnessError> {
+        let kubectl = cluster.kubectl();
+        let conf = conf_dir();
+        kubectl
+            .run(&[
+                "apply",
+                "--server-side",
+                "-f",
+                &conf.join("crds").to_string_lossy(),
+            ])
+            .await?;
+        kubectl
+            .run(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd",
+                "--all",
+            ])
+            .await?;
+        let install = conf.join("install/concierge.yaml");
+        // The CredentialIssuer in the file is of a kind discovery may not list for a moment.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match kubectl.run(&["apply", "-f", &install.to_string_lossy()]).await {
+                Ok(_) => break,
+                Err(error) if Instant::now() >= deadline => return Err(error),
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+
+        let aggregated_port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| HarnessError::io("finding a free port for the aggregated API", e))?
+            .port();
+        kubectl
+            .run(&["delete", "service", "-n", NAMESPACE, "pinniped-concierge-api"])
+            .await?;
+        let service = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "pinniped-concierge-api", "namespace": NAMESPACE},
+            "spec": {"type": "ExternalName", "externalName": "localhost"}})
+        .to_string();
+        kubectl
+            .run_with_stdin(&["create", "-f", "-"], Some(&service))
+            .await?;
+        let patch = json!({"spec": {"service": {"port": aggregated_port}}}).to_string();
+        for group in ["login", "identity"] {
+            let name = format!("v1alpha1.{group}.concierge.pinniped.dev");
+            kubectl
+                .run(&["patch", "apiservice", &name, "--type=merge", "-p", &patch])
+                .await?;
+        }
+
+        let token = kubectl
+            .run(&[
+                "create",
+                "token",
+                "pinniped-concierge",
+                "-n",
+                NAMESPACE,
+                "--duration=2h",
+            ])
+            .await?
+            .trim()
+            .to_string();
+        let dir = tempfile::Builder::new()
+            .prefix("selkie-concierge-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("creating the Concierge's directory", e))?;
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, &token).map_err(|e| HarnessError::io("writing the token file", e))?;
+        let account_kubeconfig = dir.path().join("account.kubeconfig");
+        write_kubeconfig_for_user(
+            &account_kubeconfig,
+            cluster.server_url(),
+            &cluster.pki().server_ca.cert_pem(),
+            "pinniped-concierge",
+            json!({"token": token}),
+        )?;
+        let control_plane = dir.path().join("control-plane.yaml");
+        let control_plane_config = json!({
+            "kubeconfig": account_kubeconfig,
+            "identity": "selkie-concierge-0",
+            "aggregatedApi": {"listen": format!("127.0.0.1:{aggregated_port}")},
+        });
+        std::fs::write(&control_plane, control_plane_config.to_string())
+            .map_err(|e| HarnessError::io("writing the control-plane configuration", e))?;
+        let process = Proxy::start_with_args(
+            cluster,
+            &[],
+            |config| {
+                // The proxy of the manifests: no serving certificate, signer or authenticators of
+                // its own (the control plane provides them), the service account's token upstream.
+                if let Some(config) = config.as_object_mut() {
+                    for field in [
+                        "credentialSigner",
+                        "clientCertificateCaFiles",
+                        "servingCertificate",
+                        "jwtAuthenticators",
+                    ] {
+                        config.remove(field);
+                    }
+                }
+                if let Some(upstream) = config["upstream"].as_object_mut() {
+                    upstream.remove("clientCertificate");
+                    upstream.insert("tokenFile".into(), json!(token_file));
+                }
+            },
+            &[OsString::from("--control-plane"), control_plane.into_os_string()],
+        )
+        .await?;
+        Ok(Self { process, dir })
+    }
+
+    /// The process (its log, its proxy address).
+    pub fn process(&self) -> &Proxy {
+        &self.process
+    }
+
+    /// A directory for the caller's files, removed with the Concierge.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Sets the CredentialIssuer to expose the proxy at its loopback address and waits (up to
+    /// 30 s) for the `ImpersonationProxy` strategy to say it listens. Returns the endpoint and
+    /// the PEM CA bundle the CredentialIssuer advertises, as `pinniped get kubeconfig` reads them.
+    pub async fn expose_proxy(&self, cluster: &Cluster) -> Result<(String, String), HarnessError> {
+        let kubectl = cluster.kubectl();
+        let endpoint = self.process.url().trim_start_matches("https://").to_string();
+        let issuer = json!({
+            "apiVersion": "config.concierge.pinniped.dev/v1alpha1",
+            "kind": "CredentialIssuer",
+            "metadata": {"name": CREDENTIAL_ISSUER},
+            "spec": {"impersonationProxy": {"mode": "enabled", "service": {"type": "None"},
+                                            "externalEndpoint": endpoint}},
+        })
+        .to_string();
+        kubectl
+            .run_with_stdin(&["apply", "-f", "-"], Some(&issuer))
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let issuer = kubectl
+                .run(&["get", "credentialissuer", CREDENTIAL_ISSUER, "-o", "json"])
+                .await?;
+            let issuer: serde_json::Value =
+                serde_json::from_str(&issuer).map_err(|e| HarnessError::Kube {
+                    context: "reading the CredentialIssuer".into(),
+                    source: Box::new(e),
+                })?;
+            let proxy = issuer["status"]["strategies"]
+                .as_array()
+                .and_then(|strategies| strategies.iter().find(|s| s["type"] == "ImpersonationProxy"))
+                .cloned()
+                .unwrap_or_default();
+            let info = &proxy["frontend"]["impersonationProxyInfo"];
+            if let (Some("Listening"), Some(endpoint), Some(ca)) = (
+                proxy["reason"].as_str(),
+                info["endpoint"].as_str(),
+                info["certificateAuthorityData"]
+                    .as_str()
+                    .and_then(|ca| B64.decode(ca).ok()),
+            ) {
+                let ca = String::from_utf8(ca).map_err(|_| {
+                    HarnessError::NotReady("the CredentialIssuer's proxy CA is not PEM text".into())
+                })?;
+                return Ok((endpoint.to_string(), ca));
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::NotReady(format!(
+                    "the ImpersonationProxy strategy did not report Listening within 30 s; last: {proxy}\n--- Concierge log ---\n{}",
+                    self.process.log()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
