@@ -60,7 +60,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::{config::ControlPlaneConfig, published::Publisher};
 
 use self::{
-    authn::{Authentication, ConnectionVerdict, DeferredClientCertVerifier},
+    authn::{Authentication, ConnectionVerdict},
     routes::{Context, Routes},
     serving::{CertificateManager, ServingCertificate},
 };
@@ -235,7 +235,7 @@ fn tls_acceptor(
     provider: &Arc<CryptoProvider>,
     serving: Arc<ServingCertificate>,
 ) -> Result<TlsAcceptor, AggregatedApiError> {
-    let verifier = DeferredClientCertVerifier::new(provider.signature_verification_algorithms);
+    let verifier = selkie_filters::possession::PossessionVerifier::new();
     let mut tls = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| AggregatedApiError::Tls(e.to_string()))?

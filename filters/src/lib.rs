@@ -17,6 +17,9 @@
 //! [`signer`] issues the client certificates a TokenCredentialRequest returns; [`login_api`]
 //! answers TokenCredentialRequest and WhoAmIRequest, for the proxy and the aggregated API alike.
 //!
+//! [`possession`] is the TLS client-certificate verifier of servers that decide chain trust after
+//! the handshake, against CA pools that change while they run.
+//!
 //! [`access_review`] asks kube-apiserver for authorization decisions (SubjectAccessReview), which
 //! the proxy needs to check nested impersonation.
 //!
@@ -30,6 +33,7 @@ pub mod identity;
 pub mod jwt;
 pub mod login_api;
 pub mod outcome;
+pub mod possession;
 pub mod review_cache;
 pub mod signer;
 pub mod tokenreview;

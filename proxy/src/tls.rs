@@ -16,15 +16,9 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use async_trait::async_trait;
 use pingora::{listeners::TlsAccept, protocols::tls::TlsRef};
 use rustls::{
-    client::danger::HandshakeSignatureValid,
-    crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms},
-    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, UnixTime},
-    server::{
-        danger::{ClientCertVerified, ClientCertVerifier},
-        ClientHello, ResolvesServerCert,
-    },
+    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer},
+    server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
-    DigitallySignedStruct, DistinguishedName, SignatureScheme,
 };
 use selkie_filters::outcome::Outcome;
 
@@ -46,74 +40,9 @@ impl PeerIdentity {
     }
 }
 
-/// Accepts any client certificate whose private key the client proves it holds; chain trust is
-/// decided per connection by [`IdentityCallback`]. Client certificates are optional.
-#[derive(Debug)]
-pub struct PossessionVerifier {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl PossessionVerifier {
-    /// A verifier using ring's signature algorithms.
-    pub fn new() -> Self {
-        Self {
-            algorithms: rustls::crypto::ring::default_provider().signature_verification_algorithms,
-        }
-    }
-}
-
-impl Default for PossessionVerifier {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ClientCertVerifier for PossessionVerifier {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-
-    /// No hints: Go clients (kubectl) only send a certificate issued by a hinted CA, or any
-    /// certificate when there is no hint.
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        Ok(ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
+/// The handshake-time verifier: key possession only; chain trust is decided per connection by
+/// [`IdentityCallback`].
+pub use selkie_filters::possession::PossessionVerifier;
 
 /// Runs once per connection after the handshake: authenticates the client certificate chain with
 /// the current snapshot's x509 authenticator.

@@ -15,19 +15,13 @@
 //! `system:unauthenticated`), as kube-apiserver's authenticated-group adder does.
 //!
 //! The TLS layer asks for a client certificate but only checks that the peer holds its key
-//! ([`DeferredClientCertVerifier`]); the chain is verified here, against the trust anchors of the
+//! ([`selkie_filters::possession::PossessionVerifier`]); the chain is verified here, against the trust anchors of the
 //! current ConfigMap, so a rotated front-proxy or client CA takes effect without a restart.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use http::{HeaderMap, HeaderName};
-use rustls::{
-    client::danger::HandshakeSignatureValid,
-    crypto::WebPkiSupportedAlgorithms,
-    server::danger::{ClientCertVerified, ClientCertVerifier},
-    DigitallySignedStruct, DistinguishedName, SignatureScheme,
-};
-use rustls_pki_types::{CertificateDer, UnixTime};
+use rustls_pki_types::CertificateDer;
 use selkie_filters::{identity::UserInfo, outcome::Outcome, x509::X509Authenticator};
 
 /// The namespace of the ConfigMap kube-apiserver publishes its client authentication settings in.
@@ -262,70 +256,6 @@ fn percent_decode(key: &str) -> String {
         i += 1;
     }
     String::from_utf8(decoded).unwrap_or_else(|_| key.to_string())
-}
-
-/// A client-certificate verifier that asks every client for a certificate (none is required), and
-/// checks only that the client holds the certificate's private key. Whether the certificate is
-/// trusted is decided per request by [`Authentication::verdict`], against the CAs of the current
-/// `extension-apiserver-authentication` ConfigMap, which change without a new TLS configuration.
-/// An unverified certificate never identifies anyone: it makes its connection anonymous.
-#[derive(Debug)]
-pub struct DeferredClientCertVerifier {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl DeferredClientCertVerifier {
-    /// Checks handshake signatures with `algorithms` (the crypto provider's).
-    pub fn new(algorithms: WebPkiSupportedAlgorithms) -> Self {
-        Self { algorithms }
-    }
-}
-
-impl ClientCertVerifier for DeferredClientCertVerifier {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        // No hint: clients (Go's included) then send whatever certificate they have.
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        // The chain is verified per request (see the type's documentation).
-        Ok(ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
 }
 
 /// The verdict cache of one connection: recomputed only when the settings change.
