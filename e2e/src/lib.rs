@@ -23,6 +23,7 @@
 //! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
 //! the command and the tail of its log.
 
+pub mod browser;
 pub mod cluster;
 pub mod components;
 pub mod concierge;
@@ -33,7 +34,6 @@ pub mod kubectl;
 pub mod pki;
 mod process;
 pub mod proxy;
-pub mod browser;
 
 pub use cluster::{Cluster, ClusterBuilder};
 pub use error::HarnessError;

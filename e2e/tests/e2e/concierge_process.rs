@@ -139,12 +139,15 @@ impl<'a> Installation<'a> {
             self.cluster,
             &[],
             |config| {
-                let config = config
-                    .as_object_mut()
-                    .expect("the proxy configuration is an object");
-                config.remove("credentialSigner");
-                config.remove("clientCertificateCaFiles");
-                config.remove("servingCertificate");
+                if let Some(config) = config.as_object_mut() {
+                    for field in [
+                        "credentialSigner",
+                        "clientCertificateCaFiles",
+                        "servingCertificate",
+                    ] {
+                        config.remove(field);
+                    }
+                }
             },
             &[OsString::from("--control-plane"), path.into_os_string()],
         )
