@@ -184,14 +184,15 @@ fn verify_with(key: &Jwk, alg: &str, message: &[u8], signature: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ring::{
         rand::SystemRandom,
         signature::{EcdsaKeyPair, KeyPair as _, ECDSA_P256_SHA256_FIXED_SIGNING},
     };
 
-    fn es256_key() -> (EcdsaKeyPair, Jwks) {
+    /// A fresh ES256 key and a JWKS with its public half (`kid` `k1`).
+    pub(crate) fn es256_key() -> (EcdsaKeyPair, Jwks) {
         let rng = SystemRandom::new();
         let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
         let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();

@@ -476,7 +476,10 @@ impl Login<'_> {
         let mut pasted = None;
         if print_url {
             eprint!("Log in by visiting this link:\n\n    {url}\n\n");
-            if stdin_tty && (form_post || port == 0 || options.skip_listen) {
+            // Unlike pinniped (which offers the paste only with form_post), any issuer's code can
+            // be pasted: the user copies it from the address bar of the redirect that did not
+            // reach this machine.
+            if stdin_tty {
                 eprint!("{PASTE_PROMPT}");
                 let _best_effort = std::io::stderr().flush();
                 pasted = Some(read_line_in_background());
@@ -754,4 +757,60 @@ fn prompt_secret(prompt: &str) -> Result<String, String> {
     eprintln!();
     read.map_err(|e| e.to_string())?;
     Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn the_browser_comes_from_dollar_browser_and_a_failing_one_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("browser.sh");
+        let seen = dir.path().join("seen");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\necho \"$@\" > '{}'\n", seen.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let url = "https://issuer.example.com/authorize?state=s";
+
+        let browser = format!("/bin/false:{} --new-window %s", script.display());
+        let env = |name: &str| (name == "BROWSER").then(|| browser.clone());
+        assert!(open_browser(url, &env));
+        assert_eq!(
+            std::fs::read_to_string(&seen).unwrap(),
+            format!("--new-window {url}\n")
+        );
+
+        let env = |name: &str| (name == "BROWSER").then(|| "/nonexistent/browser:/bin/false".to_string());
+        assert!(!open_browser(url, &env));
+    }
+
+    #[test]
+    fn flows_and_ca_bundles() {
+        assert_eq!(Flow::parse("cli_password"), Some(Flow::CliPassword));
+        assert_eq!(Flow::parse("browser_authcode"), Some(Flow::BrowserAuthcode));
+        assert_eq!(Flow::parse("device_code"), None);
+        let options = OidcLoginOptions {
+            ca_bundle_data: vec![STANDARD.encode("PEM-A"), STANDARD.encode("PEM-B")],
+            ..OidcLoginOptions::default()
+        };
+        assert_eq!(ca_bundle(&options).unwrap().unwrap(), b"PEM-A\nPEM-B\n");
+        assert_eq!(ca_bundle(&OidcLoginOptions::default()).unwrap(), None);
+        let bad = OidcLoginOptions {
+            ca_bundle_data: vec!["not base64!".into()],
+            ..OidcLoginOptions::default()
+        };
+        assert!(ca_bundle(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("--ca-bundle-data is not base64"));
+        assert_eq!(
+            origin_of("https://issuer.example.com:8443/dex"),
+            "https://issuer.example.com:8443"
+        );
+    }
 }

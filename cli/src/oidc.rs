@@ -730,6 +730,110 @@ mod tests {
         assert_ne!(fresh.state, fresh.nonce);
     }
 
+    fn provider(jwks: Jwks) -> Provider {
+        let issuer = "https://issuer.example.com";
+        Provider {
+            issuer: issuer.into(),
+            discovery: Discovery {
+                issuer: issuer.into(),
+                authorization_endpoint: format!("{issuer}/authorize"),
+                token_endpoint: format!("{issuer}/token"),
+                jwks_uri: format!("{issuer}/keys"),
+                response_modes_supported: vec!["query".into(), "form_post".into()],
+                supervisor: None,
+            },
+            client: HttpsClient::new(issuer, &TlsOptions::default(), None).unwrap(),
+            jwks: Some(jwks),
+        }
+    }
+
+    #[tokio::test]
+    async fn id_tokens_are_checked_for_issuer_audience_expiry_and_nonce() {
+        let (key, jwks) = crate::jose::tests::es256_key();
+        let mut provider = provider(jwks);
+        let header = serde_json::json!({"alg": "ES256", "kid": "k1"});
+        let exp = timestamp::now().unix_timestamp() + 3600;
+        let good = serde_json::json!({"iss": "https://issuer.example.com", "aud": ["other", "pinniped-cli"],
+            "exp": exp, "nonce": "n1", "email": "a@example.com"});
+        let token = crate::jose::tests::sign(&key, &header, &good);
+        let id = provider
+            .validate_id_token(&token, "pinniped-cli", Some("n1"))
+            .await
+            .unwrap();
+        assert_eq!(id.claims.unwrap()["email"], "a@example.com");
+        assert_eq!(
+            id.expiry
+                .as_deref()
+                .and_then(timestamp::parse)
+                .unwrap()
+                .unix_timestamp(),
+            exp
+        );
+        // Without a nonce to check (refresh), the nonce claim does not matter.
+        provider
+            .validate_id_token(&token, "pinniped-cli", None)
+            .await
+            .unwrap();
+
+        let mut cases = Vec::new();
+        for (change, expected) in [
+            (
+                ("iss", serde_json::json!("https://evil.example.com")),
+                "its iss is not the issuer",
+            ),
+            (
+                ("aud", serde_json::json!("someone-else")),
+                "its aud does not contain",
+            ),
+            (("exp", serde_json::json!(exp - 7200)), "it expired at"),
+            (("nonce", serde_json::json!("n2")), "its nonce does not match"),
+        ] {
+            let mut claims = good.clone();
+            claims[change.0] = change.1;
+            cases.push((crate::jose::tests::sign(&key, &header, &claims), expected));
+        }
+        for (token, expected) in cases {
+            let error = provider
+                .validate_id_token(&token, "pinniped-cli", Some("n1"))
+                .await
+                .unwrap_err();
+            assert!(error.to_string().contains(expected), "{error}");
+            assert!(!error.to_string().contains(&token), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_authorize_url_carries_pkce_state_nonce_and_form_post() {
+        let (_, jwks) = crate::jose::tests::es256_key();
+        let provider = provider(jwks);
+        assert!(provider.discovery.supports_form_post());
+        let params = LoginParams::generate().unwrap();
+        let config = ClientConfig {
+            client_id: "pinniped-cli".into(),
+            scopes: vec!["openid".into(), "offline_access".into()],
+        };
+        let url = provider.authorize_url(
+            &config,
+            &params,
+            "http://127.0.0.1:4242/callback",
+            &[("response_mode", "form_post")],
+        );
+        let (endpoint, query) = url.split_once('?').unwrap();
+        assert_eq!(endpoint, "https://issuer.example.com/authorize");
+        let query: std::collections::HashMap<String, String> = form_urlencoded::parse(query.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        assert_eq!(query["code_challenge"], params.challenge());
+        assert_eq!(query["code_challenge_method"], "S256");
+        assert_eq!(query["state"], params.state);
+        assert_eq!(query["nonce"], params.nonce);
+        assert_eq!(query["redirect_uri"], "http://127.0.0.1:4242/callback");
+        assert_eq!(query["scope"], "openid offline_access");
+        assert_eq!(query["response_type"], "code");
+        assert_eq!(query["response_mode"], "form_post");
+        assert!(!query.contains_key("code_verifier"));
+    }
+
     #[test]
     fn callback_outcomes() {
         let ok = CallbackParams::parse("code=abc&state=s1");

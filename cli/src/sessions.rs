@@ -133,6 +133,14 @@ pub struct Tokens {
     pub refresh: Option<RefreshToken>,
 }
 
+impl std::fmt::Debug for IdToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdToken")
+            .field("expiry", &self.expiry)
+            .finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokens")

@@ -198,7 +198,8 @@ impl Setup {
                 .kill_on_drop(true)
                 .output(),
         )
-        .await??;
+        .await
+        .map_err(|_| anyhow::anyhow!("selkie {args:?} did not exit within 60s"))??;
         Ok((
             output.status.success(),
             String::from_utf8(output.stdout)?,
@@ -417,6 +418,25 @@ async fn the_password_flow_from_environment_variables_needs_no_browser_and_refre
     anyhow::ensure!(!ok && stdout.is_empty(), "{stdout}");
     anyhow::ensure!(stderr.lines().count() == 1, "{stderr}");
     anyhow::ensure!(stderr.contains("password grant failed"), "{stderr}");
+
+    // Ten kubectl calls at once on cold caches log in once (last: Dex keeps one refresh token per
+    // user and client, so this login revokes the earlier session's): one password grant, one session,
+    // one TokenCredentialRequest.
+    let parallel_args: Vec<String> = setup
+        .args(true, &[])
+        .into_iter()
+        .map(|arg| arg.replace("sessions.yaml", "parallel-sessions.yaml"))
+        .map(|arg| arg.replace("credentials.yaml", "parallel-credentials.yaml"))
+        .collect();
+    let parallel = setup.kubeconfig("parallel", &parallel_args, &env)?;
+    let parallel_kubectl = setup.kubectl(&parallel);
+    let get = ["get", "configmaps", "-n", &setup.namespace, "-o", "name"];
+    let calls = (0..10).map(|_| parallel_kubectl.run(&get));
+    for result in futures::future::join_all(calls).await {
+        anyhow::ensure!(result?.contains("from-oidc"), "a parallel kubectl call failed");
+    }
+    anyhow::ensure!(setup.token_credential_requests() == 2, "{}", setup.proxy.log());
+    only_session(&setup.path("parallel-sessions.yaml"))?;
     Ok(())
 }
 
