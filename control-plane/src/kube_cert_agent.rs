@@ -542,9 +542,13 @@ impl KubeCertAgent {
     /// One round (see the module documentation): finds the controller manager, ensures the
     /// agent Deployment when `leader`, and returns the signing certificate and key from the
     /// newest running agent pod (from the cache when that pod gave them less than
-    /// [`EXEC_CACHE_TTL`] ago). A Deployment that could not be written is reported even when
-    /// the key was read (as Pinniped does), after any later failure's place in the order:
-    /// the Deployment error comes first.
+    /// [`EXEC_CACHE_TTL`] ago). As in Pinniped, a Deployment the leader could not write is the
+    /// error reported, whether or not a later step failed too (a compatible Deployment written
+    /// by another replica may still have given the key).
+    ///
+    /// Needs: `list` pods in `kube-system` and in the Concierge's namespace, `list` nodes,
+    /// `get`/`patch`/`delete`/`create` deployments in the Concierge's namespace (leader), and
+    /// `create` on `pods/exec` there.
     pub async fn fetch(&mut self, leader: bool) -> Result<CertPair, AgentError> {
         let controller_manager = self.newest_controller_manager().await?;
         let deployment_error = if leader {

@@ -9,6 +9,7 @@ mod cluster_basics;
 mod concierge_aggregated_api;
 mod concierge_authenticators;
 mod concierge_credential_issuer;
+mod concierge_kube_cert_agent;
 mod concierge_process;
 mod crds;
 mod harness_failures;

@@ -1,0 +1,539 @@
+//! The kube cert agent (`selkie_control_plane::kube_cert_agent`), the third source of the
+//! cluster's signing key, against a real kube-apiserver.
+//!
+//! The harness has no kubelet, scheduler or controller manager, so the tests play the cluster:
+//! they create the `kube-controller-manager` Pod a kubeadm cluster would have in `kube-system`
+//! (labels, flags, volumes, tolerations, nodeName) and patch its status to `Running`, and play
+//! the Deployment controller by creating the agent pod the Deployment would get. The exec into
+//! that pod then fails as it does without a kubelet, and that failure is what is reported. Each
+//! test writes `kube-system`, so each has a private cluster.
+//!
+//! The agent binary itself (`selkie-kube-cert-agent`) is run for real with files the test writes.
+
+use std::{process::Stdio, sync::Arc, time::Duration};
+
+use anyhow::{ensure, Context};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    api::{Api, DeleteParams, Patch, PatchParams, PostParams},
+    Client,
+};
+use selkie_api::concierge_config::{CredentialIssuerStrategy, StrategyReason, StrategyStatus, StrategyType};
+use selkie_control_plane::{
+    certs,
+    config::ControlPlaneConfig,
+    kube_cert_agent::{AgentError, AgentOutput, KubeCertAgent, AGENT_LABEL_KEY, AGENT_LABEL_VALUE},
+    published::Publisher,
+    signing,
+};
+use selkie_e2e::Cluster;
+use serde_json::{json, Value};
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::eventually;
+
+const WAIT: Duration = Duration::from_secs(30);
+const IMAGE: &str = "registry.example/selkie/concierge:e2e";
+const NO_CONTROLLER_MANAGER: &str = "could not find a healthy kube-controller-manager pod (0 candidates): note that this error is the expected behavior for some cluster types, including most cloud provider clusters (e.g. GKE, AKS, EKS)";
+
+/// The control-plane configuration `selkie-concierge --control-plane FILE` would read, with the
+/// agent as the signing key source.
+fn config(namespace: &str, extra_agent_fields: &str) -> anyhow::Result<ControlPlaneConfig> {
+    let yaml = format!(
+        "namespace: {namespace}\nnamePrefix: {namespace}\nidentity: e2e\nlabels: {{app: concierge, team: auth}}\nclusterSigningKey:\n  agent: {{image: '{IMAGE}'{extra_agent_fields}}}\n"
+    );
+    let config: ControlPlaneConfig = serde_yaml::from_str(&yaml).context("parsing the configuration")?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// A kubeadm-like kube-controller-manager pod on `node`, created in `kube-system`.
+async fn create_controller_manager(
+    client: &Client,
+    name: &str,
+    node: &str,
+    flags: &[&str],
+) -> anyhow::Result<Pod> {
+    let mut command = vec!["kube-controller-manager", "--leader-elect=true", "--v", "2"];
+    command.extend_from_slice(flags);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "kube-system",
+            "labels": {"component": "kube-controller-manager", "tier": "control-plane"},
+        },
+        "spec": {
+            "nodeName": node,
+            "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+            "hostNetwork": true,
+            "tolerations": [{"effect": "NoExecute", "operator": "Exists"}],
+            "containers": [{
+                "name": "kube-controller-manager",
+                "image": "registry.k8s.io/kube-controller-manager:v1.35.4",
+                "command": command,
+                "volumeMounts": [
+                    {"name": "k8s-certs", "mountPath": "/etc/kubernetes/pki", "readOnly": true},
+                    {"name": "kubeconfig", "mountPath": "/etc/kubernetes/controller-manager.conf", "readOnly": true},
+                ],
+            }],
+            "volumes": [
+                {"name": "k8s-certs", "hostPath": {"path": "/etc/kubernetes/pki", "type": "DirectoryOrCreate"}},
+                {"name": "kubeconfig", "hostPath": {"path": "/etc/kubernetes/controller-manager.conf", "type": "FileOrCreate"}},
+            ],
+        },
+    }))?;
+    Ok(Api::<Pod>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &pod)
+        .await?)
+}
+
+/// Does what the kubelet would: reports the pod Running.
+async fn mark_running(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Does what the Deployment controller would: creates a pod from the agent Deployment's
+/// template, and reports it Running.
+async fn create_agent_pod(client: &Client, deployment: &Deployment, name: &str) -> anyhow::Result<Pod> {
+    let namespace = deployment.metadata.namespace.as_deref().context("no namespace")?;
+    let template = deployment.spec.as_ref().context("no spec")?.template.clone();
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: template.metadata.and_then(|meta| meta.labels),
+            ..Default::default()
+        },
+        spec: template.spec,
+        status: None,
+    };
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    pods.create(&PostParams::default(), &pod).await?;
+    mark_running(client, namespace, name).await?;
+    Ok(pods.get(name).await?)
+}
+
+/// A loopback port nothing listens on (bound, then released).
+fn closed_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A Node whose kubelet would listen on `127.0.0.1:port`.
+async fn create_node(client: &Client, name: &str, port: u16) -> anyhow::Result<()> {
+    let nodes = Api::<Node>::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name},
+    }))?;
+    nodes.create(&PostParams::default(), &node).await?;
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+            }})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// `signing::run` in the background as the leader, with every strategy it records.
+struct Running {
+    strategies: watch::Receiver<Option<CredentialIssuerStrategy>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn run_signing(client: &Client, config: ControlPlaneConfig) -> Running {
+    let (sender, strategies) = watch::channel(None);
+    let sender = Arc::new(sender);
+    let (leader_sender, leader) = watch::channel(true);
+    let client = client.clone();
+    let task = tokio::spawn(async move {
+        // Kept alive so the leadership never changes.
+        let _leader = leader_sender;
+        signing::run(
+            client,
+            Arc::new(config),
+            Publisher::new(),
+            leader,
+            move |strategy: CredentialIssuerStrategy| {
+                let sender = sender.clone();
+                async move {
+                    sender.send_replace(Some(strategy));
+                    Ok(())
+                }
+            },
+        )
+        .await;
+    });
+    Running { strategies, task }
+}
+
+impl Running {
+    /// Waits until the recorded strategy is `CouldNotFetchKey` with exactly `message`.
+    async fn expect_failure(&self, message: &str) -> anyhow::Result<()> {
+        eventually(WAIT, || async {
+            let strategy = self
+                .strategies
+                .borrow()
+                .clone()
+                .context("no strategy recorded yet")?;
+            ensure!(
+                strategy.r#type == StrategyType::KubeClusterSigningCertificate
+                    && strategy.status == StrategyStatus::Error
+                    && strategy.reason == StrategyReason::CouldNotFetchKey
+                    && strategy.frontend.is_none()
+                    && strategy.message == message,
+                "the strategy is {strategy:?}, not CouldNotFetchKey with {message:?}"
+            );
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[tokio::test]
+async fn the_agent_follows_the_controller_manager_and_reports_each_failure() -> anyhow::Result<()> {
+    let cluster = Cluster::start().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "kca").await?;
+    let config = config(&namespace, ", priorityClassName: system-cluster-critical")?;
+    let running = run_signing(&client, config);
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let deployment_name = format!("{namespace}-kube-cert-agent");
+
+    // No controller manager (a managed cloud): Pinniped's message, and no Deployment.
+    running.expect_failure(NO_CONTROLLER_MANAGER).await?;
+    ensure!(deployments.get_opt(&deployment_name).await?.is_none());
+
+    // A controller manager that is not Running yet is a candidate, not a choice.
+    create_controller_manager(
+        &client,
+        "kube-controller-manager-cp-1",
+        "cp-1",
+        &[
+            "--cluster-signing-cert-file=/etc/kubernetes/pki/ca.crt",
+            "--cluster-signing-key-file",
+            "/etc/kubernetes/pki/ca.key",
+        ],
+    )
+    .await?;
+    running
+        .expect_failure("could not find a healthy kube-controller-manager pod (1 candidate)")
+        .await?;
+    ensure!(deployments.get_opt(&deployment_name).await?.is_none());
+
+    // Running: the leader creates the agent Deployment on its node, from its flags.
+    mark_running(&client, "kube-system", "kube-controller-manager-cp-1").await?;
+    running
+        .expect_failure("could not find a healthy agent pod (0 candidates)")
+        .await?;
+    let deployment = deployments.get(&deployment_name).await?;
+    let value = serde_json::to_value(&deployment)?;
+    assert_eq!(
+        value["metadata"]["labels"],
+        json!({"app": "concierge", "team": "auth"})
+    );
+    let spec = &value["spec"];
+    assert_eq!(spec["replicas"], 1);
+    assert_eq!(spec["minReadySeconds"], 10);
+    assert_eq!(
+        spec["selector"],
+        json!({"matchLabels": {AGENT_LABEL_KEY: AGENT_LABEL_VALUE}})
+    );
+    assert_eq!(
+        spec["template"]["metadata"]["labels"],
+        json!({AGENT_LABEL_KEY: AGENT_LABEL_VALUE, "team": "auth"}),
+        "the agent pods never carry the Concierge's app label"
+    );
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["nodeName"], "cp-1");
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"node-role.kubernetes.io/control-plane": ""})
+    );
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(
+        pod["tolerations"],
+        json!([{"effect": "NoExecute", "operator": "Exists"}])
+    );
+    assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/etc/kubernetes/pki");
+    assert_eq!(pod["volumes"][1]["name"], "kubeconfig");
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["terminationGracePeriodSeconds"], 0);
+    assert_eq!(pod["securityContext"], json!({"runAsUser": 0, "runAsGroup": 0}));
+    let containers = pod["containers"].as_array().context("containers")?;
+    assert_eq!(containers.len(), 1);
+    let container = &containers[0];
+    assert_eq!(container["name"], "sleeper");
+    assert_eq!(container["image"], IMAGE);
+    assert_eq!(container["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(container["command"], json!(["selkie-kube-cert-agent", "sleep"]));
+    assert_eq!(
+        container["env"],
+        json!([
+            {"name": "CERT_PATH", "value": "/etc/kubernetes/pki/ca.crt"},
+            {"name": "KEY_PATH", "value": "/etc/kubernetes/pki/ca.key"},
+        ])
+    );
+    assert_eq!(
+        container["resources"],
+        json!({"limits": {"cpu": "20m", "memory": "32Mi"}, "requests": {"cpu": "0", "memory": "32Mi"}})
+    );
+    assert_eq!(container["volumeMounts"][0]["mountPath"], "/etc/kubernetes/pki");
+
+    // The agent pod runs (as far as the apiserver knows), but there is no kubelet to exec in.
+    let agent_pod = create_agent_pod(&client, &deployment, "agent-1").await?;
+    ensure!(agent_pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("cp-1"));
+    // kube-apiserver cannot find the pod's Node (its own wording).
+    running
+        .expect_failure(&format!(
+            "could not exec into agent pod {namespace}/agent-1: pods \"cp-1\" not found"
+        ))
+        .await?;
+    // The Node exists, but nothing listens on its kubelet port: kube-apiserver tried the exec
+    // of `print` in the agent container there.
+    let kubelet_port = closed_port()?;
+    create_node(&client, "cp-1", kubelet_port).await?;
+    running
+        .expect_failure(&format!(
+            "could not exec into agent pod {namespace}/agent-1: Internal error occurred: error sending request: \
+             Post \"https://127.0.0.1:{kubelet_port}/exec/{namespace}/agent-1/sleeper?command=selkie-kube-cert-agent&command=print&output=1\": \
+             dial tcp 127.0.0.1:{kubelet_port}: connect: connection refused"
+        ))
+        .await?;
+
+    // The controller manager goes away: reported, and the Deployment is left alone.
+    Api::<Pod>::namespaced(client.clone(), "kube-system")
+        .delete(
+            "kube-controller-manager-cp-1",
+            &DeleteParams::default().grace_period(0),
+        )
+        .await?;
+    running.expect_failure(NO_CONTROLLER_MANAGER).await?;
+    ensure!(deployments.get_opt(&deployment_name).await?.is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_deployment_follows_the_newest_controller_manager_and_followers_never_write() -> anyhow::Result<()>
+{
+    let cluster = Cluster::start().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "kca").await?;
+    let config = Arc::new(config(&namespace, "")?);
+    let agent_config = config
+        .cluster_signing_key
+        .as_ref()
+        .and_then(|source| source.agent.clone())
+        .context("no agent configured")?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let deployment_name = format!("{namespace}-kube-cert-agent");
+
+    // A controller manager without signing flags: Pinniped's default paths.
+    create_controller_manager(&client, "kcm-old", "cp-old", &[]).await?;
+    mark_running(&client, "kube-system", "kcm-old").await?;
+
+    // A follower reads, never writes: no Deployment, so no agent pod.
+    let mut follower = KubeCertAgent::new(client.clone(), config.clone(), agent_config.clone());
+    let error = follower.fetch(false).await.expect_err("no agent pod exists");
+    ensure!(
+        matches!(error, AgentError::NoHealthyAgentPod { candidates: 0 }),
+        "{error}"
+    );
+    ensure!(deployments.get_opt(&deployment_name).await?.is_none());
+
+    // A Deployment left by an older version with another (immutable) selector is replaced.
+    let stale: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": deployment_name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"kube-cert-agent.pinniped.dev": "v2", "app": "concierge"}},
+            "template": {
+                "metadata": {"labels": {"kube-cert-agent.pinniped.dev": "v2", "app": "concierge"}},
+                "spec": {"containers": [{"name": "sleeper", "image": "old"}]},
+            },
+        },
+    }))?;
+    let stale = deployments.create(&PostParams::default(), &stale).await?;
+
+    let mut leader = KubeCertAgent::new(client.clone(), config.clone(), agent_config.clone());
+    let error = leader.fetch(true).await.expect_err("no agent pod exists");
+    ensure!(
+        error.to_string() == "could not find a healthy agent pod (0 candidates)",
+        "{error}"
+    );
+    let deployment = deployments.get(&deployment_name).await?;
+    ensure!(
+        deployment.metadata.uid != stale.metadata.uid,
+        "the stale Deployment was not recreated"
+    );
+    let value = serde_json::to_value(&deployment)?;
+    let pod = &value["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeName"], "cp-old");
+    assert_eq!(
+        pod["containers"][0]["env"],
+        json!([
+            {"name": "CERT_PATH", "value": "/etc/kubernetes/ca/ca.pem"},
+            {"name": "KEY_PATH", "value": "/etc/kubernetes/ca/ca.key"},
+        ])
+    );
+    assert!(pod.get("priorityClassName").is_none());
+
+    // An unchanged round does not write the Deployment again.
+    let version = deployment.metadata.resource_version.clone();
+    leader.fetch(true).await.expect_err("still no agent pod");
+    ensure!(deployments.get(&deployment_name).await?.metadata.resource_version == version);
+
+    // A newer controller manager (with the kube-apiserver-client flags) on another node: the
+    // Deployment moves there, in place.
+    tokio::time::sleep(Duration::from_millis(1100)).await; // a later creationTimestamp
+    create_controller_manager(
+        &client,
+        "kcm-new",
+        "cp-new",
+        &[
+            "--cluster-signing-kube-apiserver-client-cert-file=/pki/client-ca.crt",
+            "--cluster-signing-kube-apiserver-client-key-file=/pki/client-ca.key",
+        ],
+    )
+    .await?;
+    mark_running(&client, "kube-system", "kcm-new").await?;
+    leader.fetch(true).await.expect_err("still no agent pod");
+    let moved = deployments.get(&deployment_name).await?;
+    ensure!(
+        moved.metadata.uid == deployment.metadata.uid,
+        "the Deployment was recreated"
+    );
+    let value = serde_json::to_value(&moved)?;
+    let pod = &value["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeName"], "cp-new");
+    assert_eq!(
+        pod["containers"][0]["env"],
+        json!([
+            {"name": "CERT_PATH", "value": "/pki/client-ca.crt"},
+            {"name": "KEY_PATH", "value": "/pki/client-ca.key"},
+        ])
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_agent_binary_prints_the_files_and_fails_in_one_line() -> anyhow::Result<()> {
+    let binary = selkie_e2e::workspace_binary("selkie-concierge", "selkie-kube-cert-agent")?;
+    let dir = tempfile::tempdir()?;
+    let pair = certs::generate_ca("e2e cluster signer", Duration::from_secs(3600))?;
+    let cert_path = dir.path().join("ca.crt");
+    let key_path = dir.path().join("ca.key");
+    std::fs::write(&cert_path, &pair.cert_pem)?;
+    std::fs::write(&key_path, &pair.key_pem)?;
+
+    let output = tokio::process::Command::new(&binary)
+        .arg("print")
+        .env("CERT_PATH", &cert_path)
+        .env("KEY_PATH", &key_path)
+        .output()
+        .await?;
+    ensure!(output.status.success(), "print failed: {output:?}");
+    let stdout = String::from_utf8(output.stdout)?;
+    let json: Value = serde_json::from_str(&stdout)?;
+    let keys: Vec<&String> = json.as_object().context("not an object")?.keys().collect();
+    assert_eq!(keys, ["tls.crt", "tls.key"]);
+    assert_eq!(AgentOutput::decode(&stdout, "test/agent")?, pair);
+
+    // A missing file: one line on stderr naming the variable and the path, nothing on stdout.
+    let missing = dir.path().join("missing.key");
+    let output = tokio::process::Command::new(&binary)
+        .arg("print")
+        .env("CERT_PATH", &cert_path)
+        .env("KEY_PATH", &missing)
+        .output()
+        .await?;
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8(output.stderr)?;
+    assert_eq!(
+        stderr,
+        format!(
+            "selkie-kube-cert-agent: could not read KEY_PATH: {}: No such file or directory (os error 2)\n",
+            missing.display()
+        )
+    );
+
+    // No variable, no subcommand, an unknown subcommand.
+    for (args, env, expected) in [
+        (
+            vec!["print"],
+            None,
+            "could not read CERT_PATH: the variable is not set",
+        ),
+        (vec![], None, "missing subcommand (sleep or print)"),
+        (vec!["cat"], None, "invalid subcommand \"cat\" (sleep or print)"),
+        (
+            vec!["print"],
+            Some(&key_path),
+            "could not read KEY_PATH: the variable is not set",
+        ),
+    ] {
+        let mut command = tokio::process::Command::new(&binary);
+        command.args(&args).env_remove("CERT_PATH").env_remove("KEY_PATH");
+        if let Some(cert) = env {
+            command.env("CERT_PATH", cert);
+        }
+        let output = command.output().await?;
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert_eq!(
+            String::from_utf8(output.stderr)?,
+            format!("selkie-kube-cert-agent: {expected}\n"),
+            "{args:?}"
+        );
+    }
+
+    // `sleep` lasts until SIGTERM, then exits 0.
+    let mut sleeper = tokio::process::Command::new(&binary)
+        .arg("sleep")
+        .stdout(Stdio::null())
+        .spawn()?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(sleeper.try_wait()?.is_none(), "sleep ended by itself");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(sleeper.id().context("no pid")?)?);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    let status = tokio::time::timeout(Duration::from_secs(10), sleeper.wait()).await??;
+    ensure!(status.success(), "sleep exited with {status}");
+    Ok(())
+}
+
+#[test]
+fn the_configuration_names_exactly_one_source() {
+    let both: Result<ControlPlaneConfig, _> = serde_yaml::from_str(
+        "clusterSigningKey: {agent: {image: i}, secret: {namespace: kube-system, name: ca}}",
+    );
+    let error = both.map(|c| c.validate().map_err(|e| e.to_string()));
+    assert_eq!(
+        error.ok().and_then(|result| result.err()).as_deref(),
+        Some("clusterSigningKey: needs exactly one of secret, files and agent")
+    );
+}
