@@ -5,20 +5,29 @@
 //! `CN=<user>` and one `O=<group>` RDN per group (how kube-apiserver and the x509 authenticator
 //! read groups; rcgen can keep only one `O`, hence `x509-cert`), the clientAuth extended key
 //! usage, and the validity asked for.
+//!
+//! The elliptic-curve work of an issue — the new key pair and the CA's signature — is done by
+//! ring (assembly; `perf/results/token-credential-request.md` measured it at about a fifth of
+//! the pure-Rust `p256` crate's cost); `x509-cert` encodes the certificate, `p256` only checks
+//! the new public key and encodes it as a SubjectPublicKeyInfo.
 
 use std::time::SystemTime;
 
 use p256::{
-    ecdsa::{DerSignature, SigningKey},
+    ecdsa::{SigningKey, VerifyingKey},
     pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding},
+};
+use ring::{
+    rand::SystemRandom,
+    signature::{EcdsaKeyPair, ECDSA_P256_SHA256_ASN1_SIGNING},
 };
 use x509_cert::{
     attr::AttributeTypeAndValue,
     builder::{Builder, CertificateBuilder, Profile},
     der::{
-        asn1::{SetOfVec, Utf8StringRef},
+        asn1::{BitString, SetOfVec, Utf8StringRef},
         oid::db::{rfc4519, rfc5280},
-        Any, DecodePem, EncodePem,
+        pem, Any, DecodePem, EncodePem,
     },
     ext::pkix::ExtendedKeyUsage,
     name::{Name, RdnSequence, RelativeDistinguishedName},
@@ -60,7 +69,12 @@ impl std::fmt::Debug for IssuedCertificate {
 
 /// A CA that signs client certificates. See the module documentation.
 pub struct ClientCertificateSigner {
+    /// The CA key as `x509-cert`'s builder wants it: it names the signature algorithm and gives
+    /// the authority key identifier. It never signs.
     signing_key: SigningKey,
+    /// The same key for ring, which signs.
+    ring_key: EcdsaKeyPair,
+    rng: SystemRandom,
     issuer: Name,
 }
 
@@ -87,8 +101,18 @@ impl ClientCertificateSigner {
                 "it does not belong to the CA certificate".into(),
             ));
         }
+        // Re-encoded by p256 so that ring gets the form it requires (the public key included),
+        // whatever PKCS#8 producer wrote the file.
+        let pkcs8 = signing_key
+            .to_pkcs8_der()
+            .map_err(|e| SignerError::InvalidKey(e.to_string()))?;
+        let rng = SystemRandom::new();
+        let ring_key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_bytes(), &rng)
+            .map_err(|e| SignerError::InvalidKey(e.to_string()))?;
         Ok(Self {
             signing_key,
+            ring_key,
+            rng,
             issuer: certificate.tbs_certificate.subject,
         })
     }
@@ -106,8 +130,11 @@ impl ClientCertificateSigner {
             let what = what.to_string();
             move |e: &dyn std::fmt::Display| SignerError::Issue(format!("{what}: {e}"))
         };
-        let key = SigningKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
-        let spki = SubjectPublicKeyInfoOwned::from_key(*key.verifying_key()).map_err(|e| issue("key")(&e))?;
+        let key = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &self.rng)
+            .map_err(|e| issue("key")(&e))?;
+        let public =
+            VerifyingKey::from_sec1_bytes(public_point(key.as_ref())?).map_err(|e| issue("key")(&e))?;
+        let spki = SubjectPublicKeyInfoOwned::from_key(public).map_err(|e| issue("key")(&e))?;
         let validity = Validity {
             not_before: Time::try_from(not_before).map_err(|e| issue("validity")(&e))?,
             not_after: Time::try_from(not_after).map_err(|e| issue("validity")(&e))?,
@@ -129,19 +156,37 @@ impl ClientCertificateSigner {
         builder
             .add_extension(&ExtendedKeyUsage(vec![rfc5280::ID_KP_CLIENT_AUTH]))
             .map_err(|e| issue("extended key usage")(&e))?;
+        // What `Builder::build` does, with ring's ECDSA-SHA256 (DER signature) in place of p256's.
+        let to_be_signed = builder.finalize().map_err(|e| issue("encoding")(&e))?;
+        let signature = self
+            .ring_key
+            .sign(&self.rng, &to_be_signed)
+            .map_err(|e| issue("signing")(&e))?;
         let certificate = builder
-            .build::<DerSignature>()
+            .assemble(BitString::from_bytes(signature.as_ref()).map_err(|e| issue("signing")(&e))?)
             .map_err(|e| issue("signing")(&e))?;
         Ok(IssuedCertificate {
             cert_pem: certificate
                 .to_pem(LineEnding::LF)
                 .map_err(|e| issue("encoding")(&e))?,
-            key_pem: key
-                .to_pkcs8_pem(LineEnding::LF)
-                .map_err(|e| issue("encoding the key")(&e))?
-                .to_string(),
+            key_pem: pem::encode_string("PRIVATE KEY", LineEnding::LF, key.as_ref())
+                .map_err(|e| issue("encoding the key")(&e))?,
         })
     }
+}
+
+/// The uncompressed public point of a P-256 PKCS#8 document ring generated: its last 65 bytes,
+/// after `[1] BIT STRING` with no unused bits (ring's fixed template). Fails on any other shape.
+fn public_point(pkcs8: &[u8]) -> Result<&[u8], SignerError> {
+    const PREFIX: [u8; 5] = [0xa1, 0x44, 0x03, 0x42, 0x00];
+    pkcs8
+        .len()
+        .checked_sub(PREFIX.len() + 65)
+        .and_then(|start| pkcs8.get(start..))
+        .and_then(|tail| tail.strip_prefix(&PREFIX[..]))
+        .ok_or_else(|| {
+            SignerError::Issue("key: the generated PKCS#8 document has no public key at its end".into())
+        })
 }
 
 /// `CN=<user>, O=<group>...`, one RDN each, in the order given.
@@ -219,6 +264,66 @@ mod tests {
         }
         assert!(issued.key_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
         assert_eq!(format!("{issued:?}"), "IssuedCertificate { .. }");
+    }
+
+    #[test]
+    fn the_certificate_is_for_its_key_for_client_auth_and_for_the_validity_asked() {
+        let (cert_pem, key_pem) = ca();
+        let signer = ClientCertificateSigner::from_pem(&cert_pem, &key_pem).unwrap();
+        let ca_certificate = x509_cert::Certificate::from_pem(cert_pem.as_bytes()).unwrap();
+        let not_before = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        let not_after = not_before + Duration::from_secs(600);
+        let issued = signer.issue("bob", &["a"], not_before, not_after).unwrap();
+        let certificate = x509_cert::Certificate::from_pem(issued.cert_pem.as_bytes()).unwrap();
+        let tbs = &certificate.tbs_certificate;
+        assert_eq!(tbs.issuer, ca_certificate.tbs_certificate.subject);
+        assert_eq!(tbs.subject.to_string(), "O=a,CN=bob");
+        assert_eq!(tbs.validity.not_before.to_system_time(), not_before);
+        assert_eq!(tbs.validity.not_after.to_system_time(), not_after);
+        // The key handed out is the certificate's.
+        let key = SigningKey::from_pkcs8_pem(&issued.key_pem).unwrap();
+        let spki = SubjectPublicKeyInfoOwned::from_key(*key.verifying_key()).unwrap();
+        assert_eq!(spki, tbs.subject_public_key_info);
+        let extended_key_usage = tbs
+            .extensions
+            .iter()
+            .flatten()
+            .find(|extension| extension.extn_id == rfc5280::ID_CE_EXT_KEY_USAGE)
+            .unwrap();
+        let usage =
+            <ExtendedKeyUsage as x509_cert::der::Decode>::from_der(extended_key_usage.extn_value.as_bytes())
+                .unwrap();
+        assert_eq!(usage.0, [rfc5280::ID_KP_CLIENT_AUTH]);
+        // Two issues never share a key or a serial number.
+        let again = x509_cert::Certificate::from_pem(
+            signer
+                .issue("bob", &["a"], not_before, not_after)
+                .unwrap()
+                .cert_pem
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_ne!(
+            again.tbs_certificate.subject_public_key_info,
+            tbs.subject_public_key_info
+        );
+        assert_ne!(again.tbs_certificate.serial_number, tbs.serial_number);
+    }
+
+    #[test]
+    fn a_public_point_is_only_read_from_rings_template() {
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
+        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+        assert_eq!(
+            public_point(pkcs8.as_ref()).unwrap(),
+            ring::signature::KeyPair::public_key(&key).as_ref()
+        );
+        assert!(matches!(
+            public_point(&pkcs8.as_ref()[..100]),
+            Err(SignerError::Issue(_))
+        ));
+        assert!(matches!(public_point(&[0; 10]), Err(SignerError::Issue(_))));
     }
 
     #[test]
