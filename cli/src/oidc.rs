@@ -749,13 +749,13 @@ mod tests {
 
     #[tokio::test]
     async fn id_tokens_are_checked_for_issuer_audience_expiry_and_nonce() {
-        let (key, jwks) = crate::jose::tests::es256_key();
+        let (key, jwks) = jose::tests::es256_key();
         let mut provider = provider(jwks);
         let header = serde_json::json!({"alg": "ES256", "kid": "k1"});
         let exp = timestamp::now().unix_timestamp() + 3600;
         let good = serde_json::json!({"iss": "https://issuer.example.com", "aud": ["other", "pinniped-cli"],
             "exp": exp, "nonce": "n1", "email": "a@example.com"});
-        let token = crate::jose::tests::sign(&key, &header, &good);
+        let token = jose::tests::sign(&key, &header, &good);
         let id = provider
             .validate_id_token(&token, "pinniped-cli", Some("n1"))
             .await
@@ -790,7 +790,7 @@ mod tests {
         ] {
             let mut claims = good.clone();
             claims[change.0] = change.1;
-            cases.push((crate::jose::tests::sign(&key, &header, &claims), expected));
+            cases.push((jose::tests::sign(&key, &header, &claims), expected));
         }
         for (token, expected) in cases {
             let error = provider
@@ -804,7 +804,7 @@ mod tests {
 
     #[test]
     fn the_authorize_url_carries_pkce_state_nonce_and_form_post() {
-        let (_, jwks) = crate::jose::tests::es256_key();
+        let (_, jwks) = jose::tests::es256_key();
         let provider = provider(jwks);
         assert!(provider.discovery.supports_form_post());
         let params = LoginParams::generate().unwrap();
