@@ -179,7 +179,7 @@ pub async fn run(
         flow,
         tls,
         lookup_env,
-        notes: Vec::new(),
+        debug: lookup_env(DEBUG_ENV).is_some_and(|value| value == "true"),
     };
     let credential = match &options.credential_cache {
         None => login.credential(concierge.as_ref()).await,
@@ -196,26 +196,23 @@ pub async fn run(
             }
             result.map(|(credential, source)| {
                 if source == Source::Cache {
-                    login
-                        .notes
-                        .push(Note::Debug("using cached cluster credential.".into()));
+                    reporter.debug("using cached cluster credential.");
                 }
                 credential
             })
         }
     };
-    for note in login.notes.drain(..) {
-        match note {
-            Note::Debug(message) => reporter.debug(&message),
-            Note::Warn(message) => eprintln!("selkie: warning: {message}"),
-        }
-    }
     Ok(render(version, &credential?))
 }
 
-enum Note {
-    Debug(String),
-    Warn(String),
+/// The variable that turns on debug notes.
+const DEBUG_ENV: &str = "PINNIPED_DEBUG";
+
+/// Prints session-cache warnings (one line each) and empties the list.
+fn warn_all(warnings: &mut Vec<String>) {
+    for warning in warnings.drain(..) {
+        eprintln!("selkie: warning: {warning}");
+    }
 }
 
 struct Login<'a> {
@@ -223,10 +220,17 @@ struct Login<'a> {
     flow: Flow,
     tls: TlsOptions,
     lookup_env: &'a (dyn Fn(&str) -> Option<String> + Sync),
-    notes: Vec<Note>,
+    debug: bool,
 }
 
 impl Login<'_> {
+    /// A debug note on stderr, at once (with `PINNIPED_DEBUG=true`).
+    fn debug_note(&self, message: &str) {
+        if self.debug {
+            eprintln!("selkie: debug: {message}");
+        }
+    }
+
     /// The cluster credential: the ID token, or what the Concierge gives for it.
     async fn credential(&mut self, concierge: Option<&ConciergeClient>) -> anyhow::Result<CredentialStatus> {
         let (token, expiry) = tokio::time::timeout(OVERALL_TIMEOUT, self.id_token())
@@ -263,7 +267,7 @@ impl Login<'_> {
             Some(cache) => cache.get(&key, &mut |w| warnings.push(w.to_string())).await?,
             None => None,
         };
-        self.notes.extend(warnings.drain(..).map(Note::Warn));
+        warn_all(&mut warnings);
         let audience = options.request_audience.as_str();
         let needs_exchange = |tokens: &Tokens| {
             !audience.is_empty()
@@ -294,8 +298,7 @@ impl Login<'_> {
         let mut provider: Option<Provider> = None;
         let tokens = match cached {
             Some(tokens) if fresh_enough(&tokens) => {
-                self.notes
-                    .push(Note::Debug("found unexpired cached token.".into()));
+                self.debug_note("found unexpired cached token.");
                 tokens
             }
             cached => {
@@ -303,13 +306,12 @@ impl Login<'_> {
                 let refreshed = match cached.and_then(|tokens| tokens.refresh) {
                     Some(refresh) => match discovered.refresh(&config, &refresh.token).await {
                         Ok(tokens) if tokens.id.is_some() => {
-                            self.notes.push(Note::Debug("refreshed cached tokens.".into()));
+                            self.debug_note("refreshed cached tokens.");
                             Some(tokens)
                         }
                         Ok(_) => None,
                         Err(error) => {
-                            self.notes
-                                .push(Note::Debug(format!("refresh failed, logging in again: {error}")));
+                            self.debug_note(&format!("refresh failed, logging in again: {error}"));
                             None
                         }
                     },
@@ -323,7 +325,7 @@ impl Login<'_> {
                     cache
                         .put(&key, &tokens, &mut |w| warnings.push(w.to_string()))
                         .await?;
-                    self.notes.extend(warnings.drain(..).map(Note::Warn));
+                    warn_all(&mut warnings);
                 }
                 provider = Some(discovered);
                 tokens
@@ -397,9 +399,7 @@ impl Login<'_> {
         }
         let username = match env(USERNAME_ENV) {
             Some(username) => {
-                self.notes.push(Note::Debug(format!(
-                    "read username from environment variable {USERNAME_ENV}"
-                )));
+                self.debug_note(&format!("read username from environment variable {USERNAME_ENV}"));
                 username
             }
             None => prompt_line("Username: ").map_err(|e| {
