@@ -9,12 +9,12 @@
 //!   template in the untimed setup.
 //! * `signer/issue`: [`ClientCertificateSigner::issue`] alone (`alice`, two groups).
 //! * `signer/parts/*`: the steps of `issue` one by one, done the way `filters/src/signer.rs`
-//!   does them with the same crates: `keygen` (a P-256 key from the OS RNG), `spki` (its
-//!   SubjectPublicKeyInfo), `build-and-sign` (the subject, the x509-cert builder, the TBS
-//!   encoding and the CA's ECDSA-SHA256 signature), `ca-sign` (the CA's signature over a
-//!   TBS-sized message alone), `cert-pem` and `key-pkcs8-pem` (the two encodings).
-//! * `ring/*`: ring's P-256 key generation (PKCS#8) and signing, for comparison: what the same
-//!   two operations cost with ring's assembly.
+//!   does them with the same crates: `keygen` (ring: a P-256 key pair as PKCS#8), `spki` (the
+//!   public point checked by p256 and encoded as a SubjectPublicKeyInfo), `build-tbs` (the
+//!   subject, the x509-cert builder, the TBS encoding), `ca-sign` (ring: the CA's ECDSA-SHA256
+//!   signature of the TBS), `cert-pem` and `key-pem` (the two encodings).
+//! * `p256/*`: key generation, the CA's signature and the key's PKCS#8 PEM with the pure-Rust
+//!   `p256` crate, as the signer did before it used ring, for comparison.
 //!
 //! Run: `cargo bench -p selkie-filters --features test-util --bench token_credential_request`.
 
@@ -35,7 +35,7 @@ use std::{
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use p256::{
-    ecdsa::{signature::Signer as _, DerSignature, SigningKey},
+    ecdsa::{signature::Signer as _, DerSignature, SigningKey, VerifyingKey},
     pkcs8::{DecodePrivateKey as _, EncodePrivateKey as _, LineEnding},
 };
 use ring::{
@@ -57,9 +57,9 @@ use x509_cert::{
     attr::AttributeTypeAndValue,
     builder::{Builder as _, CertificateBuilder, Profile},
     der::{
-        asn1::{SetOfVec, Utf8StringRef},
+        asn1::{BitString, SetOfVec, Utf8StringRef},
         oid::db::{rfc4519, rfc5280},
-        Any, DecodePem as _, EncodePem as _,
+        pem, Any, DecodePem as _, EncodePem as _,
     },
     ext::pkix::ExtendedKeyUsage,
     name::{Name, RdnSequence, RelativeDistinguishedName},
@@ -196,17 +196,30 @@ fn token_credential_request(c: &mut Criterion) {
 
     // The parts, with the same crates and calls as the signer.
     let ca_signing = SigningKey::from_pkcs8_pem(&ca_key).unwrap();
+    let ca_ring = EcdsaKeyPair::from_pkcs8(
+        &ECDSA_P256_SHA256_ASN1_SIGNING,
+        ca_signing.to_pkcs8_der().unwrap().as_bytes(),
+        &SystemRandom::new(),
+    )
+    .unwrap();
     let issuer = x509_cert::Certificate::from_pem(ca_cert.as_bytes())
         .unwrap()
         .tbs_certificate
         .subject;
-    let rng = &mut p256::elliptic_curve::rand_core::OsRng;
-    c.bench_function("signer/parts/keygen", |b| b.iter(|| SigningKey::random(rng)));
-    let leaf = SigningKey::random(rng);
-    c.bench_function("signer/parts/spki", |b| {
-        b.iter(|| SubjectPublicKeyInfoOwned::from_key(*black_box(&leaf).verifying_key()).unwrap())
+    let rng = SystemRandom::new();
+    c.bench_function("signer/parts/keygen", |b| {
+        b.iter(|| EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap())
     });
-    let spki = SubjectPublicKeyInfoOwned::from_key(*leaf.verifying_key()).unwrap();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
+    // ring's template ends with the uncompressed public point.
+    let point = &pkcs8.as_ref()[pkcs8.as_ref().len() - 65..];
+    c.bench_function("signer/parts/spki", |b| {
+        b.iter(|| {
+            let public = VerifyingKey::from_sec1_bytes(black_box(point)).unwrap();
+            SubjectPublicKeyInfoOwned::from_key(public).unwrap()
+        })
+    });
+    let spki = SubjectPublicKeyInfoOwned::from_key(VerifyingKey::from_sec1_bytes(point).unwrap()).unwrap();
     let validity = Validity {
         not_before: Time::try_from(not_before).unwrap(),
         not_after: Time::try_from(not_after).unwrap(),
@@ -230,37 +243,36 @@ fn token_credential_request(c: &mut Criterion) {
         builder
             .add_extension(&ExtendedKeyUsage(vec![rfc5280::ID_KP_CLIENT_AUTH]))
             .unwrap();
-        builder.build::<DerSignature>().unwrap()
+        let tbs = builder.finalize().unwrap();
+        (builder, tbs)
     };
-    c.bench_function("signer/parts/build-and-sign", |b| b.iter(build));
-    let certificate = build();
-    let tbs = x509_cert::der::Encode::to_der(&certificate.tbs_certificate).unwrap();
+    c.bench_function("signer/parts/build-tbs", |b| b.iter(build));
+    let (builder, tbs) = build();
     eprintln!("TBS certificate: {} bytes", tbs.len());
     c.bench_function("signer/parts/ca-sign", |b| {
-        b.iter(|| -> DerSignature { ca_signing.sign(black_box(&tbs)) })
+        b.iter(|| ca_ring.sign(&rng, black_box(&tbs)).unwrap())
     });
+    let signature = ca_ring.sign(&rng, &tbs).unwrap();
+    let certificate = builder
+        .assemble(BitString::from_bytes(signature.as_ref()).unwrap())
+        .unwrap();
     c.bench_function("signer/parts/cert-pem", |b| {
         b.iter(|| black_box(&certificate).to_pem(LineEnding::LF).unwrap())
     });
-    c.bench_function("signer/parts/key-pkcs8-pem", |b| {
-        b.iter(|| black_box(&leaf).to_pkcs8_pem(LineEnding::LF).unwrap())
+    c.bench_function("signer/parts/key-pem", |b| {
+        b.iter(|| pem::encode_string("PRIVATE KEY", LineEnding::LF, black_box(pkcs8.as_ref())).unwrap())
     });
 
-    // ring, for comparison.
-    let rng = SystemRandom::new();
-    c.bench_function("ring/p256-keygen-pkcs8", |b| {
-        b.iter(|| EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap())
+    // The same steps with the pure-Rust p256 crate (the signer before ring): keygen, the CA's
+    // signature, and PKCS#8 PEM (which recomputes the public key from the private scalar).
+    let rng = &mut p256::elliptic_curve::rand_core::OsRng;
+    c.bench_function("p256/keygen", |b| b.iter(|| SigningKey::random(rng)));
+    c.bench_function("p256/ca-sign", |b| {
+        b.iter(|| -> DerSignature { ca_signing.sign(black_box(&tbs)) })
     });
-    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
-    c.bench_function("ring/p256-keypair-from-pkcs8", |b| {
-        b.iter(|| {
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, black_box(pkcs8.as_ref()), &rng)
-                .unwrap()
-        })
-    });
-    let ring_key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref(), &rng).unwrap();
-    c.bench_function("ring/p256-sign", |b| {
-        b.iter(|| ring_key.sign(&rng, black_box(&tbs)).unwrap())
+    let leaf = SigningKey::random(rng);
+    c.bench_function("p256/key-pkcs8-pem", |b| {
+        b.iter(|| black_box(&leaf).to_pkcs8_pem(LineEnding::LF).unwrap())
     });
 }
 
