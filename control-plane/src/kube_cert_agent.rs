@@ -14,8 +14,9 @@
 //!    Pinniped's resources (32Mi memory, 20m CPU limit, CPU request 0);
 //! 3. every replica execs `selkie-kube-cert-agent print` in the newest running agent pod (label
 //!    `kube-cert-agent.pinniped.dev=v3`), decodes its JSON ([`AgentOutput`]) and checks that the
-//!    pair can sign. A success is remembered for 15 minutes per agent pod, so the exec is not
-//!    repeated on every round.
+//!    pair can sign ([`KubeExec`], over kube-rs' WebSocket exec; Pinniped uses SPDY). A success
+//!    is remembered for 15 minutes per agent pod (by UID), so the exec is not repeated on every
+//!    round; a failure is retried on the next round.
 //!
 //! Every failure is an [`AgentError`] whose message is Pinniped's, and becomes the strategy's
 //! `CouldNotFetchKey` message in [`crate::signing`]. The key and certificate are never logged.
@@ -27,6 +28,7 @@ use std::{
 };
 
 use base64::{engine::general_purpose::STANDARD, Engine as _};
+use futures::future::BoxFuture;
 use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec},
@@ -516,6 +518,7 @@ pub struct KubeCertAgent {
     client: Client,
     config: Arc<ControlPlaneConfig>,
     agent: AgentConfig,
+    executor: Arc<dyn PodExecutor>,
     fetched: Option<Fetched>,
 }
 
@@ -523,6 +526,7 @@ impl std::fmt::Debug for KubeCertAgent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeCertAgent")
             .field("agent", &self.agent)
+            .field("cached", &self.fetched.as_ref().map(|fetched| &fetched.uid))
             .finish_non_exhaustive()
     }
 }
@@ -532,11 +536,19 @@ impl KubeCertAgent {
     /// [`fetch`](Self::fetch).
     pub fn new(client: Client, config: Arc<ControlPlaneConfig>, agent: AgentConfig) -> Self {
         Self {
+            executor: Arc::new(KubeExec::new(client.clone())),
             client,
             config,
             agent,
             fetched: None,
         }
+    }
+
+    /// The same controller with another way to run `print` in the agent pod (for clusters
+    /// without kubelets, such as tests'); everything else still goes to kube-apiserver.
+    pub fn with_executor(mut self, executor: Arc<dyn PodExecutor>) -> Self {
+        self.executor = executor;
+        self
     }
 
     /// One round (see the module documentation): finds the controller manager, ensures the
@@ -665,10 +677,20 @@ impl KubeCertAgent {
             }
         }
         let key = pod_key(pod);
-        let stdout = self.exec_print(pod).await.map_err(|error| AgentError::Exec {
-            pod: key.clone(),
-            error,
-        })?;
+        let command = [self.agent.binary.clone(), "print".to_string()];
+        let stdout = self
+            .executor
+            .exec(
+                &self.config.namespace,
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                AGENT_CONTAINER_NAME,
+                &command,
+            )
+            .await
+            .map_err(|error| AgentError::Exec {
+                pod: key.clone(),
+                error,
+            })?;
         let pair = AgentOutput::decode(&stdout, &key)?;
         tracing::info!(pod = %key, "loaded the cluster signing key from the agent pod");
         self.fetched = Some(Fetched {
@@ -678,42 +700,85 @@ impl KubeCertAgent {
         });
         Ok(pair)
     }
+}
 
-    /// Runs `<binary> print` in the agent container and returns its stdout.
-    async fn exec_print(&self, pod: &Pod) -> Result<String, String> {
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.config.namespace);
-        let params = AttachParams::default()
-            .container(AGENT_CONTAINER_NAME)
-            .stdin(false)
-            .stdout(true)
-            .stderr(false);
-        let run = async {
-            let mut process = pods
-                .exec(name, [self.agent.binary.as_str(), "print"], &params)
-                .await
-                .map_err(|e| kube_message(&e))?;
-            let status = process.take_status();
-            let mut stdout = String::new();
-            if let Some(mut reader) = process.stdout() {
-                reader
-                    .read_to_string(&mut stdout)
+/// Runs a command in a pod's container and returns its stdout: the step of
+/// [`KubeCertAgent::fetch`] that needs a kubelet. [`KubeExec`] is the real one; tests of
+/// clusters without kubelets may stand in for it ([`KubeCertAgent::with_executor`]).
+pub trait PodExecutor: Send + Sync {
+    /// Runs `command` in `container` of `namespace/pod`; the error is the message reported after
+    /// "could not exec into agent pod …: ".
+    fn exec<'a>(
+        &'a self,
+        namespace: &'a str,
+        pod: &'a str,
+        container: &'a str,
+        command: &'a [String],
+    ) -> BoxFuture<'a, Result<String, String>>;
+}
+
+/// `pods/exec` through kube-apiserver (WebSocket), bounded by [`EXEC_TIMEOUT`]; a command that
+/// fails is an error with the status kube-apiserver relays.
+#[derive(Clone)]
+pub struct KubeExec {
+    client: Client,
+}
+
+impl KubeExec {
+    /// An executor using `client`.
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+impl std::fmt::Debug for KubeExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeExec").finish_non_exhaustive()
+    }
+}
+
+impl PodExecutor for KubeExec {
+    fn exec<'a>(
+        &'a self,
+        namespace: &'a str,
+        pod: &'a str,
+        container: &'a str,
+        command: &'a [String],
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let pods = Api::<Pod>::namespaced(self.client.clone(), namespace);
+            let params = AttachParams::default()
+                .container(container)
+                .stdin(false)
+                .stdout(true)
+                .stderr(false);
+            let run = async {
+                let mut process = pods
+                    .exec(pod, command.to_vec(), &params)
                     .await
-                    .map_err(|e| format!("reading the output: {e}"))?;
-            }
-            if let Some(status) = status {
-                if let Some(status) = status.await {
-                    if status.status.as_deref() == Some("Failure") {
-                        return Err(status.message.unwrap_or_else(|| "the command failed".to_string()));
+                    .map_err(|e| kube_message(&e))?;
+                let status = process.take_status();
+                let mut stdout = String::new();
+                if let Some(mut reader) = process.stdout() {
+                    reader
+                        .read_to_string(&mut stdout)
+                        .await
+                        .map_err(|e| format!("reading the output: {e}"))?;
+                }
+                if let Some(status) = status {
+                    if let Some(status) = status.await {
+                        if status.status.as_deref() == Some("Failure") {
+                            return Err(status.message.unwrap_or_else(|| "the command failed".to_string()));
+                        }
                     }
                 }
-            }
-            process.join().await.map_err(|e| e.to_string())?;
-            Ok(stdout)
-        };
-        tokio::time::timeout(EXEC_TIMEOUT, run)
-            .await
-            .map_err(|_| format!("timed out after {EXEC_TIMEOUT:?}"))?
+                process.join().await.map_err(|e| e.to_string())?;
+                Ok(stdout)
+            };
+            tokio::time::timeout(EXEC_TIMEOUT, run)
+                .await
+                .map_err(|_| format!("timed out after {EXEC_TIMEOUT:?}"))?
+        })
     }
 }
 

@@ -5,12 +5,24 @@
 //! they create the `kube-controller-manager` Pod a kubeadm cluster would have in `kube-system`
 //! (labels, flags, volumes, tolerations, nodeName) and patch its status to `Running`, and play
 //! the Deployment controller by creating the agent pod the Deployment would get. The exec into
-//! that pod then fails as it does without a kubelet, and that failure is what is reported. Each
-//! test writes `kube-system`, so each has a private cluster.
+//! that pod through kube-apiserver then fails as it does without a kubelet, and that failure is
+//! what is reported. For the success path a stand-in kubelet ([`LocalKubelet`], through
+//! `KubeCertAgent::with_executor`) runs the real agent binary locally with the pod's environment
+//! as kube-apiserver has it. Each test writes `kube-system`, so each has a private cluster.
 //!
 //! The agent binary itself (`selkie-kube-cert-agent`) is run for real with files the test writes.
 
-use std::{process::Stdio, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    process::Stdio,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use futures::future::BoxFuture;
 
 use anyhow::{ensure, Context};
 use k8s_openapi::api::{
@@ -25,7 +37,9 @@ use selkie_api::concierge_config::{CredentialIssuerStrategy, StrategyReason, Str
 use selkie_control_plane::{
     certs,
     config::ControlPlaneConfig,
-    kube_cert_agent::{AgentError, AgentOutput, KubeCertAgent, AGENT_LABEL_KEY, AGENT_LABEL_VALUE},
+    kube_cert_agent::{
+        AgentError, AgentOutput, KubeCertAgent, PodExecutor, AGENT_LABEL_KEY, AGENT_LABEL_VALUE,
+    },
     published::Publisher,
     signing,
 };
@@ -437,6 +451,142 @@ async fn the_deployment_follows_the_newest_controller_manager_and_followers_neve
             {"name": "CERT_PATH", "value": "/pki/client-ca.crt"},
             {"name": "KEY_PATH", "value": "/pki/client-ca.key"},
         ])
+    );
+    Ok(())
+}
+
+/// Stands in for the kubelet: runs the agent's command (the real `selkie-kube-cert-agent`) on
+/// this machine with the `CERT_PATH`/`KEY_PATH` of the pod kube-apiserver has, and counts the
+/// execs.
+struct LocalKubelet {
+    client: Client,
+    binary: PathBuf,
+    execs: AtomicUsize,
+}
+
+impl PodExecutor for LocalKubelet {
+    fn exec<'a>(
+        &'a self,
+        namespace: &'a str,
+        pod: &'a str,
+        container: &'a str,
+        command: &'a [String],
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            self.execs.fetch_add(1, Ordering::SeqCst);
+            let pod = Api::<Pod>::namespaced(self.client.clone(), namespace)
+                .get(pod)
+                .await
+                .map_err(|e| e.to_string())?;
+            let spec = pod.spec.ok_or("no spec")?;
+            let container = spec
+                .containers
+                .into_iter()
+                .find(|c| c.name == container)
+                .ok_or_else(|| format!("no container {container}"))?;
+            let [program, args @ ..] = command else {
+                return Err("no command".into());
+            };
+            if program != "selkie-kube-cert-agent" {
+                return Err(format!("{program}: not found"));
+            }
+            let mut run = tokio::process::Command::new(&self.binary);
+            run.args(args).env_clear();
+            for var in container.env.into_iter().flatten() {
+                run.env(var.name, var.value.unwrap_or_default());
+            }
+            let output = run.output().await.map_err(|e| e.to_string())?;
+            if !output.status.success() {
+                return Err(format!("command terminated with {}", output.status));
+            }
+            String::from_utf8(output.stdout).map_err(|e| e.to_string())
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_key_is_read_through_the_agent_pod_once_per_pod() -> anyhow::Result<()> {
+    let binary = selkie_e2e::workspace_binary("selkie-concierge", "selkie-kube-cert-agent")?;
+    let cluster = Cluster::start().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "kca").await?;
+    let config = Arc::new(config(&namespace, "")?);
+    let agent_config = config
+        .cluster_signing_key
+        .as_ref()
+        .and_then(|source| source.agent.clone())
+        .context("no agent configured")?;
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &namespace);
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+
+    // The controller manager's signing files, on "its node" (this machine).
+    let dir = tempfile::tempdir()?;
+    let pair = certs::generate_ca("e2e cluster signer", Duration::from_secs(3600))?;
+    let cert_path = dir.path().join("ca.crt");
+    let key_path = dir.path().join("ca.key");
+    std::fs::write(&cert_path, &pair.cert_pem)?;
+    std::fs::write(&key_path, &pair.key_pem)?;
+    let cert_flag = format!("--cluster-signing-cert-file={}", cert_path.display());
+    let key_flag = format!("--cluster-signing-key-file={}", key_path.display());
+    create_controller_manager(&client, "kcm", "cp-1", &[&cert_flag, &key_flag]).await?;
+    mark_running(&client, "kube-system", "kcm").await?;
+
+    let kubelet = Arc::new(LocalKubelet {
+        client: client.clone(),
+        binary,
+        execs: AtomicUsize::new(0),
+    });
+    let mut agent =
+        KubeCertAgent::new(client.clone(), config.clone(), agent_config).with_executor(kubelet.clone());
+    let error = agent.fetch(true).await.expect_err("no agent pod yet");
+    ensure!(
+        matches!(error, AgentError::NoHealthyAgentPod { candidates: 0 }),
+        "{error}"
+    );
+    let deployment = deployments.get(&format!("{namespace}-kube-cert-agent")).await?;
+
+    // The agent pod runs: its `print` gives the controller manager's files.
+    create_agent_pod(&client, &deployment, "agent-1").await?;
+    assert_eq!(agent.fetch(true).await?, pair);
+    assert_eq!(kubelet.execs.load(Ordering::SeqCst), 1);
+    // The same pod again: from the cache, no exec.
+    assert_eq!(agent.fetch(true).await?, pair);
+    assert_eq!(agent.fetch(false).await?, pair);
+    assert_eq!(kubelet.execs.load(Ordering::SeqCst), 1);
+
+    // A new agent pod (new UID) is exec'd into again; its files now hold no usable key.
+    pods.delete("agent-1", &DeleteParams::default().grace_period(0))
+        .await?;
+    std::fs::write(&key_path, "not a key")?;
+    create_agent_pod(&client, &deployment, "agent-2").await?;
+    let error = agent.fetch(true).await.expect_err("the key file is garbage");
+    assert_eq!(kubelet.execs.load(Ordering::SeqCst), 2);
+    let message = error.to_string();
+    ensure!(
+        message.starts_with(&format!(
+            "failed to set signing cert/key content from agent pod {namespace}/agent-2: "
+        )),
+        "{message}"
+    );
+    ensure!(
+        !message.contains("not a key"),
+        "the message shows the key file: {message}"
+    );
+
+    // A failure is not cached: once the file is fixed, the next round reads it.
+    std::fs::write(&key_path, &pair.key_pem)?;
+    assert_eq!(agent.fetch(true).await?, pair);
+    assert_eq!(kubelet.execs.load(Ordering::SeqCst), 3);
+
+    // The agent command fails in the pod (the file is gone): the exec error is reported.
+    pods.delete("agent-2", &DeleteParams::default().grace_period(0))
+        .await?;
+    std::fs::remove_file(&cert_path)?;
+    create_agent_pod(&client, &deployment, "agent-3").await?;
+    let error = agent.fetch(true).await.expect_err("the cert file is gone");
+    assert_eq!(
+        error.to_string(),
+        format!("could not exec into agent pod {namespace}/agent-3: command terminated with exit status: 1")
     );
     Ok(())
 }
