@@ -437,6 +437,29 @@ async fn the_password_flow_from_environment_variables_needs_no_browser_and_refre
     }
     anyhow::ensure!(setup.token_credential_requests() == 2, "{}", setup.proxy.log());
     only_session(&setup.path("parallel-sessions.yaml"))?;
+
+    // A revoked session: another login of the same user and client makes Dex drop the parallel
+    // session's refresh token. With its ID token near expiry, the refresh fails and the login
+    // starts again (here from the environment) instead of failing.
+    let other: Vec<String> = args
+        .iter()
+        .map(|arg| arg.replace("sessions.yaml", "other-sessions.yaml"))
+        .collect();
+    let (ok, _, stderr) = setup.run(&other, &setup.password_env()).await?;
+    anyhow::ensure!(ok, "{stderr}");
+    let parallel_sessions = setup.path("parallel-sessions.yaml");
+    let mut file: Value = serde_yaml::from_str(&std::fs::read_to_string(&parallel_sessions)?)?;
+    file["sessions"][0]["tokens"]["id"]["expiryTimestamp"] = json!(soon);
+    std::fs::write(&parallel_sessions, serde_yaml::to_string(&file)?)?;
+    let revoked: Vec<String> = args
+        .iter()
+        .map(|arg| arg.replace("sessions.yaml", "parallel-sessions.yaml"))
+        .collect();
+    let mut env = setup.password_env();
+    env.push(("PINNIPED_DEBUG", "true".into()));
+    let (ok, stdout, stderr) = setup.run(&revoked, &env).await?;
+    anyhow::ensure!(ok && stdout.contains("\"token\""), "revoked session: {stderr}");
+    anyhow::ensure!(stderr.contains("refresh failed, logging in again"), "{stderr}");
     Ok(())
 }
 
