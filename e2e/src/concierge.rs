@@ -164,6 +164,48 @@ impl InstalledConcierge {
         self.dir.path()
     }
 
+    /// `kubectl apply` of a JWTAuthenticator `name` for `issuer` (whose CA is `ca_pem`) and
+    /// `audience`, with the username from the `email` claim and the groups from `groups`; waits
+    /// (up to 30 s) until the Concierge reports it Ready.
+    pub async fn apply_jwt_authenticator(
+        &self,
+        cluster: &Cluster,
+        name: &str,
+        issuer: &str,
+        audience: &str,
+        ca_pem: &str,
+    ) -> Result<(), HarnessError> {
+        let authenticator = json!({
+            "apiVersion": "authentication.concierge.pinniped.dev/v1alpha1",
+            "kind": "JWTAuthenticator",
+            "metadata": {"name": name},
+            "spec": {"issuer": issuer, "audience": audience,
+                     "claims": {"username": "email", "groups": "groups"},
+                     "tls": {"certificateAuthorityData": B64.encode(ca_pem)}},
+        })
+        .to_string();
+        let kubectl = cluster.kubectl();
+        kubectl
+            .run_with_stdin(&["apply", "-f", "-"], Some(&authenticator))
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let phase = kubectl
+                .run(&["get", "jwtauthenticator", name, "-o", "jsonpath={.status.phase}"])
+                .await?;
+            if phase == "Ready" {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(HarnessError::NotReady(format!(
+                    "the JWTAuthenticator {name} is {phase:?}, not Ready, after 30 s\n--- Concierge log ---\n{}",
+                    self.process.log()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// Sets the CredentialIssuer to expose the proxy at its loopback address and waits (up to
     /// 30 s) for the `ImpersonationProxy` strategy to say it listens. Returns the endpoint and
     /// the PEM CA bundle the CredentialIssuer advertises, as `pinniped get kubeconfig` reads them.

@@ -16,7 +16,7 @@ use selkie_api::crds;
 use selkie_e2e::{
     cluster::write_kubeconfig_for_user,
     concierge::{self, InstalledConcierge},
-    dex::{Dex, DexUser, CLIENT_ID},
+    dex::{Dex, DexUser, CLIENT_ID, PUBLIC_CLIENT_ID},
     kubectl::Kubectl,
     proxy::Proxy,
     Cluster,
@@ -616,6 +616,134 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         forbidden.is_empty(),
         "the Concierge was refused:\n{}",
         forbidden.join("\n")
+    );
+    Ok(())
+}
+
+/// Runs the real kubectl with `kubeconfig` and the password flow's environment variables (the
+/// exec plugin inherits them); returns stdout, or fails with stderr.
+async fn kubectl_as_pinny(
+    cluster: &Cluster,
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(cluster.kubectl().binary())
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+        .env("PINNIPED_USERNAME", "pinny@example.com")
+        .env("PINNIPED_PASSWORD", "password123")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    ensure!(
+        output.status.success(),
+        "kubectl {} failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// The Concierge and the CLI together, as a user meets them: on the installed Concierge,
+/// `selkie get kubeconfig` reads the CredentialIssuer the Concierge maintains and its
+/// JWTAuthenticator and writes a kubeconfig for the impersonation proxy; kubectl with it logs in
+/// to Dex with the password flow, exchanges the ID token at the proxy, and works through it; the
+/// next calls reuse the caches without another TokenCredentialRequest.
+#[tokio::test]
+async fn selkie_get_kubeconfig_for_the_installed_concierge_gives_kubectl_a_working_login(
+) -> anyhow::Result<()> {
+    let cluster = &Cluster::start().await?;
+    let concierge = InstalledConcierge::install(cluster).await?;
+    let dex = Dex::start(&[pinny()]).await?;
+    concierge
+        .apply_jwt_authenticator(cluster, "dex", dex.issuer(), PUBLIC_CLIENT_ID, &dex.ca_pem())
+        .await?;
+    let (proxy_endpoint, _) = concierge.expose_proxy(cluster).await?;
+    let admin = cluster.kubectl();
+    admin
+        .run(&[
+            "create",
+            "clusterrole",
+            "ns-reader",
+            "--verb=get,list",
+            "--resource=namespaces",
+        ])
+        .await?;
+    admin
+        .run(&[
+            "create",
+            "clusterrolebinding",
+            "ops-read-ns",
+            "--clusterrole=ns-reader",
+            "--group=ops",
+        ])
+        .await?;
+
+    let dir = concierge.dir();
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let started = std::time::Instant::now();
+    let output = tokio::process::Command::new(selkie)
+        .args([
+            "get",
+            "kubeconfig",
+            &format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
+            &format!("--oidc-session-cache={}", dir.join("sessions.yaml").display()),
+            &format!("--credential-cache={}", dir.join("credentials.yaml").display()),
+            "--oidc-scopes=openid,offline_access,email,groups",
+            "--upstream-identity-provider-flow=cli_password",
+            "--timeout=60s",
+        ])
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    ensure!(
+        output.status.success(),
+        "selkie get kubeconfig failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let kubeconfig: Value = serde_yaml::from_slice(&output.stdout)?;
+    assert_eq!(
+        kubeconfig["clusters"][0]["cluster"]["server"],
+        proxy_endpoint.as_str(),
+        "{kubeconfig}"
+    );
+    let path = dir.join("pinny.kubeconfig");
+    std::fs::write(&path, &output.stdout)?;
+    eprintln!(
+        "selkie get kubeconfig took {:?}:\n{}",
+        started.elapsed(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let started = std::time::Instant::now();
+
+    let namespaces = kubectl_as_pinny(cluster, &path, &["get", "namespaces", "-o", "name"]).await?;
+    assert!(
+        namespaces.contains("namespace/pinniped-concierge"),
+        "{namespaces}"
+    );
+    eprintln!("the first kubectl call (the login) took {:?}", started.elapsed());
+    let seen: Value =
+        serde_json::from_str(&kubectl_as_pinny(cluster, &path, &["auth", "whoami", "-o", "json"]).await?)?;
+    assert_dex_user(&seen)?;
+    let logins = || {
+        concierge
+            .process()
+            .log()
+            .lines()
+            .filter(|line| line.contains("token credential request"))
+            .count()
+    };
+    let after_login = logins();
+    ensure!(after_login >= 1, "no TokenCredentialRequest reached the proxy");
+    kubectl_as_pinny(cluster, &path, &["get", "namespaces"]).await?;
+    assert_eq!(
+        logins(),
+        after_login,
+        "the cached credential serves the next call"
     );
     Ok(())
 }
