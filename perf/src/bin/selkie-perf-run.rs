@@ -983,7 +983,7 @@ fn main() -> anyhow::Result<()> {
         }
         anyhow::ensure!(
             bin_dir.join(bin).exists(),
-            "{} is missing: cargo build --release -p selkie-perf -p selkie-concierge",
+            "{} is missing: perf/run-first builds it (cargo build [--release] -p selkie-perf -p selkie-concierge)",
             bin_dir.join(bin).display()
         );
     }
