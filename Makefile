@@ -51,9 +51,10 @@ cluster-up: setup $(SELKIE_CLUSTER)
 cluster-down: $(SELKIE_CLUSTER)
 	@$(SELKIE_CLUSTER) --dir $(CLUSTER_DIR) down
 
-## demo: a real control plane, Dex, Selkie's proxy, a login, kubectl through the proxy; then stop
+## demo: a real control plane, Dex, the Concierge from conf/, selkie get kubeconfig, a login,
+## kubectl through the proxy; then stop
 demo: setup
-	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-demo -p selkie-concierge
+	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-demo -p selkie-concierge -p selkie
 	@bash e2e/scripts/demo.sh target/debug/selkie-demo
 
 .PHONY: FORCE

@@ -23,7 +23,7 @@ use selkie_control_plane::{
     signing,
 };
 use selkie_filters::login_api::ConciergeApi;
-use selkie_proxy::{config::Extension, tls::ServingCert};
+use selkie_proxy::{config::Extension, operations::Health, tls::ServingCert};
 use tokio::sync::watch;
 
 use crate::Composer;
@@ -51,7 +51,15 @@ impl ControlPlane {
 
     /// Starts the control plane on a thread of its own. Fails if its runtime cannot be built or
     /// kube-apiserver's client cannot be configured; later failures end the process.
-    pub(crate) fn start(self, composer: Arc<Composer>, serving: Arc<ServingCert>) -> anyhow::Result<()> {
+    /// `health` is held not ready until the login API has a signer (a replica that cannot issue
+    /// credentials should not get traffic).
+    pub(crate) fn start(
+        self,
+        composer: Arc<Composer>,
+        serving: Arc<ServingCert>,
+        health: Arc<Health>,
+    ) -> anyhow::Result<()> {
+        health.hold();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("control-plane")
@@ -61,7 +69,7 @@ impl ControlPlane {
         std::thread::Builder::new()
             .name("control-plane".into())
             .spawn(move || {
-                if let Err(error) = runtime.block_on(self.run(composer, serving)) {
+                if let Err(error) = runtime.block_on(self.run(composer, serving, health)) {
                     tracing::error!(error = format!("{error:#}"), "the control plane stopped");
                     std::process::exit(1);
                 }
@@ -70,7 +78,12 @@ impl ControlPlane {
         Ok(())
     }
 
-    async fn run(self, composer: Arc<Composer>, serving: Arc<ServingCert>) -> anyhow::Result<()> {
+    async fn run(
+        self,
+        composer: Arc<Composer>,
+        serving: Arc<ServingCert>,
+        health: Arc<Health>,
+    ) -> anyhow::Result<()> {
         let Self { config, publisher } = self;
         let client = client(&config).await?;
         let (leader_sender, leader) = watch::channel(false);
@@ -135,7 +148,7 @@ impl ControlPlane {
                     .context("the aggregated API server")
             });
         }
-        tasks.spawn(bridge(config.clone(), publisher, composer, serving));
+        tasks.spawn(bridge(config.clone(), publisher, composer, serving, health));
 
         match tasks.join_next().await {
             Some(Ok(Ok(()))) | None => anyhow::bail!("a control-plane component ended"),
@@ -180,10 +193,16 @@ async fn bridge(
     publisher: Publisher,
     composer: Arc<Composer>,
     serving: Arc<ServingCert>,
+    health: Arc<Health>,
 ) -> anyhow::Result<()> {
     let mut receiver = publisher.subscribe();
     loop {
         let published = receiver.borrow_and_update().clone();
+        // The signer is installed before the CAs it brings are published, so this value is the
+        // first that can be served with it.
+        if publisher.login_api().signer().is_some() {
+            health.release();
+        }
         if let Err(error) = composer.extension_changed(extension(&config, &publisher, &published)) {
             tracing::warn!(%error, "what the control plane published cannot be used; the proxy keeps its configuration");
         }

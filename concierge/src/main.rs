@@ -393,7 +393,7 @@ fn main() -> anyhow::Result<()> {
             .context("starting the configuration watcher")?;
     }
     if let Some(control_plane) = control_plane {
-        control_plane.start(composer, serving)?;
+        control_plane.start(composer, serving, health.clone())?;
     }
 
     tracing::info!(%listen, operations = ?operations, "selkie-concierge listening");

@@ -52,6 +52,8 @@ use crate::{
 
 /// How often the signing sources are re-read.
 pub const RESYNC: Duration = Duration::from_secs(5);
+/// How soon they are re-read while there is no signer CA yet.
+pub const RETRY: Duration = Duration::from_millis(500);
 /// The signer CA's lifetime (Pinniped: one year).
 pub const SIGNER_CA_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A new signer CA is generated once less than this is left of the current one.
@@ -394,7 +396,7 @@ pub async fn run<W, F>(
     client: Client,
     config: Arc<ControlPlaneConfig>,
     publisher: Publisher,
-    leader: watch::Receiver<bool>,
+    mut leader: watch::Receiver<bool>,
     write_strategy: W,
 ) where
     W: Fn(CredentialIssuerStrategy) -> F,
@@ -407,7 +409,7 @@ pub async fn run<W, F>(
         .and_then(|source| source.agent.clone())
         .map(|agent| KubeCertAgent::new(client.clone(), config.clone(), agent));
     loop {
-        let is_leader = *leader.borrow();
+        let is_leader = *leader.borrow_and_update();
         match signer_ca(&client, &config, is_leader).await {
             Ok(ca) => last.signer_ca = Some(ca),
             Err(error) => tracing::warn!(%error, "the signer CA could not be read; keeping the last one"),
@@ -458,7 +460,17 @@ pub async fn run<W, F>(
                 tracing::warn!(%error, "the KubeClusterSigningCertificate strategy could not be recorded");
             }
         }
-        tokio::time::sleep(RESYNC).await;
+        // A replica without a signer CA yet (the leader has not written it) looks again soon, and
+        // a change of leadership is acted on at once (a new leader creates what is missing).
+        let wait = if last.signer_ca.is_none() { RETRY } else { RESYNC };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
     }
 }
 

@@ -3,9 +3,9 @@
 //! down with the process.
 //!
 //! * `/healthz` answers 200 while the process runs (a liveness probe);
-//! * `/readyz` answers 200 once the proxy serves with a loaded snapshot, and 503 from the moment
-//!   shutdown begins, so load balancers stop sending new connections before the listener closes
-//!   (see [`Health`]);
+//! * `/readyz` answers 200 once the proxy serves with a loaded snapshot (and, with a control
+//!   plane, once it can issue credentials), and 503 from the moment shutdown begins, so load
+//!   balancers stop sending new connections before the listener closes (see [`Health`]);
 //! * `/metrics` answers the registry in the OpenMetrics text format (see [`crate::metrics`]).
 //!
 //! Anything else is 404, and a method other than `GET` on these paths is 405. Nothing served here
@@ -13,7 +13,7 @@
 //! to loopback or the pod network, not to the proxy's public address.
 
 use std::sync::{
-    atomic::{AtomicU8, Ordering},
+    atomic::{AtomicBool, AtomicU8, Ordering},
     Arc,
 };
 
@@ -27,10 +27,13 @@ const SERVING: u8 = 1;
 const SHUTTING_DOWN: u8 = 2;
 
 /// The readiness of the process: starting, then serving, then shutting down, never backwards.
-/// Shared between whoever drives the lifecycle and the operations service.
+/// Shared between whoever drives the lifecycle and the operations service. A process whose
+/// proxy depends on something else (a control plane that must first load its signer) can hold
+/// readiness back with [`Health::hold`] until it calls [`Health::release`].
 #[derive(Debug, Default)]
 pub struct Health {
     state: AtomicU8,
+    held: AtomicBool,
 }
 
 impl Health {
@@ -52,9 +55,19 @@ impl Health {
         self.state.store(SHUTTING_DOWN, Ordering::Release);
     }
 
+    /// Keeps `/readyz` at 503 until [`Health::release`], whatever the lifecycle says.
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Ends a [`Health::hold`].
+    pub fn release(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+
     /// Whether `/readyz` answers 200.
     pub fn is_ready(&self) -> bool {
-        self.state.load(Ordering::Acquire) == SERVING
+        self.state.load(Ordering::Acquire) == SERVING && !self.held.load(Ordering::Acquire)
     }
 
     /// Whether shutdown has begun.
