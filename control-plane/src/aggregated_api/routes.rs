@@ -820,6 +820,9 @@ mod tests {
     async fn one_audit_line_per_token_credential_request_and_never_a_token() {
         let captured = Captured::default();
         let _default = tracing::subscriber::set_default(captured.clone());
+        // Another test thread may have registered the audit callsite while no subscriber was
+        // interested, caching "never"; recompute with this one in place.
+        tracing::callsite::rebuild_interest_cache();
         let (config, routes) = routes();
         let publisher = Publisher::new();
         let ca = crate::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();

@@ -747,3 +747,99 @@ async fn selkie_get_kubeconfig_for_the_installed_concierge_gives_kubectl_a_worki
     );
     Ok(())
 }
+
+/// The cluster signing key read from files on a control-plane node (kube-controller-manager's
+/// `--cluster-signing-{cert,key}-file`): certificates signed with it work directly against
+/// kube-apiserver, the strategy says so, and a broken rewrite of the files keeps the last good
+/// key signing while the strategy reports the failure.
+#[tokio::test]
+async fn the_cluster_signing_key_is_read_from_files_on_the_node() -> anyhow::Result<()> {
+    use selkie_control_plane::{config::ControlPlaneConfig, published::Publisher, signing};
+    use std::sync::{Arc, Mutex};
+
+    let cluster = &Cluster::start().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "signing-files").await?;
+    let dir = tempfile::tempdir()?;
+    let (cert_file, key_file) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+    std::fs::write(&cert_file, cluster.pki().client_ca.cert_pem())?;
+    std::fs::write(&key_file, cluster.pki().client_ca.key_pem())?;
+    let cluster_info = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "cluster-info", "namespace": "kube-public"},
+        "data": {"kubeconfig": serde_yaml::to_string(&json!({"apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "", "cluster": {"server": cluster.server_url(),
+                "certificate-authority-data": B64.encode(cluster.pki().server_ca.cert_pem())}}]}))?}})
+    .to_string();
+    cluster
+        .kubectl()
+        .run_with_stdin(&["create", "-f", "-"], Some(&cluster_info))
+        .await?;
+
+    let config: ControlPlaneConfig = serde_json::from_value(json!({
+        "namespace": namespace,
+        "clusterSigningKey": {"files": {"certFile": cert_file, "keyFile": key_file}},
+    }))?;
+    config.validate()?;
+    let publisher = Publisher::new();
+    let strategies = Arc::new(Mutex::new(Vec::new()));
+    let (_leader_sender, leader) = tokio::sync::watch::channel(true);
+    let recorded = strategies.clone();
+    let signing = tokio::spawn(signing::run(
+        client,
+        Arc::new(config),
+        publisher.clone(),
+        leader,
+        move |strategy| {
+            recorded.lock().expect("not poisoned").push(strategy);
+            async { Ok(()) }
+        },
+    ));
+    let last_strategy = || strategies.lock().expect("not poisoned").last().cloned();
+
+    let signer = eventually(Duration::from_secs(20), || async {
+        let strategy = last_strategy().context("no strategy yet")?;
+        ensure!(
+            serde_json::to_value(&strategy)?["reason"] == "FetchedKey",
+            "{strategy:?}"
+        );
+        publisher.login_api().signer().context("no signer yet")
+    })
+    .await?;
+    let now = std::time::SystemTime::now();
+    let issued = signer.issue(
+        "files-user",
+        &["files-group"][..],
+        now - Duration::from_secs(60),
+        now + Duration::from_secs(300),
+    )?;
+    let installation = Installation {
+        cluster,
+        namespace,
+        suffix: "pinniped.dev".into(),
+        dir,
+    };
+    let direct = installation.kubeconfig(
+        "files-user",
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+        cert_user(&issued.cert_pem, &issued.key_pem),
+    )?;
+    let seen = whoami(&cluster.kubectl().with_kubeconfig(&direct)).await?;
+    assert_eq!(seen["status"]["userInfo"]["username"], "files-user", "{seen}");
+
+    // A broken rewrite: the strategy says so, the last good key keeps signing.
+    std::fs::write(&key_file, "not a key")?;
+    eventually(Duration::from_secs(20), || async {
+        let strategy = last_strategy().context("no strategy")?;
+        ensure!(
+            serde_json::to_value(&strategy)?["reason"] == "CouldNotFetchKey",
+            "{strategy:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    let still = publisher.login_api().signer().context("the signer is gone")?;
+    assert!(Arc::ptr_eq(&still, &signer), "the last good key keeps signing");
+    signing.abort();
+    Ok(())
+}
