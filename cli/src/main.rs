@@ -218,40 +218,9 @@ struct GetKubeconfigArgs {
     install_hint: String,
 }
 
+/// The Concierge flags `login oidc` and `login static` share (pinniped's names and defaults).
 #[derive(Args)]
-struct OidcArgs {
-    /// OpenID Connect issuer URL
-    #[arg(long, default_value = "", hide_default_value = true)]
-    issuer: String,
-    /// OpenID Connect client ID
-    #[arg(long = "client-id", default_value = "pinniped-cli")]
-    client_id: String,
-    /// TCP port for localhost listener (authorization code flow only)
-    #[arg(long = "listen-port", default_value = "0")]
-    listen_port: u16,
-    /// OIDC scopes to request during login
-    #[arg(long, value_delimiter = ',', default_value = selkie::login_oidc::DEFAULT_SCOPES)]
-    scopes: Vec<String>,
-    /// Skip opening the browser (just print the URL)
-    #[arg(long = "skip-browser", num_args = 0..=1, require_equals = true, default_value = "false",
-          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
-    skip_browser: bool,
-    /// Skip opening the local listener for OIDC login callback (user must copy and paste auth code)
-    #[arg(long = "skip-listen", hide = true, num_args = 0..=1, require_equals = true, default_value = "false",
-          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
-    skip_listen: bool,
-    /// Path to session cache file [default: $XDG_CONFIG_HOME/pinniped/sessions.yaml or ~/.config/pinniped/sessions.yaml]
-    #[arg(long = "session-cache", value_name = "PATH")]
-    session_cache: Option<String>,
-    /// Path to TLS certificate authority bundle (PEM format, optional, can be repeated)
-    #[arg(long = "ca-bundle", value_delimiter = ',')]
-    ca_bundle: Vec<PathBuf>,
-    /// Base64 encoded TLS certificate authority bundle (base64 encoded PEM format, optional, can be repeated)
-    #[arg(long = "ca-bundle-data", value_delimiter = ',')]
-    ca_bundle_data: Vec<String>,
-    /// Request a token with an alternate audience using RFC8693 token exchange
-    #[arg(long = "request-audience", default_value = "", hide_default_value = true)]
-    request_audience: String,
+struct ConciergeArgs {
     /// Use the Concierge to login
     #[arg(long = "enable-concierge", num_args = 0..=1, require_equals = true, default_value = "false",
           default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
@@ -294,6 +263,44 @@ struct OidcArgs {
     /// [default: $XDG_CONFIG_HOME/pinniped/credentials.yaml or ~/.config/pinniped/credentials.yaml]
     #[arg(long = "credential-cache", value_name = "PATH")]
     credential_cache: Option<String>,
+}
+
+#[derive(Args)]
+struct OidcArgs {
+    /// OpenID Connect issuer URL
+    #[arg(long, default_value = "", hide_default_value = true)]
+    issuer: String,
+    /// OpenID Connect client ID
+    #[arg(long = "client-id", default_value = "pinniped-cli")]
+    client_id: String,
+    /// TCP port for localhost listener (authorization code flow only)
+    #[arg(long = "listen-port", default_value = "0")]
+    listen_port: u16,
+    /// OIDC scopes to request during login
+    #[arg(long, value_delimiter = ',', default_value = selkie::login_oidc::DEFAULT_SCOPES)]
+    scopes: Vec<String>,
+    /// Skip opening the browser (just print the URL)
+    #[arg(long = "skip-browser", num_args = 0..=1, require_equals = true, default_value = "false",
+          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    skip_browser: bool,
+    /// Skip opening the local listener for OIDC login callback (user must copy and paste auth code)
+    #[arg(long = "skip-listen", hide = true, num_args = 0..=1, require_equals = true, default_value = "false",
+          default_missing_value = "true", action = ArgAction::Set, value_parser = parse_go_bool)]
+    skip_listen: bool,
+    /// Path to session cache file [default: $XDG_CONFIG_HOME/pinniped/sessions.yaml or ~/.config/pinniped/sessions.yaml]
+    #[arg(long = "session-cache", value_name = "PATH")]
+    session_cache: Option<String>,
+    /// Path to TLS certificate authority bundle (PEM format, optional, can be repeated)
+    #[arg(long = "ca-bundle", value_delimiter = ',')]
+    ca_bundle: Vec<PathBuf>,
+    /// Base64 encoded TLS certificate authority bundle (base64 encoded PEM format, optional, can be repeated)
+    #[arg(long = "ca-bundle-data", value_delimiter = ',')]
+    ca_bundle_data: Vec<String>,
+    /// Request a token with an alternate audience using RFC8693 token exchange
+    #[arg(long = "request-audience", default_value = "", hide_default_value = true)]
+    request_audience: String,
+    #[command(flatten)]
+    concierge: ConciergeArgs,
     /// The name of the upstream identity provider used during login with a Supervisor
     #[arg(
         long = "upstream-identity-provider-name",
@@ -321,55 +328,8 @@ struct StaticArgs {
     /// Environment variable containing a static token
     #[arg(long = "token-env", value_name = "NAME")]
     token_env: Option<String>,
-    /// Use the Concierge to login
-    #[arg(
-        long = "enable-concierge",
-        num_args = 0..=1,
-        require_equals = true,
-        default_value = "false",
-        default_missing_value = "true",
-        action = ArgAction::Set,
-        value_parser = parse_go_bool,
-    )]
-    enable_concierge: bool,
-    /// Namespace in which the Concierge was installed (deprecated, ignored)
-    #[arg(
-        long = "concierge-namespace",
-        hide = true,
-        default_value = "pinniped-concierge"
-    )]
-    concierge_namespace: String,
-    /// Concierge authenticator type (e.g., 'webhook', 'jwt')
-    #[arg(
-        long = "concierge-authenticator-type",
-        default_value = "",
-        hide_default_value = true
-    )]
-    concierge_authenticator_type: String,
-    /// Concierge authenticator name
-    #[arg(
-        long = "concierge-authenticator-name",
-        default_value = "",
-        hide_default_value = true
-    )]
-    concierge_authenticator_name: String,
-    /// API base for the Concierge endpoint
-    #[arg(long = "concierge-endpoint", default_value = "", hide_default_value = true)]
-    concierge_endpoint: String,
-    /// CA bundle to use when connecting to the Concierge (base64 of PEM)
-    #[arg(
-        long = "concierge-ca-bundle-data",
-        default_value = "",
-        hide_default_value = true
-    )]
-    concierge_ca_bundle_data: String,
-    /// Concierge API group suffix
-    #[arg(long = "concierge-api-group-suffix", default_value = DEFAULT_API_GROUP_SUFFIX)]
-    concierge_api_group_suffix: String,
-    /// Path to cluster-specific credentials cache ("" disables the cache)
-    /// [default: $XDG_CONFIG_HOME/pinniped/credentials.yaml or ~/.config/pinniped/credentials.yaml]
-    #[arg(long = "credential-cache", value_name = "PATH")]
-    credential_cache: Option<String>,
+    #[command(flatten)]
+    concierge: ConciergeArgs,
 }
 
 #[derive(Args)]
@@ -470,7 +430,7 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
             method: Login::Oidc(args),
         } => {
             let args = *args;
-            let _deprecated_and_ignored = args.concierge_namespace;
+            let _deprecated_and_ignored = args.concierge.concierge_namespace;
             if args.issuer.is_empty() {
                 anyhow::bail!("required flag \"issuer\" not set: pass --issuer https://…");
             }
@@ -485,14 +445,14 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
                 ca_bundle_files: args.ca_bundle,
                 ca_bundle_data: args.ca_bundle_data,
                 request_audience: args.request_audience,
-                enable_concierge: args.enable_concierge,
-                concierge_authenticator_type: args.concierge_authenticator_type,
-                concierge_authenticator_name: args.concierge_authenticator_name,
-                concierge_endpoint: args.concierge_endpoint,
-                concierge_ca_bundle_data: args.concierge_ca_bundle_data,
-                concierge_api_group_suffix: args.concierge_api_group_suffix,
+                enable_concierge: args.concierge.enable_concierge,
+                concierge_authenticator_type: args.concierge.concierge_authenticator_type,
+                concierge_authenticator_name: args.concierge.concierge_authenticator_name,
+                concierge_endpoint: args.concierge.concierge_endpoint,
+                concierge_ca_bundle_data: args.concierge.concierge_ca_bundle_data,
+                concierge_api_group_suffix: args.concierge.concierge_api_group_suffix,
                 credential_cache: cache_path(
-                    args.credential_cache,
+                    args.concierge.credential_cache,
                     "credentials.yaml",
                     "--credential-cache",
                 )?,
@@ -511,34 +471,25 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
             method: Login::Static(args),
         } => {
             let args = *args;
-            let _deprecated_and_ignored = args.concierge_namespace;
-            let credential_cache = match args.credential_cache {
-                Some(path) if path.is_empty() => None,
-                Some(path) => Some(PathBuf::from(path)),
-                None => Some(default_credential_cache().ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "neither XDG_CONFIG_HOME nor HOME is set, so there is no default credential cache: \
-                         pass --credential-cache PATH (or \"\" for none)"
-                    )
-                })?),
-            };
+            let _deprecated_and_ignored = args.concierge.concierge_namespace;
+            let credential_cache = cache_path(
+                args.concierge.credential_cache,
+                "credentials.yaml",
+                "--credential-cache",
+            )?;
             let options = StaticLoginOptions {
                 token: args.token,
                 token_env: args.token_env,
-                enable_concierge: args.enable_concierge,
-                concierge_authenticator_type: args.concierge_authenticator_type,
-                concierge_authenticator_name: args.concierge_authenticator_name,
-                concierge_endpoint: args.concierge_endpoint,
-                concierge_ca_bundle_data: args.concierge_ca_bundle_data,
-                concierge_api_group_suffix: args.concierge_api_group_suffix,
+                enable_concierge: args.concierge.enable_concierge,
+                concierge_authenticator_type: args.concierge.concierge_authenticator_type,
+                concierge_authenticator_name: args.concierge.concierge_authenticator_name,
+                concierge_endpoint: args.concierge.concierge_endpoint,
+                concierge_ca_bundle_data: args.concierge.concierge_ca_bundle_data,
+                concierge_api_group_suffix: args.concierge.concierge_api_group_suffix,
                 credential_cache,
             };
             let exec_info = ExecInfo::from_env()?;
-            // The arguments after the program name, as the pinniped CLI hashes os.Args[1:].
-            let argv: Vec<String> = std::env::args_os()
-                .skip(1)
-                .map(|arg| arg.to_string_lossy().into_owned())
-                .collect();
+            let argv = argv();
             let lookup_env = |name: &str| -> Option<OsString> { std::env::var_os(name) };
             let mut reporter = Stderr {
                 debug: std::env::var(DEBUG_ENV).is_ok_and(|value| value == "true"),
