@@ -177,7 +177,8 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 /// Builds the binary `bin` of the workspace package `package` from this source tree with the
 /// cargo that runs the tests (a no-op when it is up to date) and returns its path. Each binary is
 /// built once per process; a failed build is a [`HarnessError::Build`] with cargo's output, and
-/// stays failed for the rest of the process.
+/// stays failed for the rest of the process. With `SELKIE_E2E_RELEASE=1` (benchmarks) the
+/// release profile is built instead.
 pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, HarnessError> {
     static BUILT: std::sync::Mutex<Vec<(String, Result<PathBuf, String>)>> =
         std::sync::Mutex::new(Vec::new());
@@ -200,9 +201,12 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, HarnessErro
 fn cargo_build(package: &str, bin: &str) -> Result<PathBuf, String> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // Benchmarks (`perf/`) measure release builds: SELKIE_E2E_RELEASE=1.
+    let release = std::env::var_os("SELKIE_E2E_RELEASE").is_some_and(|value| value == "1");
     let output = Command::new(&cargo)
         .current_dir(&workspace)
         .args(["build", "--locked", "-p", package, "--bin", bin])
+        .args(release.then_some("--release"))
         .args(["--message-format", "json-render-diagnostics"])
         .output()
         .map_err(|e| format!("running cargo build: {e}"))?;

@@ -239,6 +239,11 @@ impl Proxy {
         Ok(proxy)
     }
 
+    /// The process id of `selkie-concierge` (for CPU accounting in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// `http://127.0.0.1:<port>` of the operations port, if the configuration has one.
     pub fn operations_url(&self) -> Option<&str> {
         self.operations_url.as_deref()
