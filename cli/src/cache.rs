@@ -467,28 +467,34 @@ impl CredentialCache {
         };
         let yaml = serde_yaml::to_string(file)
             .map_err(|e| unusable("serializing it", io::Error::other(e.to_string())))?;
-        let temporary = sibling(&self.path, &format!(".{}.tmp", std::process::id()));
-        let written = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temporary)
-            .and_then(|mut out| {
-                // A leftover temporary file of a dead process with this pid may have other bits.
-                out.set_permissions(fs::Permissions::from_mode(0o600))?;
-                out.write_all(yaml.as_bytes())
-            })
-            .and_then(|()| fs::rename(&temporary, &self.path));
-        written.map_err(|e| {
-            let _best_effort = fs::remove_file(&temporary);
-            unusable("writing it", e)
-        })
+        write_private(&self.path, yaml.as_bytes()).map_err(|e| unusable("writing it", e))
     }
 }
 
+/// Replaces `path` with `contents` atomically: writes a private (0600) temporary sibling and
+/// renames it over `path`, so readers see the old file or the new one, never a mix. On failure
+/// the temporary file is removed and `path` is untouched.
+pub(crate) fn write_private(path: &Path, contents: &[u8]) -> io::Result<()> {
+    let temporary = sibling(path, &format!(".{}.tmp", std::process::id()));
+    let written = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut out| {
+            // A leftover temporary file of a dead process with this pid may have other bits.
+            out.set_permissions(fs::Permissions::from_mode(0o600))?;
+            out.write_all(contents)
+        })
+        .and_then(|()| fs::rename(&temporary, path));
+    written.inspect_err(|_| {
+        let _best_effort = fs::remove_file(&temporary);
+    })
+}
+
 /// `path` with `suffix` appended to its file name.
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(suffix);
     path.with_file_name(name)

@@ -38,7 +38,7 @@
 use std::{
     collections::BTreeMap,
     fs::{self, File, OpenOptions},
-    io::{self, Write as _},
+    io,
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     time::Duration,
@@ -47,7 +47,10 @@ use std::{
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::timestamp;
+use crate::{
+    cache::{sibling, write_private},
+    timestamp,
+};
 
 /// `apiVersion` of the file.
 pub const API_VERSION: &str = "config.supervisor.pinniped.dev/v1alpha1";
@@ -476,22 +479,7 @@ impl SessionCache {
         };
         let yaml = serde_yaml::to_string(file)
             .map_err(|e| unusable("serializing it", io::Error::other(e.to_string())))?;
-        let temporary = sibling(&self.path, &format!(".{}.tmp", std::process::id()));
-        let written = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temporary)
-            .and_then(|mut out| {
-                out.set_permissions(fs::Permissions::from_mode(0o600))?;
-                out.write_all(yaml.as_bytes())
-            })
-            .and_then(|()| fs::rename(&temporary, &self.path));
-        written.map_err(|e| {
-            let _best_effort = fs::remove_file(&temporary);
-            unusable("writing it", e)
-        })
+        write_private(&self.path, yaml.as_bytes()).map_err(|e| unusable("writing it", e))
     }
 }
 
@@ -519,12 +507,6 @@ fn normalize(file: &mut SessionFile, now: OffsetDateTime) {
     });
     file.sessions
         .sort_by_key(|entry| entry.creation.as_deref().and_then(timestamp::parse));
-}
-
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(suffix);
-    path.with_file_name(name)
 }
 
 #[cfg(test)]
