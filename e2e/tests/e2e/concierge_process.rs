@@ -228,6 +228,19 @@ impl<'a> Installation<'a> {
         Ok(())
     }
 
+    /// The CredentialIssuer's strategy of type `kind` (`resource` names the kind's plural and
+    /// group, as kubectl takes it).
+    async fn strategy(&self, resource: &str, kind: &str) -> anyhow::Result<Value> {
+        let issuer = self
+            .get_json(&["get", resource, "pinniped-concierge-config"])
+            .await?;
+        issuer["status"]["strategies"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["type"] == kind))
+            .cloned()
+            .with_context(|| format!("no {kind} strategy in {}", issuer["status"]))
+    }
+
     async fn get_json(&self, args: &[&str]) -> anyhow::Result<Value> {
         let mut all = args.to_vec();
         all.extend(["-o", "json"]);
@@ -359,16 +372,9 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     // The CredentialIssuer reports the cluster-key strategy with kube-apiserver as the frontend.
     let issuer_resource = format!("credentialissuers.{}", installation.group("config.concierge"));
     eventually(Duration::from_secs(30), || async {
-        let issuer = installation
-            .get_json(&["get", &issuer_resource, "pinniped-concierge-config"])
+        let key = installation
+            .strategy(&issuer_resource, "KubeClusterSigningCertificate")
             .await?;
-        let strategies = issuer["status"]["strategies"]
-            .as_array()
-            .context("no strategies")?;
-        let key = strategies
-            .iter()
-            .find(|s| s["type"] == "KubeClusterSigningCertificate")
-            .context("no KubeClusterSigningCertificate strategy")?;
         ensure!(
             key["status"] == "Success" && key["reason"] == "FetchedKey",
             "{key}"
@@ -398,16 +404,9 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         .run_with_stdin(&["apply", "-f", "-"], Some(&issuer))
         .await?;
     let (proxy_endpoint, proxy_ca) = eventually(Duration::from_secs(30), || async {
-        let issuer = installation
-            .get_json(&["get", &issuer_resource, "pinniped-concierge-config"])
+        let proxy = installation
+            .strategy(&issuer_resource, "ImpersonationProxy")
             .await?;
-        let strategies = issuer["status"]["strategies"]
-            .as_array()
-            .context("no strategies")?;
-        let proxy = strategies
-            .iter()
-            .find(|s| s["type"] == "ImpersonationProxy")
-            .context("no ImpersonationProxy strategy")?;
         ensure!(
             proxy["status"] == "Success" && proxy["reason"] == "Listening",
             "{proxy}"
@@ -535,14 +534,9 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
     // cluster-key strategy says why.
     let (proxy_endpoint, proxy_ca) = concierge.expose_proxy(cluster).await?;
     eventually(Duration::from_secs(20), || async {
-        let issuer = installation
-            .get_json(&["get", "credentialissuer", concierge::CREDENTIAL_ISSUER])
+        let key = installation
+            .strategy("credentialissuer", "KubeClusterSigningCertificate")
             .await?;
-        let key = issuer["status"]["strategies"]
-            .as_array()
-            .and_then(|all| all.iter().find(|s| s["type"] == "KubeClusterSigningCertificate"))
-            .cloned()
-            .context("no KubeClusterSigningCertificate strategy")?;
         ensure!(
             key["status"] == "Error" && key["reason"] == "CouldNotFetchKey",
             "{key}"
