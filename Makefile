@@ -26,7 +26,7 @@ lint: setup
 ## "total: N passed, M failed" line (of the cargo tests)
 test: lint
 	@mkdir -p target
-	$(CARGO) test --workspace --locked 2>&1 | tee target/test-output.log
+	$(CARGO) test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
 	bash perf/run-first --smoke
 	@bash e2e/scripts/fuzz.sh $(FUZZ_SECONDS)
 	@awk '/^test result:/ { passed += $$4; failed += $$6 } \

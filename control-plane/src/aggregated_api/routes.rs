@@ -687,8 +687,15 @@ mod tests {
         assert_eq!(document["apiVersion"], "apidiscovery.k8s.io/v2beta1");
     }
 
+    /// Held by every test that reaches the audit event's callsite. tracing caches a callsite's
+    /// interest globally; a registration racing on another thread with the capture test's
+    /// `set_default` could cache "never" after the capture test rebuilt the cache, and its audit
+    /// line would be lost. In this binary only these tests reach that callsite.
+    static AUDIT_CALLSITE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test]
     async fn token_credential_requests_are_answered_201_even_when_they_fail() {
+        let _audit = AUDIT_CALLSITE.lock().await;
         let (config, routes) = routes();
         let publisher = Publisher::new();
         let ca = crate::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();
@@ -818,10 +825,12 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn one_audit_line_per_token_credential_request_and_never_a_token() {
+        let _audit = AUDIT_CALLSITE.lock().await;
         let captured = Captured::default();
         let _default = tracing::subscriber::set_default(captured.clone());
-        // Another test thread may have registered the audit callsite while no subscriber was
-        // interested, caching "never"; recompute with this one in place.
+        // A test that ran earlier may have registered the audit callsite while no subscriber was
+        // interested, caching "never"; recompute with this one in place (no registration can be
+        // under way: AUDIT_CALLSITE is held).
         tracing::callsite::rebuild_interest_cache();
         let (config, routes) = routes();
         let publisher = Publisher::new();
