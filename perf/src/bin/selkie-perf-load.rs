@@ -9,7 +9,10 @@
 //! * **Closed loop** (`--mode closed`): every connection (times `--streams` over HTTP/2) sends
 //!   the next request as soon as the previous one is answered; for maximum throughput only.
 //!
-//! HTTP/1.1 keep-alive or HTTP/2 over TLS 1.3, optional client certificate, extra headers. Each
+//! HTTP/1.1 keep-alive or HTTP/2 over TLS 1.3, optional client certificate, extra headers, an
+//! optional `Authorization: Bearer` token per request (rotating over a file of tokens, or a fresh
+//! unique token every request), and a handshake mode (`--new-connection-per-request`, HTTP/1.1:
+//! one TLS connection per request, `Connection: close`). Each
 //! run is a warm-up followed by the measured window, both bounded in time and in requests; CPU
 //! time of the processes given with `--pid` is sampled from `/proc` at the window's edges. The
 //! report is one JSON object on stdout ([`LoadReport`]).
@@ -129,6 +132,17 @@ struct Args {
     /// Extra request header, `Name: value` (repeat the flag).
     #[arg(long)]
     header: Vec<String>,
+    /// `Authorization: Bearer` tokens, one per line; requests take them in turn.
+    #[arg(long, conflicts_with = "bearer_unique")]
+    bearer_file: Option<PathBuf>,
+    /// `Authorization: Bearer PREFIX<n>` with a counter `n`: every request a token never seen.
+    #[arg(long)]
+    bearer_unique: Option<String>,
+    /// HTTP/1.1 only: open a new TLS connection for every request and send `Connection: close`
+    /// (counts handshakes; nothing is opened before the clock starts and closes are not
+    /// reconnects).
+    #[arg(long)]
+    new_connection_per_request: bool,
     /// Processes whose CPU time to report, `name=PID[,PID...]` (repeat the flag); each PID's
     /// descendants are included.
     #[arg(long)]
@@ -144,8 +158,22 @@ struct Target {
     uri: Uri,
     authority: HeaderValue,
     headers: Vec<(HeaderName, HeaderValue)>,
+    bearer: Bearer,
+    /// Requests built so far (picks the bearer token).
+    built: AtomicU64,
+    fresh_connections: bool,
     timeout: Duration,
     tls_info: Mutex<Option<TlsInfo>>,
+}
+
+/// Where the `Authorization` header of each request comes from.
+enum Bearer {
+    /// No `Authorization` header.
+    None,
+    /// These headers in turn.
+    Rotate(Vec<HeaderValue>),
+    /// `Bearer <prefix><n>`, a new `n` every request.
+    Unique(String),
 }
 
 impl Target {
@@ -161,6 +189,25 @@ impl Target {
         };
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
+        }
+        let n = self.built.fetch_add(1, Ordering::Relaxed);
+        match &self.bearer {
+            Bearer::None => {}
+            Bearer::Rotate(values) => {
+                let i = usize::try_from(n % values.len().max(1) as u64).unwrap_or(0);
+                if let Some(value) = values.get(i) {
+                    builder = builder.header(header::AUTHORIZATION, value.clone());
+                }
+            }
+            Bearer::Unique(prefix) => {
+                builder = builder.header(
+                    header::AUTHORIZATION,
+                    HeaderValue::from_str(&format!("Bearer {prefix}{n}"))?,
+                );
+            }
+        }
+        if self.fresh_connections {
+            builder = builder.header(header::CONNECTION, HeaderValue::from_static("close"));
         }
         Ok(builder.body(Empty::new())?)
     }
@@ -226,6 +273,10 @@ async fn exchange_h1(
     sender: &mut Option<http1::SendRequest<Empty<Bytes>>>,
     stats: &Stats,
 ) -> Exchange {
+    if target.fresh_connections {
+        // Handshake mode: every request on a connection of its own.
+        *sender = None;
+    }
     if sender.as_ref().is_none_or(|s| s.is_closed()) {
         if sender.is_some() {
             stats.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -247,7 +298,12 @@ async fn exchange_h1(
         live.ready().await?;
         read_response(live.send_request(request).await?).await
     };
-    match tokio::time::timeout(target.timeout, work).await {
+    let outcome = tokio::time::timeout(target.timeout, work).await;
+    if target.fresh_connections {
+        // Handshake mode: the connection served its one request.
+        *sender = None;
+    }
+    match outcome {
         Ok(result) => result,
         Err(_) => {
             // The connection may still deliver the late answer; never reuse it.
@@ -303,8 +359,8 @@ impl H2Slot {
 
 /// A connection opened before the run.
 enum Connection {
-    /// HTTP/1.1: one request at a time.
-    H1(http1::SendRequest<Empty<Bytes>>),
+    /// HTTP/1.1: one request at a time (none yet in handshake mode).
+    H1(Option<http1::SendRequest<Empty<Bytes>>>),
     /// HTTP/2: shared by the requests in flight.
     H2(Arc<H2Slot>),
 }
@@ -635,6 +691,27 @@ async fn main() -> anyhow::Result<()> {
         Protocol::H1 => &[ALPN_HTTP11],
         Protocol::H2 => &[ALPN_H2],
     };
+    anyhow::ensure!(
+        !args.new_connection_per_request || args.protocol == Protocol::H1,
+        "--new-connection-per-request is for HTTP/1.1 (--protocol h1)"
+    );
+    let bearer = match (&args.bearer_file, &args.bearer_unique) {
+        (Some(path), _) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let values = text
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty())
+                .map(|token| HeaderValue::from_str(&format!("Bearer {token}")))
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("{} holds a token that is not a header value", path.display()))?;
+            anyhow::ensure!(!values.is_empty(), "{} holds no token", path.display());
+            Bearer::Rotate(values)
+        }
+        (None, Some(prefix)) => Bearer::Unique(prefix.clone()),
+        (None, None) => Bearer::None,
+    };
     let identity = args.cert.as_deref().zip(args.key.as_deref());
     let config = client_config(&args.ca, identity, alpn)?;
     let target = Arc::new(Target {
@@ -649,6 +726,9 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .map(|h| parse_header(h))
             .collect::<anyhow::Result<_>>()?,
+        bearer,
+        built: AtomicU64::new(0),
+        fresh_connections: args.new_connection_per_request,
         timeout: args.timeout,
         tls_info: Mutex::new(None),
     });
@@ -659,7 +739,8 @@ async fn main() -> anyhow::Result<()> {
     let mut connections = Vec::new();
     for _ in 0..args.connections {
         connections.push(match args.protocol {
-            Protocol::H1 => Connection::H1(target.connect_h1().await?),
+            Protocol::H1 if target.fresh_connections => Connection::H1(None),
+            Protocol::H1 => Connection::H1(Some(target.connect_h1().await?)),
             Protocol::H2 => Connection::H2(Arc::new(H2Slot {
                 sender: tokio::sync::Mutex::new(Some(target.connect_h2().await?)),
             })),
@@ -682,7 +763,7 @@ async fn main() -> anyhow::Result<()> {
                 senders.push(tx);
                 let (target, stats) = (target.clone(), stats.clone());
                 match connection {
-                    Connection::H1(sender) => workers.spawn(open_h1(target, stats, phases, rx, Some(sender))),
+                    Connection::H1(sender) => workers.spawn(open_h1(target, stats, phases, rx, sender)),
                     Connection::H2(slot) => workers.spawn(open_h2(target, stats, phases, rx, slot)),
                 };
             }
@@ -698,13 +779,7 @@ async fn main() -> anyhow::Result<()> {
             for connection in connections {
                 match connection {
                     Connection::H1(sender) => {
-                        workers.spawn(closed_h1(
-                            target.clone(),
-                            stats.clone(),
-                            phases,
-                            max,
-                            Some(sender),
-                        ));
+                        workers.spawn(closed_h1(target.clone(), stats.clone(), phases, max, sender));
                     }
                     Connection::H2(slot) => {
                         for _ in 0..args.streams {

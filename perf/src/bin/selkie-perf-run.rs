@@ -1,14 +1,19 @@
-//! `selkie-perf-run`: the first side-by-side run of PERF.md (started by `perf/run-first`).
+//! `selkie-perf-run`: the side-by-side run of PERF.md (started by `perf/run`).
 //!
-//! Generates a PKI into a temporary directory, starts `selkie-perf-backend` and then, one after
-//! another, the systems under test: D (direct to the backend), N (nginx as a TLS reverse proxy
-//! adding a fixed `Impersonate-User`), S0 (Selkie with a static identity) and SX (Selkie with
-//! client certificates). The systems under test run on core 1 (`taskset -c 1`), the load client
-//! and the backend on core 0; all are started first and stay up, idle while another is measured.
-//! Per HTTP version: a closed-loop maximum-throughput step for every system, then an open-loop
-//! step for every system at one fixed rate, half of the lowest maximum (so every system can
-//! sustain it) unless `--rate-h1/--rate-h2` are given. Before every step the runner waits
-//! (bounded) for the machine to be quiet and records its load. The table goes to `<out>/<name>.md` and every number to `<out>/<name>.json`.
+//! Generates a PKI into a temporary directory, starts `selkie-perf-backend` (and, for the SJ and
+//! SW rows, `selkie-perf-idp`: OIDC discovery, JWKS and a TokenReview webhook) and then, one after
+//! another, the systems under test: D (direct to the backend), N (nginx) and H (haproxy) as TLS
+//! reverse proxies adding a fixed `Impersonate-User`, and Selkie with a static identity (S0),
+//! client certificates (SX), bearer JWTs (SJ-RS256-1, SJ-ES256-1, SJ-RS256-10k, ...; the runner
+//! mints the tokens), a TokenReview webhook (SW-hit, SW-miss) and S0 while its configuration file
+//! is rewritten 10 times a second (SR). The systems under test run on core 1 (`taskset -c 1`),
+//! the load client, the backend and the identity provider on core 0; all are started first and
+//! stay up, idle while another is measured. Per HTTP version: a closed-loop maximum-throughput
+//! step for every system, then an open-loop step for every system at one fixed rate, half of the
+//! lowest maximum (so every system can sustain it) unless `--rate-h1/--rate-h2` are given; then a
+//! handshake step (a new TLS connection per request, HTTP/1.1) for D, N, H and S0. Before every
+//! step the runner waits (bounded) for the machine to be quiet and records its load. The table
+//! goes to `<out>/<name>.md` and every number to `<out>/<name>.json`.
 
 use std::{
     fmt::Write as _,
@@ -16,19 +21,32 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
 use clap::Parser;
 use nix::{sys::signal::Signal, unistd::Pid};
+use ring::{
+    rand::SystemRandom,
+    signature::{
+        EcdsaKeyPair, KeyPair as _, RsaKeyPair, RsaPublicKeyComponents, ECDSA_P256_SHA256_FIXED_SIGNING,
+        RSA_PKCS1_SHA256,
+    },
+};
+use rustls_pki_types::{pem::PemObject as _, PrivatePkcs8KeyDer};
 use selkie_perf::{
     parse_duration,
     pki::PerfPki,
     procstat::{load_average, processes_named},
     report::{BackendCounters, LoadReport},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The impersonated user every system must produce.
 const USER: &str = "perf-user";
@@ -66,9 +84,30 @@ struct Args {
     /// bound; with `--smoke` twice the scheduled count).
     #[arg(long)]
     max_requests: Option<u64>,
-    /// Systems to run, in this order.
-    #[arg(long, value_delimiter = ',', default_value = "D,N,S0,SX")]
+    /// Systems to run, in this order: D, N, H, S0, SX, SJ-<RS256|ES256>-<tokens> (e.g.
+    /// SJ-RS256-100, SJ-ES256-10k), SW-hit, SW-miss, SR (see perf/README.md).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "D,N,H,S0,SX,SJ-RS256-1,SJ-ES256-1,SJ-RS256-10k,SW-hit,SW-miss,SR"
+    )]
     systems: Vec<String>,
+    /// The handshake step (a new TLS connection per request, HTTP/1.1) for D, N, H and S0;
+    /// `--no-handshakes` leaves it out.
+    #[arg(long)]
+    no_handshakes: bool,
+    /// Concurrent connections of the handshake step (each one request, then closed).
+    #[arg(long, default_value_t = 8)]
+    handshake_connections: usize,
+    /// SW: how long the TokenReview webhook waits before it answers.
+    #[arg(long, default_value = "1ms", value_parser = parse_duration)]
+    webhook_delay: Duration,
+    /// SR: how often the configuration file is rewritten while a step runs.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    swap_interval: Duration,
+    /// SR: Selkie's `--watch-interval` (how often it looks at the file).
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    swap_watch_interval: Duration,
     /// HTTP versions client → system.
     #[arg(long, value_delimiter = ',', default_value = "h1,h2")]
     protocols: Vec<String>,
@@ -115,38 +154,145 @@ struct Args {
     keep_logs: bool,
 }
 
+/// The JWT signature algorithm of an SJ row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JwtAlg {
+    /// RSA PKCS#1 v1.5 with SHA-256, 2048-bit key.
+    Rs256,
+    /// ECDSA P-256 with SHA-256.
+    Es256,
+}
+
+impl JwtAlg {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Rs256 => "RS256",
+            Self::Es256 => "ES256",
+        }
+    }
+}
+
 /// One system under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum System {
     /// Straight to the backend.
     D,
     /// nginx.
     N,
+    /// haproxy.
+    H,
     /// Selkie, static identity.
     S0,
     /// Selkie, client certificates.
     SX,
+    /// Selkie, bearer JWTs: the algorithm and how many distinct tokens the client rotates over.
+    SJ(JwtAlg, u32),
+    /// Selkie, TokenReview webhook: `miss` = a token never seen before on every request.
+    SW {
+        /// Every request a new token (cache miss) instead of one token (cache hit).
+        miss: bool,
+    },
+    /// S0 while its configuration file is rewritten 10 times a second.
+    SR,
 }
 
 impl System {
     fn parse(text: &str) -> anyhow::Result<Self> {
+        let known = "D, N, H, S0, SX, SJ-<RS256|ES256>-<count, e.g. 1, 100, 10k>, SW-hit, SW-miss, SR";
         Ok(match text {
             "D" => Self::D,
             "N" => Self::N,
+            "H" => Self::H,
             "S0" => Self::S0,
             "SX" => Self::SX,
-            _ => anyhow::bail!("unknown system {text:?} (D, N, S0, SX)"),
+            "SW-hit" => Self::SW { miss: false },
+            "SW-miss" => Self::SW { miss: true },
+            "SR" => Self::SR,
+            _ => {
+                let Some(rest) = text.strip_prefix("SJ-") else {
+                    anyhow::bail!("unknown system {text:?} ({known})");
+                };
+                let (alg, count) = rest
+                    .split_once('-')
+                    .with_context(|| format!("unknown system {text:?} ({known})"))?;
+                let alg = match alg {
+                    "RS256" => JwtAlg::Rs256,
+                    "ES256" => JwtAlg::Es256,
+                    _ => anyhow::bail!("unknown JWT algorithm in {text:?} ({known})"),
+                };
+                let tokens = match count.strip_suffix('k') {
+                    Some(thousands) => thousands.parse::<u32>().map(|k| k.saturating_mul(1000)),
+                    None => count.parse::<u32>(),
+                }
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .with_context(|| format!("{text:?}: the token count must be 1 to 1000k"))?;
+                Self::SJ(alg, tokens)
+            }
         })
     }
 
-    fn describe(self) -> &'static str {
+    /// The row id, as given on the command line.
+    fn id(self) -> String {
         match self {
-            Self::D => "direct: client → backend",
-            Self::N => "nginx, TLS reverse proxy adding Impersonate-User/-Group",
-            Self::S0 => "Selkie, static identity",
-            Self::SX => "Selkie, client certificate → identity",
+            Self::D => "D".into(),
+            Self::N => "N".into(),
+            Self::H => "H".into(),
+            Self::S0 => "S0".into(),
+            Self::SX => "SX".into(),
+            Self::SJ(alg, n) if n >= 1000 && n % 1000 == 0 => format!("SJ-{}-{}k", alg.name(), n / 1000),
+            Self::SJ(alg, n) => format!("SJ-{}-{n}", alg.name()),
+            Self::SW { miss: false } => "SW-hit".into(),
+            Self::SW { miss: true } => "SW-miss".into(),
+            Self::SR => "SR".into(),
         }
     }
+
+    fn describe(self) -> String {
+        match self {
+            Self::D => "direct: client → backend".into(),
+            Self::N => "nginx, TLS reverse proxy adding Impersonate-User/-Group".into(),
+            Self::H => "haproxy, TLS reverse proxy adding Impersonate-User/-Group".into(),
+            Self::S0 => "Selkie, static identity".into(),
+            Self::SX => "Selkie, client certificate → identity".into(),
+            Self::SJ(alg, 1) => format!("Selkie, bearer JWT {}, 1 token", alg.name()),
+            Self::SJ(alg, n) => format!("Selkie, bearer JWT {}, {n} tokens in turn", alg.name()),
+            Self::SW { miss: false } => "Selkie, TokenReview webhook, 1 token (cache hit)".into(),
+            Self::SW { miss: true } => "Selkie, TokenReview webhook, a new token every request (miss)".into(),
+            Self::SR => "Selkie, static identity, configuration rewritten 10×/s".into(),
+        }
+    }
+
+    fn is_selkie(self) -> bool {
+        !matches!(self, Self::D | Self::N | Self::H)
+    }
+
+    /// Part of the handshake step (new TLS connection per request).
+    fn in_handshake_step(self) -> bool {
+        matches!(self, Self::D | Self::N | Self::H | Self::S0)
+    }
+}
+
+/// Printed as its row id.
+impl std::fmt::Debug for System {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.id())
+    }
+}
+
+impl Serialize for System {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.id())
+    }
+}
+
+/// The hot swaps of one SR step.
+#[derive(Debug, Clone, Default, Serialize)]
+struct HotSwap {
+    /// Configuration files written (rename over the old one) during the step.
+    swaps_written: u64,
+    /// "configuration reloaded" lines Selkie logged during the step.
+    reloads_logged: u64,
 }
 
 /// A step's result.
@@ -163,7 +309,35 @@ struct Step {
     busy_during_step: Vec<String>,
     load: LoadReport,
     backend: BackendCounters,
+    /// SJ/SW: what the identity provider served during the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idp: Option<IdpCounters>,
+    /// SR: swaps written and reloads seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hot_swap: Option<HotSwap>,
     command: String,
+}
+
+/// The identity provider's counters (`selkie-perf-idp`, `GET /counters`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct IdpCounters {
+    discovery: u64,
+    jwks: u64,
+    reviews: u64,
+    refused_reviews: u64,
+    bad_requests: u64,
+}
+
+impl IdpCounters {
+    fn minus(&self, before: &Self) -> Self {
+        Self {
+            discovery: self.discovery.saturating_sub(before.discovery),
+            jwks: self.jwks.saturating_sub(before.jwks),
+            reviews: self.reviews.saturating_sub(before.reviews),
+            refused_reviews: self.refused_reviews.saturating_sub(before.refused_reviews),
+            bad_requests: self.bad_requests.saturating_sub(before.bad_requests),
+        }
+    }
 }
 
 /// Everything recorded.
@@ -183,6 +357,10 @@ struct Settings {
     h1_connections: usize,
     h2_connections: usize,
     h2_streams: usize,
+    handshake_connections: usize,
+    swap_interval_ms: u128,
+    swap_watch_interval_ms: u128,
+    webhook_delay_ms: u128,
     fixed_rates: Vec<(String, f64)>,
     rate_rule: String,
     path: &'static str,
@@ -197,6 +375,7 @@ struct Machine {
     memory: String,
     rustc: String,
     nginx: String,
+    haproxy: String,
 }
 
 fn shell(command: &str) -> String {
@@ -221,6 +400,7 @@ fn machine() -> Machine {
         memory: shell("free -h | awk '/^Mem:/ {print $2}'"),
         rustc: shell("rustc --version"),
         nginx: shell("nginx -v 2>&1"),
+        haproxy: shell("haproxy -v 2>&1 | head -1"),
     }
 }
 
@@ -263,10 +443,10 @@ fn stop(mut child: Child, signal: Signal, what: &str) -> anyhow::Result<String> 
     Ok(out)
 }
 
-fn counters(admin: SocketAddr) -> anyhow::Result<BackendCounters> {
+fn counters<T: serde::de::DeserializeOwned>(admin: SocketAddr) -> anyhow::Result<T> {
     let mut tcp = TcpStream::connect_timeout(&admin, Duration::from_secs(2))?;
     tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
-    tcp.write_all(b"GET /counters HTTP/1.0\r\nHost: backend\r\n\r\n")?;
+    tcp.write_all(b"GET /counters HTTP/1.0\r\nHost: admin\r\n\r\n")?;
     let mut response = String::new();
     tcp.read_to_string(&mut response)?;
     let body = response
@@ -388,6 +568,15 @@ struct Route {
     url: String,
     extra: Vec<String>,
     sut: Option<u32>,
+    /// SW-miss: every step sends tokens `<prefix><step>-<n>` that were never sent before.
+    unique_bearer: Option<String>,
+}
+
+/// SR: what the swapper rewrites and where Selkie's reload lines are counted.
+struct Swappable {
+    path: PathBuf,
+    text: String,
+    reloads: Arc<AtomicU64>,
 }
 
 /// A running system under test.
@@ -395,6 +584,9 @@ struct Running {
     child: Option<Child>,
     stop_signal: Signal,
     route: Route,
+    /// SR: the `grep` that counts reload lines on Selkie's stdout.
+    helper: Option<Child>,
+    swappable: Option<Swappable>,
 }
 
 impl Drop for Running {
@@ -403,7 +595,111 @@ impl Drop for Running {
         if let Some(child) = self.child.take() {
             let _ = stop(child, self.stop_signal, "the system under test");
         }
+        if let Some(helper) = self.helper.take() {
+            let _ = stop(helper, Signal::SIGTERM, "the reload counter");
+        }
     }
+}
+
+/// The keys the runner mints JWTs with; the identity provider serves their public halves.
+struct JwtKeys {
+    rsa: RsaKeyPair,
+    ec: EcdsaKeyPair,
+    rng: SystemRandom,
+}
+
+/// Audience of every minted token and of Selkie's JWT authenticators.
+const AUDIENCE: &str = "selkie-perf";
+
+impl JwtKeys {
+    /// A fresh 2048-bit RSA key (from `openssl genpkey`: ring cannot generate RSA keys) and a
+    /// fresh P-256 key; writes their JWKS to `dir/jwks.json`.
+    fn generate(dir: &Path) -> anyhow::Result<(Self, PathBuf)> {
+        let rsa_path = dir.join("jwt-rs256.key");
+        let status = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(&rsa_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("running openssl genpkey (apt-get install -y openssl)")?;
+        anyhow::ensure!(status.success(), "openssl genpkey failed ({status})");
+        let der = PrivatePkcs8KeyDer::from_pem_file(&rsa_path)
+            .with_context(|| format!("reading {}", rsa_path.display()))?;
+        let rsa = RsaKeyPair::from_pkcs8(der.secret_pkcs8_der())
+            .map_err(|e| anyhow::anyhow!("the RSA key: {e}"))?;
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+            .map_err(|_| anyhow::anyhow!("generating a P-256 key failed"))?;
+        let ec = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .map_err(|e| anyhow::anyhow!("the P-256 key: {e}"))?;
+        let public = RsaPublicKeyComponents::<Vec<u8>>::from(rsa.public());
+        let point = ec.public_key().as_ref();
+        anyhow::ensure!(point.len() == 65, "unexpected P-256 public key encoding");
+        let jwks = serde_json::json!({"keys": [
+            {"kty": "RSA", "kid": "perf-rs256", "use": "sig", "alg": "RS256",
+             "n": B64URL.encode(&public.n), "e": B64URL.encode(&public.e)},
+            {"kty": "EC", "crv": "P-256", "kid": "perf-es256", "use": "sig", "alg": "ES256",
+             "x": B64URL.encode(&point[1..33]), "y": B64URL.encode(&point[33..65])},
+        ]});
+        let jwks_path = dir.join("jwks.json");
+        std::fs::write(&jwks_path, jwks.to_string())?;
+        Ok((Self { rsa, ec, rng }, jwks_path))
+    }
+
+    /// A token from `issuer` for [`USER`] in [`GROUPS`], valid for two hours; `jti` makes each
+    /// one distinct.
+    fn token(&self, alg: JwtAlg, issuer: &str, jti: u32) -> anyhow::Result<String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs();
+        let kid = match alg {
+            JwtAlg::Rs256 => "perf-rs256",
+            JwtAlg::Es256 => "perf-es256",
+        };
+        let header = serde_json::json!({"alg": alg.name(), "kid": kid, "typ": "JWT"});
+        let claims = serde_json::json!({
+            "iss": issuer, "aud": AUDIENCE, "sub": format!("perf-{jti}"),
+            "username": USER, "groups": GROUPS,
+            "iat": now, "nbf": now, "exp": now + 7200, "jti": jti.to_string(),
+        });
+        let signed = format!(
+            "{}.{}",
+            B64URL.encode(header.to_string()),
+            B64URL.encode(claims.to_string())
+        );
+        let signature = match alg {
+            JwtAlg::Rs256 => {
+                let mut signature = vec![0; self.rsa.public().modulus_len()];
+                self.rsa
+                    .sign(&RSA_PKCS1_SHA256, &self.rng, signed.as_bytes(), &mut signature)
+                    .map_err(|_| anyhow::anyhow!("RS256 signing failed"))?;
+                signature
+            }
+            JwtAlg::Es256 => self
+                .ec
+                .sign(&self.rng, signed.as_bytes())
+                .map_err(|_| anyhow::anyhow!("ES256 signing failed"))?
+                .as_ref()
+                .to_vec(),
+        };
+        Ok(format!("{signed}.{}", B64URL.encode(signature)))
+    }
+}
+
+/// The running `selkie-perf-idp` (OIDC discovery, JWKS, TokenReview).
+struct Idp {
+    issuer: String,
+    admin: SocketAddr,
+    pid: u32,
+    keys: JwtKeys,
 }
 
 struct Runner {
@@ -414,6 +710,20 @@ struct Runner {
     backend_port: u16,
     backend_admin: SocketAddr,
     backend_pid: u32,
+    idp: Option<Idp>,
+    /// Steps run so far (makes SW-miss tokens unique across steps).
+    steps_started: AtomicU64,
+}
+
+/// What a load step does.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// Closed loop, maximum throughput.
+    Max,
+    /// Open loop at this rate.
+    Fixed(f64),
+    /// A new TLS connection per request (HTTP/1.1); open loop at the rate, or closed when None.
+    Handshakes(Option<f64>),
 }
 
 impl Runner {
@@ -514,8 +824,132 @@ http {{
                 url: format!("https://127.0.0.1:{port}{PATH}"),
                 extra: Vec::new(),
                 sut,
+                unique_bearer: None,
             },
+            helper: None,
+            swappable: None,
         })
+    }
+
+    fn start_haproxy(&self) -> anyhow::Result<Running> {
+        let port = free_port()?;
+        let dir = &self.dir;
+        // haproxy takes the certificate and its key from one file.
+        let bundle = |name: &str, files: &selkie_perf::pki::CertPaths| -> anyhow::Result<String> {
+            let mut pem = std::fs::read_to_string(&files.cert)?;
+            pem.push_str(&std::fs::read_to_string(&files.key)?);
+            let path = dir.join(name);
+            std::fs::write(&path, pem)?;
+            Ok(path.display().to_string())
+        };
+        let conf = format!(
+            r#"# Generated by selkie-perf-run.
+global
+    nbthread 1
+    maxconn 4000
+    ssl-default-bind-options ssl-min-ver TLSv1.3
+    ssl-default-server-options ssl-min-ver TLSv1.3
+    log stdout format raw local0
+defaults
+    mode http
+    log global
+    option httplog
+    timeout connect 5s
+    timeout client 300s
+    timeout server 300s
+    timeout http-request 10s
+    timeout http-keep-alive 300s
+frontend perf
+    bind 127.0.0.1:{port} ssl crt {proxy} alpn h2,http/1.1
+    http-request del-header Authorization
+    http-request del-header Impersonate- -m beg
+    http-request set-header Impersonate-User {user}
+    http-request add-header Impersonate-Group {group0}
+    http-request add-header Impersonate-Group {group1}
+    default_backend backend
+backend backend
+    http-reuse always
+    server backend 127.0.0.1:{backend} ssl crt {client} ca-file {ca} verify required verifyhost localhost sni str(localhost) alpn http/1.1
+"#,
+            proxy = bundle("haproxy-proxy.pem", &self.pki.proxy)?,
+            client = bundle("haproxy-upstream-client.pem", &self.pki.upstream_client)?,
+            ca = self.pki.ca.display(),
+            backend = self.backend_port,
+            user = USER,
+            group0 = GROUPS[0],
+            group1 = GROUPS[1],
+        );
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, conf)?;
+        let check = Command::new("haproxy")
+            .arg("-c")
+            .arg("-f")
+            .arg(&path)
+            .output()
+            .context("running haproxy -c (apt-get install -y haproxy)")?;
+        anyhow::ensure!(
+            check.status.success(),
+            "haproxy rejects its configuration: {}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let mut child = Command::new("taskset")
+            .args(["-c", "1", "haproxy", "-db", "-f"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            // The request log (one line per request, like nginx's access log) goes to stdout.
+            .stdout(self.log_target("haproxy.log")?)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting haproxy (apt-get install -y haproxy)")?;
+        wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), &mut child, "haproxy")?;
+        let sut = Some(child.id());
+        Ok(Running {
+            child: Some(child),
+            stop_signal: Signal::SIGTERM,
+            route: Route {
+                url: format!("https://127.0.0.1:{port}{PATH}"),
+                extra: Vec::new(),
+                sut,
+                unique_bearer: None,
+            },
+            helper: None,
+            swappable: None,
+        })
+    }
+
+    /// Writes `count` tokens for `alg` (one a line) and returns the file.
+    fn token_file(&self, alg: JwtAlg, count: u32) -> anyhow::Result<PathBuf> {
+        let idp = self.idp.as_ref().context("no identity provider running")?;
+        let path = self.dir.join(format!("tokens-{}-{count}.txt", alg.name()));
+        if path.exists() {
+            return Ok(path);
+        }
+        let started = Instant::now();
+        // RS256 signing is slow (about 1.5 ms a token here): both cores share the work.
+        let half = count / 2;
+        let mint = |range: std::ops::Range<u32>| -> anyhow::Result<String> {
+            let mut text = String::new();
+            for jti in range {
+                text.push_str(&idp.keys.token(alg, &idp.issuer, jti)?);
+                text.push('\n');
+            }
+            Ok(text)
+        };
+        let (first, second) = std::thread::scope(|scope| {
+            let first = scope.spawn(|| mint(0..half));
+            let second = mint(half..count);
+            (first.join(), second)
+        });
+        let mut text = first.map_err(|_| anyhow::anyhow!("a minting thread panicked"))??;
+        text.push_str(&second?);
+        std::fs::write(&path, text)?;
+        eprintln!(
+            "minted {count} {} tokens in {:.1} s",
+            alg.name(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(path)
     }
 
     fn start_selkie(&self, system: System) -> anyhow::Result<Running> {
@@ -531,8 +965,14 @@ http {{
             q(&self.pki.upstream_client.key),
         );
         let mut extra = Vec::new();
+        let mut unique_bearer = None;
+        let issuer = self
+            .idp
+            .as_ref()
+            .map(|idp| idp.issuer.clone())
+            .unwrap_or_default();
         match system {
-            System::S0 => {
+            System::S0 | System::SR => {
                 let _ = write!(
                     config,
                     "staticIdentity:\n  username: {USER}\n  groups: [{}, {}]\n",
@@ -548,22 +988,92 @@ http {{
                     self.pki.user.key.display().to_string(),
                 ]);
             }
-            System::D | System::N => anyhow::bail!("{system:?} is not Selkie"),
+            System::SJ(alg, count) => {
+                let _ = write!(
+                    config,
+                    "jwtAuthenticators:\n  - name: perf-jwt\n    issuer: {issuer}\n    audience: {AUDIENCE}\n    claims:\n      username: username\n      groups: groups\n    caFile: {}\n",
+                    q(&self.pki.ca)
+                );
+                let tokens = self.token_file(alg, count)?;
+                extra.extend(["--bearer-file".to_string(), tokens.display().to_string()]);
+            }
+            System::SW { miss } => {
+                let _ = write!(
+                    config,
+                    "webhookAuthenticators:\n  - name: perf-webhook\n    endpoint: {issuer}/tokenreview\n    caFile: {}\n",
+                    q(&self.pki.ca)
+                );
+                if miss {
+                    unique_bearer = Some("perf-miss-".to_string());
+                } else {
+                    let path = self.dir.join("tokens-webhook-hit.txt");
+                    std::fs::write(&path, "perf-hit-token\n")?;
+                    extra.extend(["--bearer-file".to_string(), path.display().to_string()]);
+                }
+            }
+            System::D | System::N | System::H => anyhow::bail!("{system:?} is not Selkie"),
         }
         let path = self.dir.join(format!("selkie-{system:?}.yaml"));
-        std::fs::write(&path, config)?;
+        std::fs::write(&path, &config)?;
+        let watch_interval = if system == System::SR {
+            format!("{}ms", self.args.swap_watch_interval.as_millis())
+        } else {
+            // Only the file watcher reads this; keep it out of the way.
+            "60s".to_string()
+        };
+        let stdout = if system == System::SR && !self.args.keep_logs {
+            Stdio::piped()
+        } else {
+            self.log_target(&format!("selkie-{system:?}.log"))?
+        };
         let mut child = Command::new("taskset")
             .args(["-c", "1"])
             .arg(self.bin_dir.join("selkie-concierge"))
             .arg("--config")
             .arg(&path)
-            // Only the file watcher reads this; keep it out of the way.
-            .args(["--watch-interval", "60s"])
+            .args(["--watch-interval", &watch_interval])
             .stdin(Stdio::null())
-            .stdout(self.log_target(&format!("selkie-{system:?}.log"))?)
+            .stdout(stdout)
             .stderr(self.log_target(&format!("selkie-{system:?}.err"))?)
             .spawn()
             .context("starting selkie-concierge (cargo build --release -p selkie-concierge)")?;
+        // SR: Selkie's log (audit lines and its own) goes through `grep` on core 0, which passes
+        // on only the reload lines; a thread here counts them.
+        let (helper, swappable) = if system == System::SR {
+            let reloads = Arc::new(AtomicU64::new(0));
+            let helper = match child.stdout.take() {
+                Some(selkie_out) => {
+                    let mut grep = Command::new("taskset")
+                        .args(["-c", "0", "grep", "--line-buffered", "configuration reloaded"])
+                        .stdin(selkie_out)
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::inherit())
+                        .spawn()
+                        .context("starting grep to count reloads")?;
+                    let lines = grep.stdout.take().context("grep has no stdout")?;
+                    let counter = reloads.clone();
+                    std::thread::spawn(move || {
+                        use std::io::BufRead as _;
+                        for _line in std::io::BufReader::new(lines).lines().map_while(Result::ok) {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                    Some(grep)
+                }
+                // --keep-logs: the log is a file; reloads are counted from it.
+                None => None,
+            };
+            (
+                helper,
+                Some(Swappable {
+                    path: path.clone(),
+                    text: config,
+                    reloads,
+                }),
+            )
+        } else {
+            (None, None)
+        };
         wait_for_port(
             SocketAddr::from(([127, 0, 0, 1], port)),
             &mut child,
@@ -577,7 +1087,10 @@ http {{
                 url: format!("https://127.0.0.1:{port}{PATH}"),
                 extra,
                 sut,
+                unique_bearer,
             },
+            helper,
+            swappable,
         })
     }
 
@@ -602,23 +1115,41 @@ http {{
                         url: format!("https://127.0.0.1:{}{PATH}", self.backend_port),
                         extra,
                         sut: None,
+                        unique_bearer: None,
                     },
+                    helper: None,
+                    swappable: None,
                 })
             }
             System::N => self.start_nginx(),
-            System::S0 | System::SX => self.start_selkie(system),
+            System::H => self.start_haproxy(),
+            _ => self.start_selkie(system),
         }
     }
 
-    /// One load step against `route`; `rate` = None is the closed loop.
+    /// SR: `reloads` counted so far (from the pipe, or from the kept log file).
+    fn reloads(&self, running: &Running) -> u64 {
+        let Some(swappable) = &running.swappable else {
+            return 0;
+        };
+        if running.helper.is_some() {
+            return swappable.reloads.load(Ordering::Relaxed);
+        }
+        std::fs::read_to_string(self.dir.join("selkie-SR.log"))
+            .map(|log| log.matches("configuration reloaded").count() as u64)
+            .unwrap_or(0)
+    }
+
+    /// One load step against `running`.
     fn step(
         &self,
         system: System,
-        route: &Route,
+        running: &Running,
         protocol: &str,
-        rate: Option<f64>,
+        kind: Kind,
         quiet_budget: &mut Duration,
     ) -> anyhow::Result<Step> {
+        let route = &running.route;
         let (load_average_1m_at_start, cpu_busy_at_start, waited, quiet) = if self.args.smoke {
             // A smoke pass asserts that the harness runs; it neither waits for nor claims a
             // quiet machine.
@@ -627,6 +1158,7 @@ http {{
         } else {
             wait_for_quiet(&self.args, quiet_budget)
         };
+        let step_number = self.steps_started.fetch_add(1, Ordering::Relaxed);
         let mut command = Command::new("taskset");
         command
             .args(["-c", "0"])
@@ -638,28 +1170,49 @@ http {{
             .args(["--warmup", &format!("{}ms", self.args.warmup.as_millis())])
             .args(&route.extra)
             .args(["--pid", &format!("backend={}", self.backend_pid)]);
+        if let Some(prefix) = &route.unique_bearer {
+            command.args(["--bearer-unique", &format!("{prefix}{step_number}-")]);
+        }
         if let Some(max) = self.args.max_requests {
             command.args(["--max-requests", &max.to_string()]);
         }
         if let Some(sut) = route.sut {
             command.args(["--pid", &format!("sut={sut}")]);
         }
-        let connections = if protocol == "h2" {
-            self.args.h2_connections
-        } else {
-            self.args.h1_connections
+        if let (Some(idp), System::SJ(..) | System::SW { .. }) = (&self.idp, system) {
+            command.args(["--pid", &format!("idp={}", idp.pid)]);
+        }
+        let connections = match kind {
+            Kind::Handshakes(_) => self.args.handshake_connections,
+            _ if protocol == "h2" => self.args.h2_connections,
+            _ => self.args.h1_connections,
         };
         command.args(["--connections", &connections.to_string()]);
-        match rate {
-            None => {
+        match kind {
+            Kind::Max | Kind::Handshakes(None) => {
                 command.args(["--mode", "closed", "--streams", &self.args.h2_streams.to_string()]);
             }
-            Some(rate) => {
+            Kind::Fixed(rate) | Kind::Handshakes(Some(rate)) => {
                 command.args(["--mode", "open", "--rate", &format!("{rate}")]);
             }
         }
+        if let Kind::Handshakes(_) = kind {
+            command.arg("--new-connection-per-request");
+        }
         let rendered = format!("{command:?}");
-        let before = counters(self.backend_admin)?;
+        let before: BackendCounters = counters(self.backend_admin)?;
+        let idp_before = match (&self.idp, system) {
+            (Some(idp), System::SJ(..) | System::SW { .. }) => Some(counters::<IdpCounters>(idp.admin)?),
+            _ => None,
+        };
+        let reloads_before = self.reloads(running);
+        let swapper = running.swappable.as_ref().map(|swappable| {
+            Swapper::start(
+                swappable.path.clone(),
+                swappable.text.clone(),
+                self.args.swap_interval,
+            )
+        });
         let watcher = Interference::watch();
         let child = command
             .stdin(Stdio::null())
@@ -670,15 +1223,33 @@ http {{
         let output = wait_bounded(
             child,
             self.args.warmup + self.args.duration + Duration::from_secs(60),
-        )?;
+        );
+        let swaps_written = swapper.map(Swapper::stop);
+        let output = output?;
         let busy_during_step = watcher.stop();
-        let after = counters(self.backend_admin)?;
+        let after: BackendCounters = counters(self.backend_admin)?;
+        let idp = match (&self.idp, idp_before) {
+            (Some(idp), Some(before)) => Some(counters::<IdpCounters>(idp.admin)?.minus(&before)),
+            _ => None,
+        };
+        let hot_swap = swaps_written.map(|swaps_written| {
+            // The last swap's reload is at most one watch interval away.
+            std::thread::sleep(self.args.swap_watch_interval * 2);
+            HotSwap {
+                swaps_written,
+                reloads_logged: self.reloads(running).saturating_sub(reloads_before),
+            }
+        });
         let load: LoadReport = serde_json::from_slice(&output)
             .with_context(|| format!("parsing the load report of {rendered}"))?;
         Ok(Step {
             system,
             protocol: protocol.to_string(),
-            kind: if rate.is_some() { "fixed-rate" } else { "max" },
+            kind: match kind {
+                Kind::Max => "max",
+                Kind::Fixed(_) => "fixed-rate",
+                Kind::Handshakes(_) => "handshake",
+            },
             load_average_1m_at_start,
             cpu_busy_at_start,
             waited_for_quiet_s: waited,
@@ -686,8 +1257,47 @@ http {{
             busy_during_step,
             load,
             backend: difference(&after, &before),
+            idp,
+            hot_swap,
             command: rendered,
         })
+    }
+}
+
+/// SR: rewrites the configuration file every interval while a step runs (a harmless change: a
+/// comment with a counter; Selkie re-reads, validates and swaps in the whole configuration).
+struct Swapper {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Swapper {
+    fn start(path: PathBuf, text: String, interval: Duration) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let temporary = path.with_extension("yaml.next");
+            let mut written = 0u64;
+            let mut next = Instant::now() + interval;
+            loop {
+                let wait = next.saturating_duration_since(Instant::now());
+                match stopped.recv_timeout(wait) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return written,
+                }
+                next += interval;
+                // Written beside and renamed over, so Selkie never reads half a file.
+                let content = format!("{text}# hot swap {}\n", written + 1);
+                if std::fs::write(&temporary, content).is_ok() && std::fs::rename(&temporary, &path).is_ok() {
+                    written += 1;
+                }
+            }
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) -> u64 {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap_or_default()
     }
 }
 
@@ -736,10 +1346,19 @@ fn group_cpu(step: &Step, name: &str) -> f64 {
 fn markdown(results: &Results) -> String {
     let mut md = String::new();
     let m = &results.machine;
-    let _ = writeln!(md, "# Side-by-side proxy benchmark, first run (D, N, S0, SX)\n");
+    let ids: Vec<String> = {
+        let mut seen: Vec<String> = Vec::new();
+        for st in &results.steps {
+            if !seen.contains(&st.system.id()) {
+                seen.push(st.system.id());
+            }
+        }
+        seen
+    };
+    let _ = writeln!(md, "# Side-by-side proxy benchmark ({})\n", ids.join(", "));
     let _ = writeln!(
         md,
-        "Generated by `perf/run-first` (`selkie-perf-run`); every number is also in the `.json` beside this file.\n"
+        "Generated by `perf/run` (`selkie-perf-run`); every number is also in the `.json` beside this file.\n"
     );
     let _ = writeln!(md, "* Date (UTC): {}", results.date_utc);
     let _ = writeln!(
@@ -747,11 +1366,11 @@ fn markdown(results: &Results) -> String {
         "* Machine: {}; {}; {} memory; {}",
         m.cpu_model, m.cores, m.memory, m.kernel
     );
-    let _ = writeln!(md, "* Toolchain: {}; {}", m.rustc, m.nginx);
+    let _ = writeln!(md, "* Toolchain: {}; {}; {}", m.rustc, m.nginx, m.haproxy);
     let s = &results.settings;
     let _ = writeln!(
         md,
-        "* Each step: {:.0} s warm-up, then {:.0} s measured. GET `{}`, {} B JSON answer. HTTP/1.1: {} keep-alive connections; HTTP/2: {} connections ({} streams each in the closed loop).",
+        "* Each step: {} s warm-up, then {} s measured. GET `{}`, {} B JSON answer. HTTP/1.1: {} keep-alive connections; HTTP/2: {} connections ({} streams each in the closed loop).",
         s.warmup_s, s.duration_s, s.path, s.response_body_bytes, s.h1_connections, s.h2_connections, s.h2_streams
     );
     let rates: Vec<String> = s
@@ -922,6 +1541,44 @@ fn markdown(results: &Results) -> String {
                 st.cpu_busy_at_start * 100.0,
             );
         }
+        let notes: Vec<String> = results
+            .steps
+            .iter()
+            .filter(|st| &st.protocol == protocol && st.kind != "handshake")
+            .filter_map(|st| {
+                let answered = st.load.completed;
+                if let Some(swap) = &st.hot_swap {
+                    Some(format!(
+                        "* {:?} {}: {} configurations written during the step (every {} ms), {} reloads logged by Selkie; {} errors",
+                        st.system,
+                        st.kind,
+                        swap.swaps_written,
+                        results.settings.swap_interval_ms,
+                        swap.reloads_logged,
+                        st.load.errors + st.load.non_2xx
+                    ))
+                } else {
+                    st.idp.as_ref().map(|idp| {
+                        format!(
+                            "* {:?} {}: identity provider served {} TokenReviews ({} refused), {} discovery and {} JWKS requests for {} answers in the window (warm-up included in its counts)",
+                            st.system,
+                            st.kind,
+                            idp.reviews,
+                            idp.refused_reviews,
+                            idp.discovery,
+                            idp.jwks,
+                            answered
+                        )
+                    })
+                }
+            })
+            .collect();
+        if !notes.is_empty() {
+            let _ = writeln!(md, "\nHot swaps and identity provider:\n");
+            for note in notes {
+                let _ = writeln!(md, "{note}");
+            }
+        }
         let _ = writeln!(md, "\nTLS and upstream protocol seen:\n");
         for st in steps("fixed-rate") {
             let _ = writeln!(
@@ -939,6 +1596,60 @@ fn markdown(results: &Results) -> String {
             );
         }
     }
+    let handshakes: Vec<&Step> = results.steps.iter().filter(|st| st.kind == "handshake").collect();
+    if !handshakes.is_empty() {
+        let nginx = handshakes
+            .iter()
+            .find(|st| st.system == System::N)
+            .and_then(|st| sut_cpu(st));
+        let mode = if handshakes.iter().all(|st| st.load.mode == "closed") {
+            format!(
+                "closed loop, {} connections at a time",
+                results.settings.handshake_connections
+            )
+        } else {
+            "open loop".to_string()
+        };
+        let _ = writeln!(
+            md,
+            "\n## New TLS connections (HTTP/1.1, one request per connection, `Connection: close`; {mode})\n"
+        );
+        let _ = writeln!(
+            md,
+            "Each request opens a new TLS 1.3 connection (ECDSA P-256, full handshake, no resumption), sends one GET and closes. CPU per handshake is the SUT's CPU ÷ completed requests, so it includes the one request; D has no SUT (the backend's column is its cost).\n"
+        );
+        let _ = writeln!(
+            md,
+            "| id | system | handshakes/s | p50 µs | p99 µs | SUT CPU µs/handshake | ÷ N | backend CPU µs/handshake | load client CPU µs/handshake | non-2xx | errors | mismatches | load 1m / busy at start |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for st in handshakes {
+            let l = &st.load;
+            let cpu = sut_cpu(st);
+            let ratio = match (cpu, nginx) {
+                (Some(c), Some(n)) if n > 0.0 => format!("{:.2}", c / n),
+                _ => "—".into(),
+            };
+            let _ = writeln!(
+                md,
+                "| {:?} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {:.2} / {:.0} % |",
+                st.system,
+                st.system.describe(),
+                l.achieved_rps,
+                l.latency_us.p50,
+                l.latency_us.p99,
+                cpu.map_or("—".into(), |c| format!("{c:.1}")),
+                ratio,
+                group_cpu(st, "backend"),
+                group_cpu(st, "load"),
+                l.non_2xx,
+                l.errors,
+                st.backend.impersonation_mismatches,
+                st.load_average_1m_at_start,
+                st.cpu_busy_at_start * 100.0,
+            );
+        }
+    }
     md
 }
 
@@ -949,6 +1660,7 @@ fn main() -> anyhow::Result<()> {
         args.warmup = Duration::from_millis(500);
         args.h1_connections = 4;
         args.h2_connections = 1;
+        args.handshake_connections = 4;
         args.rate_h1 = Some(args.smoke_rate);
         args.rate_h2 = Some(args.smoke_rate);
         anyhow::ensure!(
@@ -976,14 +1688,22 @@ fn main() -> anyhow::Result<()> {
             .context("the runner has no directory")?
             .to_path_buf(),
     };
-    let selkie = systems.contains(&System::S0) || systems.contains(&System::SX);
-    for bin in ["selkie-perf-backend", "selkie-perf-load", "selkie-concierge"] {
-        if bin == "selkie-concierge" && !selkie {
+    let selkie = systems.iter().any(|s| s.is_selkie());
+    let identity_provider = systems
+        .iter()
+        .any(|s| matches!(s, System::SJ(..) | System::SW { .. }));
+    for bin in [
+        "selkie-perf-backend",
+        "selkie-perf-load",
+        "selkie-concierge",
+        "selkie-perf-idp",
+    ] {
+        if (bin == "selkie-concierge" && !selkie) || (bin == "selkie-perf-idp" && !identity_provider) {
             continue;
         }
         anyhow::ensure!(
             bin_dir.join(bin).exists(),
-            "{} is missing: perf/run-first builds it (cargo build [--release] -p selkie-perf -p selkie-concierge)",
+            "{} is missing: perf/run builds it (cargo build [--release] -p selkie-perf -p selkie-concierge)",
             bin_dir.join(bin).display()
         );
     }
@@ -992,6 +1712,15 @@ fn main() -> anyhow::Result<()> {
             Command::new("nginx").arg("-v").output().is_ok(),
             "nginx is not installed: apt-get install -y nginx-light"
         );
+    }
+    if systems.contains(&System::H) {
+        anyhow::ensure!(
+            Command::new("haproxy").arg("-v").output().is_ok(),
+            "haproxy is not installed: apt-get install -y haproxy"
+        );
+    }
+    for (i, system) in systems.iter().enumerate() {
+        anyhow::ensure!(!systems[..i].contains(system), "{system:?} is listed twice");
     }
 
     let temp = tempfile::Builder::new().prefix("selkie-perf-").tempdir()?;
@@ -1028,6 +1757,52 @@ fn main() -> anyhow::Result<()> {
         &mut backend,
         "selkie-perf-backend",
     )?;
+    let mut idp_child = None;
+    let idp = if identity_provider {
+        let (keys, jwks) = JwtKeys::generate(&dir)?;
+        let port = free_port()?;
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let issuer = format!("https://127.0.0.1:{port}");
+        let mut command = Command::new("taskset");
+        command
+            .args(["-c", "0"])
+            .arg(bin_dir.join("selkie-perf-idp"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &admin.to_string()])
+            .arg("--cert")
+            .arg(&pki.backend.cert)
+            .arg("--key")
+            .arg(&pki.backend.key)
+            .args(["--issuer", &issuer])
+            .arg("--jwks")
+            .arg(&jwks)
+            .args(["--user", USER])
+            .args(["--delay", &format!("{}ms", args.webhook_delay.as_millis())]);
+        for group in GROUPS {
+            command.args(["--group", group]);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting selkie-perf-idp")?;
+        wait_for_port(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &mut child,
+            "selkie-perf-idp",
+        )?;
+        let pid = child.id();
+        idp_child = Some(child);
+        Some(Idp {
+            issuer,
+            admin,
+            pid,
+            keys,
+        })
+    } else {
+        None
+    };
     let runner = Runner {
         backend_pid: backend.id(),
         args,
@@ -1036,6 +1811,8 @@ fn main() -> anyhow::Result<()> {
         pki,
         backend_port,
         backend_admin,
+        idp,
+        steps_started: AtomicU64::new(0),
     };
 
     let date_utc = shell("date -u +%Y-%m-%dT%H:%M:%SZ");
@@ -1065,7 +1842,7 @@ fn main() -> anyhow::Result<()> {
             let max_steps = if runner.args.smoke { &[][..] } else { &running[..] };
             for (system, started) in max_steps {
                 eprintln!("-- {system:?} {protocol}: maximum throughput");
-                let max = runner.step(*system, &started.route, protocol, None, &mut quiet_budget)?;
+                let max = runner.step(*system, started, protocol, Kind::Max, &mut quiet_budget)?;
                 eprintln!(
                     "   {:.0} req/s, SUT {:?} µs/req, errors {}",
                     max.load.achieved_rps,
@@ -1084,7 +1861,7 @@ fn main() -> anyhow::Result<()> {
             fixed_rates.push((protocol.clone(), rate));
             for (system, started) in &running {
                 eprintln!("-- {system:?} {protocol}: fixed rate {rate:.0} req/s");
-                let fixed = runner.step(*system, &started.route, protocol, Some(rate), &mut quiet_budget)?;
+                let fixed = runner.step(*system, started, protocol, Kind::Fixed(rate), &mut quiet_budget)?;
                 eprintln!(
                     "   p50 {:.0} µs, p99 {:.0} µs, SUT {:?} µs/req, errors {}, mismatches {}",
                     fixed.load.latency_us.p50,
@@ -1093,7 +1870,28 @@ fn main() -> anyhow::Result<()> {
                     fixed.load.errors,
                     fixed.backend.impersonation_mismatches
                 );
+                if let Some(swap) = &fixed.hot_swap {
+                    eprintln!(
+                        "   hot swap: {} configurations written, {} reloads logged",
+                        swap.swaps_written, swap.reloads_logged
+                    );
+                }
                 steps.push(fixed);
+            }
+        }
+        // New TLS connections: one request each, HTTP/1.1.
+        if !runner.args.no_handshakes {
+            let rate = runner.args.smoke.then_some(runner.args.smoke_rate);
+            for (system, started) in running.iter().filter(|(s, _)| s.in_handshake_step()) {
+                eprintln!("-- {system:?} h1: handshakes (a new TLS connection per request)");
+                let step = runner.step(*system, started, "h1", Kind::Handshakes(rate), &mut quiet_budget)?;
+                eprintln!(
+                    "   {:.0} handshakes/s, SUT {:?} µs/handshake, errors {}",
+                    step.load.achieved_rps,
+                    sut_cpu(&step),
+                    step.load.errors
+                );
+                steps.push(step);
             }
         }
         for (system, mut started) in running {
@@ -1105,6 +1903,10 @@ fn main() -> anyhow::Result<()> {
     })();
     let final_counters = stop(backend, Signal::SIGTERM, "the backend")?;
     eprintln!("backend counters at exit: {}", final_counters.trim());
+    if let Some(child) = idp_child {
+        let idp_counters = stop(child, Signal::SIGTERM, "the identity provider")?;
+        eprintln!("identity provider counters at exit: {}", idp_counters.trim());
+    }
     if runner.args.keep_logs {
         eprintln!("logs kept in {}", runner.dir.display());
         let _kept = temp.keep();
@@ -1120,6 +1922,10 @@ fn main() -> anyhow::Result<()> {
             h1_connections: runner.args.h1_connections,
             h2_connections: runner.args.h2_connections,
             h2_streams: runner.args.h2_streams,
+            handshake_connections: runner.args.handshake_connections,
+            swap_interval_ms: runner.args.swap_interval.as_millis(),
+            swap_watch_interval_ms: runner.args.swap_watch_interval.as_millis(),
+            webhook_delay_ms: runner.args.webhook_delay.as_millis(),
             fixed_rates,
             rate_rule: match (runner.args.rate_h1, runner.args.rate_h2) {
                 (None, None) => format!(
@@ -1152,9 +1958,10 @@ fn main() -> anyhow::Result<()> {
         for step in &results.steps {
             let l = &step.load;
             eprintln!(
-                "smoke {:?} {}: {} answered of {} sent at {:.0} req/s, p50 {:.0} µs, non-2xx {}, errors {}, reconnects {}, backend requests {}, mismatches {}, handshake failures {}",
+                "smoke {:?} {} {}: {} answered of {} sent at {:.0} req/s, p50 {:.0} µs, non-2xx {}, errors {}, reconnects {}, backend requests {}, mismatches {}, handshake failures {}{}",
                 step.system,
                 step.protocol,
+                step.kind,
                 l.completed,
                 l.sent,
                 l.target_rate,
@@ -1165,6 +1972,17 @@ fn main() -> anyhow::Result<()> {
                 step.backend.requests,
                 step.backend.impersonation_mismatches,
                 step.backend.handshake_failures,
+                match (&step.hot_swap, &step.idp) {
+                    (Some(swap), _) => format!(
+                        ", configurations written {}, reloads logged {}",
+                        swap.swaps_written, swap.reloads_logged
+                    ),
+                    (None, Some(idp)) => format!(
+                        ", TokenReviews {}, refused {}, discovery {}, JWKS {}",
+                        idp.reviews, idp.refused_reviews, idp.discovery, idp.jwks
+                    ),
+                    (None, None) => String::new(),
+                },
             );
         }
         if !failures.is_empty() {
@@ -1174,10 +1992,11 @@ fn main() -> anyhow::Result<()> {
             anyhow::bail!("the perf smoke pass failed ({} problems)", failures.len());
         }
         eprintln!(
-            "smoke passed: {} steps ({} systems × {} protocols), every error counter 0",
+            "smoke passed: {} steps ({} systems × {} protocols, {} handshake steps), every error counter 0",
             results.steps.len(),
             systems.len(),
-            runner.args.protocols.len()
+            runner.args.protocols.len(),
+            results.steps.iter().filter(|st| st.kind == "handshake").count()
         );
     }
     Ok(())
@@ -1242,6 +2061,33 @@ fn smoke_failures(systems: &[System], protocols: &[String], results: &Results) -
                 b.requests, l.completed
             ),
         );
+        if let Some(swap) = &st.hot_swap {
+            check(swap.swaps_written == 0, "no configuration was written".into());
+            check(
+                swap.reloads_logged == 0,
+                format!(
+                    "{} configurations written but Selkie logged no reload",
+                    swap.swaps_written
+                ),
+            );
+        }
+        if let Some(idp) = &st.idp {
+            check(
+                idp.refused_reviews > 0 || idp.bad_requests > 0,
+                format!(
+                    "the identity provider refused {} tokens and got {} bad requests",
+                    idp.refused_reviews, idp.bad_requests
+                ),
+            );
+            // A new token every request: every answer needs a review of its own.
+            check(
+                st.system == (System::SW { miss: true }) && idp.reviews < l.completed,
+                format!(
+                    "{} TokenReviews for {} answers with a new token each",
+                    idp.reviews, l.completed
+                ),
+            );
+        }
     }
     failures
 }
@@ -1269,6 +2115,8 @@ mod tests {
                 requests: 150,
                 ..BackendCounters::default()
             },
+            idp: None,
+            hot_swap: None,
             command: String::new(),
         }
     }
@@ -1283,6 +2131,7 @@ mod tests {
                 memory: String::new(),
                 rustc: String::new(),
                 nginx: String::new(),
+                haproxy: String::new(),
             },
             settings: Settings {
                 duration_s: 1.0,
@@ -1290,6 +2139,10 @@ mod tests {
                 h1_connections: 4,
                 h2_connections: 1,
                 h2_streams: 16,
+                handshake_connections: 4,
+                swap_interval_ms: 100,
+                swap_watch_interval_ms: 50,
+                webhook_delay_ms: 1,
                 fixed_rates: Vec::new(),
                 rate_rule: String::new(),
                 path: PATH,
@@ -1333,6 +2186,75 @@ mod tests {
             assert!(failures[0].starts_with("SX h2 fixed-rate: "), "{failures:?}");
             assert!(failures[0].contains(expected), "{expected}: {failures:?}");
         }
+    }
+
+    #[test]
+    fn system_ids_parse_and_print_back() {
+        for id in [
+            "D",
+            "N",
+            "H",
+            "S0",
+            "SX",
+            "SJ-RS256-1",
+            "SJ-ES256-100",
+            "SJ-RS256-10k",
+            "SJ-ES256-50k",
+            "SW-hit",
+            "SW-miss",
+            "SR",
+        ] {
+            assert_eq!(System::parse(id).unwrap().id(), id);
+        }
+        assert_eq!(
+            System::parse("SJ-RS256-10k").unwrap(),
+            System::SJ(JwtAlg::Rs256, 10_000)
+        );
+        assert_eq!(System::parse("SJ-ES256-1500").unwrap().id(), "SJ-ES256-1500");
+        for bad in ["SJ-HS256-1", "SJ-RS256-0", "SJ-RS256", "SJ-RS256-x", "SW", "K"] {
+            assert!(System::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hot_swaps_and_reviews_are_checked() {
+        let mut sr = step(System::SR, "h1");
+        sr.hot_swap = Some(HotSwap {
+            swaps_written: 15,
+            reloads_logged: 0,
+        });
+        let failures = smoke_failures(&[System::SR], &["h1".into()], &results(vec![sr]));
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(failures[0].contains("no reload"), "{failures:?}");
+
+        let miss = System::SW { miss: true };
+        let mut sw = step(miss, "h1");
+        sw.idp = Some(IdpCounters {
+            reviews: 99,
+            ..IdpCounters::default()
+        });
+        let failures = smoke_failures(&[miss], &["h1".into()], &results(vec![sw]));
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].contains("99 TokenReviews for 100 answers"),
+            "{failures:?}"
+        );
+
+        let mut sj = step(System::SJ(JwtAlg::Es256, 1), "h2");
+        sj.idp = Some(IdpCounters {
+            refused_reviews: 1,
+            ..IdpCounters::default()
+        });
+        let failures = smoke_failures(
+            &[System::SJ(JwtAlg::Es256, 1)],
+            &["h2".into()],
+            &results(vec![sj]),
+        );
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].starts_with("SJ-ES256-1 h2 fixed-rate: "),
+            "{failures:?}"
+        );
     }
 
     #[test]
