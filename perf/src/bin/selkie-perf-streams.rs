@@ -1589,20 +1589,21 @@ fn markdown(results: &Results) -> String {
     }
     let _ = writeln!(
         md,
-        "\n## Memory: idle watches held open\n\nEvery row on a freshly started system: RSS 1 s after start (idle), then with the watches established and the RSS settled. KiB per watch = (RSS − idle RSS) ÷ watches. nginx's `worker_connections` is sized to the step (4 × watches + 1024, with less it ran out of connection slots at 5000 HTTP/1.1 watches; nginx allocates and touches every slot at start, so its idle RSS grows with the step); nginx proxies every watch over its own HTTP/1.1 connection to the backend, Selkie over pooled HTTP/2. PERF.md: idle ≤ 20 MiB, ≤ 8 KiB per watch, 10k watches ≤ 128 MiB.\n"
+        "\n## Memory: idle watches held open\n\nEvery row on a freshly started system: RSS 1 s after start (idle), then with the watches established and the RSS settled. KiB per watch = (RSS − idle RSS) ÷ watches. nginx's `worker_connections` is sized to the step (4 × watches + 1024, with less it ran out of connection slots at 5000 HTTP/1.1 watches; nginx allocates and touches every slot at start, so its idle RSS grows with the step); nginx proxies every watch over its own HTTP/1.1 connection to the backend, Selkie over pooled HTTP/2 (upstream conns: TLS connections the backend accepted during the step). PERF.md: idle ≤ 20 MiB, ≤ 8 KiB per watch, 10k watches ≤ 128 MiB.\n"
     );
     let _ = writeln!(
         md,
-        "| system | proto | watches | conns | idle RSS MiB | RSS MiB | KiB/watch | open s | failed | dropped | left open upstream |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        "| system | proto | watches | conns | upstream conns | idle RSS MiB | RSS MiB | KiB/watch | open s | failed | dropped | left open upstream |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     );
     for s in &results.memory {
         let _ = writeln!(
             md,
-            "| {:?} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.1} | {} | {} | {} |",
+            "| {:?} | {} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.1} | {} | {} | {} |",
             s.system,
             s.protocol,
             s.watches,
             s.connections,
+            s.backend.connections,
             mib(s.idle_rss_kib),
             mib(s.rss_kib),
             s.kib_per_watch,
@@ -2114,7 +2115,10 @@ mod tests {
         mismatched.backend.impersonation_mismatches = 1;
         assert_eq!(failures(&results(vec![mismatched], Vec::new())).len(), 1);
         let md = markdown(&results(vec![memory(0, 0)], Vec::new()));
-        assert!(md.contains("| S0 | h1 | 10 | 10 | 1.0 | 1.1 | 10.00 |"), "{md}");
+        assert!(
+            md.contains("| S0 | h1 | 10 | 10 | 0 | 1.0 | 1.1 | 10.00 |"),
+            "{md}"
+        );
         assert!(md.contains("Every error counter is 0."));
     }
 
