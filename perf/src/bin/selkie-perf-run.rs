@@ -6,7 +6,8 @@
 //! reverse proxies adding a fixed `Impersonate-User`, and Selkie with a static identity (S0),
 //! client certificates (SX), bearer JWTs (SJ-RS256-1, SJ-ES256-1, SJ-RS256-10k, ...; the runner
 //! mints the tokens), a TokenReview webhook (SW-hit, SW-miss) and S0 while its configuration file
-//! is rewritten 10 times a second (SR). The systems under test run on core 1 (`taskset -c 1`),
+//! is rewritten 10 times a second (SR); on request, the real kube-apiserver directly (K-D) and
+//! behind Selkie (K-S0), started with the e2e harness's `selkie-cluster`. The systems under test run on core 1 (`taskset -c 1`),
 //! the load client, the backend and the identity provider on core 0; all are started first and
 //! stay up, idle while another is measured. Per HTTP version: a closed-loop maximum-throughput
 //! step for every system, then an open-loop step for every system at one fixed rate, half of the
@@ -43,7 +44,7 @@ use rustls_pki_types::{pem::PemObject as _, PrivatePkcs8KeyDer};
 use selkie_perf::{
     parse_duration,
     pki::PerfPki,
-    procstat::{load_average, processes_named},
+    procstat::{load_average, process_tree, processes_named},
     report::{BackendCounters, LoadReport},
 };
 use serde::{Deserialize, Serialize};
@@ -145,6 +146,10 @@ struct Args {
     /// "Quiet": the machine's CPU busy share over 5 s below this (0–1, both cores together).
     #[arg(long, default_value_t = 0.15)]
     quiet_busy: f64,
+    /// K-D and K-S0: the `selkie-cluster` binary that starts etcd + kube-apiserver (default:
+    /// beside this one, else `target/debug/selkie-cluster`).
+    #[arg(long)]
+    cluster_bin: Option<PathBuf>,
     /// Where the binaries are (default: beside this one).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -194,11 +199,16 @@ enum System {
     },
     /// S0 while its configuration file is rewritten 10 times a second.
     SR,
+    /// The real kube-apiserver, directly (admin certificate + `Impersonate-*`).
+    KD,
+    /// Selkie (static identity) in front of the real kube-apiserver.
+    KS0,
 }
 
 impl System {
     fn parse(text: &str) -> anyhow::Result<Self> {
-        let known = "D, N, H, S0, SX, SJ-<RS256|ES256>-<count, e.g. 1, 100, 10k>, SW-hit, SW-miss, SR";
+        let known =
+            "D, N, H, S0, SX, SJ-<RS256|ES256>-<count, e.g. 1, 100, 10k>, SW-hit, SW-miss, SR, K-D, K-S0";
         Ok(match text {
             "D" => Self::D,
             "N" => Self::N,
@@ -208,6 +218,8 @@ impl System {
             "SW-hit" => Self::SW { miss: false },
             "SW-miss" => Self::SW { miss: true },
             "SR" => Self::SR,
+            "K-D" => Self::KD,
+            "K-S0" => Self::KS0,
             _ => {
                 let Some(rest) = text.strip_prefix("SJ-") else {
                     anyhow::bail!("unknown system {text:?} ({known})");
@@ -245,6 +257,8 @@ impl System {
             Self::SW { miss: false } => "SW-hit".into(),
             Self::SW { miss: true } => "SW-miss".into(),
             Self::SR => "SR".into(),
+            Self::KD => "K-D".into(),
+            Self::KS0 => "K-S0".into(),
         }
     }
 
@@ -260,11 +274,27 @@ impl System {
             Self::SW { miss: false } => "Selkie, TokenReview webhook, 1 token (cache hit)".into(),
             Self::SW { miss: true } => "Selkie, TokenReview webhook, a new token every request (miss)".into(),
             Self::SR => "Selkie, static identity, configuration rewritten 10×/s".into(),
+            Self::KD => "direct: client → kube-apiserver (admin certificate + Impersonate-*)".into(),
+            Self::KS0 => "Selkie, static identity → kube-apiserver (admin certificate)".into(),
         }
     }
 
     fn is_selkie(self) -> bool {
-        !matches!(self, Self::D | Self::N | Self::H)
+        !matches!(self, Self::D | Self::N | Self::H | Self::KD)
+    }
+
+    /// In front of the real kube-apiserver rather than `selkie-perf-backend`.
+    fn is_kube(self) -> bool {
+        matches!(self, Self::KD | Self::KS0)
+    }
+
+    /// The row this one's added latency is measured against.
+    fn direct(self) -> Self {
+        if self.is_kube() {
+            Self::KD
+        } else {
+            Self::D
+        }
     }
 
     /// Part of the handshake step (new TLS connection per request).
@@ -496,13 +526,21 @@ fn cpu_busy(over: Duration) -> f64 {
     }
 }
 
+/// Compilers and kube-apiservers running, except `ignore` (the K rows' own cluster).
+fn busy_processes(ignore: &[u32]) -> Vec<(u32, String)> {
+    processes_named(&BUSY)
+        .into_iter()
+        .filter(|(pid, _)| !ignore.contains(pid))
+        .collect()
+}
+
 /// Waits (bounded) until no compiler or kube-apiserver runs and the CPUs are nearly idle.
 /// Returns (load average at the end, busy share, seconds waited, whether it got quiet).
-fn wait_for_quiet(args: &Args, budget: &mut Duration) -> (f64, f64, f64, bool) {
+fn wait_for_quiet(args: &Args, budget: &mut Duration, ignore: &[u32]) -> (f64, f64, f64, bool) {
     let start = Instant::now();
     let limit = args.quiet_wait.min(*budget);
     loop {
-        let busy_procs = processes_named(&BUSY);
+        let busy_procs = busy_processes(ignore);
         let busy = cpu_busy(Duration::from_secs(5));
         let load = load_average().map(|l| l[0]).unwrap_or(f64::NAN);
         let quiet = busy_procs.is_empty() && busy < args.quiet_busy;
@@ -538,12 +576,12 @@ struct Interference {
 }
 
 impl Interference {
-    fn watch() -> Self {
+    fn watch(ignore: Vec<u32>) -> Self {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let mut seen: Vec<String> = Vec::new();
             loop {
-                for (_, name) in processes_named(&BUSY) {
+                for (_, name) in busy_processes(&ignore) {
                     if !seen.contains(&name) {
                         seen.push(name);
                     }
@@ -570,6 +608,8 @@ struct Route {
     sut: Option<u32>,
     /// SW-miss: every step sends tokens `<prefix><step>-<n>` that were never sent before.
     unique_bearer: Option<String>,
+    /// The CA of the server the client talks to, when it is not the perf PKI's (K-D).
+    ca: Option<PathBuf>,
 }
 
 /// SR: what the swapper rewrites and where Selkie's reload lines are counted.
@@ -702,6 +742,154 @@ struct Idp {
     keys: JwtKeys,
 }
 
+/// The real kube-apiserver (and etcd) of the K rows, started with `selkie-cluster`.
+struct Kube {
+    /// `https://127.0.0.1:PORT`.
+    server: String,
+    /// Its serving CA.
+    ca: PathBuf,
+    /// The admin (`system:masters`) client certificate and key.
+    admin_cert: PathBuf,
+    admin_key: PathBuf,
+    /// The `selkie-cluster run` process; etcd and kube-apiserver are its children.
+    cluster_pid: u32,
+}
+
+impl Kube {
+    /// Starts the cluster on core 0 (`selkie-cluster --dir DIR up`), reads its admin kubeconfig,
+    /// creates the ConfigMap the rows GET and lets the group `perf-devs` read ConfigMaps.
+    fn start(cluster_bin: &Path, dir: &Path) -> anyhow::Result<Self> {
+        let cluster_dir = dir.join("cluster");
+        eprintln!(
+            "starting etcd + kube-apiserver on core 0 ({})",
+            cluster_bin.display()
+        );
+        let out = Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(cluster_bin)
+            .arg("--dir")
+            .arg(&cluster_dir)
+            .args(["up", "--timeout-seconds", "600"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .context("starting selkie-cluster (cargo build -p selkie-e2e --bin selkie-cluster)")?;
+        anyhow::ensure!(out.status.success(), "selkie-cluster up failed ({})", out.status);
+        let kubeconfig_path = PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim(),
+        );
+        let kubeconfig: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&kubeconfig_path)?)
+            .with_context(|| format!("reading {} as JSON", kubeconfig_path.display()))?;
+        let field = |pointer: &str| -> anyhow::Result<String> {
+            kubeconfig
+                .pointer(pointer)
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+                .with_context(|| format!("the admin kubeconfig has no {pointer}"))
+        };
+        let decode = |pointer: &str| -> anyhow::Result<Vec<u8>> {
+            base64::engine::general_purpose::STANDARD
+                .decode(field(pointer)?)
+                .with_context(|| format!("{pointer} is not base64"))
+        };
+        let ca = dir.join("kube-ca.crt");
+        let admin_cert = dir.join("kube-admin.crt");
+        let admin_key = dir.join("kube-admin.key");
+        std::fs::write(&ca, decode("/clusters/0/cluster/certificate-authority-data")?)?;
+        std::fs::write(&admin_cert, decode("/users/0/user/client-certificate-data")?)?;
+        std::fs::write(&admin_key, decode("/users/0/user/client-key-data")?)?;
+        let server = field("/clusters/0/cluster/server")?;
+        let cluster_pid: u32 = std::fs::read_to_string(cluster_dir.join("selkie-cluster.pid"))?
+            .trim()
+            .parse()
+            .context("the cluster's pid file")?;
+        let kubectl = kubectl();
+        // About 1 KiB of JSON, like the perf backend's answer.
+        let payload = format!("--from-literal=payload={}", "x".repeat(900));
+        for args in [
+            vec![
+                "create",
+                "configmap",
+                "selkie-perf",
+                "-n",
+                "default",
+                payload.as_str(),
+            ],
+            vec![
+                "create",
+                "clusterrole",
+                "selkie-perf-read",
+                "--verb=get",
+                "--resource=configmaps",
+            ],
+            vec![
+                "create",
+                "clusterrolebinding",
+                "selkie-perf-read",
+                "--clusterrole=selkie-perf-read",
+                "--group=perf-devs",
+            ],
+        ] {
+            let status = Command::new(&kubectl)
+                .arg("--kubeconfig")
+                .arg(&kubeconfig_path)
+                .args(&args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .status()
+                .with_context(|| format!("running {}", kubectl.display()))?;
+            anyhow::ensure!(
+                status.success(),
+                "kubectl {} failed ({status})",
+                args[..3].join(" ")
+            );
+        }
+        Ok(Self {
+            server,
+            ca,
+            admin_cert,
+            admin_key,
+            cluster_pid,
+        })
+    }
+
+    fn stop(cluster_bin: &Path, dir: &Path) {
+        let _ = Command::new(cluster_bin)
+            .arg("--dir")
+            .arg(dir.join("cluster"))
+            .arg("down")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .status();
+    }
+}
+
+/// `kubectl` from `PATH`, else the one the e2e harness built into `~/.cache/selkie/components`.
+fn kubectl() -> PathBuf {
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok()
+    {
+        return PathBuf::from("kubectl");
+    }
+    let components = std::env::var_os("HOME")
+        .map(|home| PathBuf::from(home).join(".cache/selkie/components"))
+        .unwrap_or_default();
+    std::fs::read_dir(&components)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path().join("bin/kubectl"))
+        .find(|path| path.exists())
+        .unwrap_or_else(|| PathBuf::from("kubectl"))
+}
+
 struct Runner {
     args: Args,
     bin_dir: PathBuf,
@@ -711,6 +899,7 @@ struct Runner {
     backend_admin: SocketAddr,
     backend_pid: u32,
     idp: Option<Idp>,
+    kube: Option<Kube>,
     /// Steps run so far (makes SW-miss tokens unique across steps).
     steps_started: AtomicU64,
 }
@@ -727,6 +916,14 @@ enum Kind {
 }
 
 impl Runner {
+    /// Our own processes the quiet check must not count as other work (the K rows' cluster).
+    fn own_processes(&self) -> Vec<u32> {
+        self.kube
+            .as_ref()
+            .map(|kube| process_tree(kube.cluster_pid))
+            .unwrap_or_default()
+    }
+
     fn log_target(&self, name: &str) -> anyhow::Result<Stdio> {
         if self.args.keep_logs {
             Ok(std::fs::File::create(self.dir.join(name))?.into())
@@ -825,6 +1022,7 @@ http {{
                 extra: Vec::new(),
                 sut,
                 unique_bearer: None,
+                ca: None,
             },
             helper: None,
             swappable: None,
@@ -912,6 +1110,7 @@ backend backend
                 extra: Vec::new(),
                 sut,
                 unique_bearer: None,
+                ca: None,
             },
             helper: None,
             swappable: None,
@@ -955,14 +1154,23 @@ backend backend
     fn start_selkie(&self, system: System) -> anyhow::Result<Running> {
         let port = free_port()?;
         let q = |path: &Path| serde_json::to_string(&path.display().to_string()).unwrap_or_default();
+        let (upstream, upstream_ca, client_cert, client_key) = match (system, &self.kube) {
+            (System::KS0, Some(kube)) => (kube.server.clone(), &kube.ca, &kube.admin_cert, &kube.admin_key),
+            (System::KS0, None) => anyhow::bail!("K-S0 needs the cluster"),
+            _ => (
+                format!("https://127.0.0.1:{}", self.backend_port),
+                &self.pki.ca,
+                &self.pki.upstream_client.cert,
+                &self.pki.upstream_client.key,
+            ),
+        };
         let mut config = format!(
-            "# Generated by selkie-perf-run.\nlisten: 127.0.0.1:{port}\nservingCertificate:\n  certFile: {}\n  keyFile: {}\nupstream:\n  url: https://127.0.0.1:{}\n  caFile: {}\n  clientCertificate:\n    certFile: {}\n    keyFile: {}\n",
+            "# Generated by selkie-perf-run.\nlisten: 127.0.0.1:{port}\nservingCertificate:\n  certFile: {}\n  keyFile: {}\nupstream:\n  url: {upstream}\n  caFile: {}\n  clientCertificate:\n    certFile: {}\n    keyFile: {}\n",
             q(&self.pki.proxy.cert),
             q(&self.pki.proxy.key),
-            self.backend_port,
-            q(&self.pki.ca),
-            q(&self.pki.upstream_client.cert),
-            q(&self.pki.upstream_client.key),
+            q(upstream_ca),
+            q(client_cert),
+            q(client_key),
         );
         let mut extra = Vec::new();
         let mut unique_bearer = None;
@@ -972,7 +1180,7 @@ backend backend
             .map(|idp| idp.issuer.clone())
             .unwrap_or_default();
         match system {
-            System::S0 | System::SR => {
+            System::S0 | System::SR | System::KS0 => {
                 let _ = write!(
                     config,
                     "staticIdentity:\n  username: {USER}\n  groups: [{}, {}]\n",
@@ -1011,7 +1219,7 @@ backend backend
                     extra.extend(["--bearer-file".to_string(), path.display().to_string()]);
                 }
             }
-            System::D | System::N | System::H => anyhow::bail!("{system:?} is not Selkie"),
+            System::D | System::N | System::H | System::KD => anyhow::bail!("{system:?} is not Selkie"),
         }
         let path = self.dir.join(format!("selkie-{system:?}.yaml"));
         std::fs::write(&path, &config)?;
@@ -1088,6 +1296,7 @@ backend backend
                 extra,
                 sut,
                 unique_bearer,
+                ca: None,
             },
             helper,
             swappable,
@@ -1116,6 +1325,34 @@ backend backend
                         extra,
                         sut: None,
                         unique_bearer: None,
+                        ca: None,
+                    },
+                    helper: None,
+                    swappable: None,
+                })
+            }
+            System::KD => {
+                let kube = self.kube.as_ref().context("K-D needs the cluster")?;
+                let mut extra = vec![
+                    "--cert".to_string(),
+                    kube.admin_cert.display().to_string(),
+                    "--key".to_string(),
+                    kube.admin_key.display().to_string(),
+                    "--header".to_string(),
+                    format!("Impersonate-User: {USER}"),
+                ];
+                for group in GROUPS {
+                    extra.extend(["--header".to_string(), format!("Impersonate-Group: {group}")]);
+                }
+                Ok(Running {
+                    child: None,
+                    stop_signal: Signal::SIGTERM,
+                    route: Route {
+                        url: format!("{}{PATH}", kube.server),
+                        extra,
+                        sut: None,
+                        unique_bearer: None,
+                        ca: Some(kube.ca.clone()),
                     },
                     helper: None,
                     swappable: None,
@@ -1156,7 +1393,7 @@ backend backend
             let load = load_average().map(|l| l[0]).unwrap_or(f64::NAN);
             (load, 0.0, 0.0, false)
         } else {
-            wait_for_quiet(&self.args, quiet_budget)
+            wait_for_quiet(&self.args, quiet_budget, &self.own_processes())
         };
         let step_number = self.steps_started.fetch_add(1, Ordering::Relaxed);
         let mut command = Command::new("taskset");
@@ -1165,11 +1402,15 @@ backend backend
             .arg(self.bin_dir.join("selkie-perf-load"))
             .args(["--url", &route.url, "--protocol", protocol])
             .arg("--ca")
-            .arg(&self.pki.ca)
+            .arg(route.ca.as_ref().unwrap_or(&self.pki.ca))
             .args(["--duration", &format!("{}ms", self.args.duration.as_millis())])
             .args(["--warmup", &format!("{}ms", self.args.warmup.as_millis())])
-            .args(&route.extra)
-            .args(["--pid", &format!("backend={}", self.backend_pid)]);
+            .args(&route.extra);
+        match (&self.kube, system.is_kube()) {
+            // K rows: the "backend" is kube-apiserver + etcd (the cluster's process tree).
+            (Some(kube), true) => command.args(["--pid", &format!("backend={}", kube.cluster_pid)]),
+            _ => command.args(["--pid", &format!("backend={}", self.backend_pid)]),
+        };
         if let Some(prefix) = &route.unique_bearer {
             command.args(["--bearer-unique", &format!("{prefix}{step_number}-")]);
         }
@@ -1200,7 +1441,15 @@ backend backend
             command.arg("--new-connection-per-request");
         }
         let rendered = format!("{command:?}");
-        let before: BackendCounters = counters(self.backend_admin)?;
+        // K rows: kube-apiserver has no mismatch counters; the backend's stay at 0 (see README).
+        let backend_counters = || -> anyhow::Result<BackendCounters> {
+            if system.is_kube() {
+                Ok(BackendCounters::default())
+            } else {
+                counters(self.backend_admin)
+            }
+        };
+        let before = backend_counters()?;
         let idp_before = match (&self.idp, system) {
             (Some(idp), System::SJ(..) | System::SW { .. }) => Some(counters::<IdpCounters>(idp.admin)?),
             _ => None,
@@ -1213,7 +1462,7 @@ backend backend
                 self.args.swap_interval,
             )
         });
-        let watcher = Interference::watch();
+        let watcher = Interference::watch(self.own_processes());
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -1227,7 +1476,7 @@ backend backend
         let swaps_written = swapper.map(Swapper::stop);
         let output = output?;
         let busy_during_step = watcher.stop();
-        let after: BackendCounters = counters(self.backend_admin)?;
+        let after = backend_counters()?;
         let idp = match (&self.idp, idp_before) {
             (Some(idp), Some(before)) => Some(counters::<IdpCounters>(idp.admin)?.minus(&before)),
             _ => None,
@@ -1325,6 +1574,15 @@ fn wait_bounded(mut child: Child, limit: Duration) -> anyhow::Result<Vec<u8>> {
     reader
         .join()
         .map_err(|_| anyhow::anyhow!("the stdout reader panicked"))
+}
+
+/// The backend's mismatch count; "n/a" for the K rows (kube-apiserver counts none).
+fn mismatches(step: &Step) -> String {
+    if step.system.is_kube() {
+        "n/a".into()
+    } else {
+        step.backend.impersonation_mismatches.to_string()
+    }
 }
 
 fn sut_cpu(step: &Step) -> Option<f64> {
@@ -1451,7 +1709,7 @@ fn markdown(results: &Results) -> String {
                 .iter()
                 .filter(move |st| &st.protocol == protocol && st.kind == kind)
         };
-        let direct_fixed = steps("fixed-rate").find(|st| st.system == System::D);
+        let direct_fixed = |system: System| steps("fixed-rate").find(move |st| st.system == system.direct());
         let nginx_fixed = steps("fixed-rate").find(|st| st.system == System::N);
 
         let _ = writeln!(md, "\n## Client → system: {label}\n");
@@ -1461,7 +1719,7 @@ fn markdown(results: &Results) -> String {
         );
         let _ = writeln!(
             md,
-            "| id | system | offered req/s | achieved req/s | p50 µs | p99 µs | p99.9 µs | added p50 / p99 vs D µs | SUT CPU µs/req | ÷ N | backend CPU µs/req | non-2xx | errors | mismatches | load 1m / busy at start |"
+            "| id | system | offered req/s | achieved req/s | p50 µs | p99 µs | p99.9 µs | added p50 / p99 vs D (K rows: vs K-D) µs | SUT CPU µs/req | ÷ N | backend CPU µs/req | non-2xx | errors | mismatches | load 1m / busy at start |"
         );
         let _ = writeln!(
             md,
@@ -1469,8 +1727,8 @@ fn markdown(results: &Results) -> String {
         );
         for st in steps("fixed-rate") {
             let l = &st.load;
-            let added = match direct_fixed {
-                Some(d) if st.system != System::D => format!(
+            let added = match direct_fixed(st.system) {
+                Some(d) if st.system != st.system.direct() => format!(
                     "{:+.0} / {:+.0}",
                     l.latency_us.p50 - d.load.latency_us.p50,
                     l.latency_us.p99 - d.load.latency_us.p99
@@ -1498,7 +1756,7 @@ fn markdown(results: &Results) -> String {
                 group_cpu(st, "backend"),
                 l.non_2xx,
                 l.errors,
-                st.backend.impersonation_mismatches,
+                mismatches(st),
                 st.load_average_1m_at_start,
                 st.cpu_busy_at_start * 100.0,
             );
@@ -1512,9 +1770,11 @@ fn markdown(results: &Results) -> String {
             "| id | req/s | ÷ D | p50 µs | p99 µs | SUT CPU µs/req | backend CPU µs/req | load client CPU µs/req | non-2xx | errors | mismatches | SUT RSS MiB | load 1m / busy at start |"
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-        let direct_max = steps("max")
-            .find(|st| st.system == System::D)
-            .map(|d| d.load.achieved_rps);
+        let direct_max = |system: System| {
+            steps("max")
+                .find(move |st| st.system == system.direct())
+                .map(|d| d.load.achieved_rps)
+        };
         for st in steps("max") {
             let l = &st.load;
             let rss = l
@@ -1527,7 +1787,7 @@ fn markdown(results: &Results) -> String {
                 "| {:?} | {:.0} | {} | {:.0} | {:.0} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {:.2} / {:.0} % |",
                 st.system,
                 l.achieved_rps,
-                direct_max.map_or("—".into(), |d| format!("{:.2}", l.achieved_rps / d)),
+                direct_max(st.system).map_or("—".into(), |d| format!("{:.2}", l.achieved_rps / d)),
                 l.latency_us.p50,
                 l.latency_us.p99,
                 sut_cpu(st).map_or("—".into(), |c| format!("{c:.1}")),
@@ -1535,7 +1795,7 @@ fn markdown(results: &Results) -> String {
                 group_cpu(st, "load"),
                 l.non_2xx,
                 l.errors,
-                st.backend.impersonation_mismatches,
+                mismatches(st),
                 rss,
                 st.load_average_1m_at_start,
                 st.cpu_busy_at_start * 100.0,
@@ -1581,16 +1841,21 @@ fn markdown(results: &Results) -> String {
         }
         let _ = writeln!(md, "\nTLS and upstream protocol seen:\n");
         for st in steps("fixed-rate") {
+            let backend = if st.system.is_kube() {
+                "kube-apiserver (no backend counters)".to_string()
+            } else {
+                format!(
+                    "backend got {} HTTP/1.1 and {} HTTP/2 requests over {} new connections",
+                    st.backend.http1_requests, st.backend.http2_requests, st.backend.connections
+                )
+            };
             let _ = writeln!(
                 md,
-                "* {:?}: client TLS {} {} ALPN {}; backend got {} HTTP/1.1 and {} HTTP/2 requests over {} new connections; client send lag p50/p99 {:.0}/{:.0} µs",
+                "* {:?}: client TLS {} {} ALPN {}; {backend}; client send lag p50/p99 {:.0}/{:.0} µs",
                 st.system,
                 st.load.tls.version,
                 st.load.tls.suite,
                 st.load.tls.alpn,
-                st.backend.http1_requests,
-                st.backend.http2_requests,
-                st.backend.connections,
                 st.load.send_lag_us.p50,
                 st.load.send_lag_us.p99,
             );
@@ -1644,7 +1909,7 @@ fn markdown(results: &Results) -> String {
                 group_cpu(st, "load"),
                 l.non_2xx,
                 l.errors,
-                st.backend.impersonation_mismatches,
+                mismatches(st),
                 st.load_average_1m_at_start,
                 st.cpu_busy_at_start * 100.0,
             );
@@ -1803,7 +2068,32 @@ fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    let kube_wanted = systems.iter().any(|s| s.is_kube());
+    let cluster_bin = args.cluster_bin.clone().unwrap_or_else(|| {
+        let beside = bin_dir.join("selkie-cluster");
+        if beside.exists() {
+            beside
+        } else {
+            PathBuf::from("target/debug/selkie-cluster")
+        }
+    });
+    let kube = if kube_wanted {
+        match Kube::start(&cluster_bin, &dir) {
+            Ok(kube) => Some(kube),
+            Err(error) => {
+                Kube::stop(&cluster_bin, &dir);
+                let _ = stop(backend, Signal::SIGTERM, "the backend");
+                if let Some(child) = idp_child {
+                    let _ = stop(child, Signal::SIGTERM, "the identity provider");
+                }
+                return Err(error);
+            }
+        }
+    } else {
+        None
+    };
     let runner = Runner {
+        kube,
         backend_pid: backend.id(),
         args,
         bin_dir,
@@ -1837,7 +2127,9 @@ fn main() -> anyhow::Result<()> {
         }
         // First the maximum of every system, then one fixed rate that all of them can sustain.
         for protocol in &runner.args.protocols {
-            let mut lowest_max = f64::INFINITY;
+            // The K rows (real kube-apiserver) get a rate of their own: their maximum is far
+            // below the perf backend's and must not hold the other rows down.
+            let (mut lowest_max, mut lowest_kube_max) = (f64::INFINITY, f64::INFINITY);
             // A smoke pass has no maximum step: its rate is fixed.
             let max_steps = if runner.args.smoke { &[][..] } else { &running[..] };
             for (system, started) in max_steps {
@@ -1849,7 +2141,11 @@ fn main() -> anyhow::Result<()> {
                     sut_cpu(&max),
                     max.load.errors
                 );
-                lowest_max = lowest_max.min(max.load.achieved_rps);
+                if system.is_kube() {
+                    lowest_kube_max = lowest_kube_max.min(max.load.achieved_rps);
+                } else {
+                    lowest_max = lowest_max.min(max.load.achieved_rps);
+                }
                 steps.push(max);
             }
             let given = if protocol == "h2" {
@@ -1857,9 +2153,17 @@ fn main() -> anyhow::Result<()> {
             } else {
                 runner.args.rate_h1
             };
-            let rate = given.unwrap_or((lowest_max * runner.args.rate_fraction / 100.0).round() * 100.0);
-            fixed_rates.push((protocol.clone(), rate));
+            let fraction_of =
+                |max: f64| given.unwrap_or((max * runner.args.rate_fraction / 100.0).round() * 100.0);
+            let (rate, kube_rate) = (fraction_of(lowest_max), fraction_of(lowest_kube_max));
+            if running.iter().any(|(s, _)| !s.is_kube()) {
+                fixed_rates.push((protocol.clone(), rate));
+            }
+            if running.iter().any(|(s, _)| s.is_kube()) {
+                fixed_rates.push((format!("{protocol} K"), kube_rate));
+            }
             for (system, started) in &running {
+                let rate = if system.is_kube() { kube_rate } else { rate };
                 eprintln!("-- {system:?} {protocol}: fixed rate {rate:.0} req/s");
                 let fixed = runner.step(*system, started, protocol, Kind::Fixed(rate), &mut quiet_budget)?;
                 eprintln!(
@@ -1906,6 +2210,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(child) = idp_child {
         let idp_counters = stop(child, Signal::SIGTERM, "the identity provider")?;
         eprintln!("identity provider counters at exit: {}", idp_counters.trim());
+    }
+    if runner.kube.is_some() {
+        Kube::stop(&cluster_bin, &runner.dir);
     }
     if runner.args.keep_logs {
         eprintln!("logs kept in {}", runner.dir.display());
@@ -2042,20 +2349,21 @@ fn smoke_failures(systems: &[System], protocols: &[String], results: &Results) -
             l.reconnects > 0,
             format!("{} connections closed and re-established", l.reconnects),
         );
+        let backend = !st.system.is_kube();
         check(
-            b.impersonation_mismatches > 0,
+            backend && b.impersonation_mismatches > 0,
             format!(
                 "{} impersonation mismatches at the backend: {:?}",
                 b.impersonation_mismatches, b.mismatch_examples
             ),
         );
         check(
-            b.handshake_failures > 0,
+            backend && b.handshake_failures > 0,
             format!("{} failed TLS handshakes at the backend", b.handshake_failures),
         );
         // Every answer must come from the backend (through the system), not the system itself.
         check(
-            b.requests < l.completed,
+            backend && b.requests < l.completed,
             format!(
                 "the backend served {} requests but the client got {} answers",
                 b.requests, l.completed
@@ -2203,6 +2511,8 @@ mod tests {
             "SW-hit",
             "SW-miss",
             "SR",
+            "K-D",
+            "K-S0",
         ] {
             assert_eq!(System::parse(id).unwrap().id(), id);
         }
@@ -2211,7 +2521,15 @@ mod tests {
             System::SJ(JwtAlg::Rs256, 10_000)
         );
         assert_eq!(System::parse("SJ-ES256-1500").unwrap().id(), "SJ-ES256-1500");
-        for bad in ["SJ-HS256-1", "SJ-RS256-0", "SJ-RS256", "SJ-RS256-x", "SW", "K"] {
+        for bad in [
+            "SJ-HS256-1",
+            "SJ-RS256-0",
+            "SJ-RS256",
+            "SJ-RS256-x",
+            "SW",
+            "K",
+            "K-SX",
+        ] {
             assert!(System::parse(bad).is_err(), "{bad}");
         }
     }
