@@ -283,6 +283,11 @@ impl System {
         !matches!(self, Self::D | Self::N | Self::H | Self::KD)
     }
 
+    /// Its maximum throughput is bounded by a wait (the webhook's answer), not by CPU.
+    fn latency_bound(self) -> bool {
+        self == Self::SW { miss: true }
+    }
+
     /// In front of the real kube-apiserver rather than `selkie-perf-backend`.
     fn is_kube(self) -> bool {
         matches!(self, Self::KD | Self::KS0)
@@ -2128,8 +2133,11 @@ fn main() -> anyhow::Result<()> {
         // First the maximum of every system, then one fixed rate that all of them can sustain.
         for protocol in &runner.args.protocols {
             // The K rows (real kube-apiserver) get a rate of their own: their maximum is far
-            // below the perf backend's and must not hold the other rows down.
+            // below the perf backend's and must not hold the other rows down. So does SW-miss,
+            // whose maximum is bounded by the webhook's latency (requests in flight ÷ review
+            // time), not by CPU: it runs at the common rate or at its own fraction if lower.
             let (mut lowest_max, mut lowest_kube_max) = (f64::INFINITY, f64::INFINITY);
+            let mut own_max: Vec<(System, f64)> = Vec::new();
             // A smoke pass has no maximum step: its rate is fixed.
             let max_steps = if runner.args.smoke { &[][..] } else { &running[..] };
             for (system, started) in max_steps {
@@ -2143,6 +2151,8 @@ fn main() -> anyhow::Result<()> {
                 );
                 if system.is_kube() {
                     lowest_kube_max = lowest_kube_max.min(max.load.achieved_rps);
+                } else if system.latency_bound() {
+                    own_max.push((*system, max.load.achieved_rps));
                 } else {
                     lowest_max = lowest_max.min(max.load.achieved_rps);
                 }
@@ -2156,14 +2166,27 @@ fn main() -> anyhow::Result<()> {
             let fraction_of =
                 |max: f64| given.unwrap_or((max * runner.args.rate_fraction / 100.0).round() * 100.0);
             let (rate, kube_rate) = (fraction_of(lowest_max), fraction_of(lowest_kube_max));
-            if running.iter().any(|(s, _)| !s.is_kube()) {
+            if rate.is_finite() && running.iter().any(|(s, _)| !s.is_kube()) {
                 fixed_rates.push((protocol.clone(), rate));
             }
             if running.iter().any(|(s, _)| s.is_kube()) {
                 fixed_rates.push((format!("{protocol} K"), kube_rate));
             }
+            for (system, max) in &own_max {
+                let own = fraction_of(*max).min(rate);
+                if own < rate {
+                    fixed_rates.push((format!("{protocol} {system:?}"), own));
+                }
+            }
             for (system, started) in &running {
-                let rate = if system.is_kube() { kube_rate } else { rate };
+                let rate = if system.is_kube() {
+                    kube_rate
+                } else {
+                    match own_max.iter().find(|(s, _)| s == system) {
+                        Some((_, max)) => fraction_of(*max).min(rate),
+                        None => rate,
+                    }
+                };
                 eprintln!("-- {system:?} {protocol}: fixed rate {rate:.0} req/s");
                 let fixed = runner.step(*system, started, protocol, Kind::Fixed(rate), &mut quiet_budget)?;
                 eprintln!(
