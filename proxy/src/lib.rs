@@ -14,11 +14,14 @@
 //! * [`headers`]: the header policy itself, free of pingora so it can be tested and fuzzed;
 //! * [`snapshot`] and [`config`]: the immutable configuration a request runs with, and the static
 //!   YAML file it can be built from without a control plane;
+//! * [`audit`]: the one JSON audit line per request, formatted without `tracing`'s generic
+//!   formatter;
 //! * [`metrics`] and [`operations`]: Prometheus metrics with bounded labels, and the plain-HTTP
 //!   port serving them with `/healthz` and `/readyz`.
 //!
 //! It knows nothing of CRDs; the control plane publishes snapshots into the same `ArcSwap`.
 
+pub mod audit;
 pub mod config;
 pub mod downstream;
 pub mod headers;

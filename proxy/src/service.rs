@@ -603,20 +603,18 @@ impl ProxyHttp for ImpersonationProxy {
             .original
             .as_ref()
             .map_or("", |identity| identity.user.username.as_str());
-        tracing::info!(
-            target: "selkie::audit",
+        crate::audit::emit(&crate::audit::AuditRecord {
             user,
             original_user,
             authenticator,
-            verb = %request.method,
-            path = request.uri.path(),
+            verb: request.method.as_str(),
+            path: request.uri.path(),
             status,
-            bytes_sent = session.body_bytes_sent(),
-            latency_us = u64::try_from(ctx.started.elapsed().as_micros()).unwrap_or(u64::MAX),
-            refusal = ctx.refusal.as_deref().unwrap_or(""),
-            error = error.map(|e| e.etype().as_str()).unwrap_or(""),
-            "request"
-        );
+            bytes_sent: session.body_bytes_sent(),
+            latency_us: u64::try_from(ctx.started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            refusal: ctx.refusal.as_deref().unwrap_or(""),
+            error: error.map(|e| e.etype().as_str()).unwrap_or(""),
+        });
         self.metrics
             .request_finished(ctx.verb_class, status, ctx.started.elapsed());
         ctx.tunnel = None;
