@@ -1,14 +1,18 @@
 //! # selkie-perf
 //!
 //! The side-by-side benchmark harness of `PERF.md`: a fast HTTPS backend that checks the
-//! `Impersonate-*` headers it receives (`selkie-perf-backend`), an open- and closed-loop load
-//! client (`selkie-perf-load`) and the runner that puts direct, nginx and Selkie side by side
-//! (`selkie-perf-run`, started by `perf/run-first`). See `perf/README.md`.
+//! `Impersonate-*` headers it receives and serves watches and upgrade echoes
+//! (`selkie-perf-backend`), an identity provider for the JWT and webhook rows (`selkie-perf-idp`),
+//! an open- and closed-loop load client (`selkie-perf-load`), the runner that puts direct, nginx,
+//! haproxy and Selkie side by side (`selkie-perf-run`, started by `perf/run`) and the stream
+//! benchmarks (`selkie-perf-streams`, started by `perf/run-streams`). See `perf/README.md`.
 //!
 //! The library holds what the binaries share: the test PKI, rustls configuration, CPU-time
-//! sampling from `/proc` and the JSON reports the binaries exchange.
+//! sampling from `/proc`, child processes and the machine description, and the JSON reports the
+//! binaries exchange.
 
 pub mod pki;
+pub mod process;
 pub mod procstat;
 pub mod report;
 pub mod tls;

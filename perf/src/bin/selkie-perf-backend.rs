@@ -50,6 +50,7 @@ use hyper::{
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use selkie_perf::{
     parse_duration,
+    process::monotonic_ns,
     report::BackendCounters,
     tls::{server_config, ALPN_H2, ALPN_HTTP11},
 };
@@ -103,14 +104,6 @@ struct Args {
 
 /// The WebSocket subprotocol of `kubectl exec` the echo prefers.
 const WEBSOCKET_PROTOCOL: &str = "v5.channel.k8s.io";
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock the watch events carry (the same for every
-/// process on the machine).
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
 
 /// What the streams did: watches, their events and upgraded connections.
 #[derive(Debug, Default, Serialize)]

@@ -19,7 +19,7 @@
 use std::{
     fmt::Write as _,
     io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -32,7 +32,7 @@ use std::{
 use anyhow::Context as _;
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
 use clap::Parser;
-use nix::{sys::signal::Signal, unistd::Pid};
+use nix::sys::signal::Signal;
 use ring::{
     rand::SystemRandom,
     signature::{
@@ -44,6 +44,7 @@ use rustls_pki_types::{pem::PemObject as _, PrivatePkcs8KeyDer};
 use selkie_perf::{
     parse_duration,
     pki::PerfPki,
+    process::{free_port, shell, stop, wait_for_port, Machine},
     procstat::{load_average, process_tree, processes_named},
     report::{BackendCounters, LoadReport},
 };
@@ -400,82 +401,6 @@ struct Settings {
     rate_rule: String,
     path: &'static str,
     response_body_bytes: usize,
-}
-
-#[derive(Debug, Serialize)]
-struct Machine {
-    cpu_model: String,
-    cores: String,
-    kernel: String,
-    memory: String,
-    rustc: String,
-    nginx: String,
-    haproxy: String,
-}
-
-fn shell(command: &str) -> String {
-    Command::new("sh")
-        .args(["-c", command])
-        .output()
-        .map(|out| {
-            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.push_str(&String::from_utf8_lossy(&out.stderr));
-            text.trim().to_string()
-        })
-        .unwrap_or_default()
-}
-
-fn machine() -> Machine {
-    Machine {
-        cpu_model: shell("lscpu | sed -n 's/^Model name: *//p'"),
-        cores: shell(
-            "echo \"$(nproc) online; $(lscpu | sed -n 's/^Thread(s) per core: *//p') thread(s) per core\"",
-        ),
-        kernel: shell("uname -sr"),
-        memory: shell("free -h | awk '/^Mem:/ {print $2}'"),
-        rustc: shell("rustc --version"),
-        nginx: shell("nginx -v 2>&1"),
-        haproxy: shell("haproxy -v 2>&1 | head -1"),
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn wait_for_port(address: SocketAddr, child: &mut Child, what: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_err() {
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("{what} exited ({status}) before listening on {address}");
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{what} did not listen on {address} within 15 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-fn stop(mut child: Child, signal: Signal, what: &str) -> anyhow::Result<String> {
-    let pid = Pid::from_raw(i32::try_from(child.id())?);
-    let _ = nix::sys::signal::kill(pid, signal);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            eprintln!("{what} did not stop within 10 s; killing it");
-            child.kill()?;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        let _ = stdout.read_to_string(&mut out);
-    }
-    let _ = child.wait();
-    Ok(out)
 }
 
 fn counters<T: serde::de::DeserializeOwned>(admin: SocketAddr) -> anyhow::Result<T> {
@@ -2245,7 +2170,7 @@ fn main() -> anyhow::Result<()> {
 
     let results = Results {
         date_utc,
-        machine: machine(),
+        machine: Machine::describe(),
         settings: Settings {
             duration_s: runner.args.duration.as_secs_f64(),
             warmup_s: runner.args.warmup.as_secs_f64(),

@@ -24,7 +24,7 @@ use std::{
     collections::VecDeque,
     fmt::Write as _,
     io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -43,11 +43,12 @@ use http::{HeaderName, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt as _, Empty};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use nix::{sys::signal::Signal, unistd::Pid};
+use nix::sys::signal::Signal;
 use rustls_pki_types::ServerName;
 use selkie_perf::{
     parse_duration,
     pki::PerfPki,
+    process::{free_port, monotonic_ns, shell, stop, wait_for_port},
     procstat::{process_tree, rss_kib, total_cpu_time},
     report::{BackendCounters, Percentiles},
     tls::{client_config, ALPN_H2, ALPN_HTTP11},
@@ -200,58 +201,6 @@ impl Protocol {
 // ---------------------------------------------------------------------------------------------
 // Processes.
 
-fn shell(command: &str) -> String {
-    Command::new("sh")
-        .args(["-c", command])
-        .output()
-        .map(|out| {
-            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.push_str(&String::from_utf8_lossy(&out.stderr));
-            text.trim().to_string()
-        })
-        .unwrap_or_default()
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn wait_for_port(address: SocketAddr, child: &mut Child, what: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_err() {
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("{what} exited ({status}) before listening on {address}");
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{what} did not listen on {address} within 15 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-/// Signals `child`, waits (10 s, then kills it) and returns its stdout.
-fn stop(mut child: Child, signal: Signal, what: &str) -> anyhow::Result<String> {
-    let pid = Pid::from_raw(i32::try_from(child.id())?);
-    let _ = nix::sys::signal::kill(pid, signal);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            eprintln!("{what} did not stop within 10 s; killing it");
-            child.kill()?;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        let _ = stdout.read_to_string(&mut out);
-    }
-    let _ = child.wait();
-    Ok(out)
-}
-
 /// GET `path` on the backend's plain-HTTP admin port.
 fn admin_get(admin: SocketAddr, path: &str) -> anyhow::Result<String> {
     let mut tcp = TcpStream::connect_timeout(&admin, Duration::from_secs(2))?;
@@ -291,13 +240,6 @@ fn open_files_limit() -> Option<u64> {
         .nth(3)?
         .parse()
         .ok()
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds, the clock of the backend's `ts_ns`.
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
 }
 
 /// A running system under test; stopped when dropped.
@@ -1493,26 +1435,15 @@ async fn exec_step(env: &Env, sut: &Sut, target: &Target, system: System) -> any
 
 #[derive(Debug, Serialize)]
 struct Machine {
-    cpu_model: String,
-    cores: String,
-    kernel: String,
-    memory: String,
-    rustc: String,
-    nginx: String,
+    #[serde(flatten)]
+    common: selkie_perf::process::Machine,
     build: String,
     open_files_limit: Option<u64>,
 }
 
 fn machine(bin_dir: &Path) -> Machine {
     Machine {
-        cpu_model: shell("lscpu | sed -n 's/^Model name: *//p'"),
-        cores: shell(
-            "echo \"$(nproc) online; $(lscpu | sed -n 's/^Thread(s) per core: *//p') thread(s) per core\"",
-        ),
-        kernel: shell("uname -sr"),
-        memory: shell("free -h | awk '/^Mem:/ {print $2}'"),
-        rustc: shell("rustc --version"),
-        nginx: shell("nginx -v 2>&1"),
+        common: selkie_perf::process::Machine::describe(),
         build: bin_dir
             .file_name()
             .map(|name| name.to_string_lossy().into_owned())
@@ -1560,7 +1491,7 @@ fn opt(value: Option<f64>, digits: usize) -> String {
 
 fn markdown(results: &Results) -> String {
     let mut md = String::new();
-    let m = &results.machine;
+    let m = &results.machine.common;
     let _ = writeln!(
         md,
         "# Streams: held watches, watch fan-through, upgraded streams\n"
@@ -1574,8 +1505,11 @@ fn markdown(results: &Results) -> String {
         m.kernel,
         m.memory,
         m.nginx,
-        m.build,
-        m.open_files_limit.map_or("?".into(), |n| n.to_string())
+        results.machine.build,
+        results
+            .machine
+            .open_files_limit
+            .map_or("?".into(), |n| n.to_string())
     );
     let _ = writeln!(md, "| id | system |\n|---|---|");
     for (system, describe) in &results.systems {
