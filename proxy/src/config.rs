@@ -30,6 +30,7 @@ use crate::{
     headers::PreparedIdentity,
     snapshot::{ConciergePaths, Snapshot, TokenFile, Upstream, UpstreamCredential},
     tls::ServingCert,
+    upstream_gate::ConnectionGate,
 };
 
 /// The file's top level.
@@ -553,12 +554,16 @@ impl UpstreamConfig {
             ca,
             credential,
             connect_timeout: Duration::from_secs(5),
-            max_h2_streams: 100,
+            max_h2_streams: MAX_H2_STREAMS,
             h2_ping_interval: Duration::from_secs(30),
             access_reviewer,
+            gate: Arc::new(ConnectionGate::new(MAX_H2_STREAMS)),
         })
     }
 }
+
+/// HTTP/2 streams per upstream connection before another is opened.
+const MAX_H2_STREAMS: usize = 100;
 
 /// Parses a PEM bundle into pingora's certificate type, refusing anything x509-parser cannot
 /// read (pingora's own parser would panic on it).

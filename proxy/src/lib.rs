@@ -16,6 +16,8 @@
 //!   YAML file it can be built from without a control plane;
 //! * [`audit`]: the one JSON audit line per request, formatted without `tracing`'s generic
 //!   formatter;
+//! * [`upstream_gate`]: upstream HTTP/2 connections opened one at a time, only when the open
+//!   ones are full (pingora alone opens one per request in a burst);
 //! * [`metrics`] and [`operations`]: Prometheus metrics with bounded labels, and the plain-HTTP
 //!   port serving them with `/healthz` and `/readyz`.
 //!
@@ -32,3 +34,4 @@ pub mod service;
 pub mod snapshot;
 pub mod status;
 pub mod tls;
+pub mod upstream_gate;

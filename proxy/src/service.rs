@@ -27,6 +27,7 @@ use selkie_filters::{
 
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
+use crate::upstream_gate::Ticket;
 use crate::{
     headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
     metrics::{Active, Metrics, VerbClass},
@@ -93,6 +94,9 @@ pub struct RequestContext {
     in_flight: Option<Active>,
     /// Counts an upgraded request as an open tunnel until it ends.
     tunnel: Option<Active>,
+    /// The request's stream in the upstream connection gate (HTTP/2 with the proxy's own
+    /// credential), held until the request ends.
+    upstream_stream: Option<Ticket>,
 }
 
 fn bearer_token(value: &HeaderValue) -> Option<&str> {
@@ -327,6 +331,7 @@ impl ProxyHttp for ImpersonationProxy {
             verb_class: VerbClass::Other,
             in_flight: None,
             tunnel: None,
+            upstream_stream: None,
         }
     }
 
@@ -516,9 +521,14 @@ impl ProxyHttp for ImpersonationProxy {
             .as_ref()
             .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded"))?;
         let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
-        Ok(Box::new(
-            snapshot.upstream.peer(session.is_upgrade_req(), own_credential),
-        ))
+        let upgrade = session.is_upgrade_req();
+        // Upgrades get a connection of their own anyway; passed-through tokens use another pool.
+        // A retried request keeps the stream it already has.
+        if !upgrade && own_credential && ctx.upstream_stream.is_none() {
+            let upstream = &snapshot.upstream;
+            ctx.upstream_stream = Some(upstream.gate.pass(upstream.connect_timeout).await);
+        }
+        Ok(Box::new(snapshot.upstream.peer(upgrade, own_credential)))
     }
 
     async fn upstream_request_filter(
@@ -563,9 +573,12 @@ impl ProxyHttp for ImpersonationProxy {
         #[cfg(unix)] _fd: std::os::unix::io::RawFd,
         #[cfg(windows)] _sock: std::os::windows::io::RawSocket,
         _digest: Option<&pingora::protocols::Digest>,
-        _ctx: &mut Self::CTX,
+        ctx: &mut Self::CTX,
     ) -> Result<()> {
         self.metrics.upstream_connected(reused);
+        if let Some(stream) = &mut ctx.upstream_stream {
+            stream.connected(reused);
+        }
         Ok(())
     }
 

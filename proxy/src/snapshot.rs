@@ -9,6 +9,7 @@ use std::{
 };
 
 use crate::headers::PreparedIdentity;
+use crate::upstream_gate::ConnectionGate;
 use arc_swap::ArcSwapOption;
 use http::HeaderValue;
 use pingora::{
@@ -126,6 +127,10 @@ pub struct Upstream {
     pub h2_ping_interval: Duration,
     /// SubjectAccessReviews for nested impersonation, sent with the proxy's own credential.
     pub access_reviewer: AccessReviewer,
+    /// Stream accounting of the HTTP/2 connections made with the proxy's own credential, so that
+    /// a burst of requests opens connections one at a time ([`crate::upstream_gate`]). Must be
+    /// built with `max_h2_streams`.
+    pub gate: Arc<ConnectionGate>,
 }
 
 impl std::fmt::Debug for Upstream {

@@ -130,14 +130,15 @@ async fn more_watches_than_one_upstream_connection_carries_all_stay_open_and_del
         "selkie_proxy_upstream_connections_total{connection=\"new\"}",
     )
     .ok_or_else(|| anyhow::anyhow!("no upstream connection count in:\n{metrics}"))?;
-    // At least one connection per 100 streams. Opened all at once, the watches get more than
-    // that: pingora's pool lends a connection to one caller at a time while it opens a stream, so
-    // simultaneous callers that find none open their own (about one per three watches here).
-    // They are still multiplexed: fewer connections than watches.
+    // One connection per 100 streams, however the watches arrive: opened all at once, the
+    // requests that find every connection full wait while one of them opens the next (without
+    // that gate pingora opened about one connection per three watches here). One more is
+    // tolerated: a request that waited out its bound goes on as pingora would.
+    let needed = HELD_WATCHES.div_ceil(STREAMS_PER_UPSTREAM_CONNECTION) as f64;
     eprintln!("{HELD_WATCHES} watches over {upstream} new upstream connections");
     assert!(
-        upstream >= (HELD_WATCHES / STREAMS_PER_UPSTREAM_CONNECTION) as f64 && upstream < HELD_WATCHES as f64,
-        "{HELD_WATCHES} held watches over {upstream} upstream connections"
+        upstream >= needed && upstream <= needed + 1.0,
+        "{HELD_WATCHES} held watches over {upstream} upstream connections (needed {needed})"
     );
 
     // One event reaches every watch.
