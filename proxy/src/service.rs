@@ -27,7 +27,6 @@ use selkie_filters::{
 
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
-use crate::upstream_gate::Ticket;
 use crate::{
     headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
     metrics::{Active, Metrics, VerbClass},
@@ -35,6 +34,7 @@ use crate::{
     snapshot::{ConciergePaths, Snapshot, UpstreamCredential},
     status::{status_body, Failure},
     tls::PeerIdentity,
+    upstream_gate::Ticket,
 };
 
 /// Appends a header upstream. pingora copies any `HeaderName` it is given into a new buffer to
@@ -632,6 +632,7 @@ impl ProxyHttp for ImpersonationProxy {
             .request_finished(ctx.verb_class, status, ctx.started.elapsed());
         ctx.tunnel = None;
         ctx.in_flight = None;
+        ctx.upstream_stream = None;
     }
 
     async fn fail_to_proxy(

@@ -8,8 +8,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::headers::PreparedIdentity;
-use crate::upstream_gate::ConnectionGate;
+use crate::{headers::PreparedIdentity, upstream_gate::ConnectionGate};
 use arc_swap::ArcSwapOption;
 use http::HeaderValue;
 use pingora::{
