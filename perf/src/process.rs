@@ -4,10 +4,12 @@
 use std::{
     io::Read as _,
     net::{SocketAddr, TcpListener, TcpStream},
-    process::{Child, Command},
+    path::Path,
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde::Serialize;
 
@@ -67,6 +69,28 @@ pub fn stop(mut child: Child, signal: Signal, what: &str) -> anyhow::Result<Stri
     }
     let _ = child.wait();
     Ok(out)
+}
+
+/// Writes `conf` to `dir/nginx.conf` and starts nginx with it (prefix `dir`, error log
+/// `dir/nginx-error.log`) pinned to core 1, as the system under test; returns once `port` accepts
+/// connections. Fails when nginx is missing, exits, or does not listen within 15 s.
+pub fn start_nginx(dir: &Path, conf: &str, port: u16) -> anyhow::Result<Child> {
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf)?;
+    let mut child = Command::new("taskset")
+        .args(["-c", "1", "nginx", "-p"])
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .arg("-e")
+        .arg(dir.join("nginx-error.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting nginx (apt-get install -y nginx-light)")?;
+    wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), &mut child, "nginx")?;
+    Ok(child)
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock watch events carry, the same for every process
@@ -138,7 +162,7 @@ mod tests {
     fn stop_returns_the_piped_output_of_the_stopped_child() {
         let child = Command::new("sh")
             .args(["-c", "echo started; exec sleep 30"])
-            .stdout(std::process::Stdio::piped())
+            .stdout(Stdio::piped())
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(200));

@@ -44,7 +44,7 @@ use rustls_pki_types::{pem::PemObject as _, PrivatePkcs8KeyDer};
 use selkie_perf::{
     parse_duration,
     pki::PerfPki,
-    process::{free_port, shell, stop, wait_for_port, Machine},
+    process::{free_port, shell, start_nginx, stop, wait_for_port, Machine},
     procstat::{load_average, process_tree, processes_named},
     report::{BackendCounters, LoadReport},
 };
@@ -559,6 +559,55 @@ struct Running {
     swappable: Option<Swappable>,
 }
 
+impl Running {
+    /// nginx or haproxy listening on `port`: no extra client arguments, stopped with SIGTERM.
+    fn proxy(child: Child, port: u16) -> Self {
+        let sut = Some(child.id());
+        Self {
+            child: Some(child),
+            stop_signal: Signal::SIGTERM,
+            route: Route {
+                url: format!("https://127.0.0.1:{port}{PATH}"),
+                extra: Vec::new(),
+                sut,
+                unique_bearer: None,
+                ca: None,
+            },
+            helper: None,
+            swappable: None,
+        }
+    }
+
+    /// A direct row (no system in between): the client itself presents `cert`/`key` and the
+    /// fixed `Impersonate-*` headers to `url` (trusting `ca` when given, else the perf CA).
+    fn direct(url: String, cert: &Path, key: &Path, ca: Option<PathBuf>) -> Self {
+        let mut extra = vec![
+            "--cert".to_string(),
+            cert.display().to_string(),
+            "--key".to_string(),
+            key.display().to_string(),
+            "--header".to_string(),
+            format!("Impersonate-User: {USER}"),
+        ];
+        for group in GROUPS {
+            extra.extend(["--header".to_string(), format!("Impersonate-Group: {group}")]);
+        }
+        Self {
+            child: None,
+            stop_signal: Signal::SIGTERM,
+            route: Route {
+                url,
+                extra,
+                sut: None,
+                unique_bearer: None,
+                ca,
+            },
+            helper: None,
+            swappable: None,
+        }
+    }
+}
+
 impl Drop for Running {
     /// A step that failed must not leave the system under test running.
     fn drop(&mut self) {
@@ -928,35 +977,8 @@ http {{
             client_key = p(&self.pki.upstream_client.key),
             ca = p(&self.pki.ca),
         );
-        let path = dir.join("nginx.conf");
-        std::fs::write(&path, conf)?;
-        let mut child = Command::new("taskset")
-            .args(["-c", "1", "nginx", "-p"])
-            .arg(dir)
-            .arg("-c")
-            .arg(&path)
-            .arg("-e")
-            .arg(dir.join("nginx-error.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting nginx (apt-get install -y nginx-light)")?;
-        wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), &mut child, "nginx")?;
-        let sut = Some(child.id());
-        Ok(Running {
-            child: Some(child),
-            stop_signal: Signal::SIGTERM,
-            route: Route {
-                url: format!("https://127.0.0.1:{port}{PATH}"),
-                extra: Vec::new(),
-                sut,
-                unique_bearer: None,
-                ca: None,
-            },
-            helper: None,
-            swappable: None,
-        })
+        let child = start_nginx(dir, &conf, port)?;
+        Ok(Running::proxy(child, port))
     }
 
     fn start_haproxy(&self) -> anyhow::Result<Running> {
@@ -1031,20 +1053,7 @@ backend backend
             .spawn()
             .context("starting haproxy (apt-get install -y haproxy)")?;
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), &mut child, "haproxy")?;
-        let sut = Some(child.id());
-        Ok(Running {
-            child: Some(child),
-            stop_signal: Signal::SIGTERM,
-            route: Route {
-                url: format!("https://127.0.0.1:{port}{PATH}"),
-                extra: Vec::new(),
-                sut,
-                unique_bearer: None,
-                ca: None,
-            },
-            helper: None,
-            swappable: None,
-        })
+        Ok(Running::proxy(child, port))
     }
 
     /// Writes `count` tokens for `alg` (one a line) and returns the file.
@@ -1235,58 +1244,20 @@ backend backend
 
     fn start(&self, system: System) -> anyhow::Result<Running> {
         match system {
-            System::D => {
-                let mut extra = vec![
-                    "--cert".to_string(),
-                    self.pki.upstream_client.cert.display().to_string(),
-                    "--key".to_string(),
-                    self.pki.upstream_client.key.display().to_string(),
-                    "--header".to_string(),
-                    format!("Impersonate-User: {USER}"),
-                ];
-                for group in GROUPS {
-                    extra.extend(["--header".to_string(), format!("Impersonate-Group: {group}")]);
-                }
-                Ok(Running {
-                    child: None,
-                    stop_signal: Signal::SIGTERM,
-                    route: Route {
-                        url: format!("https://127.0.0.1:{}{PATH}", self.backend_port),
-                        extra,
-                        sut: None,
-                        unique_bearer: None,
-                        ca: None,
-                    },
-                    helper: None,
-                    swappable: None,
-                })
-            }
+            System::D => Ok(Running::direct(
+                format!("https://127.0.0.1:{}{PATH}", self.backend_port),
+                &self.pki.upstream_client.cert,
+                &self.pki.upstream_client.key,
+                None,
+            )),
             System::KD => {
                 let kube = self.kube.as_ref().context("K-D needs the cluster")?;
-                let mut extra = vec![
-                    "--cert".to_string(),
-                    kube.admin_cert.display().to_string(),
-                    "--key".to_string(),
-                    kube.admin_key.display().to_string(),
-                    "--header".to_string(),
-                    format!("Impersonate-User: {USER}"),
-                ];
-                for group in GROUPS {
-                    extra.extend(["--header".to_string(), format!("Impersonate-Group: {group}")]);
-                }
-                Ok(Running {
-                    child: None,
-                    stop_signal: Signal::SIGTERM,
-                    route: Route {
-                        url: format!("{}{PATH}", kube.server),
-                        extra,
-                        sut: None,
-                        unique_bearer: None,
-                        ca: Some(kube.ca.clone()),
-                    },
-                    helper: None,
-                    swappable: None,
-                })
+                Ok(Running::direct(
+                    format!("{}{PATH}", kube.server),
+                    &kube.admin_cert,
+                    &kube.admin_key,
+                    Some(kube.ca.clone()),
+                ))
             }
             System::N => self.start_nginx(),
             System::H => self.start_haproxy(),

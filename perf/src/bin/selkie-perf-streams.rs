@@ -48,7 +48,7 @@ use rustls_pki_types::ServerName;
 use selkie_perf::{
     parse_duration,
     pki::PerfPki,
-    process::{free_port, monotonic_ns, shell, stop, wait_for_port},
+    process::{free_port, monotonic_ns, shell, start_nginx, stop, wait_for_port},
     procstat::{process_tree, rss_kib, total_cpu_time},
     report::{BackendCounters, Percentiles},
     tls::{client_config, ALPN_H2, ALPN_HTTP11},
@@ -454,21 +454,7 @@ http {{
             client_key = p(&self.pki.upstream_client.key),
             ca = p(&self.pki.ca),
         );
-        let path = dir.join("nginx.conf");
-        std::fs::write(&path, conf)?;
-        let mut child = Command::new("taskset")
-            .args(["-c", "1", "nginx", "-p"])
-            .arg(dir)
-            .arg("-c")
-            .arg(&path)
-            .arg("-e")
-            .arg(dir.join("nginx-error.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting nginx (apt-get install -y nginx-light)")?;
-        wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), &mut child, "nginx")?;
+        let child = start_nginx(dir, &conf, port)?;
         let sut = Sut {
             child: Some(child),
             signal: Signal::SIGTERM,
