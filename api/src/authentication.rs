@@ -213,6 +213,27 @@ pub struct WebhookAuthenticatorSpec {
     /// How to trust the webhook's TLS certificate; the system roots when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TLSSpec>,
+
+    /// Selkie extension: what a TokenCredentialRequest's certificate must say of this webhook's
+    /// identities (see [`CertificateIdentity`]); Exact when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_identity: Option<CertificateIdentity>,
+}
+
+/// Selkie extension (Pinniped has no such field): what the client certificate of a
+/// TokenCredentialRequest must say of an identity this webhook returns. Exact (the default, as
+/// Pinniped): an identity with a UID, or extras other than
+/// authentication.kubernetes.io/credential-id, gets no certificate, because a certificate carries
+/// only a username and groups. UsernameAndGroups: it gets a certificate with its username and
+/// groups, and the UID and extras are left out — for webhooks whose identities always have a UID,
+/// such as kube-apiserver's own TokenReview of service-account tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum CertificateIdentity {
+    /// The whole identity: one with a UID or extras gets no certificate (Pinniped's behaviour).
+    #[default]
+    Exact,
+    /// The username and groups; the UID and extras are left out of the certificate.
+    UsernameAndGroups,
 }
 
 /// The observed state of a WebhookAuthenticator.

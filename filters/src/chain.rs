@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::{
     identity::{Credential, Identity},
     jwt::JwtAuthenticator,
+    login_api::CertificateIdentity,
     outcome::{Outcome, RejectReason},
     tokenreview::TokenReviewAuthenticator,
 };
@@ -31,6 +32,17 @@ impl TokenAuthenticator {
         match self {
             Self::Jwt(authenticator) => authenticator.name(),
             Self::TokenReview(authenticator) => authenticator.name(),
+        }
+    }
+
+    /// What a TokenCredentialRequest's client certificate may leave out of this authenticator's
+    /// identities: configurable for TokenReview webhooks, always [`CertificateIdentity::Exact`]
+    /// for JWT authenticators (whose UID and extras come only from claim mappings the
+    /// administrator writes).
+    pub fn certificate_identity(&self) -> CertificateIdentity {
+        match self {
+            Self::Jwt(_) => CertificateIdentity::Exact,
+            Self::TokenReview(authenticator) => authenticator.certificate_identity(),
         }
     }
 

@@ -8,7 +8,9 @@
 //! control plane installs the cluster's signing key when it has it, else its own signer CA).
 //! It answers as Pinniped's aggregated API does: a failed login is still `201 Created`, with
 //! `status.message: "authentication failed"` and no detail, and identities with a UID or extras
-//! are refused (a client certificate cannot carry them).
+//! are refused (a client certificate cannot carry them) — unless the authenticator is configured
+//! with [`CertificateIdentity::UsernameAndGroups`], a Selkie extension for TokenReview webhooks
+//! (kube-apiserver's own TokenReview gives every service account a UID).
 
 use std::{
     sync::Arc,
@@ -35,6 +37,20 @@ pub const CLIENT_CERTIFICATE_TTL: Duration = Duration::from_secs(5 * 60);
 pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
 /// The one extra a credential may carry; it names the credential, not the user.
 const CREDENTIAL_ID_EXTRA: &str = "authentication.kubernetes.io/credential-id";
+
+/// What a TokenCredentialRequest's client certificate must say of an authenticator's identity.
+/// A certificate carries a username (CN) and groups (O) only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CertificateIdentity {
+    /// All of it, as Pinniped: an identity with a UID, or extras other than the credential id,
+    /// gets no certificate.
+    #[default]
+    Exact,
+    /// The username and groups; the UID and extras are left out (and the audit line says so).
+    /// The administrator's explicit choice for one authenticator, e.g. kube-apiserver's
+    /// TokenReview of service-account tokens.
+    UsernameAndGroups,
+}
 
 /// Answers the Concierge's login API. Runs once per TokenCredentialRequest that reaches the proxy
 /// or the aggregated API server.
@@ -108,6 +124,15 @@ fn certificate_can_carry(user: &UserInfo) -> bool {
     !user.username.is_empty() && user.uid.is_none() && user.extra.keys().all(|key| key == CREDENTIAL_ID_EXTRA)
 }
 
+/// Whether `user` may be issued a certificate under `policy`, and whether that certificate
+/// leaves out a UID or extras the identity has.
+fn certificate_decision(user: &UserInfo, policy: CertificateIdentity) -> Option<bool> {
+    if certificate_can_carry(user) {
+        return Some(false);
+    }
+    (policy == CertificateIdentity::UsernameAndGroups && !user.username.is_empty()).then_some(true)
+}
+
 /// The chain's authenticator a TokenCredentialRequest names: kind and name must both match.
 fn named<'a>(chain: &'a Chain, kind: &str, name: &str) -> Option<&'a TokenAuthenticator> {
     chain.token_authenticators().iter().find(|authenticator| {
@@ -127,17 +152,19 @@ impl ConciergeApi for SignerConciergeApi {
         mut request: TokenCredentialRequest,
     ) -> TokenCredentialRequest {
         let reference = &request.spec.authenticator;
-        let outcome = match named(chain, &reference.kind, &reference.name) {
-            Some(authenticator) if !request.spec.token.is_empty() => {
-                authenticator.authenticate(&request.spec.token).await
-            }
-            _ => Outcome::NotMine,
+        let (outcome, policy) = match named(chain, &reference.kind, &reference.name) {
+            Some(authenticator) if !request.spec.token.is_empty() => (
+                authenticator.authenticate(&request.spec.token).await,
+                authenticator.certificate_identity(),
+            ),
+            _ => (Outcome::NotMine, CertificateIdentity::Exact),
         };
-        let credential = match &outcome {
-            Outcome::Authenticated(identity) if certificate_can_carry(&identity.user) => {
-                self.issue(&identity.user)
-            }
-            _ => None,
+        let (credential, omitted_uid_and_extra) = match &outcome {
+            Outcome::Authenticated(identity) => match certificate_decision(&identity.user, policy) {
+                Some(omits) => (self.issue(&identity.user), omits),
+                None => (None, false),
+            },
+            _ => (None, false),
         };
         tracing::info!(
             target: "selkie::audit",
@@ -147,6 +174,7 @@ impl ConciergeApi for SignerConciergeApi {
                 _ => "",
             },
             issued = credential.is_some(),
+            omitted_uid_and_extra = omitted_uid_and_extra && credential.is_some(),
             "token credential request"
         );
         request.status = match credential {
@@ -206,6 +234,45 @@ mod tests {
         user.uid = Some("42".into());
         assert!(!certificate_can_carry(&user));
         assert!(!certificate_can_carry(&UserInfo::default()));
+    }
+
+    #[test]
+    fn only_an_authenticator_configured_for_it_gets_certificates_without_uid_and_extras() {
+        let mut service_account = UserInfo {
+            username: "system:serviceaccount:ci:robot".into(),
+            uid: Some("8d4c0c8e".into()),
+            groups: vec!["system:serviceaccounts".into()],
+            ..UserInfo::default()
+        };
+        service_account.extra.insert(
+            "authentication.kubernetes.io/pod-name".into(),
+            vec!["runner".into()],
+        );
+        assert_eq!(
+            certificate_decision(&service_account, CertificateIdentity::Exact),
+            None
+        );
+        assert_eq!(
+            certificate_decision(&service_account, CertificateIdentity::UsernameAndGroups),
+            Some(true)
+        );
+        // Nothing left out: issued under either policy, and not reported as trimmed.
+        let plain = UserInfo {
+            username: "alice".into(),
+            ..UserInfo::default()
+        };
+        for policy in [CertificateIdentity::Exact, CertificateIdentity::UsernameAndGroups] {
+            assert_eq!(certificate_decision(&plain, policy), Some(false));
+        }
+        // A nameless identity never gets a certificate.
+        let nameless = UserInfo {
+            uid: Some("1".into()),
+            ..UserInfo::default()
+        };
+        assert_eq!(
+            certificate_decision(&nameless, CertificateIdentity::UsernameAndGroups),
+            None
+        );
     }
 
     #[test]

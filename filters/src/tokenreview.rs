@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::https::ClientAuth;
 use crate::{
     identity::{Forwarding, Identity, UserInfo},
+    login_api::CertificateIdentity,
     outcome::{Outcome, RejectReason},
     review_cache::{CacheConfig, RandomSourceError, ReviewCache},
 };
@@ -77,6 +78,9 @@ pub struct TokenReviewConfig {
     pub cache: CacheConfig,
     /// What to do with identities that carry a UID.
     pub uid_handling: UidHandling,
+    /// What a TokenCredentialRequest's client certificate may leave out of this authenticator's
+    /// identities.
+    pub certificate_identity: CertificateIdentity,
 }
 
 impl TokenReviewConfig {
@@ -93,6 +97,7 @@ impl TokenReviewConfig {
             timeout: Duration::from_secs(10),
             cache: CacheConfig::default(),
             uid_handling: UidHandling::Impersonate,
+            certificate_identity: CertificateIdentity::Exact,
         }
     }
 }
@@ -136,6 +141,7 @@ pub struct TokenReviewAuthenticator {
     audiences: Vec<String>,
     timeout: Duration,
     uid_handling: UidHandling,
+    certificate_identity: CertificateIdentity,
     cache: ReviewCache,
 }
 
@@ -180,6 +186,7 @@ impl TokenReviewAuthenticator {
             audiences: config.audiences,
             timeout: config.timeout,
             uid_handling: config.uid_handling,
+            certificate_identity: config.certificate_identity,
             cache: ReviewCache::new(config.cache)?,
         })
     }
@@ -187,6 +194,12 @@ impl TokenReviewAuthenticator {
     /// The configured name.
     pub fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// What a TokenCredentialRequest's client certificate may leave out of this authenticator's
+    /// identities.
+    pub fn certificate_identity(&self) -> CertificateIdentity {
+        self.certificate_identity
     }
 
     /// Reviews `token` (or reuses a cached result). Never returns [`Outcome::NotMine`]: an

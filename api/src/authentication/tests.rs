@@ -189,6 +189,38 @@ status:
     assert_eq!(serde_json::to_value(&empty).unwrap(), json!({"phase": "Pending"}));
 }
 
+// The Selkie extension: absent means Pinniped's behaviour and is never written back.
+#[test]
+fn webhook_certificate_identity_is_optional_and_round_trips() {
+    let plain: WebhookAuthenticator = round_trip(
+        r#"
+apiVersion: authentication.concierge.pinniped.dev/v1alpha1
+kind: WebhookAuthenticator
+metadata: {name: plain}
+spec: {endpoint: "https://example.com/review"}
+"#,
+    );
+    assert_eq!(plain.spec.certificate_identity, None);
+    let service_accounts: WebhookAuthenticator = round_trip(
+        r#"
+apiVersion: authentication.concierge.pinniped.dev/v1alpha1
+kind: WebhookAuthenticator
+metadata: {name: kube-apiserver}
+spec:
+  endpoint: https://kubernetes.default.svc/apis/authentication.k8s.io/v1/tokenreviews
+  certificateIdentity: UsernameAndGroups
+"#,
+    );
+    assert_eq!(
+        service_accounts.spec.certificate_identity,
+        Some(CertificateIdentity::UsernameAndGroups)
+    );
+    let unknown = serde_yaml::from_str::<WebhookAuthenticatorSpec>(
+        "{endpoint: 'https://example.com', certificateIdentity: Sometimes}",
+    );
+    assert!(unknown.is_err());
+}
+
 #[test]
 fn values_outside_pinnipeds_enums_are_refused() {
     let bad_kind = json!({"kind": "Pod", "name": "n", "key": "k"});

@@ -311,6 +311,8 @@ fn webhook_authenticator_has_exactly_pinnipeds_fields() {
     expected.extend(set(CONDITION_PATHS));
     expected.extend(set(TLS_PATHS));
     expected.insert("spec.endpoint".into());
+    // Selkie's one extension (optional; absent means Pinniped's behaviour).
+    expected.insert("spec.certificateIdentity".into());
     assert_eq!(paths("WebhookAuthenticator"), expected);
 }
 

@@ -7,9 +7,10 @@ use std::{sync::Arc, time::Duration};
 
 use http::Uri;
 use rustls_pki_types::{pem::PemObject, CertificateDer, ServerName};
-use selkie_api::authentication::WebhookAuthenticatorSpec;
+use selkie_api::authentication::{CertificateIdentity, WebhookAuthenticatorSpec};
 use selkie_filters::{
     chain::TokenAuthenticator,
+    login_api,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
 };
 
@@ -145,6 +146,10 @@ pub(crate) async fn evaluate(
     checks.push(connection_ok());
     let mut config = TokenReviewConfig::new(name, &spec.endpoint);
     config.ca_bundle_pem = tls.ca_bundle_pem.clone();
+    config.certificate_identity = match spec.certificate_identity.unwrap_or_default() {
+        CertificateIdentity::Exact => login_api::CertificateIdentity::Exact,
+        CertificateIdentity::UsernameAndGroups => login_api::CertificateIdentity::UsernameAndGroups,
+    };
     match TokenReviewAuthenticator::new(config) {
         Ok(authenticator) => {
             checks.push(authenticator_ok());
@@ -197,6 +202,7 @@ mod tests {
         let spec = WebhookAuthenticatorSpec {
             endpoint: format!("https://127.0.0.1:{port}/authenticate"),
             tls: None,
+            certificate_identity: None,
         };
         let evaluation = evaluate("w", &spec, &tls, false).await;
         let connection = &evaluation.checks[2];

@@ -197,15 +197,61 @@ impl<'a> Installation<'a> {
         Ok(self.cluster.kubectl().with_kubeconfig(&path))
     }
 
+    /// A TokenCredentialRequest for `token` naming the JWTAuthenticator `authenticator`.
     fn token_credential_request(&self, token: &str, authenticator: &str) -> String {
+        self.token_credential_request_for(token, "JWTAuthenticator", authenticator)
+    }
+
+    /// A TokenCredentialRequest for `token` naming the authenticator `name` of `kind`.
+    fn token_credential_request_for(&self, token: &str, kind: &str, name: &str) -> String {
         json!({
             "apiVersion": format!("{}/v1alpha1", self.group("login.concierge")),
             "kind": "TokenCredentialRequest",
             "spec": {"token": token, "authenticator": {
                 "apiGroup": self.group("authentication.concierge"),
-                "kind": "JWTAuthenticator", "name": authenticator}},
+                "kind": kind, "name": name}},
         })
         .to_string()
+    }
+
+    /// kubectl against kube-apiserver as `system:anonymous`.
+    fn anonymous_to_cluster(&self) -> anyhow::Result<Kubectl> {
+        self.anonymous_kubectl(
+            "anonymous",
+            self.cluster.server_url(),
+            &self.cluster.pki().server_ca.cert_pem(),
+        )
+    }
+
+    /// `POST`s a TokenCredentialRequest through kube-apiserver's aggregation with `kubectl` and
+    /// returns the answer.
+    async fn post_token_credential_request(
+        &self,
+        kubectl: &Kubectl,
+        request: &str,
+    ) -> anyhow::Result<String> {
+        let path = format!(
+            "/apis/{}/v1alpha1/tokencredentialrequests",
+            self.group("login.concierge")
+        );
+        Ok(kubectl
+            .run_with_stdin(&["create", "--raw", &path, "-f", "-"], Some(request))
+            .await?)
+    }
+
+    /// Waits until the authenticator `name` (`resource` names its plural and group, as kubectl
+    /// takes it) reports `phase: Ready`.
+    async fn wait_ready(&self, resource: &str, name: &str) -> anyhow::Result<()> {
+        eventually(Duration::from_secs(30), || async {
+            let status = self.get_json(&["get", resource, name]).await?;
+            ensure!(
+                status["status"]["phase"] == "Ready",
+                "status: {}",
+                status["status"]
+            );
+            Ok(())
+        })
+        .await
     }
 
     async fn apply_jwt_authenticator(&self, dex: &Dex, audience: &str) -> anyhow::Result<()> {
@@ -320,17 +366,10 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     );
 
     // The authenticator becomes Ready, and the replica leads.
-    eventually(Duration::from_secs(30), || async {
-        let status = installation.get_json(&["get", &jwt_resource, "dex"]).await?;
-        ensure!(
-            status["status"]["phase"] == "Ready",
-            "status: {}",
-            status["status"]
-        );
-        Ok(())
-    })
-    .await
-    .with_context(|| first.log())?;
+    installation
+        .wait_ready(&jwt_resource, "dex")
+        .await
+        .with_context(|| first.log())?;
     assert_eq!(lease_holder(&installation).await?, "replica-a");
 
     // A TokenCredentialRequest through kube-apiserver, as an anonymous client, with a Dex token.
@@ -338,19 +377,11 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         .password_grant("pinny@example.com", "password123")
         .await?
         .id_token;
-    let anonymous = installation.anonymous_kubectl(
-        "anonymous",
-        cluster.server_url(),
-        &cluster.pki().server_ca.cert_pem(),
-    )?;
+    let anonymous = installation.anonymous_to_cluster()?;
     let request = installation.token_credential_request(&token, "dex");
-    let tcr_path = format!(
-        "/apis/{}/v1alpha1/tokencredentialrequests",
-        installation.group("login.concierge")
-    );
     let response = eventually(Duration::from_secs(60), || async {
-        let response = anonymous
-            .run_with_stdin(&["create", "--raw", &tcr_path, "-f", "-"], Some(&request))
+        let response = installation
+            .post_token_credential_request(&anonymous, &request)
             .await?;
         credential(&response)?;
         Ok(response)
@@ -459,8 +490,8 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         .await?;
     let started = std::time::Instant::now();
     eventually(Duration::from_secs(2), || async {
-        let response = anonymous
-            .run_with_stdin(&["create", "--raw", &tcr_path, "-f", "-"], Some(&request))
+        let response = installation
+            .post_token_credential_request(&anonymous, &request)
             .await?;
         ensure!(credential(&response).is_err(), "still accepted: {response}");
         ensure!(response.contains("authentication failed"), "{response}");
@@ -518,17 +549,10 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         dir: tempfile::tempdir()?,
     };
     installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
-    eventually(Duration::from_secs(30), || async {
-        let status = installation.get_json(&["get", "jwtauthenticator", "dex"]).await?;
-        ensure!(
-            status["status"]["phase"] == "Ready",
-            "status: {}",
-            status["status"]
-        );
-        Ok(())
-    })
-    .await
-    .with_context(|| concierge.process().log())?;
+    installation
+        .wait_ready("jwtauthenticator", "dex")
+        .await
+        .with_context(|| concierge.process().log())?;
 
     // The proxy's endpoint and CA come from the CredentialIssuer; without a configured key the
     // cluster-key strategy says why.
@@ -550,24 +574,11 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         .password_grant("pinny@example.com", "password123")
         .await?
         .id_token;
-    let anonymous = installation.anonymous_kubectl(
-        "anonymous",
-        cluster.server_url(),
-        &cluster.pki().server_ca.cert_pem(),
-    )?;
+    let anonymous = installation.anonymous_to_cluster()?;
     let request = installation.token_credential_request(&token, "dex");
     let response = eventually(Duration::from_secs(60), || async {
-        let response = anonymous
-            .run_with_stdin(
-                &[
-                    "create",
-                    "--raw",
-                    "/apis/login.concierge.pinniped.dev/v1alpha1/tokencredentialrequests",
-                    "-f",
-                    "-",
-                ],
-                Some(&request),
-            )
+        let response = installation
+            .post_token_credential_request(&anonymous, &request)
             .await?;
         credential(&response)?;
         Ok(response)
@@ -835,5 +846,211 @@ async fn the_cluster_signing_key_is_read_from_files_on_the_node() -> anyhow::Res
     let still = publisher.login_api().signer().context("the signer is gone")?;
     assert!(Arc::ptr_eq(&still, &signer), "the last good key keeps signing");
     signing.abort();
+    Ok(())
+}
+
+/// A WebhookAuthenticator pointed at kube-apiserver's own TokenReview endpoint, applied with
+/// kubectl: a real service-account token's identity always has a UID, so by default (Pinniped's
+/// rule) it gets no certificate; with Selkie's `certificateIdentity: UsernameAndGroups` the same
+/// token is exchanged for a certificate of the service account's name and groups, which kubectl
+/// uses against kube-apiserver with the service account's RBAC. A value the CRD does not know is
+/// refused by kube-apiserver and leaves the working authenticator in place.
+#[tokio::test]
+async fn a_webhook_authenticator_on_kube_apiservers_token_review_exchanges_service_account_tokens(
+) -> anyhow::Result<()> {
+    let cluster = &Cluster::start().await?;
+    let aggregated_port = free_port()?;
+    let installation = Installation::install(cluster, aggregated_port).await?;
+    let replica = installation.start_replica("replica-a", aggregated_port).await?;
+    let ns = installation.namespace.clone();
+    let kubectl = cluster.kubectl();
+    // Pinniped's WebhookAuthenticator sends no credential of its own: let anonymous callers
+    // create TokenReviews (this private cluster only).
+    kubectl
+        .run(&[
+            "create",
+            "clusterrole",
+            "anonymous-token-review",
+            "--verb=create",
+            "--resource=tokenreviews.authentication.k8s.io",
+        ])
+        .await?;
+    kubectl
+        .run(&[
+            "create",
+            "clusterrolebinding",
+            "anonymous-token-review",
+            "--clusterrole=anonymous-token-review",
+            "--group=system:unauthenticated",
+        ])
+        .await?;
+    kubectl
+        .run(&["create", "serviceaccount", "robot", "-n", &ns])
+        .await?;
+    // A Role of its own (the aggregated `view` ClusterRole stays empty without
+    // kube-controller-manager).
+    kubectl
+        .run(&[
+            "create",
+            "role",
+            "configmap-reader",
+            "--verb=get,list",
+            "--resource=configmaps",
+            "-n",
+            &ns,
+        ])
+        .await?;
+    kubectl
+        .run(&[
+            "create",
+            "rolebinding",
+            "robot-reads-configmaps",
+            "--role=configmap-reader",
+            &format!("--serviceaccount={ns}:robot"),
+            "-n",
+            &ns,
+        ])
+        .await?;
+    let token = kubectl
+        .run(&["create", "token", "robot", "-n", &ns, "--duration=10m"])
+        .await?
+        .trim()
+        .to_string();
+    let service_account = format!("system:serviceaccount:{ns}:robot");
+
+    let resource = format!(
+        "webhookauthenticators.{}",
+        installation.group("authentication.concierge")
+    );
+    let authenticator = |certificate_identity: Option<&str>| {
+        let mut spec = json!({
+            "endpoint": format!("{}/apis/authentication.k8s.io/v1/tokenreviews", cluster.server_url()),
+            "tls": {"certificateAuthorityData": B64.encode(cluster.pki().server_ca.cert_pem())},
+        });
+        if let Some(value) = certificate_identity {
+            spec["certificateIdentity"] = json!(value);
+        }
+        json!({
+            "apiVersion": format!("{}/v1alpha1", installation.group("authentication.concierge")),
+            "kind": "WebhookAuthenticator",
+            "metadata": {"name": "kube-apiserver"},
+            "spec": spec,
+        })
+        .to_string()
+    };
+    let apply = |manifest: String| {
+        let kubectl = kubectl.clone();
+        async move { kubectl.output(&["apply", "-f", "-"], Some(&manifest)).await }
+    };
+    let applied = apply(authenticator(None)).await?;
+    ensure!(applied.success, "{}", applied.stderr);
+    installation
+        .wait_ready(&resource, "kube-apiserver")
+        .await
+        .with_context(|| replica.log())?;
+
+    let anonymous = installation.anonymous_to_cluster()?;
+    let request = installation.token_credential_request_for(&token, "WebhookAuthenticator", "kube-apiserver");
+    // Ready and published: the identity (with its UID) is refused with Pinniped's answer.
+    let refused = eventually(Duration::from_secs(60), || async {
+        installation
+            .post_token_credential_request(&anonymous, &request)
+            .await
+    })
+    .await
+    .with_context(|| replica.log())?;
+    let refused: Value = serde_json::from_str(&refused)?;
+    assert_eq!(refused["status"]["message"], "authentication failed", "{refused}");
+    assert!(refused["status"].get("credential").is_none(), "{refused}");
+    assert!(!refused.to_string().contains(&token), "the token is never echoed");
+    // The refusal is the UID rule's, not an authentication failure: the audit line says the
+    // service account authenticated and was not issued a certificate.
+    eventually(Duration::from_secs(10), || async {
+        let log = replica.log();
+        ensure!(
+            log.lines().any(|line| line.contains("token credential request")
+                && line.contains(&service_account)
+                && line.contains("\"issued\":false")),
+            "no audit line of the refused service account in:\n{log}"
+        );
+        Ok(())
+    })
+    .await?;
+
+    // GitOps: the same authenticator with Selkie's extension issues the certificate.
+    let applied = apply(authenticator(Some("UsernameAndGroups"))).await?;
+    ensure!(applied.success, "{}", applied.stderr);
+    let answer = eventually(Duration::from_secs(30), || async {
+        let answer = installation
+            .post_token_credential_request(&anonymous, &request)
+            .await?;
+        credential(&answer)?;
+        Ok(answer)
+    })
+    .await
+    .with_context(|| replica.log())?;
+    assert!(!answer.contains(&token), "the token is never echoed");
+    let (cert, key) = credential(&answer)?;
+    let as_robot = cluster.kubectl().with_kubeconfig(&installation.kubeconfig(
+        "robot",
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+        cert_user(&cert, &key),
+    )?);
+    let who = whoami(&as_robot).await?;
+    let user = &who["status"]["userInfo"];
+    assert_eq!(user["username"], service_account.as_str(), "{who}");
+    assert!(user.get("uid").is_none(), "a certificate carries no UID: {who}");
+    // Nor the token's extras: kube-apiserver adds only its own credential id of the certificate.
+    let extra = user["extra"].as_object().cloned().unwrap_or_default();
+    assert!(
+        extra
+            .keys()
+            .all(|key| key == "authentication.kubernetes.io/credential-id")
+            && extra
+                .values()
+                .flat_map(|v| v.as_array().cloned().unwrap_or_default())
+                .all(|id| id.as_str().is_some_and(|id| id.starts_with("X509SHA256="))),
+        "only the certificate's credential id: {who}"
+    );
+    let groups: Vec<&str> = user["groups"]
+        .as_array()
+        .context("no groups")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for group in ["system:serviceaccounts", &format!("system:serviceaccounts:{ns}")] {
+        assert!(groups.contains(&group), "{group} missing: {who}");
+    }
+    // The service account's RBAC applies to the certificate: it may read its namespace's
+    // ConfigMaps and nothing cluster-wide.
+    as_robot.run(&["get", "configmaps", "-n", &ns]).await?;
+    let denied = as_robot.output(&["get", "nodes"], None).await?;
+    assert!(
+        !denied.success && denied.stderr.contains("forbidden"),
+        "{}",
+        denied.stderr
+    );
+    let log = replica.log();
+    assert!(
+        log.lines().any(|line| line.contains("token credential request")
+            && line.contains(&service_account)
+            && line.contains("\"omitted_uid_and_extra\":true")),
+        "the audit line says what the certificate left out:\n{log}"
+    );
+    assert!(!log.contains(&token), "the token is never logged");
+
+    // A value the CRD does not know: kube-apiserver refuses it, and logins go on.
+    let bad = apply(authenticator(Some("Sometimes"))).await?;
+    assert!(!bad.success, "an unknown certificateIdentity was accepted");
+    assert!(
+        bad.stderr.contains("certificateIdentity") && bad.stderr.contains("Unsupported value"),
+        "{}",
+        bad.stderr
+    );
+    let answer = installation
+        .post_token_credential_request(&anonymous, &request)
+        .await?;
+    credential(&answer)?;
     Ok(())
 }

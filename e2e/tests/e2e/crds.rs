@@ -533,6 +533,7 @@ async fn status_subresource_and_printer_columns() -> anyhow::Result<()> {
                 WebhookAuthenticatorSpec {
                     endpoint: "https://webhook.example.com/authenticate".into(),
                     tls: None,
+                    certificate_identity: None,
                 },
             ),
         )
