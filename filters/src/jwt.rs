@@ -19,7 +19,8 @@
 //! unknown `kid` triggers one refresh (single-flight, at most once per
 //! [`JwtConfig::jwks_min_refresh_interval`]); key sets older than [`JwtConfig::jwks_max_age`] are
 //! refreshed on use. Verified results are cached (keyed by an HMAC of the token) no longer than
-//! the token's own expiry.
+//! the token's own expiry, unless [`JwtConfig::cache`] is [`CacheConfig::disabled`]: then every
+//! presentation of a token is verified in full, signature included.
 
 mod keys;
 mod mapping;
@@ -162,7 +163,8 @@ pub struct JwtConfig {
     pub jwks_max_age: Duration,
     /// Deadline for fetching discovery or keys.
     pub timeout: Duration,
-    /// Result cache (entries never outlive the token's `exp`).
+    /// Result cache (entries never outlive the token's `exp`); [`CacheConfig::disabled`] (capacity
+    /// 0) verifies every presentation of a token.
     pub cache: CacheConfig,
 }
 

@@ -8,6 +8,8 @@
 //! * Concurrent misses for one token are coalesced: one caller reviews, the others wait for its
 //!   result (and if it is not cacheable, the next waiter reviews).
 //! * Capacity is bounded; the least valuable entries are evicted (S3-FIFO).
+//! * A capacity of 0 turns the cache off ([`CacheConfig::disabled`]): every call runs its review,
+//!   nothing is stored, looked up or coalesced.
 
 use std::{
     future::Future,
@@ -21,7 +23,7 @@ use crate::outcome::{Outcome, RejectReason};
 /// Sizes and lifetimes of a [`ReviewCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheConfig {
-    /// Most entries held at once.
+    /// Most entries held at once; 0 turns the cache off (every call reviews).
     pub capacity: usize,
     /// How long an authenticated result is reused.
     pub positive_ttl: Duration,
@@ -39,6 +41,23 @@ impl Default for CacheConfig {
     }
 }
 
+impl CacheConfig {
+    /// No cache at all: every [`ReviewCache::get_or_review`] runs its review, concurrent calls
+    /// for one token included (capacity 0; the TTLs are not used).
+    pub fn disabled() -> Self {
+        Self {
+            capacity: 0,
+            positive_ttl: Duration::ZERO,
+            negative_ttl: Duration::ZERO,
+        }
+    }
+
+    /// Whether results are kept at all (capacity above 0).
+    pub fn is_enabled(&self) -> bool {
+        self.capacity > 0
+    }
+}
+
 #[derive(Clone)]
 struct Entry {
     outcome: Outcome,
@@ -48,7 +67,8 @@ struct Entry {
 /// See the module documentation.
 pub struct ReviewCache {
     key: hmac::Key,
-    entries: quick_cache::sync::Cache<[u8; 32], Entry>,
+    /// `None` when the cache is off (capacity 0).
+    entries: Option<quick_cache::sync::Cache<[u8; 32], Entry>>,
     config: CacheConfig,
 }
 
@@ -56,7 +76,7 @@ impl std::fmt::Debug for ReviewCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReviewCache")
             .field("config", &self.config)
-            .field("len", &self.entries.len())
+            .field("len", &self.len())
             .finish()
     }
 }
@@ -67,13 +87,16 @@ impl std::fmt::Debug for ReviewCache {
 pub struct RandomSourceError;
 
 impl ReviewCache {
-    /// An empty cache with a fresh random HMAC key.
+    /// An empty cache with a fresh random HMAC key; one that never holds anything when
+    /// `config.capacity` is 0.
     pub fn new(config: CacheConfig) -> Result<Self, RandomSourceError> {
         let key = hmac::Key::generate(hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
             .map_err(|_| RandomSourceError)?;
         Ok(Self {
             key,
-            entries: quick_cache::sync::Cache::new(config.capacity.max(1)),
+            entries: config
+                .is_enabled()
+                .then(|| quick_cache::sync::Cache::new(config.capacity)),
             config,
         })
     }
@@ -98,13 +121,16 @@ impl ReviewCache {
         F: FnOnce() -> Fut,
         Fut: Future<Output = (Outcome, Option<Duration>)>,
     {
+        let Some(entries) = &self.entries else {
+            return review().await.0;
+        };
         let key = self.key_for(token);
         let mut review = Some(review);
         loop {
-            match self.entries.get_value_or_guard_async(&key).await {
+            match entries.get_value_or_guard_async(&key).await {
                 Ok(entry) if entry.expires > Instant::now() => return entry.outcome,
                 Ok(_expired) => {
-                    self.entries.remove(&key);
+                    entries.remove(&key);
                 }
                 Err(guard) => {
                     let Some(review) = review.take() else {
@@ -128,14 +154,15 @@ impl ReviewCache {
         }
     }
 
-    /// Number of cached entries (expired ones included until they are looked up or evicted).
+    /// Number of cached entries (expired ones included until they are looked up or evicted);
+    /// always 0 when the cache is off.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.as_ref().map_or(0, |entries| entries.len())
     }
 
     /// Whether the cache holds nothing.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     fn ttl_for(&self, outcome: &Outcome) -> Option<Duration> {
@@ -242,10 +269,43 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_misses_for_one_token_run_one_review() {
-        let cache = Arc::new(cache(10_000, 10));
+    async fn a_disabled_cache_never_returns_an_entry() {
+        let cache = Arc::new(ReviewCache::new(CacheConfig::disabled()).unwrap());
+        assert!(!CacheConfig::disabled().is_enabled() && CacheConfig::default().is_enabled());
         let calls = Arc::new(AtomicUsize::new(0));
-        let tasks: Vec<_> = (0..32)
+        // Every call reviews, with whatever the review says now: nothing earlier is returned.
+        for (i, name) in ["alice", "bob", "carol"].into_iter().enumerate() {
+            let outcome = cache
+                .get_or_review("t", || async {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    identity(name)
+                })
+                .await;
+            assert_eq!(outcome, identity(name));
+            assert_eq!(calls.load(Ordering::SeqCst), i + 1);
+            assert!(cache.is_empty());
+        }
+        // Refusals and capped outcomes are not kept either.
+        cache
+            .get_or_review("u", || async {
+                Outcome::Rejected(RejectReason::NotAuthenticated)
+            })
+            .await;
+        cache
+            .get_or_review_capped("v", || async {
+                (identity("dave"), Some(Duration::from_secs(60)))
+            })
+            .await;
+        assert_eq!(cache.len(), 0);
+        // Concurrent calls for one token are not coalesced: each one reviews.
+        assert_eq!(concurrent_reviews(cache, 8, Duration::from_millis(20)).await, 8);
+    }
+
+    /// Asks `cache` for one token from `n` tasks at once, each review taking `pause`; returns how
+    /// many reviews ran.
+    async fn concurrent_reviews(cache: Arc<ReviewCache>, n: usize, pause: Duration) -> usize {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..n)
             .map(|_| {
                 let cache = cache.clone();
                 let calls = calls.clone();
@@ -253,7 +313,7 @@ mod tests {
                     cache
                         .get_or_review("same", || async {
                             calls.fetch_add(1, Ordering::SeqCst);
-                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            tokio::time::sleep(pause).await;
                             identity("alice")
                         })
                         .await
@@ -263,6 +323,12 @@ mod tests {
         for task in tasks {
             assert_eq!(task.await.unwrap(), identity("alice"));
         }
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        calls.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_for_one_token_run_one_review() {
+        let cache = Arc::new(cache(10_000, 10));
+        assert_eq!(concurrent_reviews(cache, 32, Duration::from_millis(50)).await, 1);
     }
 }

@@ -19,6 +19,7 @@ use selkie_filters::{
     identity::{Forwarding, Identity, UserInfo},
     jwt::{AudienceMatchPolicy, ClaimMapping, JwtAuthenticator, JwtConfig},
     login_api::{ConciergeApi, SignerConciergeApi},
+    review_cache::CacheConfig,
     signer::ClientCertificateSigner,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
     x509::X509Authenticator,
@@ -186,6 +187,73 @@ pub struct JwtAuthenticatorConfig {
     /// CA bundle for the issuer.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// How verified tokens are remembered; omitted: on, with the defaults of
+    /// [`JwtCacheConfig`].
+    #[serde(default)]
+    pub cache: Option<JwtCacheConfig>,
+}
+
+/// How a JWT authenticator remembers the outcome of verifying a token (`jwtAuthenticators[].cache`),
+/// keyed by an HMAC of the token, so that a token presented again is not verified again. Every
+/// field is optional:
+///
+/// ```yaml
+/// cache:
+///   enabled: true      # false: no cache, every request's token is verified in full
+///   capacity: 10000    # tokens remembered at most (at least 1)
+///   ttl: 60s           # how long a verified token is reused (never past its exp; > 0)
+///   negativeTtl: 5s    # how long a refused token stays refused (0s: not remembered)
+/// ```
+///
+/// With `enabled: false` the other fields must be absent. Failures to reach the issuer are never
+/// remembered.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JwtCacheConfig {
+    /// `false` turns the cache off: every presentation of a token is verified, signature
+    /// included (default `true`).
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Most tokens remembered at once, at least 1 (default 10,000).
+    #[serde(default)]
+    pub capacity: Option<usize>,
+    /// How long a verified token is reused, greater than zero (default 60 s); never past the
+    /// token's `exp`.
+    #[serde(default, deserialize_with = "deserialize_some_duration::<_, true>")]
+    pub ttl: Option<Duration>,
+    /// How long a refused token stays refused without another check (default 5 s; `0s`: not
+    /// remembered).
+    #[serde(default, deserialize_with = "deserialize_some_duration::<_, false>")]
+    pub negative_ttl: Option<Duration>,
+}
+
+impl JwtCacheConfig {
+    /// The result cache these settings describe; `field` (e.g. `jwtAuthenticators[0].cache`)
+    /// names the block in errors: the other fields set with `enabled: false`, or a capacity of 0.
+    pub fn cache_config(&self, field: &str) -> Result<CacheConfig, ConfigError> {
+        if self.enabled == Some(false) {
+            if self.capacity.is_some() || self.ttl.is_some() || self.negative_ttl.is_some() {
+                return Err(invalid(
+                    field,
+                    "capacity, ttl and negativeTtl do not apply with enabled: false",
+                ));
+            }
+            return Ok(CacheConfig::disabled());
+        }
+        let defaults = CacheConfig::default();
+        let capacity = self.capacity.unwrap_or(defaults.capacity);
+        if capacity == 0 {
+            return Err(invalid(
+                format!("{field}.capacity"),
+                "must be at least 1 (enabled: false turns the cache off)",
+            ));
+        }
+        Ok(CacheConfig {
+            capacity,
+            positive_ttl: self.ttl.unwrap_or(defaults.positive_ttl),
+            negative_ttl: self.negative_ttl.unwrap_or(defaults.negative_ttl),
+        })
+    }
 }
 
 /// Which claims name the user and the groups.
@@ -314,32 +382,50 @@ pub fn deserialize_positive_duration<'de, D>(deserializer: D) -> Result<Duration
 where
     D: serde::Deserializer<'de>,
 {
-    struct Positive;
-    impl serde::de::Visitor<'_> for Positive {
-        type Value = Duration;
+    deserializer.deserialize_any(DurationText { positive: true })
+}
 
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a duration such as 10s")
-        }
+/// An optional [`parse_duration`] field (`#[serde(default)]` when absent); `POSITIVE`: zero is
+/// refused, as [`deserialize_positive_duration`] does.
+fn deserialize_some_duration<'de, D, const POSITIVE: bool>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    deserializer
+        .deserialize_any(DurationText { positive: POSITIVE })
+        .map(Some)
+}
 
-        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
-            match parse_duration(text).map_err(E::custom)? {
-                Duration::ZERO => Err(E::custom(format!("{text:?} must be greater than zero"))),
-                duration => Ok(duration),
-            }
-        }
+/// A duration written as [`parse_duration`] reads it; `positive`: zero is refused.
+struct DurationText {
+    positive: bool,
+}
 
-        fn visit_u64<E: serde::de::Error>(self, number: u64) -> Result<Duration, E> {
-            Err(E::custom(format!(
-                "{number} has no unit (h, m, s or ms), e.g. {number}s"
-            )))
-        }
+impl serde::de::Visitor<'_> for DurationText {
+    type Value = Duration;
 
-        fn visit_i64<E: serde::de::Error>(self, number: i64) -> Result<Duration, E> {
-            Err(E::custom(format!("{number} has no unit (h, m, s or ms)")))
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a duration such as 10s")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+        match parse_duration(text).map_err(E::custom)? {
+            Duration::ZERO if self.positive => Err(E::custom(format!("{text:?} must be greater than zero"))),
+            duration => Ok(duration),
         }
     }
-    deserializer.deserialize_any(Positive)
+
+    fn visit_u64<E: serde::de::Error>(self, number: u64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "{number} has no unit (h, m, s or ms), e.g. {number}s"
+        )))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, number: i64) -> Result<Duration, E> {
+        Err(E::custom(format!("{number} has no unit (h, m, s or ms)")))
+    }
 }
 
 impl StaticConfig {
@@ -416,6 +502,9 @@ impl StaticConfig {
             config.groups = Some(ClaimMapping::claim(&jwt.claims.groups).into());
             config.audience_match_policy = Some(AudienceMatchPolicy::MatchAny);
             config.ca_bundle_pem = jwt.ca_file.as_deref().map(read_string).transpose()?;
+            if let Some(cache) = &jwt.cache {
+                config.cache = cache.cache_config(&format!("{field}.cache"))?;
+            }
             let authenticator = JwtAuthenticator::new(config).map_err(|e| invalid(&field, e))?;
             authenticators.push(TokenAuthenticator::Jwt(Arc::new(authenticator)));
         }

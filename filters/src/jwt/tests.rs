@@ -402,6 +402,39 @@ async fn an_unknown_kid_refreshes_the_keys_once_per_interval() {
     assert_eq!(jwt.authenticate(&stale).await, rejected(RejectReason::UnknownKey));
 }
 
+#[tokio::test]
+async fn with_the_cache_disabled_every_presentation_is_verified() {
+    let (old, new) = (TestKey::ec(), TestKey::ec());
+    let issuer = Issuer::start(&[("old", &old)]).await;
+    let cached = issuer.authenticator();
+    let mut config = issuer.config();
+    config.cache = CacheConfig::disabled();
+    let uncached = JwtAuthenticator::new(config).unwrap();
+    let token = old.token("old", &issuer.claims());
+    for jwt in [&cached, &uncached] {
+        assert!(matches!(
+            jwt.authenticate(&token).await,
+            Outcome::Authenticated(_)
+        ));
+    }
+    // The key is rotated out everywhere: the cached result still stands, the uncached
+    // authenticator checks the token again, finds no key for its kid (not even after the refresh
+    // an unknown kid triggers) and refuses.
+    issuer.publish(&[("new", &new)]);
+    let jwks = json!({"keys": [new.jwk("new")]}).to_string();
+    for jwt in [&cached, &uncached] {
+        assert_eq!(jwt.install_keys(jwks.as_bytes()).unwrap(), 1);
+    }
+    assert!(matches!(
+        cached.authenticate(&token).await,
+        Outcome::Authenticated(_)
+    ));
+    assert_eq!(
+        uncached.authenticate(&token).await,
+        rejected(RejectReason::UnknownKey)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_requests_fetch_the_keys_once() {
     let key = TestKey::ec();

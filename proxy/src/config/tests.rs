@@ -159,3 +159,63 @@ fn static_identity_and_credential_signer_are_checked() {
         "{error}"
     );
 }
+
+#[test]
+fn a_jwt_authenticators_cache_can_be_sized_or_turned_off() {
+    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\n\
+                upstream: {url: https://x, caFile: c}\n";
+    let jwt = |cache: &str| {
+        parse(&format!(
+            "{base}jwtAuthenticators:\n  - {{name: idp, issuer: https://idp, audience: a{cache}}}\n"
+        ))
+    };
+    let cache_of = |config: &StaticConfig| {
+        let authenticator = &config.jwt_authenticators[0];
+        match &authenticator.cache {
+            Some(cache) => cache.cache_config("jwtAuthenticators[0].cache"),
+            None => Ok(CacheConfig::default()),
+        }
+    };
+    assert_eq!(cache_of(&jwt("").unwrap()).unwrap(), CacheConfig::default());
+    assert_eq!(
+        cache_of(&jwt(", cache: {}").unwrap()).unwrap(),
+        CacheConfig::default()
+    );
+    assert_eq!(
+        cache_of(&jwt(", cache: {enabled: false}").unwrap()).unwrap(),
+        CacheConfig::disabled()
+    );
+    assert_eq!(
+        cache_of(&jwt(", cache: {capacity: 5, ttl: 2m, negativeTtl: 0s}").unwrap()).unwrap(),
+        CacheConfig {
+            capacity: 5,
+            positive_ttl: Duration::from_secs(120),
+            negative_ttl: Duration::ZERO,
+        }
+    );
+
+    // Mistakes are named: in the YAML ...
+    for (cache, complaint) in [
+        (", cache: {ttl: 0s}", "must be greater than zero"),
+        (", cache: {ttl: 60}", "has no unit"),
+        (", cache: {enabled: no-thanks}", "invalid type"),
+        (", cache: {size: 5}", "unknown field `size`"),
+    ] {
+        let error = jwt(cache).unwrap_err().to_string();
+        assert!(error.contains(complaint), "{cache}: {error}");
+    }
+    // ... and when the snapshot is built (before any file is read).
+    for (cache, expected) in [
+        (
+            ", cache: {capacity: 0}",
+            "jwtAuthenticators[0].cache.capacity: must be at least 1 (enabled: false turns the cache off)",
+        ),
+        (
+            ", cache: {enabled: false, ttl: 10s}",
+            "jwtAuthenticators[0].cache: capacity, ttl and negativeTtl do not apply with enabled: false",
+        ),
+    ] {
+        let error = jwt(cache).unwrap().snapshot().unwrap_err().to_string();
+        assert_eq!(error, expected, "{cache}");
+    }
+}
