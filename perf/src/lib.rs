@@ -8,14 +8,15 @@
 //! benchmarks (`selkie-perf-streams`, started by `perf/run-streams`). See `perf/README.md`.
 //!
 //! The library holds what the binaries share: the test PKI, rustls configuration, CPU-time
-//! sampling from `/proc`, child processes and the machine description, and the JSON reports the
-//! binaries exchange.
+//! sampling from `/proc`, child processes and the machine description, the JSON reports the
+//! binaries exchange, and reading watch streams line by line.
 
 pub mod pki;
 pub mod process;
 pub mod procstat;
 pub mod report;
 pub mod tls;
+pub mod watch;
 
 use std::time::Duration;
 

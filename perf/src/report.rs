@@ -88,6 +88,35 @@ pub struct LoadReport {
     pub tls: TlsInfo,
     /// CPU of the processes given with `--pid`, and of the load client itself (`load`).
     pub cpu: Vec<CpuUse>,
+    /// Watch mode only: the watch and the updates behind its events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch: Option<WatchReport>,
+}
+
+/// What the load client's watch mode saw (`--mode watch`): one watch held through the system
+/// under test while the client updates the watched object directly at the server, at a fixed
+/// rate. In its [`LoadReport`], `sent` counts the window's updates, `completed` their events,
+/// `latency_us` the time from sending an update to its event's arrival, `non_2xx` updates the
+/// server refused, and `errors` failed updates, missing events and unexpected lines.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WatchReport {
+    /// The watch was answered 200 and its first event (the object as it was) arrived.
+    pub established: bool,
+    /// Updates sent in the window.
+    pub updates: u64,
+    /// Of those, answered 2xx.
+    pub updates_ok: u64,
+    /// Updates that failed (connection errors, timeouts).
+    pub updates_failed: u64,
+    /// Events received for the window's updates.
+    pub events: u64,
+    /// Window updates answered 2xx whose event had not arrived when the drain ended.
+    pub missing: u64,
+    /// Lines that were not an event of one of this run's updates (or repeated one), and a watch
+    /// that ended early.
+    pub unexpected: u64,
+    /// How long the updates themselves took (sent → answered).
+    pub update_latency_us: Percentiles,
 }
 
 /// The backend's counters (`GET /counters` on its admin port).

@@ -8,6 +8,10 @@
 //!   (`send_lag_us`).
 //! * **Closed loop** (`--mode closed`): every connection (times `--streams` over HTTP/2) sends
 //!   the next request as soon as the previous one is answered; for maximum throughput only.
+//! * **Watch** (`--mode watch`): one watch (`--url` with `watch=1`) held open while the watched
+//!   object is updated directly at the server (`--update-url`, a merge patch of `data.seq`) at
+//!   `--rate` updates a second; latency from sending each update to the arrival of its event.
+//!   Every update of the window must come back as exactly one event ([`WatchReport`]).
 //!
 //! HTTP/1.1 keep-alive or HTTP/2 over TLS 1.3, optional client certificate, extra headers, an
 //! optional `Authorization: Bearer` token per request (rotating over a file of tokens, or a fresh
@@ -33,7 +37,7 @@ use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use http::{header, HeaderName, HeaderValue, Request, StatusCode, Uri};
-use http_body_util::{BodyExt as _, Empty};
+use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use nix::{
@@ -47,8 +51,9 @@ use rustls_pki_types::ServerName;
 use selkie_perf::{
     parse_duration,
     procstat::{process_tree, rss_kib, total_cpu_time},
-    report::{CpuUse, LoadReport, Percentiles, TlsInfo},
+    report::{CpuUse, LoadReport, Percentiles, TlsInfo, WatchReport},
     tls::{client_config, ALPN_H2, ALPN_HTTP11},
+    watch::for_each_line,
 };
 use tokio::{
     io::{unix::AsyncFd, Interest},
@@ -84,6 +89,8 @@ enum Mode {
     Open,
     /// As fast as the server answers.
     Closed,
+    /// One watch held open while its object is updated at a fixed rate (`--update-url`).
+    Watch,
 }
 
 /// Command-line arguments.
@@ -147,6 +154,19 @@ struct Args {
     /// descendants are included.
     #[arg(long)]
     pid: Vec<String>,
+    /// Watch mode: the watched object at the server itself (`https://HOST:PORT/api/v1/...`),
+    /// updated over HTTP/2 with `PATCH` (merge patch `{"data":{"seq":...}}`), `--rate` a second.
+    #[arg(long, required_if_eq("mode", "watch"))]
+    update_url: Option<Uri>,
+    /// CA bundle of the update server (default `--ca`).
+    #[arg(long)]
+    update_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for the updates.
+    #[arg(long, requires = "update_key")]
+    update_cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, requires = "update_cert")]
+    update_key: Option<PathBuf>,
 }
 
 /// How to open a connection and what to send on it.
@@ -238,13 +258,26 @@ impl Target {
         Ok(tls)
     }
 
+    /// The TLS session of the first connection (empty before one was made).
+    fn tls_info(&self) -> TlsInfo {
+        self.tls_info
+            .lock()
+            .ok()
+            .and_then(|info| info.clone())
+            .unwrap_or_default()
+    }
+
     async fn connect_h1(&self) -> anyhow::Result<http1::SendRequest<Empty<Bytes>>> {
         let (sender, connection) = http1::handshake(TokioIo::new(self.tls().await?)).await?;
         tokio::spawn(connection);
         Ok(sender)
     }
 
-    async fn connect_h2(&self) -> anyhow::Result<http2::SendRequest<Empty<Bytes>>> {
+    async fn connect_h2<B>(&self) -> anyhow::Result<http2::SendRequest<B>>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let (sender, connection) =
             http2::handshake(TokioExecutor::new(), TokioIo::new(self.tls().await?)).await?;
         tokio::spawn(connection);
@@ -662,6 +695,77 @@ fn parse_header(text: &str) -> anyhow::Result<(HeaderName, HeaderValue)> {
     ))
 }
 
+impl Target {
+    /// How to reach `url` over `protocol`: its address, a TLS 1.3 client trusting `ca` (and
+    /// presenting `identity`), the headers every request carries.
+    async fn new(
+        url: &Uri,
+        ca: &std::path::Path,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+        protocol: Protocol,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        bearer: Bearer,
+        args: &Args,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(url.scheme_str() == Some("https"), "{url} is not https://");
+        let host = url
+            .host()
+            .context("the URL has no host")?
+            .trim_matches(['[', ']']);
+        let port = url.port_u16().unwrap_or(443);
+        let address = tokio::net::lookup_host((host, port))
+            .await?
+            .next()
+            .with_context(|| format!("{host} has no address"))?;
+        let alpn: &[&[u8]] = match protocol {
+            Protocol::H1 => &[ALPN_HTTP11],
+            Protocol::H2 => &[ALPN_H2],
+        };
+        let config = client_config(ca, identity, alpn)?;
+        Ok(Self {
+            address,
+            server_name: ServerName::try_from(host.to_string())?,
+            connector: TlsConnector::from(Arc::new(config)),
+            protocol,
+            authority: HeaderValue::from_str(url.authority().map_or(host, |a| a.as_str()))?,
+            uri: url.clone(),
+            headers,
+            bearer,
+            built: AtomicU64::new(0),
+            fresh_connections: args.new_connection_per_request,
+            timeout: args.timeout,
+            tls_info: Mutex::new(None),
+        })
+    }
+}
+
+/// The CPU time of every group now.
+fn cpu_times(groups: &[PidGroup]) -> anyhow::Result<Vec<Duration>> {
+    groups.iter().map(|g| total_cpu_time(&g.pids)).collect()
+}
+
+/// Every group's CPU use between two [`cpu_times`], per one of `completed`.
+fn cpu_use(groups: &[PidGroup], before: &[Duration], after: &[Duration], completed: u64) -> Vec<CpuUse> {
+    groups
+        .iter()
+        .zip(before.iter().zip(after))
+        .map(|(group, (before, after))| {
+            let seconds = after.saturating_sub(*before).as_secs_f64();
+            CpuUse {
+                name: group.name.clone(),
+                pids: group.pids.clone(),
+                cpu_seconds: seconds,
+                us_per_request: if completed > 0 {
+                    seconds * 1e6 / completed as f64
+                } else {
+                    0.0
+                },
+                rss_kib: group.pids.iter().filter_map(|pid| rss_kib(*pid).ok()).sum(),
+            }
+        })
+        .collect()
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -677,20 +781,6 @@ async fn main() -> anyhow::Result<()> {
         args.mode == Mode::Closed || (args.rate.is_finite() && args.rate > 0.0),
         "--rate must be positive"
     );
-    let host = args
-        .url
-        .host()
-        .context("--url has no host")?
-        .trim_matches(['[', ']']);
-    let port = args.url.port_u16().unwrap_or(443);
-    let address = tokio::net::lookup_host((host, port))
-        .await?
-        .next()
-        .with_context(|| format!("{host} has no address"))?;
-    let alpn: &[&[u8]] = match args.protocol {
-        Protocol::H1 => &[ALPN_HTTP11],
-        Protocol::H2 => &[ALPN_H2],
-    };
     anyhow::ensure!(
         !args.new_connection_per_request || args.protocol == Protocol::H1,
         "--new-connection-per-request is for HTTP/1.1 (--protocol h1)"
@@ -712,29 +802,36 @@ async fn main() -> anyhow::Result<()> {
         (None, Some(prefix)) => Bearer::Unique(prefix.clone()),
         (None, None) => Bearer::None,
     };
+    let headers = args
+        .header
+        .iter()
+        .map(|h| parse_header(h))
+        .collect::<anyhow::Result<_>>()?;
     let identity = args.cert.as_deref().zip(args.key.as_deref());
-    let config = client_config(&args.ca, identity, alpn)?;
-    let target = Arc::new(Target {
-        address,
-        server_name: ServerName::try_from(host.to_string())?,
-        connector: TlsConnector::from(Arc::new(config)),
-        protocol: args.protocol,
-        authority: HeaderValue::from_str(args.url.authority().map_or(host, |a| a.as_str()))?,
-        uri: args.url.clone(),
-        headers: args
-            .header
-            .iter()
-            .map(|h| parse_header(h))
-            .collect::<anyhow::Result<_>>()?,
-        bearer,
-        built: AtomicU64::new(0),
-        fresh_connections: args.new_connection_per_request,
-        timeout: args.timeout,
-        tls_info: Mutex::new(None),
-    });
+    let target = Arc::new(
+        Target::new(
+            &args.url,
+            &args.ca,
+            identity,
+            args.protocol,
+            headers,
+            bearer,
+            &args,
+        )
+        .await?,
+    );
     let groups = pid_groups(&args.pid)?;
-    let stats = Arc::new(Stats::new()?);
+    let report = match args.mode {
+        Mode::Open | Mode::Closed => requests(&args, target, &groups).await?,
+        Mode::Watch => watch(&args, target, &groups).await?,
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
 
+/// Open and closed loop: requests over connections opened before the clock starts.
+async fn requests(args: &Args, target: Arc<Target>, groups: &[PidGroup]) -> anyhow::Result<LoadReport> {
+    let stats = Arc::new(Stats::new()?);
     // Open every connection before the clock starts: the handshakes are not part of the run.
     let mut connections = Vec::new();
     for _ in 0..args.connections {
@@ -756,7 +853,7 @@ async fn main() -> anyhow::Result<()> {
     let mut pacer = None;
     let max = args.max_requests;
     match args.mode {
-        Mode::Open => {
+        Mode::Open | Mode::Watch => {
             let mut senders = Vec::new();
             for connection in connections {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -798,10 +895,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     tokio::time::sleep_until(phases.measure_start.into()).await;
-    let cpu_before = groups
-        .iter()
-        .map(|g| total_cpu_time(&g.pids))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cpu_before = cpu_times(groups)?;
     let window_start = Instant::now();
     tokio::time::sleep_until(phases.measure_end.into()).await;
     // Open loop: the window ends when its last request is answered (or given up on).
@@ -810,10 +904,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await;
     let window = window_start.elapsed();
-    let cpu_after = groups
-        .iter()
-        .map(|g| total_cpu_time(&g.pids))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cpu_after = cpu_times(groups)?;
     workers.abort_all();
     if let Some(pacer) = pacer {
         pacer.abort();
@@ -832,29 +923,11 @@ async fn main() -> anyhow::Result<()> {
     };
     // Closed loop: the window is exactly the measured interval.
     let window_seconds = match args.mode {
-        Mode::Open => window.as_secs_f64(),
+        Mode::Open | Mode::Watch => window.as_secs_f64(),
         Mode::Closed => args.duration.as_secs_f64(),
     };
     let completed = w.completed;
-    let cpu = groups
-        .iter()
-        .zip(cpu_before.iter().zip(&cpu_after))
-        .map(|(group, (before, after))| {
-            let seconds = after.saturating_sub(*before).as_secs_f64();
-            CpuUse {
-                name: group.name.clone(),
-                pids: group.pids.clone(),
-                cpu_seconds: seconds,
-                us_per_request: if completed > 0 {
-                    seconds * 1e6 / completed as f64
-                } else {
-                    0.0
-                },
-                rss_kib: group.pids.iter().filter_map(|pid| rss_kib(*pid).ok()).sum(),
-            }
-        })
-        .collect();
-    let report = LoadReport {
+    Ok(LoadReport {
         mode: format!("{:?}", args.mode).to_lowercase(),
         protocol: format!("{:?}", args.protocol).to_lowercase(),
         connections: args.connections,
@@ -863,7 +936,7 @@ async fn main() -> anyhow::Result<()> {
             _ => 1,
         },
         target_rate: match args.mode {
-            Mode::Open => args.rate,
+            Mode::Open | Mode::Watch => args.rate,
             Mode::Closed => 0.0,
         },
         window_seconds,
@@ -878,14 +951,382 @@ async fn main() -> anyhow::Result<()> {
         error_examples: w.error_examples.clone(),
         latency_us: percentiles(w.latency_ns.as_ref()),
         send_lag_us: percentiles(w.lag_ns.as_ref()),
-        tls: target
-            .tls_info
+        tls: target.tls_info(),
+        cpu: cpu_use(groups, &cpu_before, &cpu_after, completed),
+        watch: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watch mode.
+
+/// One update of the watched object, until its event arrives.
+struct PendingUpdate {
+    sent: Instant,
+    /// Sent inside the measured window.
+    measured: bool,
+}
+
+/// What watch mode counts; see [`WatchReport`].
+struct WatchState {
+    /// `data.seq` of this run's updates is `<prefix><n>`.
+    prefix: String,
+    inner: Mutex<WatchCounts>,
+    /// Signalled when the first event arrives and whenever the last pending update got its event.
+    changed: tokio::sync::Notify,
+}
+
+struct WatchCounts {
+    established: bool,
+    pending: std::collections::HashMap<u64, PendingUpdate>,
+    event_ns: Histogram<u64>,
+    update_ns: Histogram<u64>,
+    lag_ns: Histogram<u64>,
+    updates: u64,
+    updates_ok: u64,
+    non_2xx: u64,
+    updates_failed: u64,
+    events: u64,
+    unexpected: u64,
+    event_bytes: u64,
+    examples: Vec<String>,
+}
+
+impl WatchCounts {
+    fn example(&mut self, text: String) {
+        if self.examples.len() < ERROR_EXAMPLES && !self.examples.contains(&text) {
+            self.examples.push(text);
+        }
+    }
+}
+
+impl WatchState {
+    fn new(prefix: String) -> anyhow::Result<Self> {
+        Ok(Self {
+            prefix,
+            inner: Mutex::new(WatchCounts {
+                established: false,
+                pending: std::collections::HashMap::new(),
+                event_ns: histogram()?,
+                update_ns: histogram()?,
+                lag_ns: histogram()?,
+                updates: 0,
+                updates_ok: 0,
+                non_2xx: 0,
+                updates_failed: 0,
+                events: 0,
+                unexpected: 0,
+                event_bytes: 0,
+                examples: Vec::new(),
+            }),
+            changed: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn counts(&self) -> anyhow::Result<std::sync::MutexGuard<'_, WatchCounts>> {
+        self.inner
             .lock()
-            .ok()
-            .and_then(|info| info.clone())
-            .unwrap_or_default(),
-        cpu,
+            .map_err(|_| anyhow::anyhow!("the watch statistics lock was poisoned"))
+    }
+
+    /// One line of the watch stream: the first event establishes the watch; every later one must
+    /// be the event of a pending update.
+    fn line(&self, line: &[u8]) {
+        let arrived = Instant::now();
+        let Ok(mut c) = self.inner.lock() else { return };
+        let event: Option<serde_json::Value> = serde_json::from_slice(line).ok();
+        let kind = event.as_ref().and_then(|e| e["type"].as_str());
+        if !c.established && matches!(kind, Some("ADDED" | "MODIFIED")) {
+            c.established = true;
+            self.changed.notify_waiters();
+            return;
+        }
+        let n = event
+            .as_ref()
+            .filter(|_| kind == Some("MODIFIED"))
+            .and_then(|e| e["object"]["data"]["seq"].as_str())
+            .and_then(|seq| seq.strip_prefix(self.prefix.as_str()))
+            .and_then(|n| n.parse::<u64>().ok());
+        match n.and_then(|n| c.pending.remove(&n)) {
+            Some(update) => {
+                if update.measured {
+                    c.events += 1;
+                    c.event_bytes += line.len() as u64 + 1;
+                    c.event_ns.saturating_record(nanos(arrived - update.sent));
+                }
+                if c.pending.is_empty() {
+                    self.changed.notify_waiters();
+                }
+            }
+            None => {
+                c.unexpected += 1;
+                let text = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                c.example(format!("unexpected watch line: {text}"));
+            }
+        }
+    }
+
+    /// Update `n` is about to be sent.
+    fn sending(&self, n: u64, measured: bool, lag: Duration) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.pending.insert(
+                n,
+                PendingUpdate {
+                    sent: Instant::now(),
+                    measured,
+                },
+            );
+            if measured {
+                c.updates += 1;
+                c.lag_ns.saturating_record(nanos(lag));
+            }
+        }
+    }
+
+    /// Update `n` was answered (or failed) after `took`; one that did not succeed expects no event.
+    fn answered(&self, n: u64, measured: bool, result: &Exchange, took: Duration) {
+        let Ok(mut c) = self.inner.lock() else { return };
+        let ok = matches!(result, Ok((status, _)) if status.is_success());
+        if !ok {
+            c.pending.remove(&n);
+            if c.pending.is_empty() {
+                self.changed.notify_waiters();
+            }
+        }
+        if !measured {
+            return;
+        }
+        match result {
+            Ok((status, _)) if status.is_success() => {
+                c.updates_ok += 1;
+                c.update_ns.saturating_record(nanos(took));
+            }
+            Ok((status, _)) => {
+                c.non_2xx += 1;
+                c.example(format!("update answered {status}"));
+            }
+            Err(error) => {
+                c.updates_failed += 1;
+                c.example(format!("update failed: {error:#}"));
+            }
+        }
+    }
+}
+
+/// Sends the updates whose intended times `pace` hands out, each on its own HTTP/2 stream.
+async fn send_updates(
+    update: Arc<Target>,
+    sender: http2::SendRequest<Full<Bytes>>,
+    state: Arc<WatchState>,
+    phases: Phases,
+    mut intended_times: mpsc::UnboundedReceiver<Instant>,
+) {
+    let mut in_flight = tokio::task::JoinSet::new();
+    let mut n = 0u64;
+    while let Some(intended) = intended_times.recv().await {
+        n += 1;
+        let measured = intended >= phases.measure_start;
+        let (update, state, mut sender) = (update.clone(), state.clone(), sender.clone());
+        in_flight.spawn(async move {
+            let body = format!(r#"{{"data":{{"seq":"{}{n}"}}}}"#, state.prefix);
+            let request = Request::patch(update.uri.clone())
+                .version(http::Version::HTTP_2)
+                .header(header::CONTENT_TYPE, "application/merge-patch+json")
+                .body(Full::new(Bytes::from(body)));
+            state.sending(n, measured, intended.elapsed());
+            let sent = Instant::now();
+            let work = async {
+                sender.ready().await?;
+                read_response(sender.send_request(request?).await?).await
+            };
+            let result = tokio::time::timeout(update.timeout, work)
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")));
+            state.answered(n, measured, &result, sent.elapsed());
+        });
+    }
+    while in_flight.join_next().await.is_some() {}
+}
+
+/// Watch mode (see [`Mode::Watch`]).
+async fn watch(args: &Args, target: Arc<Target>, groups: &[PidGroup]) -> anyhow::Result<LoadReport> {
+    let update_url = args
+        .update_url
+        .as_ref()
+        .context("--mode watch needs --update-url")?;
+    let update_identity = args.update_cert.as_deref().zip(args.update_key.as_deref());
+    let update = Arc::new(
+        Target::new(
+            update_url,
+            args.update_ca.as_deref().unwrap_or(&args.ca),
+            update_identity,
+            Protocol::H2,
+            Vec::new(),
+            Bearer::None,
+            args,
+        )
+        .await?,
+    );
+    let state = Arc::new(WatchState::new(format!("{}-", std::process::id()))?);
+    // Registered now, so that a first event arriving before the wait below is not missed.
+    let established = state.changed.notified();
+    tokio::pin!(established);
+    established.as_mut().enable();
+    let response = match args.protocol {
+        Protocol::H1 => {
+            let mut sender = target.connect_h1().await?;
+            sender.ready().await?;
+            sender.send_request(target.request()?).await?
+        }
+        Protocol::H2 => {
+            let mut sender = target.connect_h2::<Empty<Bytes>>().await?;
+            sender.ready().await?;
+            sender.send_request(target.request()?).await?
+        }
     };
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
+    anyhow::ensure!(
+        response.status() == StatusCode::OK,
+        "the watch was answered {}",
+        response.status()
+    );
+    let reader = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let end = for_each_line(response.into_body(), |line| state.line(line)).await;
+            // A watch that stops while the step runs loses events.
+            if let Ok(mut c) = state.inner.lock() {
+                c.unexpected += 1;
+                c.example(end.to_string());
+            }
+            state.changed.notify_waiters();
+        })
+    };
+    if !state.counts()?.established {
+        let _ = tokio::time::timeout(args.timeout, established).await;
+    }
+    anyhow::ensure!(
+        state.counts()?.established,
+        "the watch sent no first event within {} s",
+        args.timeout.as_secs()
+    );
+    let sender = update.connect_h2::<Full<Bytes>>().await?;
+
+    let start = Instant::now();
+    let phases = Phases {
+        measure_start: start + args.warmup,
+        measure_end: start + args.warmup + args.duration,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let updater = tokio::spawn(send_updates(update, sender, state.clone(), phases, rx));
+    let pacer = tokio::spawn(pace(
+        vec![tx],
+        start,
+        phases.measure_end,
+        args.rate,
+        args.max_requests,
+    ));
+    tokio::time::sleep_until(phases.measure_start.into()).await;
+    let cpu_before = cpu_times(groups)?;
+    let window_start = Instant::now();
+    if let Ok(Err(error)) = pacer.await {
+        anyhow::bail!("pacing failed: {error:#}");
+    }
+    // The window ends when the last update's event arrived (or the drain gave up on it).
+    let _ = tokio::time::timeout(args.timeout + DRAIN, async {
+        let _ = updater.await;
+        loop {
+            let waiting = state.changed.notified();
+            tokio::pin!(waiting);
+            waiting.as_mut().enable();
+            if state.counts().map_or(true, |c| c.pending.is_empty()) || reader.is_finished() {
+                return;
+            }
+            waiting.await;
+        }
+    })
+    .await;
+    let window = window_start.elapsed();
+    let cpu_after = cpu_times(groups)?;
+    reader.abort();
+
+    let c = state.counts()?;
+    let missing = c.pending.values().filter(|p| p.measured).count() as u64;
+    let window_seconds = window.as_secs_f64();
+    Ok(LoadReport {
+        mode: "watch".into(),
+        protocol: format!("{:?}", args.protocol).to_lowercase(),
+        connections: 1,
+        streams_per_connection: 1,
+        target_rate: args.rate,
+        window_seconds,
+        sent: c.updates,
+        completed: c.events,
+        non_2xx: c.non_2xx,
+        errors: c.updates_failed + missing + c.unexpected,
+        timeouts: missing,
+        reconnects: 0,
+        error_examples: c.examples.clone(),
+        achieved_rps: c.events as f64 / window_seconds,
+        body_bytes: c.event_bytes,
+        latency_us: percentiles(Some(&c.event_ns)),
+        send_lag_us: percentiles(Some(&c.lag_ns)),
+        tls: target.tls_info(),
+        cpu: cpu_use(groups, &cpu_before, &cpu_after, c.events),
+        watch: Some(WatchReport {
+            established: c.established,
+            updates: c.updates,
+            updates_ok: c.updates_ok,
+            updates_failed: c.updates_failed,
+            events: c.events,
+            missing,
+            unexpected: c.unexpected,
+            update_latency_us: percentiles(Some(&c.update_ns)),
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: &str, seq: &str) -> Vec<u8> {
+        serde_json::json!({"type": kind, "object": {"kind": "ConfigMap", "data": {"seq": seq}}})
+            .to_string()
+            .into_bytes()
+    }
+
+    #[test]
+    fn every_update_must_come_back_as_exactly_one_event() {
+        let state = WatchState::new("42-".into()).unwrap();
+        // The first event is the object as it was (an earlier run's seq): it establishes the watch.
+        state.line(&event("ADDED", "41-9"));
+        state.sending(1, false, Duration::ZERO);
+        state.sending(2, true, Duration::from_micros(30));
+        state.sending(3, true, Duration::ZERO);
+        state.sending(4, true, Duration::ZERO);
+        state.answered(4, true, &Err(anyhow::anyhow!("reset")), Duration::ZERO);
+        state.answered(2, true, &Ok((StatusCode::OK, 10)), Duration::from_micros(900));
+        state.line(&event("MODIFIED", "42-1"));
+        state.line(&event("MODIFIED", "42-2"));
+        state.line(&event("MODIFIED", "42-2"));
+        state.line(b"not json");
+        state.line(&event("ERROR", "42-3"));
+        let c = state.counts().unwrap();
+        assert!(c.established);
+        // 1 was warm-up (its event is expected, not counted); 2 arrived; 3 is still pending;
+        // 4 failed, so no event is expected for it.
+        assert_eq!((c.updates, c.updates_ok, c.updates_failed), (3, 1, 1));
+        assert_eq!(c.events, 1);
+        assert_eq!(c.pending.keys().copied().collect::<Vec<_>>(), [3]);
+        assert_eq!(
+            c.unexpected, 3,
+            "a repeated event, a malformed line, an ERROR event"
+        );
+        assert_eq!(c.event_ns.len(), 1);
+        assert!(
+            c.examples.iter().any(|e| e.contains("update failed: reset")),
+            "{:?}",
+            c.examples
+        );
+    }
 }

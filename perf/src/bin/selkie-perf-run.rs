@@ -5,16 +5,23 @@
 //! another, the systems under test: D (direct to the backend), N (nginx) and H (haproxy) as TLS
 //! reverse proxies adding a fixed `Impersonate-User`, and Selkie with a static identity (S0),
 //! client certificates (SX), bearer JWTs (SJ-RS256-1, SJ-ES256-1, SJ-RS256-10k, ...; the runner
-//! mints the tokens), a TokenReview webhook (SW-hit, SW-miss) and S0 while its configuration file
-//! is rewritten 10 times a second (SR); on request, the real kube-apiserver directly (K-D) and
-//! behind Selkie (K-S0), started with the e2e harness's `selkie-cluster`. The systems under test run on core 1 (`taskset -c 1`),
-//! the load client, the backend and the identity provider on core 0; all are started first and
-//! stay up, idle while another is measured. Per HTTP version: a closed-loop maximum-throughput
-//! step for every system, then an open-loop step for every system at one fixed rate, half of the
-//! lowest maximum (so every system can sustain it) unless `--rate-h1/--rate-h2` are given; then a
-//! handshake step (a new TLS connection per request, HTTP/1.1) for D, N, H and S0. Before every
-//! step the runner waits (bounded) for the machine to be quiet and records its load. The table
-//! goes to `<out>/<name>.md` and every number to `<out>/<name>.json`.
+//! mints the tokens; `-nocache` rows turn the authenticator's result cache off), a TokenReview
+//! webhook (SW-hit, SW-miss) and S0 while its configuration file is rewritten 10 times a second
+//! (SR); on request, the real kube-apiserver directly (K-D, K-D-list) and behind Selkie (K-S0,
+//! K-S0-list), started with the e2e harness's `selkie-cluster`: a ConfigMap GET, or a list of the
+//! Pods the runner created. The systems under test run on core 1 (`taskset -c 1`), the load
+//! client, the backend and the identity provider on core 0; all are started first and stay up,
+//! idle while another is measured.
+//!
+//! Per HTTP version: a closed-loop maximum-throughput step for every system; the rate sweep, an
+//! open-loop step for every system at each of `--rate-fractions` of its group's base rate (the
+//! lowest maximum among the group's proxies, so every system can sustain every step; one rate
+//! instead with `--rate-h1/--rate-h2`); per system, up to `--probes` open-loop probes bisecting
+//! for the highest rate whose p99 stays below `--p99-bound`; for K-D and K-S0 the watch step (a
+//! ConfigMap watch through the system while the ConfigMap is updated directly). Then a handshake
+//! step (a new TLS connection per request, HTTP/1.1) for D, N, H and S0. Before every step the
+//! runner waits (bounded) for the machine to be quiet and records its load. The tables go to
+//! `<out>/<name>.md` and every number to `<out>/<name>.json`.
 
 use std::{
     fmt::Write as _,
@@ -56,6 +63,18 @@ const USER: &str = "perf-user";
 const GROUPS: [&str; 2] = ["perf-devs", "perf-ops"];
 /// The request path: a ConfigMap GET, as kubectl would send it.
 const PATH: &str = "/api/v1/namespaces/default/configmaps/selkie-perf";
+/// K-D-list and K-S0-list: the pods the runner created, listed.
+const PODS_PATH: &str = "/api/v1/namespaces/default/pods";
+/// The ConfigMap of the watch step (updated directly at kube-apiserver while it is watched).
+const WATCH_OBJECT: &str = "/api/v1/namespaces/default/configmaps/selkie-perf-watch";
+/// The watch step's watch, as `kubectl get --watch` sends it for one object.
+const WATCH_PATH: &str =
+    "/api/v1/namespaces/default/configmaps?watch=1&fieldSelector=metadata.name%3Dselkie-perf-watch";
+/// A sweep or probe step met the latency bound only if it answered at least this share of the
+/// offered rate.
+const ACHIEVED_SHARE: f64 = 0.98;
+/// A probe's warm-up at most (the system is warm from the sweep).
+const PROBE_WARMUP: Duration = Duration::from_secs(2);
 /// Processes that mean someone else is busy on the machine.
 const BUSY: [&str; 3] = ["rustc", "kube-apiserver", "cc1"];
 
@@ -70,28 +89,31 @@ struct Args {
     /// `side-by-side-smoke` with `--smoke`).
     #[arg(long)]
     name: Option<String>,
-    /// Smoke pass (what `make test` runs): every system and protocol for 1 s after a 0.5 s
-    /// warm-up at `--smoke-rate` only (no maximum-throughput step), 4 HTTP/1.1 or 1 HTTP/2
-    /// connections, a bounded request count, no waiting for a quiet machine. Exits non-zero if
-    /// a system does not start or a step has no answers, a non-2xx answer, a failed request, a
-    /// re-established connection, a backend handshake failure or an impersonation mismatch.
-    /// Asserts that the harness runs, never that it is fast. Overrides `--duration`,
-    /// `--warmup`, the connection counts and the rates.
+    /// Smoke pass (what `make test` runs): every system and protocol, steps of 0.5 s after a
+    /// 0.25 s warm-up, no maximum-throughput step: a sweep of two steps at 50 % and 100 % of
+    /// `--smoke-rate` and one probe of the p99 search, 4 HTTP/1.1 or 1 HTTP/2 connections, a
+    /// bounded request count, no waiting for a quiet machine. Exits non-zero if a system does
+    /// not start or a step has no answers, a non-2xx answer, a failed request, a re-established
+    /// connection, a backend handshake failure or an impersonation mismatch. Asserts that the
+    /// harness runs, never that it is fast. Overrides `--duration`, `--warmup`, the connection
+    /// counts, the rates, `--rate-fractions`, `--probes` and `--probe-duration`.
     #[arg(long)]
     smoke: bool,
-    /// The fixed rate of every smoke step, requests per second.
+    /// The base rate of the smoke pass's sweep, requests per second.
     #[arg(long, default_value_t = 100.0)]
     smoke_rate: f64,
     /// Most requests one load step may send, warm-up included (default: the load client's own
     /// bound; with `--smoke` twice the scheduled count).
     #[arg(long)]
     max_requests: Option<u64>,
-    /// Systems to run, in this order: D, N, H, S0, SX, SJ-<RS256|ES256>-<tokens> (e.g.
-    /// SJ-RS256-100, SJ-ES256-10k), SW-hit, SW-miss, SR (see perf/README.md).
+    /// Systems to run, in this order: D, N, H, S0, SX, SJ-<RS256|ES256>-<tokens>[-nocache] (e.g.
+    /// SJ-RS256-100, SJ-ES256-10k, SJ-RS256-1-nocache), SW-hit, SW-miss, SR, and on request the
+    /// real kube-apiserver: K-D, K-S0 (GET a ConfigMap; with the watch step), K-D-list,
+    /// K-S0-list (list pods) (see perf/README.md).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "D,N,H,S0,SX,SJ-RS256-1,SJ-ES256-1,SJ-RS256-10k,SW-hit,SW-miss,SR"
+        default_value = "D,N,H,S0,SX,SJ-RS256-1,SJ-ES256-1,SJ-RS256-10k,SJ-RS256-1-nocache,SJ-ES256-1-nocache,SW-hit,SW-miss,SR"
     )]
     systems: Vec<String>,
     /// The handshake step (a new TLS connection per request, HTTP/1.1) for D, N, H and S0;
@@ -119,15 +141,39 @@ struct Args {
     /// Warm-up before every step.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     warmup: Duration,
-    /// Fixed rate for HTTP/1.1 (default: `--rate-fraction` of the lowest maximum).
+    /// One fixed rate for every HTTP/1.1 row instead of the sweep.
     #[arg(long)]
     rate_h1: Option<f64>,
-    /// Fixed rate for HTTP/2 (default: `--rate-fraction` of the lowest maximum).
+    /// One fixed rate for every HTTP/2 row instead of the sweep.
     #[arg(long)]
     rate_h2: Option<f64>,
-    /// Fraction of the lowest maximum throughput used as the fixed rate.
-    #[arg(long, default_value_t = 0.5)]
-    rate_fraction: f64,
+    /// The rate sweep: open-loop steps at these fractions (0 < f ≤ 1, or percentages such as
+    /// 25%) of the base rate, the lowest maximum among the proxies of a row's group (see
+    /// perf/README.md), for every system.
+    #[arg(
+        long,
+        alias = "rate-fraction",
+        value_delimiter = ',',
+        default_value = "0.1,0.25,0.5,0.75,0.9",
+        value_parser = parse_fraction
+    )]
+    rate_fractions: Vec<f64>,
+    /// The latency bound of the "max rate at p99 < bound" search.
+    #[arg(long, default_value = "5ms", value_parser = parse_duration)]
+    p99_bound: Duration,
+    /// Probes (open-loop steps) of the bounded search for the highest rate whose p99 stays
+    /// below `--p99-bound`, bisecting above the sweep's highest passing step; 0: the sweep only.
+    #[arg(long, default_value_t = 4)]
+    probes: usize,
+    /// Measured window of each probe (after a warm-up of `--warmup`, at most 2 s).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    probe_duration: Duration,
+    /// K-D and K-S0's watch step: updates of the watched ConfigMap per second.
+    #[arg(long, default_value_t = 50.0)]
+    watch_rate: f64,
+    /// K-D-list and K-S0-list: Pods the runner creates (and the rows list).
+    #[arg(long, default_value_t = 50)]
+    pods: usize,
     /// HTTP/1.1 connections.
     #[arg(long, default_value_t = 32)]
     h1_connections: usize,
@@ -147,7 +193,7 @@ struct Args {
     /// "Quiet": the machine's CPU busy share over 5 s below this (0–1, both cores together).
     #[arg(long, default_value_t = 0.15)]
     quiet_busy: f64,
-    /// K-D and K-S0: the `selkie-cluster` binary that starts etcd + kube-apiserver (default:
+    /// The K rows: the `selkie-cluster` binary that starts etcd + kube-apiserver (default:
     /// beside this one, else `target/debug/selkie-cluster`).
     #[arg(long)]
     cluster_bin: Option<PathBuf>,
@@ -191,8 +237,15 @@ enum System {
     S0,
     /// Selkie, client certificates.
     SX,
-    /// Selkie, bearer JWTs: the algorithm and how many distinct tokens the client rotates over.
-    SJ(JwtAlg, u32),
+    /// Selkie, bearer JWTs.
+    SJ {
+        /// The signature algorithm.
+        alg: JwtAlg,
+        /// How many distinct tokens the client rotates over.
+        tokens: u32,
+        /// Selkie's result cache on (`false`: `cache: {enabled: false}`, every token verified).
+        cache: bool,
+    },
     /// Selkie, TokenReview webhook: `miss` = a token never seen before on every request.
     SW {
         /// Every request a new token (cache miss) instead of one token (cache hit).
@@ -201,15 +254,21 @@ enum System {
     /// S0 while its configuration file is rewritten 10 times a second.
     SR,
     /// The real kube-apiserver, directly (admin certificate + `Impersonate-*`).
-    KD,
+    KD {
+        /// List the pods instead of GETting the ConfigMap.
+        list: bool,
+    },
     /// Selkie (static identity) in front of the real kube-apiserver.
-    KS0,
+    KS0 {
+        /// List the pods instead of GETting the ConfigMap.
+        list: bool,
+    },
 }
 
 impl System {
     fn parse(text: &str) -> anyhow::Result<Self> {
-        let known =
-            "D, N, H, S0, SX, SJ-<RS256|ES256>-<count, e.g. 1, 100, 10k>, SW-hit, SW-miss, SR, K-D, K-S0";
+        let known = "D, N, H, S0, SX, SJ-<RS256|ES256>-<count, e.g. 1, 100, 10k>[-nocache], SW-hit, \
+                     SW-miss, SR, K-D, K-S0, K-D-list, K-S0-list";
         Ok(match text {
             "D" => Self::D,
             "N" => Self::N,
@@ -219,11 +278,17 @@ impl System {
             "SW-hit" => Self::SW { miss: false },
             "SW-miss" => Self::SW { miss: true },
             "SR" => Self::SR,
-            "K-D" => Self::KD,
-            "K-S0" => Self::KS0,
+            "K-D" => Self::KD { list: false },
+            "K-S0" => Self::KS0 { list: false },
+            "K-D-list" => Self::KD { list: true },
+            "K-S0-list" => Self::KS0 { list: true },
             _ => {
                 let Some(rest) = text.strip_prefix("SJ-") else {
                     anyhow::bail!("unknown system {text:?} ({known})");
+                };
+                let (rest, cache) = match rest.strip_suffix("-nocache") {
+                    Some(rest) => (rest, false),
+                    None => (rest, true),
                 };
                 let (alg, count) = rest
                     .split_once('-')
@@ -240,7 +305,7 @@ impl System {
                 .ok()
                 .filter(|n| (1..=1_000_000).contains(n))
                 .with_context(|| format!("{text:?}: the token count must be 1 to 1000k"))?;
-                Self::SJ(alg, tokens)
+                Self::SJ { alg, tokens, cache }
             }
         })
     }
@@ -253,13 +318,22 @@ impl System {
             Self::H => "H".into(),
             Self::S0 => "S0".into(),
             Self::SX => "SX".into(),
-            Self::SJ(alg, n) if n >= 1000 && n % 1000 == 0 => format!("SJ-{}-{}k", alg.name(), n / 1000),
-            Self::SJ(alg, n) => format!("SJ-{}-{n}", alg.name()),
+            Self::SJ { alg, tokens, cache } => {
+                let count = if tokens >= 1000 && tokens % 1000 == 0 {
+                    format!("{}k", tokens / 1000)
+                } else {
+                    tokens.to_string()
+                };
+                let suffix = if cache { "" } else { "-nocache" };
+                format!("SJ-{}-{count}{suffix}", alg.name())
+            }
             Self::SW { miss: false } => "SW-hit".into(),
             Self::SW { miss: true } => "SW-miss".into(),
             Self::SR => "SR".into(),
-            Self::KD => "K-D".into(),
-            Self::KS0 => "K-S0".into(),
+            Self::KD { list: false } => "K-D".into(),
+            Self::KS0 { list: false } => "K-S0".into(),
+            Self::KD { list: true } => "K-D-list".into(),
+            Self::KS0 { list: true } => "K-S0-list".into(),
         }
     }
 
@@ -270,18 +344,34 @@ impl System {
             Self::H => "haproxy, TLS reverse proxy adding Impersonate-User/-Group".into(),
             Self::S0 => "Selkie, static identity".into(),
             Self::SX => "Selkie, client certificate → identity".into(),
-            Self::SJ(alg, 1) => format!("Selkie, bearer JWT {}, 1 token", alg.name()),
-            Self::SJ(alg, n) => format!("Selkie, bearer JWT {}, {n} tokens in turn", alg.name()),
+            Self::SJ { alg, tokens, cache } => {
+                let tokens = match tokens {
+                    1 => "1 token".to_string(),
+                    n => format!("{n} tokens in turn"),
+                };
+                let cache = if cache { "" } else { ", cache off" };
+                format!("Selkie, bearer JWT {}, {tokens}{cache}", alg.name())
+            }
             Self::SW { miss: false } => "Selkie, TokenReview webhook, 1 token (cache hit)".into(),
             Self::SW { miss: true } => "Selkie, TokenReview webhook, a new token every request (miss)".into(),
             Self::SR => "Selkie, static identity, configuration rewritten 10×/s".into(),
-            Self::KD => "direct: client → kube-apiserver (admin certificate + Impersonate-*)".into(),
-            Self::KS0 => "Selkie, static identity → kube-apiserver (admin certificate)".into(),
+            Self::KD { list: false } => {
+                "direct: client → kube-apiserver (admin certificate + Impersonate-*), GET a ConfigMap".into()
+            }
+            Self::KS0 { list: false } => {
+                "Selkie, static identity → kube-apiserver (admin certificate), GET a ConfigMap".into()
+            }
+            Self::KD { list: true } => {
+                "direct: client → kube-apiserver (admin certificate + Impersonate-*), list pods".into()
+            }
+            Self::KS0 { list: true } => {
+                "Selkie, static identity → kube-apiserver (admin certificate), list pods".into()
+            }
         }
     }
 
     fn is_selkie(self) -> bool {
-        !matches!(self, Self::D | Self::N | Self::H | Self::KD)
+        !matches!(self, Self::D | Self::N | Self::H | Self::KD { .. })
     }
 
     /// Its maximum throughput is bounded by a wait (the webhook's answer), not by CPU.
@@ -291,21 +381,38 @@ impl System {
 
     /// In front of the real kube-apiserver rather than `selkie-perf-backend`.
     fn is_kube(self) -> bool {
-        matches!(self, Self::KD | Self::KS0)
+        matches!(self, Self::KD { .. } | Self::KS0 { .. })
     }
 
-    /// The row this one's added latency is measured against.
+    /// Needs the identity provider (JWKS, TokenReview).
+    fn uses_idp(self) -> bool {
+        matches!(self, Self::SJ { .. } | Self::SW { .. })
+    }
+
+    /// The row this one's added latency is measured against, and whose rate group it is in.
     fn direct(self) -> Self {
-        if self.is_kube() {
-            Self::KD
-        } else {
-            Self::D
+        match self {
+            Self::KD { list } | Self::KS0 { list } => Self::KD { list },
+            _ => Self::D,
+        }
+    }
+
+    /// The request path of its load steps.
+    fn path(self) -> &'static str {
+        match self {
+            Self::KD { list: true } | Self::KS0 { list: true } => PODS_PATH,
+            _ => PATH,
         }
     }
 
     /// Part of the handshake step (new TLS connection per request).
     fn in_handshake_step(self) -> bool {
         matches!(self, Self::D | Self::N | Self::H | Self::S0)
+    }
+
+    /// Part of the watch step (a ConfigMap watch while the ConfigMap is updated).
+    fn in_watch_step(self) -> bool {
+        matches!(self, Self::KD { list: false } | Self::KS0 { list: false })
     }
 }
 
@@ -336,7 +443,12 @@ struct HotSwap {
 struct Step {
     system: System,
     protocol: String,
+    /// `max` (closed loop), `fixed-rate` (a sweep step, or the rate given), `probe` (the p99
+    /// search), `handshake` or `watch`.
     kind: &'static str,
+    /// A sweep step: its fraction of the base rate of the system's group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fraction: Option<f64>,
     load_average_1m_at_start: f64,
     cpu_busy_at_start: f64,
     waited_for_quiet_s: f64,
@@ -383,7 +495,49 @@ struct Results {
     machine: Machine,
     settings: Settings,
     skipped: Vec<String>,
+    /// The rate every sweep's fractions apply to, per protocol and group.
+    sweep_bases: Vec<SweepBase>,
+    /// Per system and protocol: the highest rate found with p99 below the bound.
+    bounded: Vec<BoundedMax>,
     steps: Vec<Step>,
+}
+
+/// The base rate of one group's sweep: the rows measured against one direct row (D, K-D,
+/// K-D-list), or a latency-bound row (SW-miss) whose own maximum is lower.
+#[derive(Debug, Clone, Serialize)]
+struct SweepBase {
+    protocol: String,
+    /// The direct row of the group, or the latency-bound row.
+    group: String,
+    /// Requests per second the fractions apply to.
+    base_rate: f64,
+    /// How it was chosen.
+    rule: String,
+    /// The group's direct row's maximum (closed loop), when measured.
+    direct_max: Option<f64>,
+    /// A fixed rate given on the command line (`--rate-h1`/`--rate-h2`): one step at the base
+    /// rate instead of the sweep.
+    given: bool,
+}
+
+/// The result of the search for the highest offered rate with p99 below `--p99-bound`.
+#[derive(Debug, Clone, Serialize)]
+struct BoundedMax {
+    system: System,
+    protocol: String,
+    /// The highest rate tried that met the bound (answered ≥ 98 % of the offered rate, no error,
+    /// p99 below the bound) with every lower rate tried meeting it too; `None`: even the lowest
+    /// rate tried missed it.
+    rate: Option<f64>,
+    /// The lowest rate tried that missed the bound; `None`: none did (the result is a lower
+    /// bound: the search stopped at its probe count or the closed-loop maximum).
+    lowest_missing: Option<f64>,
+    /// The closed-loop maximum, the search's upper end when no rate tried missed the bound.
+    ceiling: Option<f64>,
+    /// Probe steps run.
+    probes: usize,
+    /// Every rate tried (sweep and probes) and whether it met the bound.
+    tried: Vec<(f64, bool)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -397,10 +551,187 @@ struct Settings {
     swap_interval_ms: u128,
     swap_watch_interval_ms: u128,
     webhook_delay_ms: u128,
-    fixed_rates: Vec<(String, f64)>,
-    rate_rule: String,
+    /// The sweep's fractions of the base rates (`sweep_bases`).
+    rate_fractions: Vec<f64>,
+    p99_bound_us: f64,
+    probes: usize,
+    probe_duration_s: f64,
+    probe_warmup_s: f64,
+    watch_rate: f64,
+    pods: usize,
     path: &'static str,
     response_body_bytes: usize,
+}
+
+/// `--rate-fractions`: a fraction in (0, 1], written `0.25` or `25%`.
+fn parse_fraction(text: &str) -> Result<f64, String> {
+    let fraction = match text.trim().strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
+        None => text.trim().parse::<f64>(),
+    }
+    .map_err(|_| format!("{text:?} is not a fraction such as 0.25 or 25%"))?;
+    if fraction > 0.0 && fraction <= 1.0 {
+        Ok(fraction)
+    } else {
+        Err(format!("{text:?} is not in (0, 1]"))
+    }
+}
+
+/// A rate rounded to three significant digits (at least 1 request a second), so that the
+/// results show rates such as 2,430 rather than 2,431.7.
+fn round_rate(rate: f64) -> f64 {
+    if !rate.is_finite() || rate <= 1.0 {
+        return 1.0;
+    }
+    let scale = 10f64.powi(rate.log10().floor() as i32 - 2).max(1.0);
+    (rate / scale).round() * scale
+}
+
+/// Whether a fixed-rate or probe step met the latency bound: answers at (almost) the offered
+/// rate, no error, p99 below `bound_us`.
+fn meets_bound(load: &LoadReport, bound_us: f64) -> bool {
+    load.target_rate > 0.0
+        && load.completed > 0
+        && load.achieved_rps >= ACHIEVED_SHARE * load.target_rate
+        && load.errors == 0
+        && load.non_2xx == 0
+        && load.latency_us.p99 < bound_us
+}
+
+/// What the rates tried so far say about the highest rate under the bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Bracket {
+    /// The highest rate tried that met the bound, below every rate that missed it.
+    below: Option<f64>,
+    /// Where the search's upper end is.
+    above: f64,
+    /// `above` is a rate tried that missed the bound (not the closed-loop maximum, or twice
+    /// `below` when there is none).
+    above_missed: bool,
+}
+
+/// The bracket of `tried` (rate, met): the highest passing rate below the lowest missing one,
+/// and that missing rate; when none missed, the closed-loop `ceiling` if it is above, else twice
+/// the passing rate. `None` when nothing was tried.
+fn bracket(tried: &[(f64, bool)], ceiling: Option<f64>) -> Option<Bracket> {
+    let lowest_missing = tried
+        .iter()
+        .filter(|(_, met)| !met)
+        .map(|(rate, _)| *rate)
+        .reduce(f64::min);
+    let below = tried
+        .iter()
+        .filter(|(rate, met)| *met && lowest_missing.is_none_or(|missing| *rate < missing))
+        .map(|(rate, _)| *rate)
+        .reduce(f64::max);
+    match (below, lowest_missing) {
+        (_, Some(missing)) => Some(Bracket {
+            below,
+            above: missing,
+            above_missed: true,
+        }),
+        (Some(passing), None) => Some(Bracket {
+            below,
+            above: ceiling
+                .filter(|ceiling| *ceiling > passing * 1.02)
+                .unwrap_or(passing * 2.0),
+            above_missed: false,
+        }),
+        (None, None) => None,
+    }
+}
+
+/// The next probe of the bisection: halfway between the bracket's ends, rounded; `None` once the
+/// ends are within 2 % of each other (or rounding would repeat an end).
+fn next_probe(bracket: &Bracket) -> Option<f64> {
+    let low = bracket.below.unwrap_or(0.0);
+    if bracket.above - low <= 0.02 * bracket.above {
+        return None;
+    }
+    let probe = round_rate((low + bracket.above) / 2.0);
+    (probe > low && probe < bracket.above).then_some(probe)
+}
+
+/// The sweep's base rate of every group among `systems` for one protocol: `given` (one fixed
+/// rate), else `smoke` (the smoke pass's rate), else the lowest closed-loop maximum among the
+/// group's proxies (`maxima`; the direct row's own when the group has no proxy); a latency-bound
+/// row gets its own maximum where that is lower. Groups without a usable base are left out.
+fn sweep_bases(
+    protocol: &str,
+    systems: &[System],
+    maxima: &[(System, f64)],
+    given: Option<f64>,
+    smoke: Option<f64>,
+) -> Vec<SweepBase> {
+    let max_of = |system: System| {
+        maxima
+            .iter()
+            .find(|(s, _)| *s == system)
+            .map(|(_, max)| *max)
+            .filter(|max| *max > 0.0)
+    };
+    let mut bases = Vec::new();
+    let mut groups: Vec<System> = Vec::new();
+    for system in systems {
+        if !groups.contains(&system.direct()) {
+            groups.push(system.direct());
+        }
+    }
+    for group in groups {
+        let members: Vec<System> = systems.iter().copied().filter(|s| s.direct() == group).collect();
+        let lowest_proxy = members
+            .iter()
+            .filter(|s| **s != group && !s.latency_bound())
+            .filter_map(|s| max_of(*s).map(|max| (*s, max)))
+            .reduce(|a, b| if b.1 < a.1 { b } else { a });
+        let (base_rate, rule) = match (given, smoke, lowest_proxy, max_of(group)) {
+            (Some(rate), _, _, _) => (rate, format!("--rate-{protocol}")),
+            (None, Some(rate), _, _) => (rate, "--smoke-rate".to_string()),
+            (None, None, Some((proxy, max)), _) => (
+                round_rate(max),
+                format!("the lowest maximum among the proxies: {proxy:?}'s {max:.0} req/s"),
+            ),
+            (None, None, None, Some(max)) => (
+                round_rate(max),
+                format!("{group:?}'s maximum (no proxy measured)"),
+            ),
+            (None, None, None, None) => continue,
+        };
+        let base = SweepBase {
+            protocol: protocol.to_string(),
+            group: group.id(),
+            base_rate,
+            rule,
+            direct_max: max_of(group),
+            given: given.is_some(),
+        };
+        for bound in members.iter().filter(|s| s.latency_bound()) {
+            if let Some(own) =
+                max_of(*bound).filter(|own| *own < base_rate && given.is_none() && smoke.is_none())
+            {
+                bases.push(SweepBase {
+                    group: bound.id(),
+                    base_rate: round_rate(own),
+                    rule: format!(
+                        "its own maximum, {own:.0} req/s (bounded by the webhook's latency, not by CPU)"
+                    ),
+                    ..base.clone()
+                });
+            }
+        }
+        bases.push(base);
+    }
+    bases
+}
+
+/// The base of `system`'s sweep: its own (a latency-bound row), else its group's.
+fn base_of<'a>(bases: &'a [SweepBase], protocol: &str, system: System) -> Option<&'a SweepBase> {
+    let on = |group: String| {
+        bases
+            .iter()
+            .find(move |b| b.protocol == protocol && b.group == group)
+    };
+    on(system.id()).or_else(|| on(system.direct().id()))
 }
 
 fn counters<T: serde::de::DeserializeOwned>(admin: SocketAddr) -> anyhow::Result<T> {
@@ -533,7 +864,8 @@ impl Interference {
 
 /// How the load client reaches one system.
 struct Route {
-    url: String,
+    /// `https://HOST:PORT`; the step adds the path.
+    base: String,
     extra: Vec<String>,
     sut: Option<u32>,
     /// SW-miss: every step sends tokens `<prefix><step>-<n>` that were never sent before.
@@ -567,7 +899,7 @@ impl Running {
             child: Some(child),
             stop_signal: Signal::SIGTERM,
             route: Route {
-                url: format!("https://127.0.0.1:{port}{PATH}"),
+                base: format!("https://127.0.0.1:{port}"),
                 extra: Vec::new(),
                 sut,
                 unique_bearer: None,
@@ -579,8 +911,8 @@ impl Running {
     }
 
     /// A direct row (no system in between): the client itself presents `cert`/`key` and the
-    /// fixed `Impersonate-*` headers to `url` (trusting `ca` when given, else the perf CA).
-    fn direct(url: String, cert: &Path, key: &Path, ca: Option<PathBuf>) -> Self {
+    /// fixed `Impersonate-*` headers to `base` (trusting `ca` when given, else the perf CA).
+    fn direct(base: String, cert: &Path, key: &Path, ca: Option<PathBuf>) -> Self {
         let mut extra = vec![
             "--cert".to_string(),
             cert.display().to_string(),
@@ -596,7 +928,7 @@ impl Running {
             child: None,
             stop_signal: Signal::SIGTERM,
             route: Route {
-                url,
+                base,
                 extra,
                 sut: None,
                 unique_bearer: None,
@@ -736,8 +1068,10 @@ struct Kube {
 
 impl Kube {
     /// Starts the cluster on core 0 (`selkie-cluster --dir DIR up`), reads its admin kubeconfig,
-    /// creates the ConfigMap the rows GET and lets the group `perf-devs` read ConfigMaps.
-    fn start(cluster_bin: &Path, dir: &Path) -> anyhow::Result<Self> {
+    /// creates the ConfigMap the rows GET, the ConfigMap the watch step updates, `pods` Pods
+    /// (Pending forever: there is no scheduler or kubelet) for the list rows, and lets the group
+    /// `perf-devs` get, list and watch ConfigMaps and Pods.
+    fn start(cluster_bin: &Path, dir: &Path, pods: usize) -> anyhow::Result<Self> {
         let cluster_dir = dir.join("cluster");
         eprintln!(
             "starting etcd + kube-apiserver on core 0 ({})",
@@ -789,6 +1123,9 @@ impl Kube {
         let kubectl = kubectl();
         // About 1 KiB of JSON, like the perf backend's answer.
         let payload = format!("--from-literal=payload={}", "x".repeat(900));
+        let pod_list = dir.join("kube-pods.json");
+        std::fs::write(&pod_list, pod_manifests(pods).to_string())?;
+        let pod_list = pod_list.display().to_string();
         for args in [
             vec![
                 "create",
@@ -800,10 +1137,19 @@ impl Kube {
             ],
             vec![
                 "create",
+                "configmap",
+                "selkie-perf-watch",
+                "-n",
+                "default",
+                "--from-literal=seq=0",
+            ],
+            vec!["create", "-f", pod_list.as_str()],
+            vec![
+                "create",
                 "clusterrole",
                 "selkie-perf-read",
-                "--verb=get",
-                "--resource=configmaps",
+                "--verb=get,list,watch",
+                "--resource=configmaps,pods",
             ],
             vec![
                 "create",
@@ -847,6 +1193,23 @@ impl Kube {
     }
 }
 
+/// `count` Pods in `default` as one `List` (`selkie-perf-000`, ...: one `pause` container each,
+/// never scheduled).
+fn pod_manifests(count: usize) -> serde_json::Value {
+    let items: Vec<serde_json::Value> = (0..count)
+        .map(|i| {
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": format!("selkie-perf-{i:03}"), "namespace": "default",
+                             "labels": {"app": "selkie-perf"}},
+                "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]},
+            })
+        })
+        .collect();
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
 /// `kubectl` from `PATH`, else the one the e2e harness built into `~/.cache/selkie/components`.
 fn kubectl() -> PathBuf {
     if Command::new("kubectl")
@@ -888,10 +1251,28 @@ struct Runner {
 enum Kind {
     /// Closed loop, maximum throughput.
     Max,
-    /// Open loop at this rate.
+    /// Open loop at this rate (a sweep step, or the rate given).
     Fixed(f64),
+    /// Open loop at this rate for `--probe-duration`: a probe of the p99 search.
+    Probe(f64),
     /// A new TLS connection per request (HTTP/1.1); open loop at the rate, or closed when None.
     Handshakes(Option<f64>),
+    /// A watch on a ConfigMap held through the system while the runner's client updates it
+    /// directly at kube-apiserver, `--watch-rate` times a second (K rows only).
+    Watch,
+}
+
+impl Kind {
+    /// As the results name it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Max => "max",
+            Self::Fixed(_) => "fixed-rate",
+            Self::Probe(_) => "probe",
+            Self::Handshakes(_) => "handshake",
+            Self::Watch => "watch",
+        }
+    }
 }
 
 impl Runner {
@@ -1094,8 +1475,10 @@ backend backend
         let port = free_port()?;
         let q = |path: &Path| serde_json::to_string(&path.display().to_string()).unwrap_or_default();
         let (upstream, upstream_ca, client_cert, client_key) = match (system, &self.kube) {
-            (System::KS0, Some(kube)) => (kube.server.clone(), &kube.ca, &kube.admin_cert, &kube.admin_key),
-            (System::KS0, None) => anyhow::bail!("K-S0 needs the cluster"),
+            (System::KS0 { .. }, Some(kube)) => {
+                (kube.server.clone(), &kube.ca, &kube.admin_cert, &kube.admin_key)
+            }
+            (System::KS0 { .. }, None) => anyhow::bail!("{system:?} needs the cluster"),
             _ => (
                 format!("https://127.0.0.1:{}", self.backend_port),
                 &self.pki.ca,
@@ -1119,7 +1502,7 @@ backend backend
             .map(|idp| idp.issuer.clone())
             .unwrap_or_default();
         match system {
-            System::S0 | System::SR | System::KS0 => {
+            System::S0 | System::SR | System::KS0 { .. } => {
                 let _ = write!(
                     config,
                     "staticIdentity:\n  username: {USER}\n  groups: [{}, {}]\n",
@@ -1135,13 +1518,16 @@ backend backend
                     self.pki.user.key.display().to_string(),
                 ]);
             }
-            System::SJ(alg, count) => {
+            System::SJ { alg, tokens, cache } => {
                 let _ = write!(
                     config,
                     "jwtAuthenticators:\n  - name: perf-jwt\n    issuer: {issuer}\n    audience: {AUDIENCE}\n    claims:\n      username: username\n      groups: groups\n    caFile: {}\n",
                     q(&self.pki.ca)
                 );
-                let tokens = self.token_file(alg, count)?;
+                if !cache {
+                    config.push_str("    cache: {enabled: false}\n");
+                }
+                let tokens = self.token_file(alg, tokens)?;
                 extra.extend(["--bearer-file".to_string(), tokens.display().to_string()]);
             }
             System::SW { miss } => {
@@ -1158,7 +1544,9 @@ backend backend
                     extra.extend(["--bearer-file".to_string(), path.display().to_string()]);
                 }
             }
-            System::D | System::N | System::H | System::KD => anyhow::bail!("{system:?} is not Selkie"),
+            System::D | System::N | System::H | System::KD { .. } => {
+                anyhow::bail!("{system:?} is not Selkie")
+            }
         }
         let path = self.dir.join(format!("selkie-{system:?}.yaml"));
         std::fs::write(&path, &config)?;
@@ -1231,7 +1619,7 @@ backend backend
             child: Some(child),
             stop_signal: Signal::SIGINT,
             route: Route {
-                url: format!("https://127.0.0.1:{port}{PATH}"),
+                base: format!("https://127.0.0.1:{port}"),
                 extra,
                 sut,
                 unique_bearer,
@@ -1245,15 +1633,15 @@ backend backend
     fn start(&self, system: System) -> anyhow::Result<Running> {
         match system {
             System::D => Ok(Running::direct(
-                format!("https://127.0.0.1:{}{PATH}", self.backend_port),
+                format!("https://127.0.0.1:{}", self.backend_port),
                 &self.pki.upstream_client.cert,
                 &self.pki.upstream_client.key,
                 None,
             )),
-            System::KD => {
-                let kube = self.kube.as_ref().context("K-D needs the cluster")?;
+            System::KD { .. } => {
+                let kube = self.kube.as_ref().context("the K rows need the cluster")?;
                 Ok(Running::direct(
-                    format!("{}{PATH}", kube.server),
+                    kube.server.clone(),
                     &kube.admin_cert,
                     &kube.admin_key,
                     Some(kube.ca.clone()),
@@ -1297,15 +1685,23 @@ backend backend
             wait_for_quiet(&self.args, quiet_budget, &self.own_processes())
         };
         let step_number = self.steps_started.fetch_add(1, Ordering::Relaxed);
+        let (warmup, duration) = match kind {
+            Kind::Probe(_) => (self.args.warmup.min(PROBE_WARMUP), self.args.probe_duration),
+            _ => (self.args.warmup, self.args.duration),
+        };
+        let path = match kind {
+            Kind::Watch => WATCH_PATH,
+            _ => system.path(),
+        };
         let mut command = Command::new("taskset");
         command
             .args(["-c", "0"])
             .arg(self.bin_dir.join("selkie-perf-load"))
-            .args(["--url", &route.url, "--protocol", protocol])
+            .args(["--url", &format!("{}{path}", route.base), "--protocol", protocol])
             .arg("--ca")
             .arg(route.ca.as_ref().unwrap_or(&self.pki.ca))
-            .args(["--duration", &format!("{}ms", self.args.duration.as_millis())])
-            .args(["--warmup", &format!("{}ms", self.args.warmup.as_millis())])
+            .args(["--duration", &format!("{}ms", duration.as_millis())])
+            .args(["--warmup", &format!("{}ms", warmup.as_millis())])
             .args(&route.extra);
         match (&self.kube, system.is_kube()) {
             // K rows: the "backend" is kube-apiserver + etcd (the cluster's process tree).
@@ -1321,11 +1717,12 @@ backend backend
         if let Some(sut) = route.sut {
             command.args(["--pid", &format!("sut={sut}")]);
         }
-        if let (Some(idp), System::SJ(..) | System::SW { .. }) = (&self.idp, system) {
+        if let (Some(idp), true) = (&self.idp, system.uses_idp()) {
             command.args(["--pid", &format!("idp={}", idp.pid)]);
         }
         let connections = match kind {
             Kind::Handshakes(_) => self.args.handshake_connections,
+            Kind::Watch => 1,
             _ if protocol == "h2" => self.args.h2_connections,
             _ => self.args.h1_connections,
         };
@@ -1334,8 +1731,20 @@ backend backend
             Kind::Max | Kind::Handshakes(None) => {
                 command.args(["--mode", "closed", "--streams", &self.args.h2_streams.to_string()]);
             }
-            Kind::Fixed(rate) | Kind::Handshakes(Some(rate)) => {
+            Kind::Fixed(rate) | Kind::Probe(rate) | Kind::Handshakes(Some(rate)) => {
                 command.args(["--mode", "open", "--rate", &format!("{rate}")]);
+            }
+            Kind::Watch => {
+                let kube = self.kube.as_ref().context("the watch step needs the cluster")?;
+                command
+                    .args(["--mode", "watch", "--rate", &format!("{}", self.args.watch_rate)])
+                    .args(["--update-url", &format!("{}{WATCH_OBJECT}", kube.server)])
+                    .arg("--update-ca")
+                    .arg(&kube.ca)
+                    .arg("--update-cert")
+                    .arg(&kube.admin_cert)
+                    .arg("--update-key")
+                    .arg(&kube.admin_key);
             }
         }
         if let Kind::Handshakes(_) = kind {
@@ -1351,8 +1760,8 @@ backend backend
             }
         };
         let before = backend_counters()?;
-        let idp_before = match (&self.idp, system) {
-            (Some(idp), System::SJ(..) | System::SW { .. }) => Some(counters::<IdpCounters>(idp.admin)?),
+        let idp_before = match (&self.idp, system.uses_idp()) {
+            (Some(idp), true) => Some(counters::<IdpCounters>(idp.admin)?),
             _ => None,
         };
         let reloads_before = self.reloads(running);
@@ -1370,10 +1779,7 @@ backend backend
             .stderr(Stdio::inherit())
             .spawn()
             .context("starting selkie-perf-load")?;
-        let output = wait_bounded(
-            child,
-            self.args.warmup + self.args.duration + Duration::from_secs(60),
-        );
+        let output = wait_bounded(child, warmup + duration + Duration::from_secs(60));
         let swaps_written = swapper.map(Swapper::stop);
         let output = output?;
         let busy_during_step = watcher.stop();
@@ -1395,11 +1801,8 @@ backend backend
         Ok(Step {
             system,
             protocol: protocol.to_string(),
-            kind: match kind {
-                Kind::Max => "max",
-                Kind::Fixed(_) => "fixed-rate",
-                Kind::Handshakes(_) => "handshake",
-            },
+            kind: kind.name(),
+            fraction: None,
             load_average_1m_at_start,
             cpu_busy_at_start,
             waited_for_quiet_s: waited,
@@ -1411,6 +1814,30 @@ backend backend
             hot_swap,
             command: rendered,
         })
+    }
+}
+
+/// One line on stderr about a fixed-rate or probe step.
+fn log_fixed(step: &Step, bound_us: f64) {
+    eprintln!(
+        "   p50 {:.0} µs, p99 {:.0} µs, achieved {:.0} req/s, SUT {:?} µs/req, errors {}, mismatches {}{}",
+        step.load.latency_us.p50,
+        step.load.latency_us.p99,
+        step.load.achieved_rps,
+        sut_cpu(step),
+        step.load.errors,
+        step.backend.impersonation_mismatches,
+        if meets_bound(&step.load, bound_us) {
+            ""
+        } else {
+            "; misses the p99 bound"
+        },
+    );
+    if let Some(swap) = &step.hot_swap {
+        eprintln!(
+            "   hot swap: {} configurations written, {} reloads logged",
+            swap.swaps_written, swap.reloads_logged
+        );
     }
 }
 
@@ -1502,6 +1929,209 @@ fn group_cpu(step: &Step, name: &str) -> f64 {
         .map_or(0.0, |c| c.us_per_request)
 }
 
+/// The sweep fraction whose steps fill the fixed-rate table: the one closest to 50 % (PERF.md's
+/// "added latency at 50 % load"); `None` when no sweep ran (a rate given per protocol).
+fn reference_fraction(fractions: &[f64]) -> Option<f64> {
+    fractions
+        .iter()
+        .copied()
+        .reduce(|a, b| if (b - 0.5).abs() < (a - 0.5).abs() { b } else { a })
+}
+
+/// `step`'s p50 and p99 minus its direct row's at the same protocol and offered rate; "—" for a
+/// direct row or when its direct row has no step at that rate.
+fn added_latency(step: &Step, steps: &[Step]) -> String {
+    let same_rate = |d: &&Step| {
+        d.system == step.system.direct()
+            && d.protocol == step.protocol
+            && (d.kind == "fixed-rate" || d.kind == "probe" || d.kind == "watch")
+            && d.kind == step.kind
+            && (d.load.target_rate - step.load.target_rate).abs() < 0.5
+    };
+    match steps.iter().find(same_rate) {
+        Some(d) if step.system != step.system.direct() => format!(
+            "{:+.0} / {:+.0}",
+            step.load.latency_us.p50 - d.load.latency_us.p50,
+            step.load.latency_us.p99 - d.load.latency_us.p99
+        ),
+        _ => "—".into(),
+    }
+}
+
+/// The closed-loop maximum of `system`'s direct row at `protocol`.
+fn direct_max(steps: &[Step], system: System, protocol: &str) -> Option<f64> {
+    steps
+        .iter()
+        .find(|st| st.kind == "max" && st.protocol == protocol && st.system == system.direct())
+        .map(|d| d.load.achieved_rps)
+        .filter(|max| *max > 0.0)
+}
+
+/// The "max rate at p99 < bound" cell: the rate; `≥ rate` when no rate tried missed the bound
+/// (a lower bound); `< rate` when even the lowest rate tried missed it.
+fn bounded_cell(found: Option<&BoundedMax>) -> String {
+    match found.map(|b| (b.rate, b.lowest_missing)) {
+        Some((Some(rate), Some(_))) => format!("{rate:.0}"),
+        Some((Some(rate), None)) => format!("≥ {rate:.0}"),
+        Some((None, Some(missing))) => format!("< {missing:.0}"),
+        _ => "—".into(),
+    }
+}
+
+/// A bound in µs as the tables write it (`5 ms`, `800 µs`).
+fn bound_label(us: f64) -> String {
+    if us >= 1000.0 {
+        format!("{} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} µs")
+    }
+}
+
+/// The cells a fixed-rate step shares across tables: offered and achieved req/s, p50, p99 and
+/// p99.9 µs, the added p50 / p99 against its direct row, and the SUT's CPU µs per request.
+fn latency_cells(step: &Step, steps: &[Step]) -> String {
+    let l = &step.load;
+    format!(
+        "{:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {}",
+        l.target_rate,
+        l.achieved_rps,
+        l.latency_us.p50,
+        l.latency_us.p99,
+        l.latency_us.p999,
+        added_latency(step, steps),
+        sut_cpu(step).map_or("—".into(), |c| format!("{c:.1}")),
+    )
+}
+
+/// Writes a table's heading (`### title`), its header row and the separator row.
+fn table_head(md: &mut String, title: &str, columns: &[&str]) {
+    let _ = writeln!(md, "\n### {title}\n");
+    let _ = writeln!(md, "| {} |", columns.join(" | "));
+    let _ = writeln!(md, "|{}", "---|".repeat(columns.len()));
+}
+
+/// The rate sweep of one protocol: every row's fixed-rate and probe steps, by offered rate.
+fn sweep_table(results: &Results, protocol: &str, ids: &[String], bound: &str) -> String {
+    let mut md = String::new();
+    let rows: Vec<&Step> = ids
+        .iter()
+        .flat_map(|id| {
+            let mut own: Vec<&Step> = results
+                .steps
+                .iter()
+                .filter(|st| {
+                    st.protocol == protocol
+                        && &st.system.id() == id
+                        && (st.kind == "fixed-rate" || st.kind == "probe")
+                })
+                .collect();
+            own.sort_by(|a, b| a.load.target_rate.total_cmp(&b.load.target_rate));
+            own
+        })
+        .collect();
+    if rows.is_empty() {
+        return md;
+    }
+    table_head(
+        &mut md,
+        "Rate sweep and p99 probes (open loop; added latency vs D, or K-D, at the same offered rate)",
+        &[
+            "id",
+            "step",
+            "% of D's max (K rows: K-D's)",
+            "offered req/s",
+            "achieved req/s",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "added p50 / p99 µs",
+            "SUT CPU µs/req",
+            "non-2xx / errors / mismatches",
+            &format!("p99 < {bound}"),
+        ],
+    );
+    for st in rows {
+        let l = &st.load;
+        let step = match (st.kind, st.fraction) {
+            ("probe", _) => "probe".to_string(),
+            (_, Some(fraction)) => format!("{} %", fraction * 100.0),
+            _ => "fixed".to_string(),
+        };
+        let share = direct_max(&results.steps, st.system, protocol)
+            .map_or("—".into(), |d| format!("{:.0} %", l.target_rate * 100.0 / d));
+        let _ = writeln!(
+            md,
+            "| {:?} | {step} | {share} | {} | {} / {} / {} | {} |",
+            st.system,
+            latency_cells(st, &results.steps),
+            l.non_2xx,
+            l.errors,
+            mismatches(st),
+            if meets_bound(l, results.settings.p99_bound_us) {
+                "yes"
+            } else {
+                "no"
+            },
+        );
+    }
+    md
+}
+
+/// The watch step of one protocol (K-D, K-S0): update → event latency and every event accounted.
+fn watch_table(results: &Results, protocol: &str) -> String {
+    let mut md = String::new();
+    let rows: Vec<&Step> = results
+        .steps
+        .iter()
+        .filter(|st| st.protocol == protocol && st.kind == "watch")
+        .collect();
+    if rows.is_empty() {
+        return md;
+    }
+    table_head(
+        &mut md,
+        "Watch (a ConfigMap watch through the system; the ConfigMap PATCHed directly at kube-apiserver)",
+        &[
+            "id",
+            "updates/s",
+            "updates",
+            "events",
+            "missing",
+            "unexpected",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "added p50 / p99 vs K-D µs",
+            "PATCH p50 / p99 µs",
+            "SUT CPU µs/event",
+            "errors",
+        ],
+    );
+    for st in rows {
+        let l = &st.load;
+        let w = l.watch.clone().unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "| {:?} | {:.0} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.0} / {:.0} | {} | {} |",
+            st.system,
+            l.target_rate,
+            l.sent,
+            l.completed,
+            w.missing,
+            w.unexpected,
+            l.latency_us.p50,
+            l.latency_us.p99,
+            l.latency_us.p999,
+            added_latency(st, &results.steps),
+            w.update_latency_us.p50,
+            w.update_latency_us.p99,
+            sut_cpu(st).map_or("—".into(), |c| format!("{c:.1}")),
+            l.errors + l.non_2xx,
+        );
+    }
+    md
+}
+
 fn markdown(results: &Results) -> String {
     let mut md = String::new();
     let m = &results.machine;
@@ -1527,29 +2157,71 @@ fn markdown(results: &Results) -> String {
     );
     let _ = writeln!(md, "* Toolchain: {}; {}; {}", m.rustc, m.nginx, m.haproxy);
     let s = &results.settings;
+    let bound = bound_label(s.p99_bound_us);
     let _ = writeln!(
         md,
         "* Each step: {} s warm-up, then {} s measured. GET `{}`, {} B JSON answer. HTTP/1.1: {} keep-alive connections; HTTP/2: {} connections ({} streams each in the closed loop).",
         s.warmup_s, s.duration_s, s.path, s.response_body_bytes, s.h1_connections, s.h2_connections, s.h2_streams
     );
-    let rates: Vec<String> = s
-        .fixed_rates
+    let percents: Vec<String> = s
+        .rate_fractions
         .iter()
-        .map(|(p, r)| {
-            let direct = results
-                .steps
-                .iter()
-                .find(|st| &st.protocol == p && st.kind == "max" && st.system == System::D);
-            match direct {
-                Some(d) if d.load.achieved_rps > 0.0 => format!(
-                    "{p} {r:.0} req/s ({:.0} % of D's maximum)",
-                    r * 100.0 / d.load.achieved_rps
-                ),
-                _ => format!("{p} {r:.0} req/s"),
-            }
-        })
+        .map(|f| format!("{} %", f * 100.0))
         .collect();
-    let _ = writeln!(md, "* Fixed rates ({}): {}", s.rate_rule, rates.join(", "));
+    let _ = writeln!(
+        md,
+        "* Rate sweep: open-loop steps at {} of a base rate, for every row; a group's base rate is the lowest closed-loop maximum among its proxies, so that every row can sustain every step and rows are compared at the same offered rate (see perf/README.md). Base rates:",
+        percents.join(", ")
+    );
+    for base in &results.sweep_bases {
+        let share = base
+            .direct_max
+            .map(|d| {
+                format!(
+                    " = {:.0} % of {}'s maximum",
+                    base.base_rate * 100.0 / d,
+                    base.group
+                )
+            })
+            .unwrap_or_default();
+        let what = if base.given {
+            "one fixed rate"
+        } else {
+            "sweep base"
+        };
+        let _ = writeln!(
+            md,
+            "  * {} {}: {what} {:.0} req/s ({}){share}",
+            base.protocol, base.group, base.base_rate, base.rule
+        );
+    }
+    let _ = writeln!(
+        md,
+        "* Max rate at p99 < {bound}: the highest offered rate whose step answered ≥ {:.0} % of it with no error and p99 < {bound}, every lower rate tried passing too; from the sweep plus up to {} probes ({} s warm-up, {} s measured) bisecting between the highest passing and the lowest failing rate (or the closed-loop maximum). `≥` when no rate tried failed, `<` when even the lowest did.",
+        ACHIEVED_SHARE * 100.0,
+        s.probes,
+        s.probe_warmup_s,
+        s.probe_duration_s
+    );
+    if let Some(list) = results
+        .steps
+        .iter()
+        .find(|st| st.system == (System::KD { list: true }) && st.load.completed > 0)
+    {
+        let _ = writeln!(
+            md,
+            "* K-D-list / K-S0-list: GET `{PODS_PATH}` listing {} Pending pods (about {:.0} KiB of JSON per answer).",
+            s.pods,
+            list.load.body_bytes as f64 / list.load.completed as f64 / 1024.0
+        );
+    }
+    if results.steps.iter().any(|st| st.kind == "watch") {
+        let _ = writeln!(
+            md,
+            "* Watch step (K-D, K-S0): `GET {WATCH_PATH}` held through the system while the load client PATCHes that ConfigMap directly at kube-apiserver (admin certificate, HTTP/2) {:.0} times a second; latency from sending each PATCH to its event's arrival.",
+            s.watch_rate
+        );
+    }
     let unquiet = results.steps.iter().filter(|st| !st.quiet).count();
     if unquiet > 0 {
         let _ = writeln!(
@@ -1598,6 +2270,7 @@ fn markdown(results: &Results) -> String {
         }
         seen
     };
+    let reference = reference_fraction(&s.rate_fractions);
     for protocol in &protocols {
         let label = if protocol == "h2" {
             "HTTP/2"
@@ -1610,13 +2283,20 @@ fn markdown(results: &Results) -> String {
                 .iter()
                 .filter(move |st| &st.protocol == protocol && st.kind == kind)
         };
-        let direct_fixed = |system: System| steps("fixed-rate").find(move |st| st.system == system.direct());
-        let nginx_fixed = steps("fixed-rate").find(|st| st.system == System::N);
+        // The fixed-rate table: the sweep's step nearest 50 %, or the one rate given.
+        let fixed = || steps("fixed-rate").filter(|st| st.fraction.is_none() || st.fraction == reference);
+        let nginx_fixed = fixed().find(|st| st.system == System::N);
 
         let _ = writeln!(md, "\n## Client → system: {label}\n");
+        let title = match reference {
+            Some(f) if fixed().any(|st| st.fraction.is_some()) => {
+                format!("the sweep's {} % step", f * 100.0)
+            }
+            _ => "one rate".to_string(),
+        };
         let _ = writeln!(
             md,
-            "### Fixed rate (open loop; latency from the intended send time)\n"
+            "### Fixed rate: {title} (open loop; latency from the intended send time)\n"
         );
         let _ = writeln!(
             md,
@@ -1626,33 +2306,23 @@ fn markdown(results: &Results) -> String {
             md,
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
-        for st in steps("fixed-rate") {
+        for st in fixed() {
             let l = &st.load;
-            let added = match direct_fixed(st.system) {
-                Some(d) if st.system != st.system.direct() => format!(
-                    "{:+.0} / {:+.0}",
-                    l.latency_us.p50 - d.load.latency_us.p50,
-                    l.latency_us.p99 - d.load.latency_us.p99
-                ),
-                _ => "—".into(),
-            };
             let cpu = sut_cpu(st);
             let ratio = match (cpu, nginx_fixed.and_then(sut_cpu)) {
-                (Some(c), Some(n)) if n > 0.0 => format!("{:.2}", c / n),
+                (Some(c), Some(n))
+                    if n > 0.0 && nginx_fixed.is_some_and(|n| n.load.target_rate == l.target_rate) =>
+                {
+                    format!("{:.2}", c / n)
+                }
                 _ => "—".into(),
             };
             let _ = writeln!(
                 md,
-                "| {:?} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {:.1} | {} | {} | {} | {:.2} / {:.0} % |",
+                "| {:?} | {} | {} | {} | {:.1} | {} | {} | {} | {:.2} / {:.0} % |",
                 st.system,
                 st.system.describe(),
-                l.target_rate,
-                l.achieved_rps,
-                l.latency_us.p50,
-                l.latency_us.p99,
-                l.latency_us.p999,
-                added,
-                cpu.map_or("—".into(), |c| format!("{c:.1}")),
+                latency_cells(st, &results.steps),
                 ratio,
                 group_cpu(st, "backend"),
                 l.non_2xx,
@@ -1662,20 +2332,16 @@ fn markdown(results: &Results) -> String {
                 st.cpu_busy_at_start * 100.0,
             );
         }
+        md.push_str(&sweep_table(results, protocol, &ids, &bound));
         let _ = writeln!(
             md,
             "\n### Maximum throughput (closed loop; latency from the actual send time)\n"
         );
         let _ = writeln!(
             md,
-            "| id | req/s | ÷ D | p50 µs | p99 µs | SUT CPU µs/req | backend CPU µs/req | load client CPU µs/req | non-2xx | errors | mismatches | SUT RSS MiB | load 1m / busy at start |"
+            "| id | req/s | ÷ D | max rate at p99 < {bound} | p50 µs | p99 µs | SUT CPU µs/req | backend CPU µs/req | load client CPU µs/req | non-2xx | errors | mismatches | SUT RSS MiB | load 1m / busy at start |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-        let direct_max = |system: System| {
-            steps("max")
-                .find(move |st| st.system == system.direct())
-                .map(|d| d.load.achieved_rps)
-        };
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for st in steps("max") {
             let l = &st.load;
             let rss = l
@@ -1683,12 +2349,18 @@ fn markdown(results: &Results) -> String {
                 .iter()
                 .find(|c| c.name == "sut")
                 .map_or("—".into(), |c| format!("{:.1}", c.rss_kib as f64 / 1024.0));
+            let found = results
+                .bounded
+                .iter()
+                .find(|b| b.system == st.system && &b.protocol == protocol);
             let _ = writeln!(
                 md,
-                "| {:?} | {:.0} | {} | {:.0} | {:.0} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {:.2} / {:.0} % |",
+                "| {:?} | {:.0} | {} | {} | {:.0} | {:.0} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {:.2} / {:.0} % |",
                 st.system,
                 l.achieved_rps,
-                direct_max(st.system).map_or("—".into(), |d| format!("{:.2}", l.achieved_rps / d)),
+                direct_max(&results.steps, st.system, protocol)
+                    .map_or("—".into(), |d| format!("{:.2}", l.achieved_rps / d)),
+                bounded_cell(found),
                 l.latency_us.p50,
                 l.latency_us.p99,
                 sut_cpu(st).map_or("—".into(), |c| format!("{c:.1}")),
@@ -1702,17 +2374,21 @@ fn markdown(results: &Results) -> String {
                 st.cpu_busy_at_start * 100.0,
             );
         }
+        md.push_str(&watch_table(results, protocol));
         let notes: Vec<String> = results
             .steps
             .iter()
             .filter(|st| &st.protocol == protocol && st.kind != "handshake")
             .filter_map(|st| {
                 let answered = st.load.completed;
+                let step = match st.kind {
+                    "max" => "max".to_string(),
+                    kind => format!("{kind} {:.0} req/s", st.load.target_rate),
+                };
                 if let Some(swap) = &st.hot_swap {
                     Some(format!(
-                        "* {:?} {}: {} configurations written during the step (every {} ms), {} reloads logged by Selkie; {} errors",
+                        "* {:?} {step}: {} configurations written during the step (every {} ms), {} reloads logged by Selkie; {} errors",
                         st.system,
-                        st.kind,
                         swap.swaps_written,
                         results.settings.swap_interval_ms,
                         swap.reloads_logged,
@@ -1721,9 +2397,8 @@ fn markdown(results: &Results) -> String {
                 } else {
                     st.idp.as_ref().map(|idp| {
                         format!(
-                            "* {:?} {}: identity provider served {} TokenReviews ({} refused), {} discovery and {} JWKS requests for {} answers in the window (warm-up included in its counts)",
+                            "* {:?} {step}: identity provider served {} TokenReviews ({} refused), {} discovery and {} JWKS requests for {} answers in the window (warm-up included in its counts)",
                             st.system,
-                            st.kind,
                             idp.reviews,
                             idp.refused_reviews,
                             idp.discovery,
@@ -1740,8 +2415,11 @@ fn markdown(results: &Results) -> String {
                 let _ = writeln!(md, "{note}");
             }
         }
-        let _ = writeln!(md, "\nTLS and upstream protocol seen:\n");
-        for st in steps("fixed-rate") {
+        let _ = writeln!(
+            md,
+            "\nTLS and upstream protocol seen (fixed-rate table's steps):\n"
+        );
+        for st in fixed() {
             let backend = if st.system.is_kube() {
                 "kube-apiserver (no backend counters)".to_string()
             } else {
@@ -1762,6 +2440,7 @@ fn markdown(results: &Results) -> String {
             );
         }
     }
+
     let handshakes: Vec<&Step> = results.steps.iter().filter(|st| st.kind == "handshake").collect();
     if !handshakes.is_empty() {
         let nginx = handshakes
@@ -1822,13 +2501,16 @@ fn markdown(results: &Results) -> String {
 fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     if args.smoke {
-        args.duration = Duration::from_secs(1);
-        args.warmup = Duration::from_millis(500);
+        args.duration = Duration::from_millis(500);
+        args.warmup = Duration::from_millis(250);
         args.h1_connections = 4;
         args.h2_connections = 1;
         args.handshake_connections = 4;
-        args.rate_h1 = Some(args.smoke_rate);
-        args.rate_h2 = Some(args.smoke_rate);
+        args.rate_h1 = None;
+        args.rate_h2 = None;
+        args.rate_fractions = vec![0.5, 1.0];
+        args.probes = 1;
+        args.probe_duration = args.duration;
         anyhow::ensure!(
             args.smoke_rate > 0.0 && args.smoke_rate <= 10_000.0,
             "--smoke-rate must be in (0, 10000]"
@@ -1855,9 +2537,7 @@ fn main() -> anyhow::Result<()> {
             .to_path_buf(),
     };
     let selkie = systems.iter().any(|s| s.is_selkie());
-    let identity_provider = systems
-        .iter()
-        .any(|s| matches!(s, System::SJ(..) | System::SW { .. }));
+    let identity_provider = systems.iter().any(|s| s.uses_idp());
     for bin in [
         "selkie-perf-backend",
         "selkie-perf-load",
@@ -1979,7 +2659,7 @@ fn main() -> anyhow::Result<()> {
         }
     });
     let kube = if kube_wanted {
-        match Kube::start(&cluster_bin, &dir) {
+        match Kube::start(&cluster_bin, &dir, args.pods) {
             Ok(kube) => Some(kube),
             Err(error) => {
                 Kube::stop(&cluster_bin, &dir);
@@ -2009,8 +2689,10 @@ fn main() -> anyhow::Result<()> {
     let date_utc = shell("date -u +%Y-%m-%dT%H:%M:%SZ");
     let mut steps = Vec::new();
     let mut skipped = Vec::new();
-    let mut fixed_rates: Vec<(String, f64)> = Vec::new();
+    let mut sweep_bases_all: Vec<SweepBase> = Vec::new();
+    let mut bounded: Vec<BoundedMax> = Vec::new();
     let mut quiet_budget = runner.args.quiet_budget;
+    let bound_us = runner.args.p99_bound.as_secs_f64() * 1e6;
     let outcome = (|| -> anyhow::Result<()> {
         // Every system is started once and stays up (idle) while the others are measured.
         let mut running = Vec::new();
@@ -2026,15 +2708,10 @@ fn main() -> anyhow::Result<()> {
                 Err(error) => return Err(error),
             }
         }
-        // First the maximum of every system, then one fixed rate that all of them can sustain.
+        let up: Vec<System> = running.iter().map(|(system, _)| *system).collect();
         for protocol in &runner.args.protocols {
-            // The K rows (real kube-apiserver) get a rate of their own: their maximum is far
-            // below the perf backend's and must not hold the other rows down. So does SW-miss,
-            // whose maximum is bounded by the webhook's latency (requests in flight ÷ review
-            // time), not by CPU: it runs at the common rate or at its own fraction if lower.
-            let (mut lowest_max, mut lowest_kube_max) = (f64::INFINITY, f64::INFINITY);
-            let mut own_max: Vec<(System, f64)> = Vec::new();
-            // A smoke pass has no maximum step: its rate is fixed.
+            // First the maximum of every system (a smoke pass has none: its rates are fixed) ...
+            let mut maxima: Vec<(System, f64)> = Vec::new();
             let max_steps = if runner.args.smoke { &[][..] } else { &running[..] };
             for (system, started) in max_steps {
                 eprintln!("-- {system:?} {protocol}: maximum throughput");
@@ -2045,61 +2722,87 @@ fn main() -> anyhow::Result<()> {
                     sut_cpu(&max),
                     max.load.errors
                 );
-                if system.is_kube() {
-                    lowest_kube_max = lowest_kube_max.min(max.load.achieved_rps);
-                } else if system.latency_bound() {
-                    own_max.push((*system, max.load.achieved_rps));
-                } else {
-                    lowest_max = lowest_max.min(max.load.achieved_rps);
-                }
+                maxima.push((*system, max.load.achieved_rps));
                 steps.push(max);
             }
+            // ... then the sweep: every fraction for every system, fraction by fraction, so that
+            // the rows compared at one offered rate are measured close together ...
             let given = if protocol == "h2" {
                 runner.args.rate_h2
             } else {
                 runner.args.rate_h1
             };
-            let fraction_of =
-                |max: f64| given.unwrap_or((max * runner.args.rate_fraction / 100.0).round() * 100.0);
-            let (rate, kube_rate) = (fraction_of(lowest_max), fraction_of(lowest_kube_max));
-            if rate.is_finite() && running.iter().any(|(s, _)| !s.is_kube()) {
-                fixed_rates.push((protocol.clone(), rate));
-            }
-            if running.iter().any(|(s, _)| s.is_kube()) {
-                fixed_rates.push((format!("{protocol} K"), kube_rate));
-            }
-            for (system, max) in &own_max {
-                let own = fraction_of(*max).min(rate);
-                if own < rate {
-                    fixed_rates.push((format!("{protocol} {system:?}"), own));
+            let smoke = runner.args.smoke.then_some(runner.args.smoke_rate);
+            let bases = sweep_bases(protocol, &up, &maxima, given, smoke);
+            let fractions: Vec<Option<f64>> = match given {
+                Some(_) => vec![None],
+                None => runner.args.rate_fractions.iter().copied().map(Some).collect(),
+            };
+            for fraction in &fractions {
+                for (system, started) in &running {
+                    let Some(base) = base_of(&bases, protocol, *system) else {
+                        continue;
+                    };
+                    let rate = fraction.map_or(base.base_rate, |f| round_rate(base.base_rate * f));
+                    let label =
+                        fraction.map_or("fixed rate".to_string(), |f| format!("sweep {:.0} %", f * 100.0));
+                    eprintln!("-- {system:?} {protocol}: {label}, {rate:.0} req/s");
+                    let mut fixed =
+                        runner.step(*system, started, protocol, Kind::Fixed(rate), &mut quiet_budget)?;
+                    fixed.fraction = *fraction;
+                    log_fixed(&fixed, bound_us);
+                    steps.push(fixed);
                 }
             }
+            sweep_bases_all.extend(bases);
+            // ... then, per system, the bisection above the highest rate that met the bound ...
             for (system, started) in &running {
-                let rate = if system.is_kube() {
-                    kube_rate
-                } else {
-                    match own_max.iter().find(|(s, _)| s == system) {
-                        Some((_, max)) => fraction_of(*max).min(rate),
-                        None => rate,
-                    }
-                };
-                eprintln!("-- {system:?} {protocol}: fixed rate {rate:.0} req/s");
-                let fixed = runner.step(*system, started, protocol, Kind::Fixed(rate), &mut quiet_budget)?;
-                eprintln!(
-                    "   p50 {:.0} µs, p99 {:.0} µs, SUT {:?} µs/req, errors {}, mismatches {}",
-                    fixed.load.latency_us.p50,
-                    fixed.load.latency_us.p99,
-                    sut_cpu(&fixed),
-                    fixed.load.errors,
-                    fixed.backend.impersonation_mismatches
-                );
-                if let Some(swap) = &fixed.hot_swap {
-                    eprintln!(
-                        "   hot swap: {} configurations written, {} reloads logged",
-                        swap.swaps_written, swap.reloads_logged
-                    );
+                let ceiling = maxima.iter().find(|(s, _)| s == system).map(|(_, max)| *max);
+                let mut tried: Vec<(f64, bool)> = steps
+                    .iter()
+                    .filter(|st| st.system == *system && &st.protocol == protocol && st.kind == "fixed-rate")
+                    .map(|st| (st.load.target_rate, meets_bound(&st.load, bound_us)))
+                    .collect();
+                let mut probes = 0;
+                while probes < runner.args.probes {
+                    let Some(rate) = bracket(&tried, ceiling).as_ref().and_then(next_probe) else {
+                        break;
+                    };
+                    eprintln!("-- {system:?} {protocol}: p99 probe, {rate:.0} req/s");
+                    let probe =
+                        runner.step(*system, started, protocol, Kind::Probe(rate), &mut quiet_budget)?;
+                    log_fixed(&probe, bound_us);
+                    tried.push((rate, meets_bound(&probe.load, bound_us)));
+                    steps.push(probe);
+                    probes += 1;
                 }
-                steps.push(fixed);
+                let found = bracket(&tried, ceiling);
+                bounded.push(BoundedMax {
+                    system: *system,
+                    protocol: protocol.clone(),
+                    rate: found.and_then(|b| b.below),
+                    lowest_missing: found.filter(|b| b.above_missed).map(|b| b.above),
+                    ceiling,
+                    probes,
+                    tried,
+                });
+            }
+            // ... and the watch step of the K rows.
+            for (system, started) in running.iter().filter(|(s, _)| s.in_watch_step()) {
+                eprintln!(
+                    "-- {system:?} {protocol}: watch, {:.0} updates/s",
+                    runner.args.watch_rate
+                );
+                let watch = runner.step(*system, started, protocol, Kind::Watch, &mut quiet_budget)?;
+                eprintln!(
+                    "   {} events of {} updates, p50 {:.0} µs, p99 {:.0} µs, errors {}",
+                    watch.load.completed,
+                    watch.load.sent,
+                    watch.load.latency_us.p50,
+                    watch.load.latency_us.p99,
+                    watch.load.errors
+                );
+                steps.push(watch);
             }
         }
         // New TLS connections: one request each, HTTP/1.1.
@@ -2152,18 +2855,19 @@ fn main() -> anyhow::Result<()> {
             swap_interval_ms: runner.args.swap_interval.as_millis(),
             swap_watch_interval_ms: runner.args.swap_watch_interval.as_millis(),
             webhook_delay_ms: runner.args.webhook_delay.as_millis(),
-            fixed_rates,
-            rate_rule: match (runner.args.rate_h1, runner.args.rate_h2) {
-                (None, None) => format!(
-                    "{:.0} % of the lowest maximum of all systems, so that every system can sustain it",
-                    runner.args.rate_fraction * 100.0
-                ),
-                _ => "given on the command line where set".into(),
-            },
+            rate_fractions: runner.args.rate_fractions.clone(),
+            p99_bound_us: bound_us,
+            probes: runner.args.probes,
+            probe_duration_s: runner.args.probe_duration.as_secs_f64(),
+            probe_warmup_s: runner.args.warmup.min(PROBE_WARMUP).as_secs_f64(),
+            watch_rate: runner.args.watch_rate,
+            pods: runner.args.pods,
             path: PATH,
             response_body_bytes: 1024,
         },
         skipped,
+        sweep_bases: sweep_bases_all,
+        bounded,
         steps,
     };
     let (out, name) = if runner.args.smoke {
@@ -2218,18 +2922,21 @@ fn main() -> anyhow::Result<()> {
             anyhow::bail!("the perf smoke pass failed ({} problems)", failures.len());
         }
         eprintln!(
-            "smoke passed: {} steps ({} systems × {} protocols, {} handshake steps), every error counter 0",
+            "smoke passed: {} steps ({} systems × {} protocols: {} sweep steps, {} p99 probes; {} handshake steps), every error counter 0",
             results.steps.len(),
             systems.len(),
             runner.args.protocols.len(),
+            results.steps.iter().filter(|st| st.kind == "fixed-rate").count(),
+            results.steps.iter().filter(|st| st.kind == "probe").count(),
             results.steps.iter().filter(|st| st.kind == "handshake").count()
         );
     }
     Ok(())
 }
 
-/// What is wrong with a smoke pass's results: a system or protocol that did not run, a step
-/// without answers, or any non-zero error counter. Empty when the pass is good.
+/// What is wrong with a smoke pass's results: a system or protocol that did not run (or ran
+/// fewer sweep steps than there are fractions), a step without answers, or any non-zero error
+/// counter. Empty when the pass is good.
 fn smoke_failures(systems: &[System], protocols: &[String], results: &Results) -> Vec<String> {
     let mut failures: Vec<String> = results
         .skipped
@@ -2238,12 +2945,21 @@ fn smoke_failures(systems: &[System], protocols: &[String], results: &Results) -
         .collect();
     for system in systems {
         for protocol in protocols {
-            let ran = results
-                .steps
-                .iter()
-                .any(|st| st.system == *system && &st.protocol == protocol);
-            if !ran {
+            let ran = |kind: &str| {
+                results
+                    .steps
+                    .iter()
+                    .filter(|st| st.system == *system && &st.protocol == protocol && st.kind == kind)
+                    .count()
+            };
+            let sweep = results.settings.rate_fractions.len();
+            if ran("fixed-rate") == 0 {
                 failures.push(format!("{system:?} {protocol}: no step ran"));
+            } else if ran("fixed-rate") < sweep {
+                failures.push(format!(
+                    "{system:?} {protocol}: {} of {sweep} sweep steps ran",
+                    ran("fixed-rate")
+                ));
             }
         }
     }
@@ -2328,6 +3044,7 @@ mod tests {
             system,
             protocol: protocol.into(),
             kind: "fixed-rate",
+            fraction: Some(0.5),
             load_average_1m_at_start: 0.0,
             cpu_busy_at_start: 0.0,
             waited_for_quiet_s: 0.0,
@@ -2370,12 +3087,19 @@ mod tests {
                 swap_interval_ms: 100,
                 swap_watch_interval_ms: 50,
                 webhook_delay_ms: 1,
-                fixed_rates: Vec::new(),
-                rate_rule: String::new(),
+                rate_fractions: vec![0.5],
+                p99_bound_us: 5000.0,
+                probes: 4,
+                probe_duration_s: 5.0,
+                probe_warmup_s: 2.0,
+                watch_rate: 50.0,
+                pods: 50,
                 path: PATH,
                 response_body_bytes: 1024,
             },
             skipped: Vec::new(),
+            sweep_bases: Vec::new(),
+            bounded: Vec::new(),
             steps,
         }
     }
@@ -2427,18 +3151,39 @@ mod tests {
             "SJ-ES256-100",
             "SJ-RS256-10k",
             "SJ-ES256-50k",
+            "SJ-RS256-1-nocache",
+            "SJ-ES256-10k-nocache",
             "SW-hit",
             "SW-miss",
             "SR",
             "K-D",
             "K-S0",
+            "K-D-list",
+            "K-S0-list",
         ] {
             assert_eq!(System::parse(id).unwrap().id(), id);
         }
         assert_eq!(
             System::parse("SJ-RS256-10k").unwrap(),
-            System::SJ(JwtAlg::Rs256, 10_000)
+            System::SJ {
+                alg: JwtAlg::Rs256,
+                tokens: 10_000,
+                cache: true
+            }
         );
+        assert_eq!(
+            System::parse("SJ-ES256-1-nocache").unwrap(),
+            System::SJ {
+                alg: JwtAlg::Es256,
+                tokens: 1,
+                cache: false
+            }
+        );
+        assert_eq!(
+            System::parse("K-S0-list").unwrap().direct(),
+            System::KD { list: true }
+        );
+        assert_eq!(System::parse("K-S0-list").unwrap().path(), PODS_PATH);
         assert_eq!(System::parse("SJ-ES256-1500").unwrap().id(), "SJ-ES256-1500");
         for bad in [
             "SJ-HS256-1",
@@ -2448,6 +3193,9 @@ mod tests {
             "SW",
             "K",
             "K-SX",
+            "SJ-RS256-nocache",
+            "SJ-RS256-1-cache",
+            "K-D-watch",
         ] {
             assert!(System::parse(bad).is_err(), "{bad}");
         }
@@ -2477,16 +3225,17 @@ mod tests {
             "{failures:?}"
         );
 
-        let mut sj = step(System::SJ(JwtAlg::Es256, 1), "h2");
+        let es256 = System::SJ {
+            alg: JwtAlg::Es256,
+            tokens: 1,
+            cache: true,
+        };
+        let mut sj = step(es256, "h2");
         sj.idp = Some(IdpCounters {
             refused_reviews: 1,
             ..IdpCounters::default()
         });
-        let failures = smoke_failures(
-            &[System::SJ(JwtAlg::Es256, 1)],
-            &["h2".into()],
-            &results(vec![sj]),
-        );
+        let failures = smoke_failures(&[es256], &["h2".into()], &results(vec![sj]));
         assert_eq!(failures.len(), 1, "{failures:?}");
         assert!(
             failures[0].starts_with("SJ-ES256-1 h2 fixed-rate: "),
@@ -2508,5 +3257,311 @@ mod tests {
                 "S0 h2: no step ran"
             ]
         );
+    }
+
+    #[test]
+    fn a_sweep_with_fewer_steps_than_fractions_fails_the_smoke_pass() {
+        let mut all = results(vec![step(System::D, "h1"), step(System::D, "h1")]);
+        all.settings.rate_fractions = vec![0.5, 1.0];
+        assert_eq!(
+            smoke_failures(&[System::D], &["h1".into()], &all),
+            Vec::<String>::new()
+        );
+        all.steps.pop();
+        assert_eq!(
+            smoke_failures(&[System::D], &["h1".into()], &all),
+            ["D h1: 1 of 2 sweep steps ran"]
+        );
+    }
+
+    #[test]
+    fn fractions_parse_as_numbers_or_percentages() {
+        assert_eq!(parse_fraction("0.25"), Ok(0.25));
+        assert_eq!(parse_fraction("25%"), Ok(0.25));
+        assert_eq!(parse_fraction(" 1 "), Ok(1.0));
+        for bad in ["0", "-0.1", "1.5", "150%", "x", "", "NaN"] {
+            assert!(parse_fraction(bad).is_err(), "{bad}");
+        }
+        let args = Args::try_parse_from(["selkie-perf-run"]).unwrap();
+        assert_eq!(args.rate_fractions, [0.1, 0.25, 0.5, 0.75, 0.9]);
+        assert_eq!(args.p99_bound, Duration::from_millis(5));
+        let args = Args::try_parse_from(["selkie-perf-run", "--rate-fractions", "10%,0.5"]).unwrap();
+        assert_eq!(args.rate_fractions, [0.1, 0.5]);
+        // The former single-fraction flag still works, as a one-step sweep.
+        let args = Args::try_parse_from(["selkie-perf-run", "--rate-fraction", "0.5"]).unwrap();
+        assert_eq!(args.rate_fractions, [0.5]);
+        assert!(Args::try_parse_from(["selkie-perf-run", "--rate-fractions", "0.5,2"]).is_err());
+        assert_eq!(reference_fraction(&[0.1, 0.25, 0.5, 0.75, 0.9]), Some(0.5));
+        assert_eq!(reference_fraction(&[0.1, 0.4, 0.9]), Some(0.4));
+        assert_eq!(reference_fraction(&[]), None);
+    }
+
+    #[test]
+    fn rates_are_rounded_to_three_significant_digits() {
+        assert_eq!(round_rate(8123.4), 8120.0);
+        assert_eq!(round_rate(2431.7), 2430.0);
+        assert_eq!(round_rate(812.34), 812.0);
+        assert_eq!(round_rate(81.25), 81.0);
+        assert_eq!(round_rate(34_567.0), 34_600.0);
+        assert_eq!(round_rate(0.3), 1.0);
+        assert_eq!(round_rate(f64::NAN), 1.0);
+    }
+
+    fn load(rate: f64, achieved: f64, p99: f64) -> LoadReport {
+        LoadReport {
+            target_rate: rate,
+            achieved_rps: achieved,
+            completed: 1000,
+            latency_us: selkie_perf::report::Percentiles {
+                p99,
+                ..Default::default()
+            },
+            ..LoadReport::default()
+        }
+    }
+
+    #[test]
+    fn a_step_meets_the_bound_only_at_its_rate_without_errors() {
+        assert!(meets_bound(&load(1000.0, 995.0, 4999.0), 5000.0));
+        assert!(
+            !meets_bound(&load(1000.0, 995.0, 5000.0), 5000.0),
+            "p99 at the bound"
+        );
+        assert!(!meets_bound(&load(1000.0, 970.0, 800.0), 5000.0), "fell behind");
+        let mut errors = load(1000.0, 1000.0, 800.0);
+        errors.errors = 1;
+        assert!(!meets_bound(&errors, 5000.0));
+        let mut refused = load(1000.0, 1000.0, 800.0);
+        refused.non_2xx = 1;
+        assert!(!meets_bound(&refused, 5000.0));
+        assert!(!meets_bound(&load(0.0, 0.0, 0.0), 5000.0), "closed loop");
+    }
+
+    #[test]
+    fn the_search_brackets_the_highest_rate_under_the_bound() {
+        let b = |below: Option<f64>, above: f64, above_missed: bool| Bracket {
+            below,
+            above,
+            above_missed,
+        };
+        // Every sweep step passed: up to the closed-loop maximum, which was not tried.
+        let all = [(800.0, true), (2000.0, true), (4000.0, true)];
+        assert_eq!(bracket(&all, Some(8000.0)), Some(b(Some(4000.0), 8000.0, false)));
+        assert_eq!(next_probe(&b(Some(4000.0), 8000.0, false)), Some(6000.0));
+        // No maximum (the smoke pass) or one below the passing rate: twice the passing rate.
+        assert_eq!(bracket(&all, None), Some(b(Some(4000.0), 8000.0, false)));
+        assert_eq!(bracket(&all, Some(4050.0)), Some(b(Some(4000.0), 8000.0, false)));
+        // Passing, then failing.
+        let mixed = [(800.0, true), (2000.0, true), (4000.0, false), (6000.0, false)];
+        assert_eq!(bracket(&mixed, Some(8000.0)), Some(b(Some(2000.0), 4000.0, true)));
+        assert_eq!(next_probe(&b(Some(2000.0), 4000.0, true)), Some(3000.0));
+        // A pass above a failure does not count: every lower rate must have passed.
+        let noisy = [(800.0, true), (2000.0, false), (4000.0, true)];
+        assert_eq!(bracket(&noisy, Some(8000.0)), Some(b(Some(800.0), 2000.0, true)));
+        // Even the lowest rate failed: the search goes down from it.
+        let none = [(800.0, false), (2000.0, false)];
+        assert_eq!(bracket(&none, Some(8000.0)), Some(b(None, 800.0, true)));
+        assert_eq!(next_probe(&b(None, 800.0, true)), Some(400.0));
+        // Nothing tried; ends within 2 %.
+        assert_eq!(bracket(&[], Some(8000.0)), None);
+        assert_eq!(next_probe(&b(Some(1000.0), 1015.0, true)), None);
+        assert_eq!(next_probe(&b(Some(1.0), 2.0, true)), None, "1.5 rounds to an end");
+    }
+
+    #[test]
+    fn four_probes_close_in_on_the_limit() {
+        // A system whose p99 crosses the bound at 5,200 req/s; the sweep (10–90 % of 8,000)
+        // brackets it between 4,000 and 6,000.
+        let passes = |rate: f64| rate <= 5200.0;
+        let mut tried: Vec<(f64, bool)> = [800.0, 2000.0, 4000.0, 6000.0, 7200.0]
+            .iter()
+            .map(|rate| (*rate, passes(*rate)))
+            .collect();
+        let mut probes = Vec::new();
+        while probes.len() < 4 {
+            let Some(rate) = bracket(&tried, Some(7500.0)).as_ref().and_then(next_probe) else {
+                break;
+            };
+            probes.push(rate);
+            tried.push((rate, passes(rate)));
+        }
+        assert_eq!(probes, [5000.0, 5500.0, 5250.0, 5130.0]);
+        let found = bracket(&tried, Some(7500.0)).unwrap();
+        assert_eq!((found.below, found.above), (Some(5130.0), 5250.0));
+    }
+
+    #[test]
+    fn every_group_gets_the_lowest_maximum_among_its_proxies() {
+        let (kd, ks0) = (System::KD { list: false }, System::KS0 { list: false });
+        let (kd_list, ks0_list) = (System::KD { list: true }, System::KS0 { list: true });
+        let miss = System::SW { miss: true };
+        let systems = [System::D, System::N, System::S0, miss, kd, ks0, kd_list, ks0_list];
+        let maxima = [
+            (System::D, 30_000.0),
+            (System::N, 9_000.0),
+            (System::S0, 8_123.0),
+            (miss, 3_000.0),
+            (kd, 2_000.0),
+            (ks0, 1_500.0),
+            (kd_list, 500.0),
+            (ks0_list, 401.0),
+        ];
+        let bases = sweep_bases("h1", &systems, &maxima, None, None);
+        let summary: Vec<(String, f64)> = bases.iter().map(|b| (b.group.clone(), b.base_rate)).collect();
+        assert_eq!(
+            summary,
+            [
+                ("SW-miss".to_string(), 3000.0),
+                ("D".to_string(), 8120.0),
+                ("K-D".to_string(), 1500.0),
+                ("K-D-list".to_string(), 401.0),
+            ]
+        );
+        assert!(bases[1].rule.contains("S0's 8123 req/s"), "{}", bases[1].rule);
+        assert_eq!(bases[1].direct_max, Some(30_000.0));
+        assert_eq!(base_of(&bases, "h1", miss).unwrap().group, "SW-miss");
+        assert_eq!(base_of(&bases, "h1", System::N).unwrap().group, "D");
+        assert_eq!(base_of(&bases, "h1", ks0_list).unwrap().group, "K-D-list");
+        assert!(base_of(&bases, "h2", System::N).is_none());
+        // Only D: its own maximum.
+        let only_d = sweep_bases("h2", &[System::D], &[(System::D, 30_000.0)], None, None);
+        assert_eq!(only_d[0].base_rate, 30_000.0);
+        // A rate given, or the smoke pass: that rate for every group, no own base for SW-miss.
+        for (given, smoke) in [(Some(700.0), None), (None, Some(700.0))] {
+            let bases = sweep_bases("h1", &systems, &maxima, given, smoke);
+            assert_eq!(bases.len(), 3);
+            assert!(bases
+                .iter()
+                .all(|b| b.base_rate == 700.0 && b.given == given.is_some()));
+        }
+        // No maximum measured and no rate: no sweep.
+        assert!(sweep_bases("h1", &systems, &[], None, None).is_empty());
+    }
+
+    fn at(
+        system: System,
+        protocol: &str,
+        kind: &'static str,
+        fraction: Option<f64>,
+        rate: f64,
+        p50: f64,
+    ) -> Step {
+        let mut st = step(system, protocol);
+        st.kind = kind;
+        st.fraction = fraction;
+        st.load.target_rate = rate;
+        st.load.achieved_rps = if kind == "max" { rate } else { rate * 0.999 };
+        st.load.latency_us.p50 = p50;
+        st.load.latency_us.p99 = p50 * 2.0;
+        st.load.latency_us.p999 = p50 * 3.0;
+        st.load.cpu.push(selkie_perf::report::CpuUse {
+            name: "sut".into(),
+            us_per_request: 30.0,
+            ..Default::default()
+        });
+        st
+    }
+
+    #[test]
+    fn the_tables_show_the_sweep_the_bound_and_the_watch() {
+        let (kd, ks0) = (System::KD { list: false }, System::KS0 { list: false });
+        let mut all = results(vec![
+            at(System::D, "h1", "max", None, 30_000.0, 500.0),
+            at(System::S0, "h1", "max", None, 8_000.0, 900.0),
+            at(System::D, "h1", "fixed-rate", Some(0.1), 800.0, 100.0),
+            at(System::S0, "h1", "fixed-rate", Some(0.1), 800.0, 130.0),
+            at(System::D, "h1", "fixed-rate", Some(0.5), 4_000.0, 110.0),
+            at(System::S0, "h1", "fixed-rate", Some(0.5), 4_000.0, 150.0),
+            at(System::S0, "h1", "probe", None, 6_000.0, 3_000.0),
+            at(kd, "h1", "watch", None, 50.0, 900.0),
+            at(ks0, "h1", "watch", None, 50.0, 1_000.0),
+        ]);
+        all.settings.rate_fractions = vec![0.1, 0.5];
+        all.steps[8].load.watch = Some(selkie_perf::report::WatchReport {
+            established: true,
+            missing: 2,
+            ..Default::default()
+        });
+        all.bounded = vec![
+            BoundedMax {
+                system: System::D,
+                protocol: "h1".into(),
+                rate: Some(7_000.0),
+                lowest_missing: None,
+                ceiling: Some(30_000.0),
+                probes: 4,
+                tried: Vec::new(),
+            },
+            BoundedMax {
+                system: System::S0,
+                protocol: "h1".into(),
+                rate: Some(4_000.0),
+                lowest_missing: Some(6_000.0),
+                ceiling: Some(8_000.0),
+                probes: 1,
+                tried: Vec::new(),
+            },
+        ];
+        all.sweep_bases = sweep_bases(
+            "h1",
+            &[System::D, System::S0],
+            &[(System::D, 30_000.0), (System::S0, 8_000.0)],
+            None,
+            None,
+        );
+        let md = markdown(&all);
+        let line = |start: &str| {
+            md.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("no line {start:?} in\n{md}"))
+                .to_string()
+        };
+        assert!(
+            md.contains("* Rate sweep: open-loop steps at 10 %, 50 % of a base rate"),
+            "{md}"
+        );
+        assert!(
+            md.contains("  * h1 D: sweep base 8000 req/s (the lowest maximum among the proxies: S0's 8000 req/s) = 27 % of D's maximum"),
+            "{md}"
+        );
+        // The fixed-rate table holds the 50 % steps.
+        assert!(md.contains("### Fixed rate: the sweep's 50 % step"), "{md}");
+        assert!(line("| S0 | Selkie, static identity | 4000 |").contains("| +40 / +80 |"));
+        // The sweep table: every step by rate, added latency at the same rate, the bound.
+        assert_eq!(
+            line("| S0 | 10 % |"),
+            "| S0 | 10 % | 3 % | 800 | 799 | 130 | 260 | 390 | +30 / +60 | 30.0 | 0 / 0 / 0 | yes |"
+        );
+        assert_eq!(
+            line("| S0 | probe |"),
+            "| S0 | probe | 20 % | 6000 | 5994 | 3000 | 6000 | 9000 | — | 30.0 | 0 / 0 / 0 | no |"
+        );
+        assert!(
+            line("| D | 50 % |").contains("| — |"),
+            "a direct row adds nothing"
+        );
+        // The maximum table's new column.
+        assert!(
+            md.contains("| id | req/s | ÷ D | max rate at p99 < 5 ms |"),
+            "{md}"
+        );
+        assert!(line("| D | 30000 |").starts_with("| D | 30000 | 1.00 | ≥ 7000 |"));
+        assert!(line("| S0 | 8000 |").starts_with("| S0 | 8000 | 0.27 | 4000 |"));
+        // The watch table, K-S0 against K-D.
+        assert_eq!(
+            line("| K-S0 | 50 |"),
+            "| K-S0 | 50 | 100 | 100 | 2 | 0 | 1000 | 2000 | 3000 | +100 / +200 | 0 / 0 | 30.0 | 0 |"
+        );
+        assert!(bounded_cell(None) == "—");
+        let below_all = BoundedMax {
+            system: System::S0,
+            protocol: "h1".into(),
+            rate: None,
+            lowest_missing: Some(800.0),
+            ceiling: None,
+            probes: 0,
+            tried: Vec::new(),
+        };
+        assert_eq!(bounded_cell(Some(&below_all)), "< 800");
     }
 }

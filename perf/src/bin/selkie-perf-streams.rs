@@ -40,7 +40,7 @@ use clap::Parser;
 use futures::{SinkExt as _, StreamExt as _};
 use hdrhistogram::Histogram;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
-use http_body_util::{BodyExt as _, Empty};
+use http_body_util::Empty;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use nix::sys::signal::Signal;
@@ -52,6 +52,7 @@ use selkie_perf::{
     procstat::{process_tree, rss_kib, total_cpu_time},
     report::{BackendCounters, Percentiles},
     tls::{client_config, ALPN_H2, ALPN_HTTP11},
+    watch::for_each_line,
 };
 use serde::Serialize;
 use tokio::{
@@ -583,32 +584,14 @@ async fn read_watch(response: hyper::Response<hyper::body::Incoming>, stats: &Wa
         stats.fail(format!("watch answered {}", response.status()));
         return;
     }
-    let mut body = response.into_body();
-    let mut buffer: Vec<u8> = Vec::new();
     let mut first = true;
-    loop {
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                let Ok(data) = frame.into_data() else { continue };
-                buffer.extend_from_slice(&data);
-                while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                    stats.line(&buffer[..end], first);
-                    first = false;
-                    buffer.drain(..=end);
-                }
-            }
-            Some(Err(e)) => {
-                stats.dropped.fetch_add(1, Ordering::Relaxed);
-                stats.example(format!("watch stream failed: {e}"));
-                return;
-            }
-            None => {
-                stats.dropped.fetch_add(1, Ordering::Relaxed);
-                stats.example("watch stream ended".into());
-                return;
-            }
-        }
-    }
+    let end = for_each_line(response.into_body(), |line| {
+        stats.line(line, first);
+        first = false;
+    })
+    .await;
+    stats.dropped.fetch_add(1, Ordering::Relaxed);
+    stats.example(end.to_string());
 }
 
 /// Opens `n` watches (one connection each over HTTP/1.1, `--h2-streams` per connection over
