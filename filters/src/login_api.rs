@@ -39,8 +39,9 @@ pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
 const CREDENTIAL_ID_EXTRA: &str = "authentication.kubernetes.io/credential-id";
 
 /// What a TokenCredentialRequest's client certificate must say of an authenticator's identity.
-/// A certificate carries a username (CN) and groups (O) only.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A certificate carries a username (CN) and groups (O) only. Reads from configuration as
+/// `Exact` or `UsernameAndGroups`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
 pub enum CertificateIdentity {
     /// All of it, as Pinniped: an identity with a UID, or extras other than the credential id,
     /// gets no certificate.

@@ -18,7 +18,7 @@ use selkie_filters::{
     https::ClientAuth,
     identity::{Forwarding, Identity, UserInfo},
     jwt::{AudienceMatchPolicy, ClaimMapping, JwtAuthenticator, JwtConfig},
-    login_api::{ConciergeApi, SignerConciergeApi},
+    login_api::{CertificateIdentity, ConciergeApi, SignerConciergeApi},
     review_cache::CacheConfig,
     signer::ClientCertificateSigner,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
@@ -296,6 +296,12 @@ pub struct WebhookAuthenticatorConfig {
     /// CA bundle for the endpoint.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// What a TokenCredentialRequest's certificate must say of this webhook's identities:
+    /// `Exact` (the default, as Pinniped: an identity with a UID or extras gets none) or
+    /// `UsernameAndGroups` (the UID and extras are left out, e.g. for service accounts reviewed by
+    /// kube-apiserver).
+    #[serde(default)]
+    pub certificate_identity: CertificateIdentity,
 }
 
 /// Why a configuration cannot be used. The message names the file or field at fault.
@@ -512,6 +518,7 @@ impl StaticConfig {
             let field = format!("webhookAuthenticators[{i}]");
             let mut config = TokenReviewConfig::new(&webhook.name, &webhook.endpoint);
             config.ca_bundle_pem = webhook.ca_file.as_deref().map(read_string).transpose()?;
+            config.certificate_identity = webhook.certificate_identity;
             let authenticator = TokenReviewAuthenticator::new(config).map_err(|e| invalid(&field, e))?;
             authenticators.push(TokenAuthenticator::TokenReview(Arc::new(authenticator)));
         }

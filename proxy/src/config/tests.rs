@@ -4,6 +4,14 @@ fn parse(yaml: &str) -> Result<StaticConfig, serde_yaml::Error> {
     serde_yaml::from_str(yaml)
 }
 
+/// `rest` after the fields every configuration needs (listener, serving certificate, upstream).
+fn parse_minimal(rest: &str) -> Result<StaticConfig, serde_yaml::Error> {
+    parse(&format!(
+        "listen: 127.0.0.1:1\nservingCertificate: {{certFile: a, keyFile: b}}\n\
+         upstream: {{url: https://x, caFile: c}}\n{rest}"
+    ))
+}
+
 #[test]
 fn the_example_configuration_parses() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../conf/proxy.example.yaml");
@@ -56,31 +64,27 @@ fn unknown_fields_and_bad_values_are_named() {
 
 #[test]
 fn shutdown_and_operations_settings_have_defaults_and_named_errors() {
-    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\n\
-                upstream: {url: https://x, caFile: c}\n";
-    let config = parse(base).unwrap();
+    let config = parse_minimal("").unwrap();
     assert_eq!(config.shutdown, ShutdownConfig::default());
     assert_eq!(config.shutdown.grace_period(), Duration::from_secs(5));
     assert_eq!(config.shutdown.drain_timeout(), Duration::from_secs(20));
     assert_eq!(config.operations_address().unwrap(), None);
 
-    let config = parse(&format!(
-        "{base}operationsListen: 127.0.0.1:9090\nshutdown: {{drainTimeoutSeconds: 60}}\n"
-    ))
-    .unwrap();
+    let config =
+        parse_minimal("operationsListen: 127.0.0.1:9090\nshutdown: {drainTimeoutSeconds: 60}\n").unwrap();
     assert_eq!(config.shutdown.grace_period_seconds, 5);
     assert_eq!(config.shutdown.drain_timeout(), Duration::from_secs(60));
     assert_eq!(config.operations_address().unwrap().map(|a| a.port()), Some(9090));
 
-    let error = parse(&format!("{base}shutdown: {{drainTimeout: 60}}\n"))
+    let error = parse_minimal("shutdown: {drainTimeout: 60}\n")
         .unwrap_err()
         .to_string();
     assert!(error.contains("unknown field `drainTimeout`"), "{error}");
-    let error = parse(&format!("{base}shutdown: {{gracePeriodSeconds: -1}}\n"))
+    let error = parse_minimal("shutdown: {gracePeriodSeconds: -1}\n")
         .unwrap_err()
         .to_string();
     assert!(error.contains("shutdown.gracePeriodSeconds"), "{error}");
-    let mut bad = parse(base).unwrap();
+    let mut bad = parse_minimal("").unwrap();
     bad.operations_listen = Some(":metrics".into());
     assert!(bad
         .operations_address()
@@ -118,14 +122,11 @@ fn durations_are_written_as_in_kubernetes() {
 
 #[test]
 fn timeouts_default_and_are_named_when_wrong() {
-    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\nupstream: {url: https://x, caFile: c}\n";
-    assert_eq!(parse(base).unwrap().timeouts, Timeouts::default());
-    let config = parse(&format!("{base}timeouts: {{headerRead: 2s, idle: 5m}}\n")).unwrap();
+    assert_eq!(parse_minimal("").unwrap().timeouts, Timeouts::default());
+    let config = parse_minimal("timeouts: {headerRead: 2s, idle: 5m}\n").unwrap();
     assert_eq!(config.timeouts.header_read, Duration::from_secs(2));
     assert_eq!(config.timeouts.idle, Duration::from_secs(300));
-    let error = parse(&format!("{base}timeouts: {{idle: 0ms}}\n"))
-        .unwrap_err()
-        .to_string();
+    let error = parse_minimal("timeouts: {idle: 0ms}\n").unwrap_err().to_string();
     assert!(
         error.contains("timeouts.idle") && error.contains("greater than zero"),
         "{error}"
@@ -134,9 +135,7 @@ fn timeouts_default_and_are_named_when_wrong() {
 
 #[test]
 fn static_identity_and_credential_signer_are_checked() {
-    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\n\
-                upstream: {url: https://x, caFile: c}\n";
-    let error = parse(&format!("{base}staticIdentity: {{username: \"\"}}\n"))
+    let error = parse_minimal("staticIdentity: {username: \"\"}\n")
         .unwrap()
         .snapshot()
         .unwrap_err()
@@ -146,8 +145,8 @@ fn static_identity_and_credential_signer_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate").unwrap();
-    let error = parse(&format!(
-        "{base}credentialSigner: {{certFile: {0}, keyFile: {0}}}\n",
+    let error = parse_minimal(&format!(
+        "credentialSigner: {{certFile: {0}, keyFile: {0}}}\n",
         garbage.display()
     ))
     .unwrap()
@@ -162,11 +161,9 @@ fn static_identity_and_credential_signer_are_checked() {
 
 #[test]
 fn a_jwt_authenticators_cache_can_be_sized_or_turned_off() {
-    let base = "listen: 127.0.0.1:1\nservingCertificate: {certFile: a, keyFile: b}\n\
-                upstream: {url: https://x, caFile: c}\n";
     let jwt = |cache: &str| {
-        parse(&format!(
-            "{base}jwtAuthenticators:\n  - {{name: idp, issuer: https://idp, audience: a{cache}}}\n"
+        parse_minimal(&format!(
+            "jwtAuthenticators:\n  - {{name: idp, issuer: https://idp, audience: a{cache}}}\n"
         ))
     };
     let cache_of = |config: &StaticConfig| {
@@ -218,4 +215,26 @@ fn a_jwt_authenticators_cache_can_be_sized_or_turned_off() {
         let error = jwt(cache).unwrap().snapshot().unwrap_err().to_string();
         assert_eq!(error, expected, "{cache}");
     }
+}
+
+#[test]
+fn a_webhooks_certificate_identity_defaults_to_exact_and_is_checked() {
+    let webhook = |extra: &str| {
+        parse_minimal(&format!(
+            "webhookAuthenticators:\n  - {{name: kas, endpoint: 'https://kas/review'{extra}}}\n"
+        ))
+    };
+    let of = |config: StaticConfig| config.webhook_authenticators[0].certificate_identity;
+    assert_eq!(of(webhook("").unwrap()), CertificateIdentity::Exact);
+    assert_eq!(
+        of(webhook(", certificateIdentity: UsernameAndGroups").unwrap()),
+        CertificateIdentity::UsernameAndGroups
+    );
+    let error = webhook(", certificateIdentity: Sometimes")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("unknown variant `Sometimes`") && error.contains("UsernameAndGroups"),
+        "{error}"
+    );
 }
