@@ -239,6 +239,22 @@ impl<'a> Installation<'a> {
             .await?)
     }
 
+    /// `POST`s `request` with `kubectl` until the answer carries a credential (at most
+    /// `timeout`), and returns that answer.
+    async fn wait_for_credential(
+        &self,
+        kubectl: &Kubectl,
+        request: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        eventually(timeout, || async {
+            let answer = self.post_token_credential_request(kubectl, request).await?;
+            credential(&answer)?;
+            Ok(answer)
+        })
+        .await
+    }
+
     /// Waits until the authenticator `name` (`resource` names its plural and group, as kubectl
     /// takes it) reports `phase: Ready`.
     async fn wait_ready(&self, resource: &str, name: &str) -> anyhow::Result<()> {
@@ -379,15 +395,10 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         .id_token;
     let anonymous = installation.anonymous_to_cluster()?;
     let request = installation.token_credential_request(&token, "dex");
-    let response = eventually(Duration::from_secs(60), || async {
-        let response = installation
-            .post_token_credential_request(&anonymous, &request)
-            .await?;
-        credential(&response)?;
-        Ok(response)
-    })
-    .await
-    .with_context(|| first.log())?;
+    let response = installation
+        .wait_for_credential(&anonymous, &request, Duration::from_secs(60))
+        .await
+        .with_context(|| first.log())?;
     let (cert, key) = credential(&response)?;
     assert!(!response.contains(&token), "the token is never echoed");
 
@@ -576,15 +587,10 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         .id_token;
     let anonymous = installation.anonymous_to_cluster()?;
     let request = installation.token_credential_request(&token, "dex");
-    let response = eventually(Duration::from_secs(60), || async {
-        let response = installation
-            .post_token_credential_request(&anonymous, &request)
-            .await?;
-        credential(&response)?;
-        Ok(response)
-    })
-    .await
-    .with_context(|| concierge.process().log())?;
+    let response = installation
+        .wait_for_credential(&anonymous, &request, Duration::from_secs(60))
+        .await
+        .with_context(|| concierge.process().log())?;
     let (cert, key) = credential(&response)?;
 
     // ... which works through the impersonation proxy ...
@@ -980,15 +986,10 @@ async fn a_webhook_authenticator_on_kube_apiservers_token_review_exchanges_servi
     // GitOps: the same authenticator with Selkie's extension issues the certificate.
     let applied = apply(authenticator(Some("UsernameAndGroups"))).await?;
     ensure!(applied.success, "{}", applied.stderr);
-    let answer = eventually(Duration::from_secs(30), || async {
-        let answer = installation
-            .post_token_credential_request(&anonymous, &request)
-            .await?;
-        credential(&answer)?;
-        Ok(answer)
-    })
-    .await
-    .with_context(|| replica.log())?;
+    let answer = installation
+        .wait_for_credential(&anonymous, &request, Duration::from_secs(30))
+        .await
+        .with_context(|| replica.log())?;
     assert!(!answer.contains(&token), "the token is never echoed");
     let (cert, key) = credential(&answer)?;
     let as_robot = cluster.kubectl().with_kubeconfig(&installation.kubeconfig(
