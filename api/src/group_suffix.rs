@@ -38,7 +38,7 @@ pub enum GroupSuffixError {
 /// Checks that `suffix` can stand in for `pinniped.dev`: a DNS-1123 subdomain with at least one
 /// dot, as Kubernetes requires of API group names.
 pub fn validate_api_group_suffix(suffix: &str) -> Result<(), GroupSuffixError> {
-    if !is_dns1123_subdomain(suffix) {
+    if !crate::names::is_dns1123_subdomain(suffix) {
         return Err(GroupSuffixError::NotDns1123Subdomain(suffix.to_owned()));
     }
     if !suffix.contains('.') {
@@ -72,18 +72,6 @@ pub fn unreplace_group_suffix(group: &str, suffix: &str) -> Option<String> {
         return None;
     }
     Some(format!("{prefix}{DEFAULT_API_GROUP_SUFFIX}"))
-}
-
-/// Kubernetes' `IsDNS1123Subdomain`: at most 253 characters of dot-separated labels, each
-/// non-empty, of lowercase ASCII letters, digits and '-', starting and ending with a letter or
-/// digit.
-fn is_dns1123_subdomain(name: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            label.starts_with(alnum) && label.ends_with(alnum) && label.chars().all(|c| alnum(c) || c == '-')
-        })
 }
 
 #[cfg(test)]

@@ -25,5 +25,6 @@ pub mod crds;
 pub mod group_suffix;
 pub mod identity;
 pub mod login;
+pub mod names;
 #[cfg(feature = "crds")]
 mod schema;

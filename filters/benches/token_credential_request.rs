@@ -169,7 +169,11 @@ fn token_credential_request(c: &mut Criterion) {
         ..TokenCredentialRequest::default()
     };
     // The first request verifies the token and caches the result; the timed ones hit.
-    assert_issued(&rt.block_on(api.token_credential_request(&chain, template.clone())));
+    assert_issued(&rt.block_on(api.token_credential_request(
+        &chain,
+        selkie_api::authentication::GROUP,
+        template.clone(),
+    )));
     common::assert_alice(&rt.block_on(chain.token_authenticators()[0].authenticate(&template.spec.token)));
 
     c.bench_function("tcr/end-to-end", |b| {
@@ -177,7 +181,10 @@ fn token_credential_request(c: &mut Criterion) {
             || template.clone(),
             |request| {
                 let (api, chain) = (&api, &chain);
-                async move { api.token_credential_request(chain, request).await }
+                async move {
+                    api.token_credential_request(chain, selkie_api::authentication::GROUP, request)
+                        .await
+                }
             },
             BatchSize::SmallInput,
         )

@@ -27,7 +27,10 @@ use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use selkie_api::{
     identity::{KubernetesUserInfo, UserInfo as ApiUserInfo, WhoAmIRequest, WhoAmIRequestStatus},
-    login::{ClusterCredential, TokenCredentialRequest, TokenCredentialRequestStatus, AUTHENTICATION_FAILED},
+    login::{
+        ClusterCredential, TokenCredentialRequest, TokenCredentialRequestStatus, TypedLocalObjectReference,
+        AUTHENTICATION_FAILED,
+    },
 };
 
 /// How long an issued certificate is valid (Pinniped's `clientCertificateTTL`).
@@ -59,10 +62,13 @@ pub enum CertificateIdentity {
 pub trait ConciergeApi: Send + Sync + std::fmt::Debug {
     /// Authenticates `request.spec.token` with the authenticator `request.spec.authenticator`
     /// names (among `chain`'s) and fills in `status`: a credential, or only
-    /// `message: "authentication failed"`. Never fails as a whole.
+    /// `message: "authentication failed"`. The reference names an authenticator only when its
+    /// `apiGroup` is exactly `authenticator_group` (`authentication.concierge.<suffix>`), as in
+    /// Pinniped; a missing or other group is an unknown authenticator. Never fails as a whole.
     async fn token_credential_request(
         &self,
         chain: &Chain,
+        authenticator_group: &str,
         request: TokenCredentialRequest,
     ) -> TokenCredentialRequest;
 }
@@ -134,8 +140,17 @@ fn certificate_decision(user: &UserInfo, policy: CertificateIdentity) -> Option<
     (policy == CertificateIdentity::UsernameAndGroups && !user.username.is_empty()).then_some(true)
 }
 
-/// The chain's authenticator a TokenCredentialRequest names: kind and name must both match.
-fn named<'a>(chain: &'a Chain, kind: &str, name: &str) -> Option<&'a TokenAuthenticator> {
+/// The chain's authenticator a TokenCredentialRequest names: the API group must be
+/// `authenticator_group`, and kind and name must both match.
+fn named<'a>(
+    chain: &'a Chain,
+    authenticator_group: &str,
+    reference: &TypedLocalObjectReference,
+) -> Option<&'a TokenAuthenticator> {
+    if reference.api_group.as_deref() != Some(authenticator_group) {
+        return None;
+    }
+    let (kind, name) = (reference.kind.as_str(), reference.name.as_str());
     chain.token_authenticators().iter().find(|authenticator| {
         let kind_matches = match authenticator {
             TokenAuthenticator::Jwt(_) => kind == "JWTAuthenticator",
@@ -150,10 +165,11 @@ impl ConciergeApi for SignerConciergeApi {
     async fn token_credential_request(
         &self,
         chain: &Chain,
+        authenticator_group: &str,
         mut request: TokenCredentialRequest,
     ) -> TokenCredentialRequest {
         let reference = &request.spec.authenticator;
-        let (outcome, policy) = match named(chain, &reference.kind, &reference.name) {
+        let (outcome, policy) = match named(chain, authenticator_group, reference) {
             Some(authenticator) if !request.spec.token.is_empty() => (
                 authenticator.authenticate(&request.spec.token).await,
                 authenticator.certificate_identity(),
@@ -274,6 +290,46 @@ mod tests {
             certificate_decision(&nameless, CertificateIdentity::UsernameAndGroups),
             None
         );
+    }
+
+    #[test]
+    fn a_reference_names_an_authenticator_only_in_the_authentication_group() {
+        crate::test_util::install_provider();
+        let webhook = crate::tokenreview::TokenReviewAuthenticator::new(
+            crate::tokenreview::TokenReviewConfig::new("corp", "https://127.0.0.1:1/review"),
+        )
+        .unwrap();
+        let chain = Chain::new(vec![TokenAuthenticator::TokenReview(Arc::new(webhook))]);
+        let group = "authentication.concierge.acme.example.com";
+        let reference = |api_group: Option<&str>, kind: &str| TypedLocalObjectReference {
+            api_group: api_group.map(str::to_string),
+            kind: kind.into(),
+            name: "corp".into(),
+        };
+        assert!(named(&chain, group, &reference(Some(group), "WebhookAuthenticator")).is_some());
+        for (api_group, kind) in [
+            (None, "WebhookAuthenticator"),
+            (Some(""), "WebhookAuthenticator"),
+            (
+                Some("authentication.concierge.pinniped.dev"),
+                "WebhookAuthenticator",
+            ),
+            (
+                Some("authentication.concierge.acme.example.com "),
+                "WebhookAuthenticator",
+            ),
+            (
+                Some("AUTHENTICATION.concierge.acme.example.com"),
+                "WebhookAuthenticator",
+            ),
+            (Some("example.com"), "WebhookAuthenticator"),
+            (Some(group), "JWTAuthenticator"),
+        ] {
+            assert!(
+                named(&chain, group, &reference(api_group, kind)).is_none(),
+                "{api_group:?} {kind}"
+            );
+        }
     }
 
     #[test]

@@ -1,9 +1,15 @@
 //! Client certificates: verify the chain, then read the user from the subject the way
 //! kube-apiserver does (`CN` is the user name, every `O` is a group).
 //!
-//! Runs once per TLS connection, not per request: the proxy calls
-//! [`X509Authenticator::authenticate`] with the peer's chain after the handshake and keeps the
-//! resulting identity for every request on that connection.
+//! A verdict is not for ever: [`X509Authenticator::verdict_at`] also says when it must be
+//! computed again (the first moment one of the chain's certificates is past its `notAfter`), and
+//! [`X509Authenticator::trusts_same_as`] says whether a verdict reached under one set of CA pools
+//! holds under another. The proxy and the aggregated API keep one verdict per connection and use
+//! both on every request, so a certificate is honoured only while it is valid under the CA pools
+//! of the configuration the request runs with, as kube-apiserver checks on every request.
+//!
+//! The clock skew allowed past `notAfter` (and before `notBefore`) is configurable and zero by
+//! default ([`DEFAULT_CLOCK_SKEW`]): kube-apiserver allows none.
 
 use std::{sync::Arc, time::Duration};
 
@@ -19,8 +25,33 @@ use crate::{
 /// DER value of id-kp-clientAuth (1.3.6.1.5.5.7.3.2).
 const ID_KP_CLIENT_AUTH: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x02];
 
-/// Default tolerance for clocks that disagree about a certificate's validity window.
-pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(30);
+/// Default tolerance for clocks that disagree about a certificate's validity window: none, as
+/// kube-apiserver. (Certificates from TokenCredentialRequests are backdated, so `notBefore`
+/// needs none; a certificate is refused from the second after its `notAfter`.)
+pub const DEFAULT_CLOCK_SKEW: Duration = Duration::ZERO;
+
+/// The largest clock skew a configuration may ask for: a certificate may outlive its `notAfter`
+/// by at most this much.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
+
+/// An [`Outcome`] for a certificate chain and how long it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// What the chain is worth.
+    pub outcome: Outcome,
+    /// From this moment on the outcome no longer holds and the chain must be verified again:
+    /// for an authenticated chain, the first second after the earliest `notAfter` (plus the
+    /// clock skew) among its certificates; for a certificate not valid yet, the moment it was
+    /// computed. `None`: it holds for as long as the trusted CAs stay the same.
+    pub recheck_at: Option<UnixTime>,
+}
+
+impl Verdict {
+    /// Whether the outcome still holds at `now`.
+    pub fn holds_at(&self, now: UnixTime) -> bool {
+        self.recheck_at.is_none_or(|at| now.as_secs() < at.as_secs())
+    }
+}
 
 /// Why an [`X509Authenticator`] cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +65,9 @@ pub enum X509ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The clock skew is over [`MAX_CLOCK_SKEW`].
+    #[error("a clock skew of {0:?} is too large (at most 5m)")]
+    ClockSkewTooLarge(Duration),
 }
 
 /// Verifies client certificate chains against one or more CA pools (for example Selkie's signer
@@ -55,13 +89,17 @@ impl std::fmt::Debug for X509Authenticator {
 }
 
 impl X509Authenticator {
-    /// Trusts every certificate in each PEM bundle of `ca_bundles`. Fails if any bundle is empty
-    /// or holds something that is not a certificate.
+    /// Trusts every certificate in each PEM bundle of `ca_bundles`, allowing `clock_skew` around
+    /// each certificate's validity window. Fails if any bundle is empty or holds something that is
+    /// not a certificate, or if `clock_skew` is over [`MAX_CLOCK_SKEW`].
     pub fn new(
         name: impl Into<Arc<str>>,
         ca_bundles: &[&str],
         clock_skew: Duration,
     ) -> Result<Self, X509ConfigError> {
+        if clock_skew > MAX_CLOCK_SKEW {
+            return Err(X509ConfigError::ClockSkewTooLarge(clock_skew));
+        }
         let mut anchors = Vec::new();
         for (index, bundle) in ca_bundles.iter().enumerate() {
             let invalid = |reason: String| X509ConfigError::InvalidCaBundle { index, reason };
@@ -91,6 +129,46 @@ impl X509Authenticator {
     /// [`X509Authenticator::authenticate_at`].
     pub fn authenticate(&self, chain: &[CertificateDer<'_>]) -> Outcome {
         self.authenticate_at(chain, UnixTime::now())
+    }
+
+    /// Whether a [`Verdict`] of `other` holds under `self`: both trust exactly the same CAs and
+    /// allow the same clock skew. Compares the trust anchors (a few hundred bytes each); callers
+    /// first check whether they hold the very same authenticator.
+    pub fn trusts_same_as(&self, other: &Self) -> bool {
+        self.clock_skew == other.clock_skew && self.anchors == other.anchors
+    }
+
+    /// [`X509Authenticator::authenticate_at`], and when its outcome stops holding (see
+    /// [`Verdict::recheck_at`]).
+    pub fn verdict_at(&self, chain: &[CertificateDer<'_>], now: UnixTime) -> Verdict {
+        let outcome = self.authenticate_at(chain, now);
+        let recheck_at = match &outcome {
+            Outcome::Authenticated(_) => Some(self.first_expiry(chain, now)),
+            Outcome::Rejected(RejectReason::NotYetValid) => Some(now),
+            _ => None,
+        };
+        Verdict { outcome, recheck_at }
+    }
+
+    /// The first second at which one of `chain`'s certificates that is valid at `now` is past its
+    /// `notAfter` plus the clock skew. (A presented certificate that is already expired took no
+    /// part in a chain that verified at `now`, so it does not count.) Unparsable certificates
+    /// count as expiring now, which only makes the caller verify again.
+    fn first_expiry(&self, chain: &[CertificateDer<'_>], now: UnixTime) -> UnixTime {
+        let skew = self.clock_skew.as_secs();
+        let first = chain
+            .iter()
+            .map(|der| match X509Certificate::from_der(der) {
+                Ok((_, cert)) => u64::try_from(cert.validity().not_after.timestamp())
+                    .unwrap_or(0)
+                    .saturating_add(skew)
+                    .saturating_add(1),
+                Err(_) => now.as_secs(),
+            })
+            .filter(|expiry| *expiry > now.as_secs())
+            .min()
+            .unwrap_or(now.as_secs());
+        UnixTime::since_unix_epoch(Duration::from_secs(first))
     }
 
     /// Authenticates the peer chain (leaf first, then intermediates) as of `now`.
@@ -145,12 +223,12 @@ impl X509Authenticator {
         let skew = self.clock_skew.as_secs();
         match verify_at(now) {
             Ok(()) => Ok(()),
-            Err(webpki::Error::CertExpired { .. }) => {
+            Err(webpki::Error::CertExpired { .. }) if skew > 0 => {
                 let earlier =
                     UnixTime::since_unix_epoch(Duration::from_secs(now.as_secs().saturating_sub(skew)));
                 verify_at(earlier).map_err(|e| reason_of(&e))
             }
-            Err(webpki::Error::CertNotValidYet { .. }) => {
+            Err(webpki::Error::CertNotValidYet { .. }) if skew > 0 => {
                 let later =
                     UnixTime::since_unix_epoch(Duration::from_secs(now.as_secs().saturating_add(skew)));
                 verify_at(later).map_err(|e| reason_of(&e))

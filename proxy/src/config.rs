@@ -22,7 +22,7 @@ use selkie_filters::{
     review_cache::CacheConfig,
     signer::ClientCertificateSigner,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
-    x509::X509Authenticator,
+    x509::{X509Authenticator, DEFAULT_CLOCK_SKEW, MAX_CLOCK_SKEW},
 };
 use serde::Deserialize;
 
@@ -59,6 +59,11 @@ pub struct StaticConfig {
     /// CA bundles whose client certificates identify users (CN = user, O = groups).
     #[serde(default)]
     pub client_certificate_ca_files: Vec<PathBuf>,
+    /// How long a client certificate keeps counting after its `notAfter` (and before its
+    /// `notBefore`), for clocks that disagree. Default `0s`, as kube-apiserver; at most `5m`.
+    /// Checked on every request, also on connections opened while the certificate was valid.
+    #[serde(default, deserialize_with = "deserialize_some_duration::<_, false>")]
+    pub client_certificate_clock_skew: Option<Duration>,
     /// JWT authenticators, tried in order.
     #[serde(default)]
     pub jwt_authenticators: Vec<JwtAuthenticatorConfig>,
@@ -494,10 +499,14 @@ impl StaticConfig {
             None
         } else {
             let bundles: Vec<&str> = bundles.iter().map(String::as_str).collect();
-            Some(
-                X509Authenticator::new("client-certificate", &bundles, Duration::from_secs(60))
+            let skew = self.client_certificate_clock_skew.unwrap_or(DEFAULT_CLOCK_SKEW);
+            if skew > MAX_CLOCK_SKEW {
+                return Err(invalid("clientCertificateClockSkew", "must be at most 5m"));
+            }
+            Some(Arc::new(
+                X509Authenticator::new("client-certificate", &bundles, skew)
                     .map_err(|e| invalid("clientCertificateCaFiles", e))?,
-            )
+            ))
         };
 
         let mut authenticators = Vec::new();

@@ -21,6 +21,13 @@
 //! A read past a deadline fails with [`std::io::ErrorKind::TimedOut`] and pingora closes the
 //! connection without a response (there is no request to answer).
 //!
+//! A fourth phase, **closing**, ends a connection whose client certificate stopped counting (it
+//! expired, or its CA was removed: [`crate::tls::PeerCertificate::revoke`]): the next read starts
+//! a deadline of [`REVOKED_CLOSE_AFTER`], long enough for the 401 already written to leave, and
+//! then the connection is closed, with every stream still open on it. HTTP/1.1 connections
+//! close after that 401 anyway (no keep-alive); this is what ends an HTTP/2 connection, whose
+//! other streams pingora would otherwise keep serving.
+//!
 //! HTTP/2 connections get the head deadline for the client's connection preface; after that
 //! pingora's own HTTP/2 idle timeout (set to [`Timeouts::idle`]) closes a connection that has had
 //! no open stream for that long, and a connection with a stream open (a watch) is never idle.
@@ -239,12 +246,18 @@ where
     }
 }
 
+/// How long a connection whose client certificate stopped counting stays open for the answer
+/// that says so.
+pub const REVOKED_CLOSE_AFTER: Duration = Duration::from_secs(1);
+
 /// Reading a request head.
 const HEAD: u32 = 0;
 /// A request is being served: no deadline.
 const REQUEST: u32 = 1;
 /// Between requests on a keep-alive connection.
 const IDLE: u32 = 2;
+/// The client certificate stopped counting: the connection ends.
+const CLOSING: u32 = 3;
 
 /// A connection's phase (the low two bits) and how many times it changed (the rest), so that a
 /// deadline belongs to one stretch of one phase: the second idle period of a connection does not
@@ -253,10 +266,10 @@ const IDLE: u32 = 2;
 struct Clock(AtomicU32);
 
 impl Clock {
-    /// Starts a new stretch of `phase`.
+    /// Starts a new stretch of `phase`, unless the connection is closing: that phase is final.
     fn enter(&self, phase: u32) {
-        let _always_some = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
-            Some(((state >> 2).wrapping_add(1) << 2) | phase)
+        let _unchanged_when_closing = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+            (state & 3 != CLOSING).then(|| ((state >> 2).wrapping_add(1) << 2) | phase)
         });
     }
 
@@ -281,25 +294,36 @@ pub struct TimedStream {
     /// Bytes of the HTTP/2 connection preface still to come; the head phase ends when it is
     /// complete. Zero for HTTP/1.x.
     preface_left: usize,
+    /// The TLS digest, whose extension holds the connection's client certificate (if any), to
+    /// see whether it was revoked.
+    tls: Option<Arc<SslDigest>>,
 }
 
 impl TimedStream {
     fn new(inner: Stream, clock: Arc<Clock>, timeouts: Timeouts, h2: bool) -> Self {
+        let tls = inner.get_ssl_digest();
         Self {
             inner,
             clock,
             timeouts,
             timer: None,
             preface_left: if h2 { H2_PREFACE_LEN } else { 0 },
+            tls,
         }
+    }
+
+    /// Whether the connection's client certificate was revoked.
+    fn revoked(tls: Option<&Arc<SslDigest>>) -> bool {
+        tls.and_then(|tls| tls.extension.get::<crate::tls::PeerCertificate>())
+            .is_some_and(crate::tls::PeerCertificate::is_revoked)
     }
 }
 
 fn timed_out(phase: u32, limit: Duration) -> io::Error {
-    let what = if phase == IDLE {
-        "no request started on the idle connection"
-    } else {
-        "the request head was not complete"
+    let what = match phase {
+        IDLE => "no request started on the idle connection",
+        CLOSING => "the client certificate no longer counts; the connection was closed",
+        _ => "the request head was not complete",
     };
     io::Error::new(io::ErrorKind::TimedOut, format!("{what} within {limit:?}"))
 }
@@ -312,12 +336,18 @@ impl AsyncRead for TimedStream {
             timeouts,
             timer,
             preface_left,
+            tls,
         } = self.get_mut();
-        let state = clock.state();
+        let mut state = clock.state();
+        if state & 3 != CLOSING && TimedStream::revoked(tls.as_ref()) {
+            clock.enter(CLOSING);
+            state = clock.state();
+        }
         let current = state & 3;
         let limit = match current {
             HEAD => timeouts.header_read,
             IDLE => timeouts.idle,
+            CLOSING => REVOKED_CLOSE_AFTER,
             _ => {
                 *timer = None;
                 return Pin::new(inner).poll_read(cx, buf);

@@ -8,6 +8,7 @@
 //! `authentication.k8s.io/v1` `UserInfo`, as Pinniped writes it), so kube-apiserver's audit log
 //! shows the original user, the impersonated user and the proxy.
 
+use selkie_api::names::{is_dns1123_label, is_dns1123_subdomain};
 use selkie_filters::{access_review::ResourceAttributes, identity::UserInfo};
 
 use crate::headers::RequestedImpersonation;
@@ -34,6 +35,9 @@ pub enum NestedError {
     /// An extra key reserved for the proxy was asked for, or the caller already carries one.
     #[error("the extra key {0:?} is reserved for the impersonation proxy")]
     ReservedExtra(String),
+    /// An extra key that cannot be passed on faithfully (see [`check_extra_keys`]).
+    #[error("the extra key {0:?} is not allowed: extra keys must match ^[a-z0-9/\\-._]+$")]
+    InvalidExtraKey(String),
 }
 
 /// What a nested impersonation becomes.
@@ -53,6 +57,37 @@ pub fn reserved_extra(user: &UserInfo) -> Option<&str> {
         .find(|key| key.ends_with(RESERVED_SUFFIX))
 }
 
+/// Checks one extra key the proxy is to send upstream, as Pinniped's impersonation proxy does:
+/// it must match `^[a-z0-9/\-._]+$` (the key as decoded; header names are case-insensitive and
+/// kube-apiserver unescapes them, so anything else could arrive as another key), and must not
+/// end in the proxy's reserved suffix (compared exactly: the character rule already refuses
+/// look-alikes in another case or with whitespace).
+pub fn check_extra_key(key: &str) -> Result<(), NestedError> {
+    let allowed = |byte: u8| byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"/-._".contains(&byte);
+    if key.is_empty() || !key.bytes().all(allowed) {
+        return Err(NestedError::InvalidExtraKey(key.to_string()));
+    }
+    if key.ends_with(RESERVED_SUFFIX) {
+        return Err(NestedError::ReservedExtra(key.to_string()));
+    }
+    Ok(())
+}
+
+/// [`check_extra_key`] for every extra key of `user`: run on every identity the proxy
+/// impersonates with its own extras, whichever authenticator produced them.
+pub fn check_extra_keys(user: &UserInfo) -> Result<(), NestedError> {
+    user.extra.keys().try_for_each(|key| check_extra_key(key))
+}
+
+/// kube-apiserver's `serviceaccount.SplitUsername`: `system:serviceaccount:<namespace>:<name>`
+/// names a service account only when the namespace is a DNS-1123 label and the name a DNS-1123
+/// subdomain (and neither holds another ':'); any other user name is an ordinary user, whose
+/// impersonation needs `users/impersonate`.
+pub fn service_account(username: &str) -> Option<(&str, &str)> {
+    let (namespace, name) = username.strip_prefix(SERVICE_ACCOUNT_PREFIX)?.split_once(':')?;
+    (is_dns1123_label(namespace) && is_dns1123_subdomain(name)).then_some((namespace, name))
+}
+
 fn impersonate(group: &str, resource: &str, name: &str) -> ResourceAttributes {
     ResourceAttributes {
         verb: "impersonate".into(),
@@ -65,26 +100,20 @@ fn impersonate(group: &str, resource: &str, name: &str) -> ResourceAttributes {
 
 /// Applies kube-apiserver's impersonation rules to what `original` asked for. See the module
 /// documentation. Fails for requests kube-apiserver would refuse before any authorization (no
-/// user) and for reserved extra keys.
+/// user), for extra keys that [`check_extra_key`] refuses, and for a caller that carries a
+/// reserved extra key itself.
 pub fn plan(requested: &RequestedImpersonation, original: &UserInfo) -> Result<NestedPlan, NestedError> {
     let username = requested.user.clone().ok_or(NestedError::NoUser)?;
-    if let Some(key) = requested
-        .extra
-        .iter()
-        .map(|(key, _)| key.as_str())
-        .find(|key| key.ends_with(RESERVED_SUFFIX))
-        .or_else(|| reserved_extra(original))
-    {
+    for (key, _) in &requested.extra {
+        check_extra_key(key)?;
+    }
+    if let Some(key) = reserved_extra(original) {
         return Err(NestedError::ReservedExtra(key.to_string()));
     }
 
     let mut checks = Vec::with_capacity(1 + requested.groups.len() + requested.extra.len());
     let mut groups = requested.groups.clone();
-    let service_account = username
-        .strip_prefix(SERVICE_ACCOUNT_PREFIX)
-        .and_then(|rest| rest.split_once(':'))
-        .filter(|(namespace, name)| !namespace.is_empty() && !name.is_empty() && !name.contains(':'));
-    match service_account {
+    match service_account(&username) {
         Some((namespace, name)) => {
             let mut check = impersonate("", "serviceaccounts", name);
             check.namespace = Some(namespace.to_string());
@@ -262,9 +291,84 @@ mod tests {
                 "system:authenticated"
             ]
         );
-        // Not a well-formed service-account name: an ordinary user.
-        let odd = super::plan(&asking(Some("system:serviceaccount:apps")), &alice()).unwrap();
-        assert_eq!(odd.checks[0].resource, "users");
+        let dotted = super::plan(&asking(Some("system:serviceaccount:apps:builder.v2")), &alice()).unwrap();
+        assert_eq!(
+            dotted.checks[0].resource, "serviceaccounts",
+            "a name is a subdomain"
+        );
+    }
+
+    #[test]
+    fn malformed_service_account_names_are_ordinary_users_as_in_kube_apiserver() {
+        for odd in [
+            "system:serviceaccount:apps",
+            "system:serviceaccount:apps:",
+            "system:serviceaccount::builder",
+            "system:serviceaccount:apps:builder:x",
+            "system:serviceaccount:Apps:builder",
+            "system:serviceaccount:apps:Builder",
+            "system:serviceaccount:apps:build_er",
+            "system:serviceaccount:apps.v2:builder",
+            "system:serviceaccount:-apps:builder",
+            "system:serviceaccount:apps:builder ",
+        ] {
+            let plan = plan(&asking(Some(odd)), &alice()).unwrap();
+            assert_eq!(plan.checks, [impersonate("", "users", odd)], "{odd:?}");
+            assert_eq!(plan.user.groups, ["system:authenticated"], "{odd:?}");
+        }
+        let long_namespace = format!("system:serviceaccount:{}:builder", "n".repeat(64));
+        assert_eq!(service_account(&long_namespace), None);
+        let longest = format!("system:serviceaccount:{}:builder", "n".repeat(63));
+        assert!(service_account(&longest).is_some());
+    }
+
+    #[test]
+    fn extra_keys_must_be_lower_case_names_and_never_the_reserved_key_in_any_disguise() {
+        for good in [
+            "scopes",
+            "example.com/team",
+            "a-b_c.d/e",
+            "authentication.kubernetes.io/pod-name",
+        ] {
+            assert_eq!(check_extra_key(good), Ok(()), "{good:?}");
+        }
+        for bad in [
+            "",
+            "Scopes",
+            "scopes ",
+            " scopes",
+            "sco pes",
+            "scopes\t",
+            "scöpes",
+            "a:b",
+            "original-user-info.impersonation-proxy.concierge.pinniped.Dev",
+            "original-user-info.impersonation-proxy.concierge.pinniped.dev ",
+            "ORIGINAL-USER-INFO.impersonation-proxy.concierge.pinniped.dev",
+        ] {
+            assert!(
+                matches!(check_extra_key(bad), Err(NestedError::InvalidExtraKey(_))),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            check_extra_key(ORIGINAL_USER_INFO_KEY),
+            Err(NestedError::ReservedExtra(ORIGINAL_USER_INFO_KEY.into()))
+        );
+        let mut requested = asking(Some("bob"));
+        requested.extra.push((
+            "original-user-info.impersonation-proxy.concierge.pinniped.Dev".into(),
+            "{}".into(),
+        ));
+        assert!(matches!(
+            plan(&requested, &alice()),
+            Err(NestedError::InvalidExtraKey(_))
+        ));
+        let mut produced = alice();
+        produced.extra.insert("Team".into(), vec!["a".into()]);
+        assert!(check_extra_keys(&produced).is_err());
+        produced.extra.clear();
+        produced.extra.insert("team".into(), vec!["a".into()]);
+        assert_eq!(check_extra_keys(&produced), Ok(()));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use pingora::{
     upstreams::peer::HttpPeer,
     Error, Result,
 };
+use rustls::pki_types::UnixTime;
 use selkie_filters::{
     access_review::AccessDecision,
     chain::Decision,
@@ -30,10 +31,10 @@ use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 use crate::{
     headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
     metrics::{Active, Metrics, VerbClass},
-    nested::{forbidden_message, plan, reserved_extra, NestedError},
+    nested::{check_extra_key, check_extra_keys, forbidden_message, plan, NestedError},
     snapshot::{ConciergePaths, Snapshot, UpstreamCredential},
     status::{status_body, Failure},
-    tls::PeerIdentity,
+    tls::PeerCertificate,
     upstream_gate::Ticket,
 };
 
@@ -97,6 +98,14 @@ pub struct RequestContext {
     /// The request's stream in the upstream connection gate (HTTP/2 with the proxy's own
     /// credential), held until the request ends.
     upstream_stream: Option<Ticket>,
+}
+
+/// The connection's client certificate, if the client presented one.
+fn peer_certificate(session: &Session) -> Option<&PeerCertificate> {
+    session
+        .digest()
+        .and_then(|digest| digest.ssl_digest.as_ref())
+        .and_then(|ssl| ssl.extension.get::<PeerCertificate>())
 }
 
 fn bearer_token(value: &HeaderValue) -> Option<&str> {
@@ -185,7 +194,9 @@ async fn nested_identity(
     }))
 }
 
-/// The `Impersonate-*` headers a client asked for, rebuilt from what was parsed.
+/// The `Impersonate-*` headers a client asked for, rebuilt from what was parsed. Extra keys
+/// follow the same rule as the proxy's own ([`check_extra_key`]): kube-apiserver checks the
+/// caller's RBAC, but a look-alike of the reserved key must not reach its audit log either.
 fn requested_headers(
     requested: &RequestedImpersonation,
 ) -> std::result::Result<Vec<(HeaderName, HeaderValue)>, String> {
@@ -200,6 +211,7 @@ fn requested_headers(
         ..UserInfo::default()
     };
     for (key, value) in &requested.extra {
+        check_extra_key(key).map_err(|error| error.to_string())?;
         info.extra.entry(key.clone()).or_default().push(value.clone());
     }
     impersonation_headers(&info).map_err(|error| error.to_string())
@@ -289,7 +301,14 @@ async fn answer_locally(
     };
     let answer = match kind {
         LocalApi::TokenCredentialRequest => match serde_json::from_slice::<TokenCredentialRequest>(&body) {
-            Ok(request) => serde_json::to_vec(&api.token_credential_request(&snapshot.chain, request).await),
+            Ok(request) => serde_json::to_vec(
+                &api.token_credential_request(
+                    &snapshot.chain,
+                    &snapshot.concierge_paths.authenticator_group,
+                    request,
+                )
+                .await,
+            ),
             Err(error) => Err(error),
         },
         LocalApi::WhoAmIRequest => match serde_json::from_slice::<WhoAmIRequest>(&body) {
@@ -358,19 +377,16 @@ impl ProxyHttp for ImpersonationProxy {
         let snapshot = self.snapshot.load_full();
         ctx.snapshot = Some(snapshot.clone());
 
-        let certificate = session
-            .digest()
-            .and_then(|digest| digest.ssl_digest.as_ref())
-            .and_then(|ssl| ssl.extension.get::<PeerIdentity>())
-            .and_then(|peer| match (&peer.0, &peer.1) {
-                (Outcome::Authenticated(identity), prepared) => Some((identity.clone(), prepared.clone())),
-                _ => None,
-            });
+        // The connection's client certificate, judged for this request: valid now, under the CA
+        // pools of the snapshot this request runs with.
+        let verdict = peer_certificate(session)
+            .map(|peer| peer.current(snapshot.client_certificates.as_ref(), UnixTime::now()));
         // The identity whose headers were built ahead: the connection's certificate identity,
         // else the static identity of the snapshot this request runs with.
-        let (certificate, prepared) = match certificate {
-            Some((identity, prepared)) => (Some(identity), prepared),
-            None => (None, snapshot.static_prepared.clone()),
+        let (certificate, prepared, refused_certificate) = match verdict {
+            Some((Outcome::Authenticated(identity), prepared)) => (Some(identity), prepared, None),
+            Some((Outcome::Rejected(reason), _)) => (None, snapshot.static_prepared.clone(), Some(reason)),
+            _ => (None, snapshot.static_prepared.clone(), None),
         };
         let decision = match (
             &certificate,
@@ -386,7 +402,12 @@ impl ProxyHttp for ImpersonationProxy {
                 Some(token) => snapshot.chain.authenticate(Credential::BearerToken(token)).await,
                 None => Decision::Unauthenticated(Vec::new()),
             },
-            (None, None) => Decision::Anonymous,
+            // As kube-apiserver: a certificate that does not verify (expired, from a CA no
+            // longer trusted), with no token, is a failed authentication, never anonymous.
+            (None, None) => match (refused_certificate, &snapshot.client_certificates) {
+                (Some(reason), Some(x509)) => Decision::Unauthenticated(vec![(x509.name().clone(), reason)]),
+                _ => Decision::Anonymous,
+            },
         };
         self.metrics.authentication(&decision);
         let original_token = match &decision {
@@ -434,6 +455,11 @@ impl ProxyHttp for ImpersonationProxy {
                         .collect::<Vec<_>>()
                         .join(","),
                 );
+                // A connection whose certificate no longer counts is closed after this answer
+                // (HTTP/1.1: no keep-alive; HTTP/2: see `crate::downstream`).
+                if let (Some(peer), Some(_)) = (peer_certificate(session), refused_certificate) {
+                    peer.revoke();
+                }
                 return refuse(session, Failure::UNAUTHORIZED).await;
             }
         };
@@ -470,12 +496,17 @@ impl ProxyHttp for ImpersonationProxy {
         };
 
         match &effective {
-            Effective::Impersonate(identity)
-                if ctx.original.is_none() && reserved_extra(&identity.user).is_some() =>
-            {
-                ctx.refusal = Some("identity carries a reserved extra key".into());
-                return refuse(session, Failure::UNAUTHORIZED).await;
+            Effective::Impersonate(identity) if ctx.original.is_none() => {
+                if let Err(error) = check_extra_keys(&identity.user) {
+                    // The authenticator produced an extra the proxy cannot pass on faithfully.
+                    tracing::warn!(authenticator = %identity.authenticator, %error, "an identity's extra cannot be impersonated");
+                    ctx.refusal = Some(error.to_string());
+                    return refuse(session, Failure::UNAUTHORIZED).await;
+                }
             }
+            _ => {}
+        }
+        match &effective {
             Effective::Impersonate(identity) => {
                 let headers = match prepared
                     .as_ref()
@@ -639,24 +670,88 @@ impl ProxyHttp for ImpersonationProxy {
         &self,
         session: &mut Session,
         error: &Error,
-        _ctx: &mut Self::CTX,
+        ctx: &mut Self::CTX,
     ) -> pingora::proxy::FailToProxy {
-        let failure = match error.etype() {
-            pingora::ErrorType::ConnectTimedout
-            | pingora::ErrorType::ConnectRefused
-            | pingora::ErrorType::ConnectNoRoute
-            | pingora::ErrorType::TLSHandshakeFailure => Failure::BAD_GATEWAY,
-            _ => Failure::NOT_READY,
-        };
+        let (code, reason, message) = failure_of(error);
         let code = if session.response_written().is_some() {
             0
         } else {
-            let _ = refuse(session, failure).await;
-            failure.code
+            if code == 400 {
+                ctx.refusal = Some(message.clone());
+            }
+            let _ = refuse_with(session, code, reason, &message).await;
+            code
         };
         pingora::proxy::FailToProxy {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+}
+
+/// The answer to a request that failed after it was accepted: what the client sent could not be
+/// read (a malformed chunked body, a broken HTTP/2 stream: 400, saying what was wrong; too slow:
+/// 408), kube-apiserver could not be reached (502), or anything else (503, not ready).
+fn failure_of(error: &Error) -> (u16, &'static str, String) {
+    use pingora::{ErrorSource, ErrorType};
+    let fixed = |failure: Failure| (failure.code, failure.reason, failure.message.to_string());
+    match (error.esource(), error.etype()) {
+        (ErrorSource::Downstream, ErrorType::ReadTimedout) => (
+            408,
+            "Timeout",
+            "the request body did not arrive in time".to_string(),
+        ),
+        (ErrorSource::Downstream, etype) => {
+            let mut message = format!("the request is malformed ({})", etype.as_str());
+            if let Some(context) = error.context.as_ref() {
+                message.push_str(": ");
+                message.push_str(context.as_str());
+            }
+            (400, "BadRequest", message)
+        }
+        (
+            _,
+            ErrorType::ConnectTimedout
+            | ErrorType::ConnectRefused
+            | ErrorType::ConnectNoRoute
+            | ErrorType::TLSHandshakeFailure,
+        ) => fixed(Failure::BAD_GATEWAY),
+        _ => fixed(Failure::NOT_READY),
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::*;
+
+    #[test]
+    fn malformed_requests_are_bad_requests_and_say_why() {
+        let chunk = pingora::ErrorType::new("InvalidChunk");
+        let error = Error::explain(chunk, "Invalid chunk size").into_down();
+        let (code, reason, message) = failure_of(&error);
+        assert_eq!((code, reason), (400, "BadRequest"));
+        assert_eq!(
+            message,
+            "the request is malformed (InvalidChunk): Invalid chunk size"
+        );
+
+        let h2 = Error::new(pingora::ErrorType::H2Error).into_down();
+        assert_eq!(failure_of(&h2).0, 400);
+        let slow = Error::new(pingora::ErrorType::ReadTimedout).into_down();
+        assert_eq!(failure_of(&slow).0, 408);
+    }
+
+    #[test]
+    fn upstream_and_internal_failures_keep_their_answers() {
+        let refused = Error::new(pingora::ErrorType::ConnectRefused).into_up();
+        assert_eq!(failure_of(&refused).0, 502);
+        let internal = Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded");
+        let (code, _, message) = failure_of(&internal);
+        assert_eq!(
+            (code, message.as_str()),
+            (503, "the impersonation proxy is not ready")
+        );
+        let upstream_read = Error::new(pingora::ErrorType::ReadError).into_up();
+        assert_eq!(failure_of(&upstream_read).0, 503);
     }
 }

@@ -183,7 +183,7 @@ impl Upstream {
 pub struct Snapshot {
     /// Client certificates: the CA pools that make a certificate an identity. `None` means
     /// certificates identify nobody.
-    pub client_certificates: Option<X509Authenticator>,
+    pub client_certificates: Option<Arc<X509Authenticator>>,
     /// Bearer-token authenticators, in order.
     pub chain: Chain,
     /// kube-apiserver.
@@ -210,6 +210,9 @@ pub struct ConciergePaths {
     pub token_credential_requests: String,
     /// `POST` here creates a WhoAmIRequest.
     pub who_am_i_requests: String,
+    /// The API group a TokenCredentialRequest's `spec.authenticator.apiGroup` must name
+    /// (`authentication.concierge.<suffix>`); any other group names no authenticator.
+    pub authenticator_group: String,
 }
 
 impl ConciergePaths {
@@ -220,6 +223,7 @@ impl ConciergePaths {
                 "/apis/login.concierge.{suffix}/v1alpha1/tokencredentialrequests"
             ),
             who_am_i_requests: format!("/apis/identity.concierge.{suffix}/v1alpha1/whoamirequests"),
+            authenticator_group: format!("authentication.concierge.{suffix}"),
         }
     }
 }

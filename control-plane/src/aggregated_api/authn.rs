@@ -21,7 +21,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use http::{HeaderMap, HeaderName};
-use rustls_pki_types::CertificateDer;
+use rustls_pki_types::{CertificateDer, UnixTime};
 use selkie_filters::{identity::UserInfo, outcome::Outcome, x509::X509Authenticator};
 
 /// The namespace of the ConfigMap kube-apiserver publishes its client authentication settings in.
@@ -36,8 +36,9 @@ pub const UNAUTHENTICATED_GROUP: &str = "system:unauthenticated";
 /// The group of every authenticated user.
 pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
 
-/// Tolerance for clocks that disagree about a client certificate's validity.
-const CLOCK_SKEW: Duration = Duration::from_secs(30);
+/// Tolerance for clocks that disagree about a client certificate's validity: none, as
+/// kube-apiserver and every extension API server built on its libraries.
+const CLOCK_SKEW: Duration = selkie_filters::x509::DEFAULT_CLOCK_SKEW;
 
 /// The front proxy's trust and the headers it names the user in.
 #[derive(Debug)]
@@ -58,14 +59,25 @@ pub struct Authentication {
     client_ca: Option<X509Authenticator>,
 }
 
-/// What a connection's client certificate is worth under one [`Authentication`]; computed once per
-/// connection and settings.
+/// What a connection's client certificate is worth under one [`Authentication`], until
+/// `recheck_at`; computed once per connection and settings, and again once a certificate of the
+/// chain has expired.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CertificateVerdict {
     /// The certificate is the front proxy's: the request headers name the user.
     front_proxy: bool,
     /// The certificate is a user's of `client-ca-file`.
     client_user: Option<UserInfo>,
+    /// From this moment on the verdict must be computed again (see
+    /// [`selkie_filters::x509::Verdict::recheck_at`]); `None`: not before the settings change.
+    recheck_at: Option<UnixTime>,
+}
+
+impl CertificateVerdict {
+    /// Whether the verdict still holds at `now`.
+    fn holds_at(&self, now: UnixTime) -> bool {
+        self.recheck_at.is_none_or(|at| now.as_secs() < at.as_secs())
+    }
 }
 
 impl Authentication {
@@ -119,13 +131,26 @@ impl Authentication {
         })
     }
 
-    /// What the peer's certificate chain (leaf first; empty when none was presented) is worth.
+    /// What the peer's certificate chain (leaf first; empty when none was presented) is worth now.
     pub fn verdict(&self, chain: &[CertificateDer<'_>]) -> CertificateVerdict {
+        self.verdict_at(chain, UnixTime::now())
+    }
+
+    /// What the peer's certificate chain is worth at `now`, and until when.
+    pub fn verdict_at(&self, chain: &[CertificateDer<'_>], now: UnixTime) -> CertificateVerdict {
         if chain.is_empty() {
             return CertificateVerdict::default();
         }
+        let mut recheck_at: Option<UnixTime> = None;
+        let mut verify = |x509: &X509Authenticator| {
+            let verdict = x509.verdict_at(chain, now);
+            if let Some(at) = verdict.recheck_at {
+                recheck_at = Some(recheck_at.map_or(at, |earlier| earlier.min(at)));
+            }
+            verdict.outcome
+        };
         let front_proxy = self.front_proxy.as_ref().is_some_and(|front_proxy| {
-            match front_proxy.verifier.authenticate(chain) {
+            match verify(&front_proxy.verifier) {
                 Outcome::Authenticated(identity) => {
                     let allowed = front_proxy.allowed_names.is_empty()
                         || front_proxy
@@ -143,13 +168,14 @@ impl Authentication {
                 _ => false,
             }
         });
-        let client_user = match self.client_ca.as_ref().map(|ca| ca.authenticate(chain)) {
+        let client_user = match self.client_ca.as_ref().map(&mut verify) {
             Some(Outcome::Authenticated(identity)) => Some(identity.user.clone()),
             _ => None,
         };
         CertificateVerdict {
             front_proxy,
             client_user,
+            recheck_at,
         }
     }
 
@@ -258,30 +284,42 @@ fn percent_decode(key: &str) -> String {
     String::from_utf8(decoded).unwrap_or_else(|_| key.to_string())
 }
 
-/// The verdict cache of one connection: recomputed only when the settings change.
+/// The verdict cache of one connection: recomputed when the settings change and when a
+/// certificate of the chain expires, so that every request is judged by a certificate valid now
+/// under the settings it runs with.
 #[derive(Debug, Default)]
 pub struct ConnectionVerdict {
     cached: std::sync::Mutex<Option<(Arc<Authentication>, CertificateVerdict)>>,
 }
 
 impl ConnectionVerdict {
-    /// The verdict of `chain` under `authentication`, from the cache when the settings are the
-    /// ones it was computed for.
+    /// The verdict of `chain` under `authentication` now; see [`ConnectionVerdict::get_at`].
     pub fn get(
         &self,
         authentication: &Arc<Authentication>,
         chain: &[CertificateDer<'_>],
+    ) -> CertificateVerdict {
+        self.get_at(authentication, chain, UnixTime::now())
+    }
+
+    /// The verdict of `chain` under `authentication` at `now`, from the cache when the settings
+    /// are the ones it was computed for and it still holds.
+    pub fn get_at(
+        &self,
+        authentication: &Arc<Authentication>,
+        chain: &[CertificateDer<'_>],
+        now: UnixTime,
     ) -> CertificateVerdict {
         let mut cached = self
             .cached
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((settings, verdict)) = cached.as_ref() {
-            if Arc::ptr_eq(settings, authentication) {
+            if Arc::ptr_eq(settings, authentication) && verdict.holds_at(now) {
                 return verdict.clone();
             }
         }
-        let verdict = authentication.verdict(chain);
+        let verdict = authentication.verdict_at(chain, now);
         *cached = Some((authentication.clone(), verdict.clone()));
         verdict
     }
@@ -457,5 +495,29 @@ mod tests {
             ..UserInfo::default()
         });
         assert_eq!(user.groups, [AUTHENTICATED_GROUP]);
+    }
+
+    #[test]
+    fn a_connection_verdict_ends_when_its_certificate_expires() {
+        let (front, client) = (ca("front"), ca("client"));
+        let auth = Arc::new(
+            Authentication::from_config_map(&config_map(&front, &client, r#"["front-proxy-client"]"#))
+                .unwrap(),
+        );
+        // Valid from a minute ago for ten minutes (see `client_cert`).
+        let chain = client_cert(&front, "front-proxy-client", &[]);
+        let now = UnixTime::now();
+        let later = |seconds: u64| UnixTime::since_unix_epoch(Duration::from_secs(now.as_secs() + seconds));
+        let mut headers = HeaderMap::new();
+        headers.insert("x-remote-user", HeaderValue::from_static("alice"));
+
+        let connection = ConnectionVerdict::default();
+        let at_start = connection.get_at(&auth, &chain, now);
+        assert_eq!(auth.user(&at_start, &headers).username, "alice");
+        let before_expiry = connection.get_at(&auth, &chain, later(590));
+        assert_eq!(auth.user(&before_expiry, &headers).username, "alice");
+        // The same connection, once notAfter has passed: the front proxy is nobody.
+        let after_expiry = connection.get_at(&auth, &chain, later(602));
+        assert_eq!(auth.user(&after_expiry, &headers), anonymous());
     }
 }

@@ -37,6 +37,9 @@ struct Resource {
 #[derive(Debug)]
 pub struct Routes {
     login_group: String,
+    /// `authentication.concierge.<suffix>`: the group a TokenCredentialRequest's authenticator
+    /// reference must name.
+    authenticator_group: String,
     identity_group: String,
     group_list: Bytes,
     discovery_v2: Bytes,
@@ -126,6 +129,7 @@ impl Routes {
             .collect();
         Self {
             login_group,
+            authenticator_group: config.group(selkie_api::authentication::GROUP),
             identity_group,
             group_list: Bytes::from(group_list.to_string()),
             discovery_v2,
@@ -298,7 +302,7 @@ impl Routes {
         let answer = context
             .publisher
             .login_api()
-            .token_credential_request(&published.chain, tcr)
+            .token_credential_request(&published.chain, &self.authenticator_group, tcr)
             .await;
         created(&answer)
     }

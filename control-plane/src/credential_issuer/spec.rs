@@ -71,26 +71,6 @@ fn split_host_port(input: &str) -> Result<(String, String), String> {
     Ok((host.to_string(), port.to_string()))
 }
 
-/// Whether `value` is a DNS-1123 subdomain (lowercase letters, digits, `-` and `.`; at most 253
-/// characters; every label starts and ends with a letter or digit).
-fn is_dns1123_subdomain(value: &str) -> bool {
-    !value.is_empty()
-        && value.len() <= 253
-        && value.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            match (bytes.first(), bytes.last()) {
-                (Some(first), Some(last)) => {
-                    first.is_ascii_alphanumeric()
-                        && last.is_ascii_alphanumeric()
-                        && bytes
-                            .iter()
-                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-                }
-                _ => false,
-            }
-        })
-}
-
 /// Parses an endpoint address (`host`, `IPv4`, `IPv6`, `host:port`, `IPv4:port`,
 /// `[IPv6]:port`), with `default_port` when none is given, as Pinniped's `endpointaddr.Parse`.
 pub(crate) fn parse_endpoint(input: &str, default_port: u16) -> Result<HostPort, String> {
@@ -100,7 +80,8 @@ pub(crate) fn parse_endpoint(input: &str, default_port: u16) -> Result<HostPort,
         Ok(port) if port > 0 => port,
         _ => return Err(format!("invalid port {port:?}")),
     };
-    if host.parse::<IpAddr>().is_err() && !is_dns1123_subdomain(&host.to_ascii_lowercase()) {
+    if host.parse::<IpAddr>().is_err() && !selkie_api::names::is_dns1123_subdomain(&host.to_ascii_lowercase())
+    {
         return Err(format!("host {host:?} is not a valid hostname or IP address"));
     }
     Ok(HostPort { host, port })

@@ -524,6 +524,31 @@ async fn token_credential_requests_through_kube_apiserver_issue_certificates_kub
     );
     assert!(age >= Duration::from_secs(295), "backdated 5 minutes: {age:?}");
 
+    // The same token with an authenticator reference in another API group, or in none, names no
+    // authenticator, as in Pinniped.
+    for api_group in [
+        None,
+        Some("authentication.concierge.example.com".to_string()),
+        Some(concierge.login_group.clone()),
+    ] {
+        let mut request = concierge.tcr(&token, "JWTAuthenticator", "dex");
+        match &api_group {
+            Some(group) => request["spec"]["authenticator"]["apiGroup"] = json!(group),
+            None => {
+                request["spec"]["authenticator"]
+                    .as_object_mut()
+                    .map(|reference| reference.remove("apiGroup"));
+            }
+        }
+        let refused = create_raw(&anonymous, &tcr_path, &request.to_string()).await?;
+        assert_eq!(
+            refused["status"],
+            json!({"message": "authentication failed"}),
+            "apiGroup {api_group:?}: {}",
+            redact(&refused)
+        );
+    }
+
     // kubectl with that certificate works directly against kube-apiserver.
     let as_dex_user = cluster
         .kubectl()

@@ -81,6 +81,9 @@ async fn bad_input_gets_a_precise_answer_and_the_proxy_stays_healthy() -> anyhow
     malformed_and_oversized_bodies(cluster, &proxy, &alice, &namespace)
         .await
         .context("malformed and oversized bodies")?;
+    malformed_chunked_bodies(&proxy, &alice, &namespace)
+        .await
+        .context("malformed chunked bodies")?;
 
     assert_healthy(&mut proxy, &alice).await
 }
@@ -297,6 +300,33 @@ async fn malformed_request_heads(proxy: &Proxy, alice: &CertAndKey) -> anyhow::R
             .await
             .with_context(|| case.to_string())?;
         ensure!(response.status == 400 && response.closed, "{case}: {response:?}");
+    }
+    Ok(())
+}
+
+/// A chunked request body that breaks the chunked encoding is the client's mistake: 400 with a
+/// `metav1.Status` that says what was malformed (not 503 "not ready"), and the connection closed.
+async fn malformed_chunked_bodies(proxy: &Proxy, alice: &CertAndKey, namespace: &str) -> anyhow::Result<()> {
+    let head = format!(
+        "POST /api/v1/namespaces/{namespace}/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    for (case, body) in [
+        ("a chunk size that is not hexadecimal", "zz\r\n{}\r\n0\r\n\r\n"),
+        ("a chunk longer than its size", "2\r\n{\"a\": 1}\r\n0\r\n\r\n"),
+    ] {
+        let response = exchange(proxy, Some(alice), format!("{head}{body}").as_bytes())
+            .await
+            .with_context(|| case.to_string())?;
+        ensure!(response.status == 400 && response.closed, "{case}: {response:?}");
+        assert_status(&response.body, 400, "BadRequest").with_context(|| case.to_string())?;
+        let status: Value = serde_json::from_slice(&response.body)?;
+        ensure!(
+            status["message"]
+                .as_str()
+                .is_some_and(|message| message.contains("malformed")),
+            "{case}: {status}"
+        );
     }
     Ok(())
 }
@@ -572,7 +602,7 @@ async fn next_message(socket: &mut WebSocketStream<TlsStream<TcpStream>>) -> any
 }
 
 /// `body` is a `metav1.Status` failure with `code` and `reason`.
-fn assert_status(body: &[u8], code: u16, reason: &str) -> anyhow::Result<()> {
+pub(crate) fn assert_status(body: &[u8], code: u16, reason: &str) -> anyhow::Result<()> {
     let status: Value = serde_json::from_slice(body)
         .with_context(|| format!("not JSON: {:?}", String::from_utf8_lossy(body)))?;
     ensure!(
@@ -603,7 +633,7 @@ fn proxy_address(proxy: &Proxy) -> anyhow::Result<String> {
 }
 
 /// A TLS connection to the proxy offering `alpn`, trusting its serving CA.
-async fn tls_connect(
+pub(crate) async fn tls_connect(
     proxy: &Proxy,
     credential: Option<&CertAndKey>,
     alpn: &[u8],

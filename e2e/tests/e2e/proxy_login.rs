@@ -194,6 +194,44 @@ async fn a_dex_token_becomes_a_client_certificate_that_works_through_the_proxy()
         );
     }
 
+    // The authenticator reference must name the authentication API group exactly, as in
+    // Pinniped: any other group, or none, names no authenticator, with the token that works above.
+    for api_group in [
+        None,
+        Some(""),
+        Some("authentication.concierge.example.com"),
+        Some("Authentication.concierge.pinniped.dev"),
+        Some("authentication.concierge.pinniped.dev "),
+        Some("login.concierge.pinniped.dev"),
+    ] {
+        let mut request: Value = serde_json::from_str(&token_credential_request(
+            &tokens.id_token,
+            "JWTAuthenticator",
+            "dex",
+        ))?;
+        match api_group {
+            Some(group) => request["spec"]["authenticator"]["apiGroup"] = json!(group),
+            None => {
+                request["spec"]["authenticator"]
+                    .as_object_mut()
+                    .map(|reference| reference.remove("apiGroup"));
+            }
+        }
+        let (status, answer) = send(
+            &anonymous,
+            http::Method::POST,
+            tcr_url.clone(),
+            &request.to_string(),
+        )
+        .await?;
+        assert_eq!(status, 201, "{answer}");
+        assert_eq!(
+            answer["status"],
+            json!({"message": "authentication failed"}),
+            "apiGroup {api_group:?}"
+        );
+    }
+
     // Not JSON, or not create: a metav1.Status.
     let (status, refusal) = send(&anonymous, http::Method::POST, tcr_url.clone(), "{not json").await?;
     assert_eq!(

@@ -340,3 +340,181 @@ async fn extras_service_accounts_and_malformed_requests() -> anyhow::Result<()> 
     );
     Ok(())
 }
+
+/// Who kubectl acts as with `--as user`, or why it may not: `Ok(username)` or `Err(stderr)`.
+async fn whoami_as(kubectl: &selkie_e2e::kubectl::Kubectl, user: &str) -> Result<String, String> {
+    match kubectl.run(&["auth", "whoami", "-o", "json", "--as", user]).await {
+        Ok(out) => {
+            let review: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+            Ok(user_info(&review)["username"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string())
+        }
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn only_well_formed_service_account_names_are_checked_as_service_accounts() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "proxy-nested-sa").await?;
+    let frank = format!("frank-{namespace}");
+    let proxy = Proxy::start(cluster, &[]).await?;
+    let frank_cert = proxy.signer().issue_client(&frank, &[])?;
+    let through_proxy = proxy.kubectl(&proxy.kubeconfig_with_cert("frank", &frank_cert)?);
+    let frank_client = proxy_client(&proxy, Some(&frank_cert), true)?;
+    let direct = cluster
+        .kubectl()
+        .with_kubeconfig(&cluster.user_kubeconfig(&frank, &[])?);
+    // frank may impersonate every service account of the namespace, and no user.
+    let rbac = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "impersonate-accounts", "namespace": namespace},
+         "rules": [{"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "impersonate-accounts", "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "impersonate-accounts"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": frank}]}
+    ]});
+    cluster
+        .kubectl()
+        .run_with_stdin(&["apply", "-f", "-"], Some(&rbac.to_string()))
+        .await?;
+
+    let account = format!("system:serviceaccount:{namespace}:builder");
+    // Not a service account for kube-apiserver (the name is not a DNS subdomain, or there is a
+    // third part): impersonating it needs users/impersonate, which frank lacks.
+    let look_alikes = [
+        format!("system:serviceaccount:{namespace}:Builder"),
+        format!("system:serviceaccount:{namespace}:build_er"),
+        format!("system:serviceaccount:{namespace}:builder:x"),
+    ];
+    // The grant may take a moment to reach the authorizer: wait for the real account to work
+    // directly.
+    crate::eventually(std::time::Duration::from_secs(10), || async {
+        whoami_as(&direct, &account).await.map_err(anyhow::Error::msg)
+    })
+    .await?;
+    for user in std::iter::once(&account).chain(&look_alikes) {
+        let expected = whoami_as(&direct, user).await;
+        let proxied = whoami_as(&through_proxy, user).await;
+        assert_eq!(
+            expected.is_ok(),
+            proxied.is_ok(),
+            "--as {user:?}: kube-apiserver {expected:?}, through the proxy {proxied:?}"
+        );
+        if user == &account {
+            assert_eq!(proxied.as_deref(), Ok(account.as_str()));
+        } else {
+            // The permission checked is users/impersonate, as kube-apiserver's.
+            let (status, refusal) =
+                review_with(&frank_client, proxy.url(), &[("impersonate-user", user.as_str())]).await?;
+            assert_eq!(status, 403, "--as {user:?}: {refusal}");
+            assert!(
+                refusal["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("cannot impersonate resource \"users\"")),
+                "--as {user:?}: {refusal}"
+            );
+        }
+    }
+
+    // With users/impersonate on exactly that name, both let it through as an ordinary user.
+    grant_impersonate(
+        cluster,
+        &format!("{namespace}-look-alike"),
+        &frank,
+        "",
+        "users",
+        &[&look_alikes[0]],
+    )
+    .await?;
+    crate::eventually(std::time::Duration::from_secs(10), || async {
+        whoami_as(&direct, &look_alikes[0])
+            .await
+            .map_err(anyhow::Error::msg)
+    })
+    .await?;
+    assert_eq!(
+        whoami_as(&through_proxy, &look_alikes[0]).await.as_deref(),
+        Ok(look_alikes[0].as_str())
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn look_alikes_of_the_reserved_extra_key_and_malformed_keys_are_refused() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "proxy-nested-keys").await?;
+    let grace = format!("grace-{namespace}");
+    let heidi = format!("heidi-{namespace}");
+    let proxy = Proxy::start(cluster, &[]).await?;
+    let cert = proxy.signer().issue_client(&grace, &[])?;
+    // grace may impersonate heidi with any extra at all: only the proxy stands in the way.
+    grant_impersonate(
+        cluster,
+        &format!("{namespace}-user"),
+        &grace,
+        "",
+        "users",
+        &[&heidi],
+    )
+    .await?;
+    grant_impersonate(
+        cluster,
+        &format!("{namespace}-extras"),
+        &grace,
+        "authentication.k8s.io",
+        "*",
+        &[],
+    )
+    .await?;
+    let client = proxy_client(&proxy, Some(&cert), true)?;
+    let as_heidi = |extra: &'static str, value: &'static str| {
+        [("impersonate-user", heidi.clone()), (extra, value.to_string())]
+    };
+
+    // A valid key passes (once the grants reach the authorizer), percent-encoded as kubectl does.
+    let review = crate::eventually(std::time::Duration::from_secs(10), || async {
+        let headers = as_heidi("impersonate-extra-example.com%2fteam", "blue");
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let (status, review) = review_with(&client, proxy.url(), &headers).await?;
+        anyhow::ensure!(status == 201, "{status} {review}");
+        Ok(review)
+    })
+    .await?;
+    assert_eq!(
+        strings(&user_info(&review)["extra"]["example.com/team"]),
+        ["blue"]
+    );
+
+    for (case, header) in [
+        (
+            "the reserved key with an upper-case letter after decoding",
+            "impersonate-extra-original-user-info.impersonation-proxy.concierge.pinniped.%44ev",
+        ),
+        (
+            "the reserved key with trailing whitespace",
+            "impersonate-extra-original-user-info.impersonation-proxy.concierge.pinniped.dev%20",
+        ),
+        ("an upper-case key", "impersonate-extra-%53copes"),
+        ("a key with a space", "impersonate-extra-my%20scope"),
+    ] {
+        let headers = as_heidi(header, r#"{"username":"system:admin"}"#);
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let (status, refusal) = review_with(&client, proxy.url(), &headers).await?;
+        assert_eq!(status, 400, "{case}: {refusal}");
+        assert_eq!(refusal["kind"], "Status", "{case}");
+        assert_eq!(refusal["reason"], "BadRequest", "{case}");
+        assert!(
+            refusal["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("extra key")),
+            "{case}: {refusal}"
+        );
+    }
+    Ok(())
+}

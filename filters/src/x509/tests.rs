@@ -115,6 +115,74 @@ fn the_validity_window_is_enforced_with_a_small_skew() {
 }
 
 #[test]
+fn without_a_configured_skew_a_certificate_counts_from_notbefore_to_notafter_exactly() {
+    let ca = Ca::new();
+    let x509 = X509Authenticator::new("x509", &[&ca.pem()], DEFAULT_CLOCK_SKEW).unwrap();
+    let cert = [ca.issue(|p| {
+        p.not_before = rcgen::date_time_ymd(2026, 1, 1) + time::Duration::hours(12);
+        p.not_after = rcgen::date_time_ymd(2026, 1, 1) + time::Duration::hours(13);
+    })];
+    assert_eq!(
+        x509.authenticate_at(&cert, at(-1)),
+        Outcome::Rejected(RejectReason::NotYetValid)
+    );
+    assert!(matches!(
+        x509.authenticate_at(&cert, at(0)),
+        Outcome::Authenticated(_)
+    ));
+    assert!(matches!(
+        x509.authenticate_at(&cert, at(3600)),
+        Outcome::Authenticated(_)
+    ));
+    assert_eq!(
+        x509.authenticate_at(&cert, at(3601)),
+        Outcome::Rejected(RejectReason::Expired),
+        "one second after notAfter"
+    );
+    let error =
+        X509Authenticator::new("x509", &[&ca.pem()], MAX_CLOCK_SKEW + Duration::from_secs(1)).unwrap_err();
+    assert!(matches!(error, X509ConfigError::ClockSkewTooLarge(_)), "{error}");
+}
+
+#[test]
+fn a_verdict_holds_until_the_first_certificate_of_the_chain_expires() {
+    let ca = Ca::new();
+    let x509 = authenticator(&[&ca]);
+    let cert = [ca.issue(|p| {
+        p.not_after = rcgen::date_time_ymd(2026, 1, 1) + time::Duration::hours(13);
+    })];
+    let verdict = x509.verdict_at(&cert, noon());
+    assert!(matches!(verdict.outcome, Outcome::Authenticated(_)));
+    // notAfter is an hour after noon; the 30 s skew of `authenticator` is allowed on top.
+    assert_eq!(verdict.recheck_at, Some(at(3600 + 30 + 1)));
+    assert!(verdict.holds_at(at(3600 + 30)));
+    assert!(!verdict.holds_at(at(3600 + 31)));
+    assert_eq!(
+        x509.verdict_at(&cert, at(3600 + 31)).outcome,
+        Outcome::Rejected(RejectReason::Expired)
+    );
+
+    // Refusals that time cannot cure hold until the trust changes; "not yet valid" does not.
+    let stranger = Ca::new().issue(|_| {});
+    let untrusted = x509.verdict_at(&[stranger], noon());
+    assert_eq!(untrusted.recheck_at, None);
+    assert!(untrusted.holds_at(at(1_000_000)));
+    let early = x509.verdict_at(&cert, at(-13 * 3600));
+    assert_eq!(early.outcome, Outcome::Rejected(RejectReason::NotYetValid));
+    assert!(!early.holds_at(at(-13 * 3600)));
+}
+
+#[test]
+fn verdicts_carry_over_only_between_authenticators_with_the_same_trust() {
+    let (one, two) = (Ca::new(), Ca::new());
+    assert!(authenticator(&[&one, &two]).trusts_same_as(&authenticator(&[&one, &two])));
+    assert!(!authenticator(&[&one, &two]).trusts_same_as(&authenticator(&[&one])));
+    assert!(!authenticator(&[&one]).trusts_same_as(&authenticator(&[&two])));
+    let no_skew = X509Authenticator::new("x509", &[&one.pem()], Duration::ZERO).unwrap();
+    assert!(!no_skew.trusts_same_as(&authenticator(&[&one])));
+}
+
+#[test]
 fn the_client_auth_usage_is_required() {
     let ca = Ca::new();
     let x509 = authenticator(&[&ca]);
