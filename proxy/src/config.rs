@@ -495,14 +495,14 @@ impl StaticConfig {
             .map(|path| read_string(path))
             .collect::<Result<Vec<_>, _>>()?;
         bundles.extend(extension.client_ca_pems.iter().cloned());
+        let skew = self.client_certificate_clock_skew.unwrap_or(DEFAULT_CLOCK_SKEW);
+        if skew > MAX_CLOCK_SKEW {
+            return Err(invalid("clientCertificateClockSkew", "must be at most 5m"));
+        }
         let client_certificates = if bundles.is_empty() {
             None
         } else {
             let bundles: Vec<&str> = bundles.iter().map(String::as_str).collect();
-            let skew = self.client_certificate_clock_skew.unwrap_or(DEFAULT_CLOCK_SKEW);
-            if skew > MAX_CLOCK_SKEW {
-                return Err(invalid("clientCertificateClockSkew", "must be at most 5m"));
-            }
             Some(Arc::new(
                 X509Authenticator::new("client-certificate", &bundles, skew)
                     .map_err(|e| invalid("clientCertificateCaFiles", e))?,

@@ -60,6 +60,8 @@ fn source(field: &'static str, mapping: &Mapping, prefix_allowed: bool) -> Resul
 
 /// Kubernetes reserves extra keys under these domains (and their subdomains).
 const RESERVED_EXTRA_DOMAINS: [&str; 2] = ["k8s.io", "kubernetes.io"];
+/// The impersonation proxy's own extra keys live under this domain.
+const RESERVED_PROXY_DOMAIN: &str = "impersonation-proxy.concierge.pinniped.dev";
 
 fn check_extra_key(key: &str) -> Result<(), JwtConfigError> {
     let invalid = |why: &'static str| JwtConfigError::InvalidExtraKey {
@@ -78,6 +80,19 @@ fn check_extra_key(key: &str) -> Result<(), JwtConfigError> {
     }
     if key != key.to_lowercase() {
         return Err(invalid("it must be lowercase"));
+    }
+    // What the impersonation proxy can pass on faithfully as an `Impersonate-Extra-` header
+    // (Pinniped's rule); refused here, so the authenticator reports it instead of every login.
+    let allowed = |byte: u8| byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"/-._".contains(&byte);
+    if !key.bytes().all(allowed) {
+        return Err(invalid(
+            "it may hold only lowercase letters, digits, '/', '-', '.' and '_'",
+        ));
+    }
+    if domain == RESERVED_PROXY_DOMAIN || domain.ends_with(&format!(".{RESERVED_PROXY_DOMAIN}")) {
+        return Err(invalid(
+            "impersonation-proxy.concierge.pinniped.dev and its subdomains belong to the impersonation proxy",
+        ));
     }
     if RESERVED_EXTRA_DOMAINS
         .iter()

@@ -646,6 +646,23 @@ fn invalid_configurations_are_refused_up_front() {
         ),
         (
             JwtConfig {
+                extra: BTreeMap::from([("example.com/my team".into(), "claims.t".into())]),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "it may hold only lowercase letters, digits",
+        ),
+        (
+            JwtConfig {
+                extra: BTreeMap::from([(
+                    "original-user-info.impersonation-proxy.concierge.pinniped.dev/x".into(),
+                    "claims.t".into(),
+                )]),
+                ..JwtConfig::new("j", "https://i.example.com", "a")
+            },
+            "belong to the impersonation proxy",
+        ),
+        (
+            JwtConfig {
                 username: ClaimMapping::claim("").into(),
                 ..JwtConfig::new("j", "https://i.example.com", "a")
             },

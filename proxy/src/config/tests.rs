@@ -238,3 +238,23 @@ fn a_webhooks_certificate_identity_defaults_to_exact_and_is_checked() {
         "{error}"
     );
 }
+
+#[test]
+fn the_client_certificate_clock_skew_is_zero_unless_set_and_at_most_five_minutes() {
+    let config = parse_minimal("").unwrap();
+    assert_eq!(config.client_certificate_clock_skew, None);
+    let config = parse_minimal("clientCertificateClockSkew: 30s").unwrap();
+    assert_eq!(
+        config.client_certificate_clock_skew,
+        Some(Duration::from_secs(30))
+    );
+    let error = parse_minimal("clientCertificateClockSkew: soon")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("not a duration"), "{error}");
+    let too_much = parse_minimal("clientCertificateClockSkew: 6m").unwrap();
+    assert_eq!(
+        too_much.snapshot().unwrap_err().to_string(),
+        "clientCertificateClockSkew: must be at most 5m"
+    );
+}
