@@ -229,6 +229,10 @@ where
         // Keep-alive with no pingora timeout: the stream's clock bounds the wait for the next
         // request. A server shutting down serves this request and closes.
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(0) });
+        // Requests written back to back (RFC 9112 §9.3.2 pipelining) are answered one after the
+        // other; without this pingora drops the connection when the next request's bytes arrive
+        // with the previous one. The setting carries over to the connection's later sessions.
+        session.set_pipelining_enabled(true);
         let mut reused = self.app.process_new_http(session, shutdown).await;
         while let Some((stream, settings)) = reused.map(ReusedHttpStream::consume) {
             clock.enter(IDLE);

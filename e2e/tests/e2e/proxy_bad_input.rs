@@ -84,6 +84,9 @@ async fn bad_input_gets_a_precise_answer_and_the_proxy_stays_healthy() -> anyhow
     malformed_chunked_bodies(&proxy, &alice, &namespace)
         .await
         .context("malformed chunked bodies")?;
+    pipelined_requests(&proxy, &alice)
+        .await
+        .context("pipelined requests")?;
 
     assert_healthy(&mut proxy, &alice).await
 }
@@ -327,6 +330,34 @@ async fn malformed_chunked_bodies(proxy: &Proxy, alice: &CertAndKey, namespace: 
                 .is_some_and(|message| message.contains("malformed")),
             "{case}: {status}"
         );
+    }
+    Ok(())
+}
+
+/// Several HTTP/1.1 requests written at once (pipelining): each is answered in order, none with
+/// a 503.
+async fn pipelined_requests(proxy: &Proxy, alice: &CertAndKey) -> anyhow::Result<()> {
+    let mut tls = tls_connect(proxy, Some(alice), b"http/1.1").await?;
+    let burst = "GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(3);
+    tls.write_all(burst.as_bytes()).await?;
+    let mut rest = Vec::new();
+    for n in 0..3 {
+        let (response, after) = match parse_response(&rest)? {
+            Some(parsed) => parsed,
+            None => {
+                let mut received = std::mem::take(&mut rest);
+                loop {
+                    read_some(&mut tls, &mut received)
+                        .await
+                        .with_context(|| format!("response {n}"))?;
+                    if let Some(parsed) = parse_response(&received)? {
+                        break parsed;
+                    }
+                }
+            }
+        };
+        ensure!(response.status == 200, "response {n}: {response:?}");
+        rest = after;
     }
     Ok(())
 }
