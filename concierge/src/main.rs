@@ -276,6 +276,7 @@ fn follow_lifecycle(mut phases: broadcast::Receiver<ExecutionPhase>, health: Arc
             Ok(ExecutionPhase::ShutdownGracePeriod) => {
                 if drained(&mut phases, &metrics) {
                     tracing::info!("every request in flight has finished; exiting");
+                    selkie_proxy::audit::flush(AUDIT_FLUSH_TIMEOUT);
                     std::process::exit(0);
                 }
             }
@@ -404,6 +405,10 @@ fn main() -> anyhow::Result<()> {
             shutdown,
         }),
     });
+    selkie_proxy::audit::flush(AUDIT_FLUSH_TIMEOUT);
     tracing::info!("selkie-concierge stopped");
     Ok(())
 }
+
+/// How long an exiting process waits for its queued audit lines to reach stdout.
+const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);

@@ -5,10 +5,16 @@
 //! caller's credential for the API server (the proxy's service-account token or client
 //! certificate) and answers [`AccessDecision`]. Allowed answers are cached for a short time keyed
 //! by the whole review (which holds no secret); denials and failures are never cached, so a new
-//! RBAC grant takes effect at once and an outage is never remembered. Any failure to get an
-//! answer is an [`AccessReviewError`]: callers fail closed.
+//! RBAC grant takes effect at once and an outage is never remembered. A capacity of 0 caches
+//! nothing. Concurrent reviews of the same question share one request to kube-apiserver (a burst
+//! of `kubectl --as` requests asks once), whatever its answer. Any failure to get an answer is an
+//! [`AccessReviewError`]: callers fail closed.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use http::{HeaderValue, Uri};
@@ -69,7 +75,7 @@ pub struct AccessReviewConfig {
     pub timeout: Duration,
     /// How long an allowed answer is reused.
     pub allowed_ttl: Duration,
-    /// How many allowed answers are kept.
+    /// How many allowed answers are kept; 0: none (every review asks kube-apiserver).
     pub cache_capacity: usize,
 }
 
@@ -111,9 +117,14 @@ pub struct AccessReviewer {
     client: HttpsClient,
     timeout: Duration,
     allowed_ttl: Duration,
-    /// Review body → when the allowed answer expires.
-    allowed: Cache<Bytes, Instant>,
+    /// Review body → when the allowed answer expires; `None` when the capacity is 0.
+    allowed: Option<Cache<Bytes, Instant>>,
+    /// Review body → the review in flight for it, which every caller asking meanwhile awaits.
+    in_flight: Mutex<HashMap<Bytes, Arc<InFlight>>>,
 }
+
+/// One review's answer, computed once for every caller waiting on it.
+type InFlight = tokio::sync::OnceCell<Result<AccessDecision, AccessReviewError>>;
 
 impl std::fmt::Debug for AccessReviewer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -173,7 +184,8 @@ impl AccessReviewer {
             client: crate::https::client(Some(&config.ca_bundle_pem), &config.client_auth)?,
             timeout: config.timeout,
             allowed_ttl: config.allowed_ttl,
-            allowed: Cache::new(config.cache_capacity.max(1)),
+            allowed: (config.cache_capacity > 0).then(|| Cache::new(config.cache_capacity)),
+            in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -202,18 +214,42 @@ impl AccessReviewer {
         .map_err(|e| AccessReviewError(e.to_string()))?;
         if self
             .allowed
-            .get(&body)
+            .as_ref()
+            .and_then(|allowed| allowed.get(&body))
             .is_some_and(|expires| expires > Instant::now())
         {
             return Ok(AccessDecision::Allowed);
         }
-        let decision = tokio::time::timeout(self.timeout, self.post(body.clone(), authorization))
+        let in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(body.clone())
+            .or_default()
+            .clone();
+        // The first caller sends the review; the others wait for its answer. Should the first
+        // caller go away (its request was cancelled), the next waiter sends it instead.
+        let decision = in_flight
+            .get_or_init(|| async {
+                tokio::time::timeout(self.timeout, self.post(body.clone(), authorization))
+                    .await
+                    .map_err(|_| AccessReviewError(format!("no answer within {:?}", self.timeout)))?
+            })
             .await
-            .map_err(|_| AccessReviewError(format!("no answer within {:?}", self.timeout)))??;
-        if decision == AccessDecision::Allowed {
-            self.allowed.insert(body, Instant::now() + self.allowed_ttl);
+            .clone();
+        {
+            let mut waiting = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            if waiting
+                .get(&body)
+                .is_some_and(|current| Arc::ptr_eq(current, &in_flight))
+            {
+                waiting.remove(&body);
+            }
         }
-        Ok(decision)
+        if let (Ok(AccessDecision::Allowed), Some(allowed)) = (&decision, &self.allowed) {
+            allowed.insert(body, Instant::now() + self.allowed_ttl);
+        }
+        decision
     }
 
     async fn post(
@@ -270,6 +306,100 @@ mod tests {
                 "name": "view",
             })
         );
+    }
+
+    fn alice() -> UserInfo {
+        UserInfo {
+            username: "alice".into(),
+            ..UserInfo::default()
+        }
+    }
+
+    fn impersonate_bob() -> ResourceAttributes {
+        ResourceAttributes {
+            verb: "impersonate".into(),
+            resource: "users".into(),
+            name: "bob".into(),
+            ..ResourceAttributes::default()
+        }
+    }
+
+    /// kube-apiserver's SubjectAccessReview endpoint, answering `allowed` after `delay`.
+    async fn apiserver(allowed: bool, delay: Duration) -> crate::test_util::Endpoint {
+        crate::test_util::endpoint(Arc::new(move |_, _| {
+            std::thread::sleep(delay);
+            (
+                http::StatusCode::CREATED,
+                serde_json::json!({"status": {"allowed": allowed, "reason": "test"}}).to_string(),
+            )
+        }))
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_capacity_of_zero_caches_nothing() {
+        let server = apiserver(true, Duration::ZERO).await;
+        let mut config = AccessReviewConfig::new(&server.base_url, &server.ca_pem);
+        config.cache_capacity = 0;
+        let reviewer = AccessReviewer::new(config).unwrap();
+        for _ in 0..3 {
+            let decision = reviewer.review(&alice(), &impersonate_bob(), None).await;
+            assert_eq!(decision, Ok(AccessDecision::Allowed));
+        }
+        assert_eq!(server.hits(), 3, "every review asked kube-apiserver");
+
+        let cached = AccessReviewer::new(AccessReviewConfig::new(&server.base_url, &server.ca_pem)).unwrap();
+        for _ in 0..3 {
+            cached.review(&alice(), &impersonate_bob(), None).await.unwrap();
+        }
+        assert_eq!(
+            server.hits(),
+            4,
+            "the default capacity remembers the allowed answer"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_reviews_of_one_question_share_one_request() {
+        for allowed in [true, false] {
+            let server = apiserver(allowed, Duration::from_millis(300)).await;
+            let reviewer = Arc::new(
+                AccessReviewer::new(AccessReviewConfig::new(&server.base_url, &server.ca_pem)).unwrap(),
+            );
+            let (user, attributes) = (alice(), impersonate_bob());
+            let mut callers = tokio::task::JoinSet::new();
+            for _ in 0..20 {
+                let reviewer = reviewer.clone();
+                callers.spawn(async move { reviewer.review(&alice(), &impersonate_bob(), None).await });
+            }
+            let answers = callers.join_all().await;
+            let expected = if allowed {
+                AccessDecision::Allowed
+            } else {
+                AccessDecision::Denied {
+                    reason: "test".into(),
+                }
+            };
+            assert!(
+                answers.iter().all(|answer| answer.as_ref() == Ok(&expected)),
+                "{answers:?}"
+            );
+            assert_eq!(
+                server.hits(),
+                1,
+                "allowed: {allowed}: one request for twenty callers"
+            );
+            assert!(
+                reviewer.in_flight.lock().unwrap().is_empty(),
+                "nothing left in flight"
+            );
+            if !allowed {
+                // A denial is not remembered: the next question asks again.
+                let again = reviewer.review(&user, &attributes, None).await;
+                assert_eq!(again, Ok(expected));
+                assert_eq!(server.hits(), 2);
+            }
+        }
     }
 
     #[test]

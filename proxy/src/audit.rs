@@ -5,8 +5,14 @@
 //! so log pipelines see one format. The generic formatter cost about 2 µs per request at
 //! saturation (field visitors, `serde_json` escaping, timestamp formatting, UTF-8 re-validation;
 //! `perf/results/profile-round1.md`); this writer formats the fixed set of fields straight into a
-//! reused per-thread buffer, caches the timestamp's date and time of day per second, and hands
-//! the line to stdout in one `write`.
+//! line buffer and caches the timestamp's date and time of day per second (per thread).
+//!
+//! The request's thread never writes to stdout itself: a pingora worker that blocked on a full
+//! pipe (a slow log collector) would stall every request it serves. Lines go through a bounded
+//! queue ([`QUEUE_LINES`]) to one writer thread, which writes them in batches. When the queue is
+//! full the line is dropped and counted, and the writer reports how many it lost with a warning
+//! once stdout has caught up. [`flush`] waits (bounded) until the queued lines are written; the
+//! process calls it before it exits.
 //!
 //! The line is written only when the process's `tracing` filter enables target `selkie::audit`
 //! at level INFO (`RUST_LOG=selkie::audit=off` silences it), like any other event.
@@ -14,7 +20,12 @@
 use std::{
     cell::RefCell,
     io::Write,
-    time::{SystemTime, UNIX_EPOCH},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc::{self, Receiver, SyncSender, TrySendError},
+        Arc, OnceLock,
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 /// What one audit line says about a request. Strings are written JSON-escaped; none of them may
@@ -48,15 +59,14 @@ pub struct AuditRecord<'a> {
 pub const AUDIT_TARGET: &str = "selkie::audit";
 
 thread_local! {
-    static LINE: RefCell<LineBuffer> = RefCell::new(LineBuffer::default());
+    static CLOCK: RefCell<SecondCache> = RefCell::new(SecondCache::default());
 }
 
-/// A reused line buffer and the formatted timestamp of the last second it wrote.
-#[derive(Default)]
-struct LineBuffer {
-    bytes: Vec<u8>,
-    clock: SecondCache,
-}
+/// Most audit lines waiting for stdout at once (a few MiB at most); more are dropped and counted.
+pub const QUEUE_LINES: usize = 16_384;
+
+/// Bytes the writer thread gathers into one `write`.
+const BATCH_BYTES: usize = 64 * 1024;
 
 /// `YYYY-MM-DDTHH:MM:SS` of one Unix second, formatted once.
 #[derive(Default)]
@@ -77,31 +87,135 @@ impl SecondCache {
     }
 }
 
-/// Writes `record` as one line to stdout when the `tracing` filter enables audit lines. A failed
-/// write is dropped (as `tracing-subscriber` drops it): the request it describes has already been
-/// answered.
+/// What the writer thread is asked to do.
+enum Message {
+    /// Write this line.
+    Line(Vec<u8>),
+    /// Write everything queued before this, flush the sink, then answer.
+    Flush(mpsc::Sender<()>),
+}
+
+/// The queue to the writer thread.
+struct Writer {
+    queue: SyncSender<Message>,
+    /// Lines dropped because the queue was full (or the writer gone).
+    dropped: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Starts a writer thread that writes to `sink`, with room for `capacity` queued lines.
+    fn spawn(sink: impl Write + Send + 'static, capacity: usize) -> Self {
+        let (queue, lines) = mpsc::sync_channel(capacity);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counter = dropped.clone();
+        let spawned = std::thread::Builder::new()
+            .name("selkie-audit".into())
+            .spawn(move || write_lines(sink, &lines, &counter));
+        if let Err(error) = spawned {
+            tracing::error!(%error, "the audit writer thread could not start; audit lines are dropped");
+        }
+        Self { queue, dropped }
+    }
+
+    /// Queues `line` without ever waiting; counts it as dropped when the queue is full.
+    fn submit(&self, line: Vec<u8>) {
+        match self.queue.try_send(Message::Line(line)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Waits until every line queued before the call is written and the sink flushed, at most
+    /// `timeout`. False when that did not happen in time.
+    fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let (done, written) = mpsc::channel();
+        let mut message = Message::Flush(done);
+        loop {
+            match self.queue.try_send(message) {
+                Ok(()) => break,
+                Err(TrySendError::Disconnected(_)) => return false,
+                Err(TrySendError::Full(back)) => {
+                    if Instant::now() >= deadline {
+                        return false;
+                    }
+                    message = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        written
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
+    }
+}
+
+/// The writer thread: gathers queued lines into batches, writes each with one `write_all`, and
+/// reports lines dropped since the last report. Ends when every sender is gone.
+fn write_lines(mut sink: impl Write, lines: &Receiver<Message>, dropped: &AtomicU64) {
+    let mut batch = Vec::with_capacity(BATCH_BYTES);
+    let mut reported = 0;
+    while let Ok(first) = lines.recv() {
+        let mut acks = Vec::new();
+        let mut next = Some(first);
+        while let Some(message) = next.take() {
+            match message {
+                Message::Line(line) => batch.extend_from_slice(&line),
+                Message::Flush(ack) => acks.push(ack),
+            }
+            if batch.len() < BATCH_BYTES {
+                next = lines.try_recv().ok();
+            }
+        }
+        // A failed write is dropped, as tracing-subscriber drops it: the requests it describes
+        // have been answered.
+        let _ = sink.write_all(&batch);
+        let _ = sink.flush();
+        batch.clear();
+        for ack in acks {
+            let _ = ack.send(());
+        }
+        let now_dropped = dropped.load(Ordering::Relaxed);
+        if now_dropped > reported {
+            tracing::warn!(
+                dropped = now_dropped - reported,
+                "audit lines were dropped: stdout did not keep up"
+            );
+            reported = now_dropped;
+        }
+    }
+}
+
+/// The process's writer, to stdout, started on first use.
+fn writer() -> &'static Writer {
+    static WRITER: OnceLock<Writer> = OnceLock::new();
+    WRITER.get_or_init(|| Writer::spawn(std::io::stdout(), QUEUE_LINES))
+}
+
+/// Queues `record` as one line for stdout when the `tracing` filter enables audit lines. Never
+/// waits for stdout: when the queue is full the line is dropped and counted (see the module
+/// documentation).
 pub fn emit(record: &AuditRecord<'_>) {
     if !tracing::enabled!(target: "selkie::audit", tracing::Level::INFO) {
         return;
     }
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    LINE.with(|line| {
-        // A re-entrant call (impossible today: nothing here logs) would find the buffer borrowed;
-        // it then formats into a fresh one instead of panicking.
-        let mut fresh;
-        let mut borrowed = line.try_borrow_mut();
-        let buffer = match &mut borrowed {
-            Ok(buffer) => &mut **buffer,
-            Err(_) => {
-                fresh = LineBuffer::default();
-                &mut fresh
-            }
-        };
-        buffer.bytes.clear();
-        let date = *buffer.clock.text(now.as_secs());
-        write_line(&mut buffer.bytes, &date, now.subsec_micros(), record);
-        let _ = std::io::stdout().lock().write_all(&buffer.bytes);
+    let date = CLOCK.with(|clock| match clock.try_borrow_mut() {
+        Ok(mut clock) => *clock.text(now.as_secs()),
+        // Re-entrant (impossible today: nothing here logs): format without the cache.
+        Err(_) => format_second(now.as_secs()),
     });
+    let mut line = Vec::with_capacity(320);
+    write_line(&mut line, &date, now.subsec_micros(), record);
+    writer().submit(line);
+}
+
+/// Waits until every audit line emitted so far is on stdout, at most `timeout`; true when it
+/// is. Called before the process exits.
+pub fn flush(timeout: Duration) -> bool {
+    writer().flush(timeout)
 }
 
 /// Appends the JSON line (with its newline) for `record` at the given second and microsecond.
@@ -303,6 +417,86 @@ mod tests {
                 "{second}"
             );
         }
+    }
+
+    /// A sink that takes nothing until it is opened, then keeps what it is given.
+    struct Gate {
+        opened: Option<Receiver<()>>,
+        written: Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gate {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            if let Some(opened) = self.opened.take() {
+                let _ = opened.recv();
+            }
+            self.written.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stalled_stdout_never_blocks_a_request_and_lost_lines_are_counted() {
+        let (open, opened) = mpsc::channel();
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = Writer::spawn(
+            Gate {
+                opened: Some(opened),
+                written: written.clone(),
+            },
+            8,
+        );
+        let started = Instant::now();
+        for n in 0..1_000 {
+            writer.submit(format!("{n}\n").into_bytes());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "submitting waited for the stalled sink: {:?}",
+            started.elapsed()
+        );
+        let dropped = writer.dropped.load(Ordering::Relaxed);
+        assert!(
+            dropped >= 1_000 - 8 - 1,
+            "at most the queue and one line in hand: {dropped}"
+        );
+
+        open.send(()).unwrap();
+        assert!(
+            writer.flush(Duration::from_secs(5)),
+            "flushed once the sink moves"
+        );
+        let written = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        let numbers: Vec<u64> = written.lines().map(|line| line.parse().unwrap()).collect();
+        assert_eq!(numbers.len() as u64, 1_000 - dropped, "every accepted line, once");
+        assert!(
+            numbers.windows(2).all(|pair| pair[0] < pair[1]),
+            "in order: {numbers:?}"
+        );
+    }
+
+    #[test]
+    fn flush_waits_for_the_lines_before_it() {
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = Writer::spawn(
+            Gate {
+                opened: None,
+                written: written.clone(),
+            },
+            QUEUE_LINES,
+        );
+        for n in 0..100 {
+            writer.submit(format!("{n}\n").into_bytes());
+        }
+        assert!(writer.flush(Duration::from_secs(5)));
+        assert_eq!(
+            written.lock().unwrap().iter().filter(|&&b| b == b'\n').count(),
+            100
+        );
     }
 
     #[test]

@@ -330,14 +330,19 @@ async fn extras_service_accounts_and_malformed_requests() -> anyhow::Result<()> 
         "{review}"
     );
 
-    // The audit line names both the original and the effective user.
-    let log = proxy.log();
-    assert!(
-        log.lines().any(|line| line.contains("selkie::audit")
-            && line.contains(&format!("\"original_user\":\"{dave}\""))
-            && line.contains(&format!("\"user\":\"{account}\""))),
-        "no audit line with both users"
-    );
+    // The audit line names both the original and the effective user (written by the audit
+    // thread a moment after the answer).
+    crate::eventually(std::time::Duration::from_secs(5), || async {
+        let log = proxy.log();
+        anyhow::ensure!(
+            log.lines().any(|line| line.contains("selkie::audit")
+                && line.contains(&format!("\"original_user\":\"{dave}\""))
+                && line.contains(&format!("\"user\":\"{account}\""))),
+            "no audit line with both users"
+        );
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 

@@ -203,3 +203,25 @@ fn credentials_never_show_in_debug_output() {
     };
     assert!(!format!("{auth:?}").contains("KEY"));
 }
+
+#[test]
+fn a_malformed_answer_is_described_without_its_values() {
+    let answer = br#"{"apiVersion":"authentication.k8s.io/v1","status":{"authenticated":"s3cr3t-t0ken"}}"#;
+    let Err(error) = serde_json::from_slice::<ReviewResponse>(answer) else {
+        panic!("a string where a boolean belongs parses")
+    };
+    assert!(
+        error.to_string().contains("s3cr3t-t0ken"),
+        "serde quotes it: {error}"
+    );
+    let described = json_error_without_values(&error);
+    assert!(!described.contains("s3cr3t"), "{described}");
+    assert!(
+        described.starts_with("JSON of the wrong shape at line 1 column"),
+        "{described}"
+    );
+    let Err(truncated) = serde_json::from_slice::<ReviewResponse>(b"{\"status\":") else {
+        panic!("a truncated answer parses")
+    };
+    assert!(json_error_without_values(&truncated).starts_with("truncated JSON"));
+}
