@@ -63,6 +63,9 @@ pub enum HarnessError {
     /// which state and what was last seen.
     #[error("{0}")]
     NotReady(String),
+    /// Something the harness watched for happened when it must not have (see [`crate::watch`]).
+    #[error("{0}")]
+    Unexpected(String),
     /// A kubectl invocation failed.
     #[error("kubectl {args} failed ({status})\n--- stderr ---\n{stderr}")]
     Kubectl {

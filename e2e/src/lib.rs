@@ -19,6 +19,8 @@
 //! * [`proxy`] runs Selkie's impersonation proxy (`selkie-concierge`) in front of a cluster.
 //! * [`concierge`] installs the Concierge from `conf/` and runs it, control plane included, with
 //!   its service account's permissions.
+//! * [`watch`] observes that an object is *not* written (a watch that fails at the first write),
+//!   instead of sleeping and then looking.
 //!
 //! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
 //! the command and the tail of its log.
@@ -34,6 +36,7 @@ pub mod kubectl;
 pub mod pki;
 mod process;
 pub mod proxy;
+pub mod watch;
 
 pub use cluster::{Cluster, ClusterBuilder};
 pub use error::HarnessError;

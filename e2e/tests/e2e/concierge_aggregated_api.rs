@@ -34,6 +34,7 @@ use selkie_e2e::{
     dex::{Dex, DexUser, CLIENT_ID},
     kubectl::Kubectl,
     pki::{CertAndKey, CertificateAuthority},
+    watch::ObjectWatch,
     Cluster,
 };
 use selkie_filters::{
@@ -954,20 +955,27 @@ async fn a_deleted_serving_secret_is_regenerated_and_the_api_stays_available() -
     };
     let request: DynamicObject = serde_json::from_str(&concierge.whoami())?;
     let (done_tx, mut done) = tokio::sync::watch::channel(false);
-    let prober = tokio::spawn(async move {
-        let api = Api::<DynamicObject>::all_with(user_client, &resource);
-        let (mut ok, mut failures) = (0usize, Vec::new());
-        while !*done.borrow_and_update() {
-            match api.create(&PostParams::default(), &request).await {
-                Ok(_) => ok += 1,
-                Err(error) => failures.push(error.to_string()),
+    let succeeded = Arc::new(AtomicUsize::new(0));
+    let prober = tokio::spawn({
+        let succeeded = succeeded.clone();
+        async move {
+            let api = Api::<DynamicObject>::all_with(user_client, &resource);
+            let (mut ok, mut failures) = (0usize, Vec::new());
+            while !*done.borrow_and_update() {
+                match api.create(&PostParams::default(), &request).await {
+                    Ok(_) => {
+                        ok += 1;
+                        succeeded.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(error) => failures.push(error.to_string()),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    _ = done.changed() => {}
+                }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                _ = done.changed() => {}
-            }
+            (ok, failures)
         }
-        (ok, failures)
     });
 
     Api::<Secret>::namespaced(client.clone(), &concierge.namespace)
@@ -1023,8 +1031,18 @@ async fn a_deleted_serving_secret_is_regenerated_and_the_api_stays_available() -
         Ok(())
     })
     .await?;
-    // Let the aggregator use the new certificate for a while, then stop probing.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let the aggregator use the new certificate for twenty more requests, then stop probing.
+    let at_switch = succeeded.load(Ordering::Relaxed);
+    eventually(Duration::from_secs(30), || async {
+        let now = succeeded.load(Ordering::Relaxed);
+        anyhow::ensure!(
+            now >= at_switch + 20,
+            "{} requests since the switch",
+            now - at_switch
+        );
+        Ok(())
+    })
+    .await?;
     let _ignored = done_tx.send(true);
     let (ok, failures) = prober.await?;
     assert!(ok > 10, "only {ok} WhoAmIRequests went through");
@@ -1075,11 +1093,12 @@ async fn a_follower_serves_the_leaders_certificate_never_writes_and_takes_over()
     secrets
         .delete(&concierge.names.secret, &DeleteParams::default())
         .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        secrets.get_opt(&concierge.names.secret).await?.is_none(),
-        "a follower must not write the Secret"
-    );
+    ObjectWatch::start(secrets.clone(), &concierge.names.secret)
+        .await?
+        .expect_no_write(Duration::from_secs(3))
+        .await
+        .map_err(|e| anyhow::anyhow!("a follower must not write the Secret: {e}"))?;
+    assert!(secrets.get_opt(&concierge.names.secret).await?.is_none());
     assert_eq!(
         served_by(follower.port, first.ca_bundle_pem.clone()).await?,
         leaf(&first)?

@@ -24,7 +24,7 @@ use selkie_control_plane::{
     credential_issuer::{self, AWS_IDLE_TIMEOUT_ANNOTATION},
     published::{Publisher, ServingKeyPair},
 };
-use selkie_e2e::Cluster;
+use selkie_e2e::{watch::ObjectWatch, Cluster};
 use serde_json::{json, Value};
 use tokio::{
     sync::{watch, OnceCell},
@@ -915,7 +915,11 @@ async fn bad_input_gives_a_precise_error_and_keeps_the_proxy() -> anyhow::Result
 async fn only_the_leader_writes_and_every_replica_serves() -> anyhow::Result<()> {
     // A follower alone writes nothing: no CredentialIssuer is created.
     let f = Fixture::start(false, None).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    ObjectWatch::start(f.issuers(), f.issuer_name())
+        .await?
+        .expect_no_write(Duration::from_secs(2))
+        .await
+        .context("a follower must not create the CredentialIssuer")?;
     assert!(f.issuers().get_opt(f.issuer_name()).await?.is_none());
 
     // It becomes the leader: the CredentialIssuer is created with Pinniped's install defaults.
@@ -959,10 +963,16 @@ async fn only_the_leader_writes_and_every_replica_serves() -> anyhow::Result<()>
 
     // The leader steps down before a change: nothing is written any more...
     f.leader.send(false)?;
+    // (The step-down reaches the controller through a channel; give it that moment before the
+    // change, which a leader would act on.)
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let secret_writes = ObjectWatch::start(f.secrets(), &f.tls_name()).await?;
     f.apply(json!({"mode": "enabled", "service": {"type": "None"}, "externalEndpoint": "next.example.com"}))
         .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    secret_writes
+        .expect_no_write(Duration::from_secs(2))
+        .await
+        .context("a replica that stepped down must not write the TLS Secret")?;
     ensure_sans(
         &f.secret_cert(&f.tls_name(), "tls.crt").await?,
         &[],

@@ -19,6 +19,7 @@ use selkie_e2e::{
     dex::{Dex, DexUser, CLIENT_ID, PUBLIC_CLIENT_ID},
     kubectl::Kubectl,
     proxy::Proxy,
+    watch::ObjectWatch,
     Cluster,
 };
 use serde_json::{json, Value};
@@ -481,19 +482,36 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     assert_dex_user(&whoami(&via_proxy_login).await?)?;
 
     // A second replica serves too (its own aggregated listener and proxy) but does not lead.
+    // Every write to the Lease from now on is watched: while the second replica starts and
+    // serves, only replica-a may hold it.
+    let lease_writes = ObjectWatch::start(
+        kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            cluster.client().await?,
+            &installation.namespace,
+        ),
+        "pinniped-concierge-leader-election",
+    )
+    .await?;
     let second_port = free_port()?;
     let second = installation.start_replica("replica-b", second_port).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        lease_holder(&installation).await?,
-        "replica-a",
-        "one leader at a time"
-    );
     let second_login = installation.plugin_kubectl("second-login", second.url(), &proxy_ca, &token)?;
     let seen = eventually(Duration::from_secs(30), || async { whoami(&second_login).await })
         .await
         .with_context(|| second.log())?;
     assert_dex_user(&seen)?;
+    for write in lease_writes.writes() {
+        let holder = write
+            .object()
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.holder_identity.as_deref());
+        assert_eq!(holder, Some("replica-a"), "one leader at a time: {write:?}");
+    }
+    assert_eq!(
+        lease_holder(&installation).await?,
+        "replica-a",
+        "one leader at a time"
+    );
 
     // GitOps: another audience takes effect within seconds on both replicas, without restarts.
     installation
