@@ -22,9 +22,11 @@ pub mod authentication;
 pub mod concierge_config;
 #[cfg(feature = "crds")]
 pub mod crds;
+pub mod duration;
 pub mod group_suffix;
 pub mod identity;
 pub mod login;
 pub mod names;
+pub mod percent;
 #[cfg(feature = "crds")]
 mod schema;

@@ -190,43 +190,12 @@ pub fn render(
 /// unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), optionally signed. A negative duration is
 /// returned as zero.
 pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    let invalid = || format!("invalid duration {text:?} (examples: 30s, 1m30s, 500ms)");
-    let (negative, mut rest) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text.strip_prefix('+').unwrap_or(text)),
-    };
-    if rest == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if rest.is_empty() {
-        return Err(invalid());
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let number_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let number: f64 = rest[..number_end].parse().map_err(|_| invalid())?;
-        rest = &rest[number_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds_per_unit = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(invalid()),
-        };
-        total += number * seconds_per_unit;
-        rest = &rest[unit_end..];
-    }
-    if negative {
-        return Ok(Duration::ZERO);
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| invalid())
+    let parsed = selkie_api::duration::parse(text).map_err(|error| error.to_string())?;
+    Ok(if parsed.negative {
+        Duration::ZERO
+    } else {
+        parsed.magnitude
+    })
 }
 
 #[cfg(test)]

@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use crate::{
-    identity::{Credential, Identity},
+    identity::{CertificateIdentity, Credential, Identity},
     jwt::JwtAuthenticator,
-    login_api::CertificateIdentity,
     outcome::{Outcome, RejectReason},
     tokenreview::TokenReviewAuthenticator,
 };

@@ -49,3 +49,18 @@ pub enum Credential<'a> {
     /// Nothing.
     Anonymous,
 }
+
+/// What a TokenCredentialRequest's client certificate must say of an authenticator's identity.
+/// A certificate carries a username (CN) and groups (O) only. Reads from configuration as
+/// `Exact` or `UsernameAndGroups`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+pub enum CertificateIdentity {
+    /// All of it, as Pinniped: an identity with a UID, or extras other than the credential id,
+    /// gets no certificate.
+    #[default]
+    Exact,
+    /// The username and groups; the UID and extras are left out (and the audit line says so).
+    /// The administrator's explicit choice for one authenticator, e.g. kube-apiserver's
+    /// TokenReview of service-account tokens.
+    UsernameAndGroups,
+}

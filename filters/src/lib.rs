@@ -30,6 +30,7 @@ pub mod chain;
 pub mod expression;
 pub mod https;
 pub mod identity;
+pub mod impersonation;
 pub mod jwt;
 pub mod login_api;
 pub mod outcome;

@@ -19,7 +19,7 @@ use std::{
 
 use crate::{
     chain::{Chain, TokenAuthenticator},
-    identity::UserInfo,
+    identity::{CertificateIdentity, UserInfo},
     outcome::Outcome,
     signer::ClientCertificateSigner,
 };
@@ -40,21 +40,6 @@ pub const CLIENT_CERTIFICATE_TTL: Duration = Duration::from_secs(5 * 60);
 pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
 /// The one extra a credential may carry; it names the credential, not the user.
 const CREDENTIAL_ID_EXTRA: &str = "authentication.kubernetes.io/credential-id";
-
-/// What a TokenCredentialRequest's client certificate must say of an authenticator's identity.
-/// A certificate carries a username (CN) and groups (O) only. Reads from configuration as
-/// `Exact` or `UsernameAndGroups`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
-pub enum CertificateIdentity {
-    /// All of it, as Pinniped: an identity with a UID, or extras other than the credential id,
-    /// gets no certificate.
-    #[default]
-    Exact,
-    /// The username and groups; the UID and extras are left out (and the audit line says so).
-    /// The administrator's explicit choice for one authenticator, e.g. kube-apiserver's
-    /// TokenReview of service-account tokens.
-    UsernameAndGroups,
-}
 
 /// Answers the Concierge's login API. Runs once per TokenCredentialRequest that reaches the proxy
 /// or the aggregated API server.

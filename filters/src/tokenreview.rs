@@ -25,8 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::https::ClientAuth;
 use crate::{
-    identity::{Forwarding, Identity, UserInfo},
-    login_api::CertificateIdentity,
+    identity::{CertificateIdentity, Forwarding, Identity, UserInfo},
     outcome::{Outcome, RejectReason},
     review_cache::{CacheConfig, RandomSourceError, ReviewCache},
 };

@@ -1,4 +1,4 @@
-//! The proxy's header policy (`selkie_proxy::headers`): what a client may not send upstream, the
+//! The proxy's header policy (`selkie_filters::impersonation::headers`): what a client may not send upstream, the
 //! impersonation it asks for, and the `Impersonate-*` headers built for a user.
 //!
 //! An input whose first byte is below [`USER_INFO`] is a header map: the rest, split at `\n`,
@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use selkie_filters::identity::UserInfo;
-use selkie_proxy::headers::{
+use selkie_filters::impersonation::headers::{
     client_credentials, impersonation_headers, is_client_credential, strip_client_credentials,
     RequestedImpersonation,
 };

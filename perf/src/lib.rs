@@ -20,18 +20,20 @@ pub mod watch;
 
 use std::time::Duration;
 
-/// Parses `20s`, `500ms`, `2m` or a bare number of seconds.
+/// Parses a duration of a command line: `20s`, `500ms`, `2m`, `1.5s` ([`selkie_api::duration`]'s
+/// syntax) or a bare number of seconds; not negative.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 20s"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(number)),
-        "s" | "" => Ok(Duration::from_secs(number)),
-        "m" => Ok(Duration::from_secs(number * 60)),
-        _ => Err(format!("{text:?} is not a duration such as 20s, 500ms or 2m")),
+    let with_unit;
+    let text = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        with_unit = format!("{text}s");
+        with_unit.as_str()
+    } else {
+        text
+    };
+    match selkie_api::duration::parse(text) {
+        Ok(parsed) if !parsed.negative => Ok(parsed.magnitude),
+        Ok(_) => Err(format!("{text:?} is negative")),
+        Err(error) => Err(error.to_string()),
     }
 }
 
@@ -46,6 +48,7 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("3h").is_err());
+        assert_eq!(parse_duration("3h"), Ok(Duration::from_secs(3 * 3600)));
+        assert!(parse_duration("-3s").is_err());
     }
 }

@@ -16,9 +16,10 @@ use selkie_filters::{
     access_review::{AccessReviewConfig, AccessReviewer},
     chain::{Chain, TokenAuthenticator},
     https::ClientAuth,
-    identity::{Forwarding, Identity, UserInfo},
+    identity::{CertificateIdentity, Forwarding, Identity, UserInfo},
+    impersonation::headers::PreparedIdentity,
     jwt::{AudienceMatchPolicy, ClaimMapping, JwtAuthenticator, JwtConfig},
-    login_api::{CertificateIdentity, ConciergeApi, SignerConciergeApi},
+    login_api::{ConciergeApi, SignerConciergeApi},
     review_cache::CacheConfig,
     signer::ClientCertificateSigner,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
@@ -28,7 +29,6 @@ use serde::Deserialize;
 
 use crate::{
     downstream::Timeouts,
-    headers::PreparedIdentity,
     snapshot::{ConciergePaths, Snapshot, TokenFile, Upstream, UpstreamCredential},
     tls::ServingCert,
     upstream_gate::ConnectionGate,
@@ -357,35 +357,17 @@ fn read_string(path: &Path) -> Result<String, ConfigError> {
     String::from_utf8(read(path)?).map_err(|_| invalid(path.display().to_string(), "is not UTF-8 text"))
 }
 
-/// Parses a duration written as Kubernetes and Go write them: one or more `<integer><unit>`
-/// parts, the unit `h`, `m`, `s` or `ms` (`10s`, `1m30s`, `500ms`). The error says what is wrong.
+/// Parses a duration of a configuration file ([`selkie_api::duration`]'s syntax), limited to
+/// whole, unsigned numbers (`10s`, `1m30s`, `500ms`): what a timeout or lifetime is written as.
+/// The error says what is wrong.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let malformed = || format!("{text:?} is not a duration such as 10s, 1m30s or 500ms");
-    if text.is_empty() {
-        return Err(malformed());
+    let parsed = selkie_api::duration::parse(text).map_err(|error| error.to_string())?;
+    if parsed.negative || parsed.fractional || text.starts_with('+') {
+        return Err(format!(
+            "{text:?} is not a duration such as 10s, 1m30s or 500ms (whole numbers, no sign)"
+        ));
     }
-    let mut rest = text;
-    let mut total = Duration::ZERO;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        let number: u64 = rest[..digits].parse().map_err(|_| malformed())?;
-        rest = &rest[digits..];
-        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let seconds = |per_unit: u64| number.checked_mul(per_unit).map(Duration::from_secs);
-        let part = match &rest[..unit] {
-            "ms" => Some(Duration::from_millis(number)),
-            "s" => seconds(1),
-            "m" => seconds(60),
-            "h" => seconds(3600),
-            "" => return Err(format!("{text:?} has no unit (h, m, s or ms)")),
-            _ => return Err(malformed()),
-        };
-        total = part
-            .and_then(|part| total.checked_add(part))
-            .ok_or_else(malformed)?;
-        rest = &rest[unit..];
-    }
-    Ok(total)
+    Ok(parsed.magnitude)
 }
 
 /// Deserializes a [`parse_duration`] string that must be greater than zero (a timeout).

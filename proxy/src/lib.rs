@@ -11,7 +11,7 @@
 //!   `Impersonate-*` headers over pooled HTTP/2 (HTTP/1.1 for upgrades);
 //! * [`downstream`]: what a client connection is allowed before authentication: header-read and
 //!   idle timeouts (none for a request in progress) and request-head size limits;
-//! * [`headers`]: the header policy itself, free of pingora so it can be tested and fuzzed;
+//! * the header policy itself lives in `selkie_filters::impersonation`, free of pingora;
 //! * [`snapshot`] and [`config`]: the immutable configuration a request runs with, and the static
 //!   YAML file it can be built from without a control plane;
 //! * [`audit`]: the one JSON audit line per request, formatted without `tracing`'s generic
@@ -26,9 +26,7 @@
 pub mod audit;
 pub mod config;
 pub mod downstream;
-pub mod headers;
 pub mod metrics;
-pub mod nested;
 pub mod operations;
 pub mod service;
 pub mod snapshot;

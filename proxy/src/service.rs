@@ -22,6 +22,10 @@ use selkie_filters::{
     access_review::AccessDecision,
     chain::Decision,
     identity::{Credential, Forwarding, Identity, UserInfo},
+    impersonation::{
+        headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
+        nested::{check_extra_key, check_extra_keys, forbidden_message, plan, NestedError},
+    },
     login_api::{who_am_i, ConciergeApi},
     outcome::Outcome,
 };
@@ -29,9 +33,7 @@ use selkie_filters::{
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
 use crate::{
-    headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
     metrics::{Active, Metrics, VerbClass},
-    nested::{check_extra_key, check_extra_keys, forbidden_message, plan, NestedError},
     snapshot::{ConciergePaths, Snapshot, UpstreamCredential},
     status::{status_body, Failure},
     tls::PeerCertificate,

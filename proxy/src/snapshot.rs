@@ -8,13 +8,14 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::{headers::PreparedIdentity, upstream_gate::ConnectionGate};
+use crate::upstream_gate::ConnectionGate;
 use arc_swap::ArcSwapOption;
 use http::HeaderValue;
 use pingora::{
     upstreams::peer::HttpPeer,
     utils::tls::{CertKey, WrappedX509},
 };
+use selkie_filters::impersonation::headers::PreparedIdentity;
 use selkie_filters::{
     access_review::AccessReviewer, chain::Chain, identity::Identity, login_api::ConciergeApi,
     x509::X509Authenticator,

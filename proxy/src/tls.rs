@@ -37,7 +37,8 @@ use selkie_filters::{
     x509::{Verdict, X509Authenticator},
 };
 
-use crate::{headers::PreparedIdentity, snapshot::Snapshot};
+use crate::snapshot::Snapshot;
+use selkie_filters::impersonation::headers::PreparedIdentity;
 
 /// A connection's client certificate chain and its latest verdict, kept with the connection
 /// (pingora's TLS digest extension) from the handshake on.

@@ -261,27 +261,7 @@ fn with_authenticated_group(mut user: UserInfo) -> UserInfo {
 /// `%XX` sequences decoded (extra keys are path-escaped by kube-apiserver); the key as it is
 /// when it is not valid escaping or not UTF-8, as Kubernetes keeps malformed keys.
 fn percent_decode(key: &str) -> String {
-    let bytes = key.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|pair| std::str::from_utf8(pair).ok());
-            match hex.and_then(|pair| u8::from_str_radix(pair, 16).ok()) {
-                Some(byte) => {
-                    decoded.push(byte);
-                    i += 3;
-                    continue;
-                }
-                None => return key.to_string(),
-            }
-        }
-        decoded.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(decoded).unwrap_or_else(|_| key.to_string())
+    selkie_api::percent::decode(key).unwrap_or_else(|| key.to_string())
 }
 
 /// The verdict cache of one connection: recomputed when the settings change and when a

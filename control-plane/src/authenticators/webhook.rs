@@ -10,7 +10,7 @@ use rustls_pki_types::{pem::PemObject, CertificateDer, ServerName};
 use selkie_api::authentication::{CertificateIdentity, WebhookAuthenticatorSpec};
 use selkie_filters::{
     chain::TokenAuthenticator,
-    login_api,
+    identity,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
 };
 
@@ -147,8 +147,8 @@ pub(crate) async fn evaluate(
     let mut config = TokenReviewConfig::new(name, &spec.endpoint);
     config.ca_bundle_pem = tls.ca_bundle_pem.clone();
     config.certificate_identity = match spec.certificate_identity.unwrap_or_default() {
-        CertificateIdentity::Exact => login_api::CertificateIdentity::Exact,
-        CertificateIdentity::UsernameAndGroups => login_api::CertificateIdentity::UsernameAndGroups,
+        CertificateIdentity::Exact => identity::CertificateIdentity::Exact,
+        CertificateIdentity::UsernameAndGroups => identity::CertificateIdentity::UsernameAndGroups,
     };
     match TokenReviewAuthenticator::new(config) {
         Ok(authenticator) => {

@@ -8,10 +8,10 @@
 //! `authentication.k8s.io/v1` `UserInfo`, as Pinniped writes it), so kube-apiserver's audit log
 //! shows the original user, the impersonated user and the proxy.
 
+use crate::{access_review::ResourceAttributes, identity::UserInfo};
 use selkie_api::names::{is_dns1123_label, is_dns1123_subdomain};
-use selkie_filters::{access_review::ResourceAttributes, identity::UserInfo};
 
-use crate::headers::RequestedImpersonation;
+use super::headers::RequestedImpersonation;
 
 /// The extra key that carries the original caller.
 pub const ORIGINAL_USER_INFO_KEY: &str = "original-user-info.impersonation-proxy.concierge.pinniped.dev";

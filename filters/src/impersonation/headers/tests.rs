@@ -210,7 +210,7 @@ proptest! {
     /// Any extra key survives encoding and the proxy's own decoding unchanged.
     #[test]
     fn extra_keys_round_trip(key in "\\PC{1,40}") {
-        prop_assert_eq!(percent_decode(&percent_encode(&key)), Some(key));
+        prop_assert_eq!(selkie_api::percent::decode(&percent_encode(&key)), Some(key));
     }
 
     /// Whatever headers a client sends, none that names an identity survives.
@@ -238,7 +238,7 @@ fn prepared_headers_are_those_of_the_very_same_identity_only() {
             },
             authenticator: Arc::from("static"),
             audiences: Vec::new(),
-            forwarding: selkie_filters::identity::Forwarding::Impersonate,
+            forwarding: crate::identity::Forwarding::Impersonate,
         })
     };
     let alice = identity("alice");

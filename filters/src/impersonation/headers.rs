@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
+use crate::identity::{Identity, UserInfo};
 use http::{HeaderMap, HeaderName, HeaderValue};
-use selkie_filters::identity::{Identity, UserInfo};
 
 /// Header-name prefixes a client may never send upstream (lower case).
 const FORBIDDEN_PREFIXES: [&str; 2] = ["impersonate-", "x-remote-"];
@@ -102,7 +102,7 @@ pub fn client_credentials(
                     }
                 }
                 "group" => requested.groups.push(value),
-                _ => match what.strip_prefix("extra-").map(percent_decode) {
+                _ => match what.strip_prefix("extra-").map(selkie_api::percent::decode) {
                     Some(Some(key)) if !key.is_empty() => requested.extra.push((key, value)),
                     _ => {
                         error.get_or_insert(HeaderError::Malformed(name.to_string()));
@@ -209,24 +209,6 @@ fn percent_encode(key: &str) -> String {
         }
     }
     out
-}
-
-/// Decodes a percent-encoded extra key; `None` for broken escapes or bytes that are not UTF-8.
-fn percent_decode(encoded: &str) -> Option<String> {
-    let bytes = encoded.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
