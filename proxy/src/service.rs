@@ -23,11 +23,14 @@ use selkie_filters::{
     chain::Decision,
     identity::{Credential, Forwarding, Identity, UserInfo},
     impersonation::{
-        headers::{client_credentials, impersonation_headers, RequestedImpersonation, SharedHeaders},
+        headers::{
+            client_credentials, impersonation_headers, PreparedIdentity, RequestedImpersonation,
+            SharedHeaders,
+        },
         nested::{check_extra_key, check_extra_keys, forbidden_message, plan, NestedError},
     },
     login_api::{who_am_i, ConciergeApi},
-    outcome::Outcome,
+    outcome::{Outcome, RejectReason},
 };
 
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
@@ -136,13 +139,43 @@ async fn refuse_with(session: &mut Session, code: u16, reason: &str, message: &s
     Ok(true)
 }
 
-/// A refused nested impersonation: the status for the client and the line for the audit log.
-struct NestedRefusal {
+/// Why the proxy answers a request itself with an error instead of forwarding it: the status
+/// for the client, the line for the audit log, and whether the connection's client certificate
+/// stopped counting (the connection is then closed).
+struct Refusal {
     code: u16,
     reason: &'static str,
     message: String,
     log: String,
+    revoke_certificate: bool,
 }
+
+impl Refusal {
+    /// `failure` for the client; `log` for the audit line.
+    fn of(failure: Failure, log: impl Into<String>) -> Self {
+        Self {
+            code: failure.code,
+            reason: failure.reason,
+            message: failure.message.to_string(),
+            log: log.into(),
+            revoke_certificate: false,
+        }
+    }
+
+    /// A 400 whose message (also the audit line) says what was wrong.
+    fn bad_request(message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self {
+            code: 400,
+            reason: "BadRequest",
+            log: message.clone(),
+            message,
+            revoke_certificate: false,
+        }
+    }
+}
+
+type Step<T> = std::result::Result<T, Refusal>;
 
 /// Who `caller` acts as after asking for `requested` (`kubectl --as`), once kube-apiserver's
 /// SubjectAccessReviews allow every part of it. Fails closed: a review that cannot be made
@@ -151,14 +184,9 @@ async fn nested_identity(
     snapshot: &Snapshot,
     caller: &Identity,
     requested: &RequestedImpersonation,
-) -> std::result::Result<Arc<Identity>, NestedRefusal> {
-    let bad_request = |error: NestedError| NestedRefusal {
-        code: 400,
-        reason: "BadRequest",
-        message: error.to_string(),
-        log: error.to_string(),
-    };
-    let plan = plan(requested, &caller.user).map_err(bad_request)?;
+) -> Step<Arc<Identity>> {
+    let plan = plan(requested, &caller.user)
+        .map_err(|error: NestedError| Refusal::bad_request(error.to_string()))?;
     let authorization = snapshot.upstream.own_authorization();
     for check in &plan.checks {
         match snapshot
@@ -169,22 +197,17 @@ async fn nested_identity(
         {
             Ok(AccessDecision::Allowed) => {}
             Ok(AccessDecision::Denied { reason }) => {
-                return Err(NestedRefusal {
+                return Err(Refusal {
                     code: 403,
                     reason: "Forbidden",
                     message: forbidden_message(&caller.user.username, check, &reason),
                     log: format!("may not impersonate {} {:?}", check.resource, check.name),
+                    revoke_certificate: false,
                 })
             }
             Err(error) => {
                 tracing::warn!(%error, "checking a nested impersonation failed");
-                let failure = Failure::AUTHORIZATION_UNAVAILABLE;
-                return Err(NestedRefusal {
-                    code: failure.code,
-                    reason: failure.reason,
-                    message: failure.message.to_string(),
-                    log: error.to_string(),
-                });
+                return Err(Refusal::of(Failure::AUTHORIZATION_UNAVAILABLE, error.to_string()));
             }
         }
     }
@@ -217,6 +240,190 @@ fn requested_headers(
         info.extra.entry(key.clone()).or_default().push(value.clone());
     }
     impersonation_headers(&info).map_err(|error| error.to_string())
+}
+
+/// What [`authenticate`] found: the chain's decision, the identity whose `Impersonate-*` headers
+/// were built ahead (the certificate's, else the snapshot's static identity), and why the
+/// connection's certificate was refused, if it was.
+struct Authenticated {
+    decision: Decision,
+    prepared: Option<PreparedIdentity>,
+    refused_certificate: Option<RejectReason>,
+    /// The caller's own `Authorization` header, for an identity whose token kube-apiserver must
+    /// see unchanged (read here, before [`strip_client_headers`] removes it).
+    pass_through: Option<HeaderValue>,
+}
+
+/// Step 1: who the caller is. The connection's client certificate counts when it is valid now
+/// under the CA pools of the snapshot this request runs with; otherwise a bearer token goes
+/// through the chain. A certificate that does not verify (expired, from a CA no longer
+/// trusted), with no token, is a failed authentication, never anonymous, as in kube-apiserver.
+async fn authenticate(session: &Session, snapshot: &Snapshot) -> Authenticated {
+    let verdict = peer_certificate(session)
+        .map(|peer| peer.current(snapshot.client_certificates.as_ref(), UnixTime::now()));
+    let (certificate, prepared, refused_certificate) = match verdict {
+        Some((Outcome::Authenticated(identity), prepared)) => (Some(identity), prepared, None),
+        Some((Outcome::Rejected(reason), _)) => (None, snapshot.static_prepared.clone(), Some(reason)),
+        _ => (None, snapshot.static_prepared.clone(), None),
+    };
+    let decision = match (
+        &certificate,
+        session.req_header().headers.get(header::AUTHORIZATION),
+    ) {
+        (Some(identity), _) => {
+            snapshot
+                .chain
+                .authenticate(Credential::Certificate(identity))
+                .await
+        }
+        (None, Some(value)) => match bearer_token(value) {
+            Some(token) => snapshot.chain.authenticate(Credential::BearerToken(token)).await,
+            None => Decision::Unauthenticated(Vec::new()),
+        },
+        (None, None) => match (refused_certificate, &snapshot.client_certificates) {
+            (Some(reason), Some(x509)) => Decision::Unauthenticated(vec![(x509.name().clone(), reason)]),
+            _ => Decision::Anonymous,
+        },
+    };
+    let refused_certificate = refused_certificate.filter(|_| certificate.is_none());
+    let pass_through = match &decision {
+        Decision::Authenticated(identity) if identity.forwarding == Forwarding::PassThroughToken => {
+            session.req_header().headers.get(header::AUTHORIZATION).cloned()
+        }
+        _ => None,
+    };
+    Authenticated {
+        decision,
+        prepared,
+        refused_certificate,
+        pass_through,
+    }
+}
+
+/// Step 2: removes every client-supplied credential and identity header (`Authorization`,
+/// `Impersonate-*`, `X-Remote-*`, `X-Forwarded-For`) and returns the impersonation the client
+/// asked for; malformed `Impersonate-*` headers are a 400. The caller's own bearer token, when
+/// it is to be passed through, was read before ([`Authenticated::pass_through`]).
+fn strip_client_headers(session: &mut Session) -> Step<RequestedImpersonation> {
+    let (names, requested) = client_credentials(&session.req_header().headers);
+    let request = session.req_header_mut();
+    for name in &names {
+        request.remove_header(name);
+    }
+    requested.map_err(|error| Refusal::of(Failure::BAD_REQUEST, error.to_string()))
+}
+
+/// Step 3: who the request acts as before any nested impersonation: the authenticated identity
+/// (its own token passed through, for identities kube-apiserver must see unchanged), the static
+/// identity for callers without credentials, or anonymous on the anonymous paths; 401 otherwise.
+fn caller(session: &Session, snapshot: &Snapshot, authenticated: Authenticated) -> Step<Effective> {
+    let Authenticated {
+        decision,
+        refused_certificate,
+        pass_through,
+        ..
+    } = authenticated;
+    match decision {
+        Decision::Authenticated(identity) => Ok(match pass_through {
+            Some(token) => Effective::PassThrough(identity, token),
+            None => Effective::Impersonate(identity),
+        }),
+        Decision::Anonymous => match &snapshot.static_identity {
+            Some(identity) => Ok(Effective::Impersonate(identity.clone())),
+            // The paths anonymous callers may reach: creating TokenCredentialRequests and
+            // WhoAmIRequests.
+            None if local_api(session.req_header().uri.path(), &snapshot.concierge_paths).is_some() => {
+                Ok(Effective::Anonymous)
+            }
+            None => Err(Refusal::of(Failure::UNAUTHORIZED, "anonymous")),
+        },
+        Decision::Unauthenticated(refusals) => {
+            let log = refusals
+                .iter()
+                .map(|(name, reason)| format!("{name}:{reason}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut refusal = Refusal::of(Failure::UNAUTHORIZED, log);
+            // A connection whose certificate no longer counts is closed after this answer
+            // (HTTP/1.1: no keep-alive; HTTP/2: see `crate::downstream`).
+            refusal.revoke_certificate = refused_certificate.is_some();
+            Err(refusal)
+        }
+    }
+}
+
+/// Step 4: a caller's own `Impersonate-*` headers (`kubectl --as`). Returns who the request acts
+/// as, the original caller when that changed, and headers to send upstream as they are (for a
+/// passed-through token, whose impersonation kube-apiserver checks itself).
+async fn resolve_nested(
+    snapshot: &Snapshot,
+    caller: Effective,
+    requested: &RequestedImpersonation,
+) -> Step<(Effective, Option<Arc<Identity>>, Vec<(HeaderName, HeaderValue)>)> {
+    if !requested.is_requested() {
+        return Ok((caller, None, Vec::new()));
+    }
+    match caller {
+        Effective::Impersonate(caller) => {
+            let target = nested_identity(snapshot, &caller, requested).await?;
+            Ok((Effective::Impersonate(target), Some(caller), Vec::new()))
+        }
+        // kube-apiserver authenticates the caller's own token and checks the impersonation
+        // itself: the asked-for headers go along, rebuilt from what was parsed.
+        Effective::PassThrough(caller, token) => {
+            let headers = requested_headers(requested).map_err(Refusal::bad_request)?;
+            Ok((Effective::PassThrough(caller, token), None, headers))
+        }
+        Effective::Anonymous => Err(Refusal::of(
+            Failure::IMPERSONATION_FORBIDDEN,
+            "anonymous nested impersonation",
+        )),
+    }
+}
+
+/// Step 5: the headers that carry the effective user upstream: the `Impersonate-*` headers
+/// (built ahead for the certificate's or the static identity, else now), the passed-through
+/// token, or the anonymous user. An identity whose extras cannot be passed on faithfully, or
+/// whose fields cannot be header values, is refused (401).
+fn prepare_upstream(
+    effective: &Effective,
+    nested: bool,
+    prepared: Option<&PreparedIdentity>,
+    upstream_headers: &mut Vec<(HeaderName, HeaderValue)>,
+) -> Step<Option<SharedHeaders>> {
+    match effective {
+        Effective::Impersonate(identity) => {
+            if !nested {
+                if let Err(error) = check_extra_keys(&identity.user) {
+                    // The authenticator produced an extra the proxy cannot pass on faithfully.
+                    tracing::warn!(authenticator = %identity.authenticator, %error, "an identity's extra cannot be impersonated");
+                    return Err(Refusal::of(Failure::UNAUTHORIZED, error.to_string()));
+                }
+            }
+            let headers = match prepared.and_then(|prepared| prepared.headers_for(identity)) {
+                Some(built) => built.clone(),
+                None => impersonation_headers(&identity.user).map(SharedHeaders::from),
+            };
+            headers
+                .map(Some)
+                .map_err(|error| Refusal::of(Failure::UNAUTHORIZED, error.to_string()))
+        }
+        Effective::PassThrough(_, token) => {
+            upstream_headers.push((header::AUTHORIZATION, token.clone()));
+            Ok(None)
+        }
+        Effective::Anonymous => {
+            upstream_headers.push((
+                HeaderName::from_static("impersonate-user"),
+                HeaderValue::from_static("system:anonymous"),
+            ));
+            upstream_headers.push((
+                HeaderName::from_static("impersonate-group"),
+                HeaderValue::from_static("system:unauthenticated"),
+            ));
+            Ok(None)
+        }
+    }
 }
 
 /// The Concierge APIs the proxy can answer itself.
@@ -375,168 +582,42 @@ impl ProxyHttp for ImpersonationProxy {
         Ok(())
     }
 
+    /// The request path's steps, in order: [`authenticate`], [`strip_client_headers`],
+    /// [`caller`], [`resolve_nested`], [`prepare_upstream`]; then the Concierge APIs the proxy
+    /// answers itself. A step that refuses ends the request with its `metav1.Status`.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         let snapshot = self.snapshot.load_full();
         ctx.snapshot = Some(snapshot.clone());
-
-        // The connection's client certificate, judged for this request: valid now, under the CA
-        // pools of the snapshot this request runs with.
-        let verdict = peer_certificate(session)
-            .map(|peer| peer.current(snapshot.client_certificates.as_ref(), UnixTime::now()));
-        // The identity whose headers were built ahead: the connection's certificate identity,
-        // else the static identity of the snapshot this request runs with.
-        let (certificate, prepared, refused_certificate) = match verdict {
-            Some((Outcome::Authenticated(identity), prepared)) => (Some(identity), prepared, None),
-            Some((Outcome::Rejected(reason), _)) => (None, snapshot.static_prepared.clone(), Some(reason)),
-            _ => (None, snapshot.static_prepared.clone(), None),
+        let mut authenticated = authenticate(session, &snapshot).await;
+        self.metrics.authentication(&authenticated.decision);
+        let prepared = authenticated.prepared.take();
+        let steps = async {
+            let requested = strip_client_headers(session)?;
+            let caller = caller(session, &snapshot, authenticated)?;
+            let (effective, original, mut upstream_headers) =
+                resolve_nested(&snapshot, caller, &requested).await?;
+            let shared = prepare_upstream(
+                &effective,
+                original.is_some(),
+                prepared.as_ref(),
+                &mut upstream_headers,
+            )?;
+            Ok::<_, Refusal>((effective, original, upstream_headers, shared))
         };
-        let decision = match (
-            &certificate,
-            session.req_header().headers.get(header::AUTHORIZATION),
-        ) {
-            (Some(identity), _) => {
-                snapshot
-                    .chain
-                    .authenticate(Credential::Certificate(identity))
-                    .await
-            }
-            (None, Some(value)) => match bearer_token(value) {
-                Some(token) => snapshot.chain.authenticate(Credential::BearerToken(token)).await,
-                None => Decision::Unauthenticated(Vec::new()),
-            },
-            // As kube-apiserver: a certificate that does not verify (expired, from a CA no
-            // longer trusted), with no token, is a failed authentication, never anonymous.
-            (None, None) => match (refused_certificate, &snapshot.client_certificates) {
-                (Some(reason), Some(x509)) => Decision::Unauthenticated(vec![(x509.name().clone(), reason)]),
-                _ => Decision::Anonymous,
-            },
-        };
-        self.metrics.authentication(&decision);
-        let original_token = match &decision {
-            Decision::Authenticated(identity) if identity.forwarding == Forwarding::PassThroughToken => {
-                session.req_header().headers.get(header::AUTHORIZATION).cloned()
-            }
-            _ => None,
-        };
-
-        let (names, requested) = client_credentials(&session.req_header().headers);
-        let request = session.req_header_mut();
-        for name in &names {
-            request.remove_header(name);
-        }
-        let requested = match requested {
-            Ok(requested) => requested,
-            Err(error) => {
-                ctx.refusal = Some(error.to_string());
-                return refuse(session, Failure::BAD_REQUEST).await;
-            }
-        };
-
-        let effective = match decision {
-            Decision::Authenticated(identity) => match original_token {
-                Some(token) => Effective::PassThrough(identity, token),
-                None => Effective::Impersonate(identity),
-            },
-            Decision::Anonymous => match &snapshot.static_identity {
-                Some(identity) => Effective::Impersonate(identity.clone()),
-                // The paths anonymous callers may reach: creating TokenCredentialRequests and
-                // WhoAmIRequests.
-                None if local_api(session.req_header().uri.path(), &snapshot.concierge_paths).is_some() => {
-                    Effective::Anonymous
-                }
-                None => {
-                    ctx.refusal = Some("anonymous".into());
-                    return refuse(session, Failure::UNAUTHORIZED).await;
-                }
-            },
-            Decision::Unauthenticated(refusals) => {
-                ctx.refusal = Some(
-                    refusals
-                        .iter()
-                        .map(|(name, reason)| format!("{name}:{reason}"))
-                        .collect::<Vec<_>>()
-                        .join(","),
-                );
-                // A connection whose certificate no longer counts is closed after this answer
-                // (HTTP/1.1: no keep-alive; HTTP/2: see `crate::downstream`).
-                if let (Some(peer), Some(_)) = (peer_certificate(session), refused_certificate) {
-                    peer.revoke();
-                }
-                return refuse(session, Failure::UNAUTHORIZED).await;
-            }
-        };
-        let mut upstream_headers = Vec::new();
-        let effective = match effective {
-            _ if !requested.is_requested() => effective,
-            Effective::Impersonate(caller) => match nested_identity(&snapshot, &caller, &requested).await {
-                Ok(target) => {
-                    ctx.original = Some(caller);
-                    Effective::Impersonate(target)
-                }
-                Err(refusal) => {
-                    ctx.refusal = Some(refusal.log);
-                    return refuse_with(session, refusal.code, refusal.reason, &refusal.message).await;
-                }
-            },
-            // kube-apiserver authenticates the caller's own token and checks the impersonation
-            // itself: the asked-for headers go along, rebuilt from what was parsed.
-            Effective::PassThrough(caller, token) => {
-                match requested_headers(&requested) {
-                    Ok(headers) => upstream_headers = headers,
-                    Err(error) => {
-                        let refused = refuse_with(session, 400, "BadRequest", &error).await;
-                        ctx.refusal = Some(error);
-                        return refused;
+        let (effective, original, upstream_headers, shared) = match steps.await {
+            Ok(prepared) => prepared,
+            Err(refusal) => {
+                if refusal.revoke_certificate {
+                    if let Some(peer) = peer_certificate(session) {
+                        peer.revoke();
                     }
                 }
-                Effective::PassThrough(caller, token)
-            }
-            Effective::Anonymous => {
-                ctx.refusal = Some("anonymous nested impersonation".into());
-                return refuse(session, Failure::IMPERSONATION_FORBIDDEN).await;
+                ctx.refusal = Some(refusal.log);
+                return refuse_with(session, refusal.code, refusal.reason, &refusal.message).await;
             }
         };
-
-        match &effective {
-            Effective::Impersonate(identity) if ctx.original.is_none() => {
-                if let Err(error) = check_extra_keys(&identity.user) {
-                    // The authenticator produced an extra the proxy cannot pass on faithfully.
-                    tracing::warn!(authenticator = %identity.authenticator, %error, "an identity's extra cannot be impersonated");
-                    ctx.refusal = Some(error.to_string());
-                    return refuse(session, Failure::UNAUTHORIZED).await;
-                }
-            }
-            _ => {}
-        }
-        match &effective {
-            Effective::Impersonate(identity) => {
-                let headers = match prepared
-                    .as_ref()
-                    .and_then(|prepared| prepared.headers_for(identity))
-                {
-                    Some(built) => built.clone(),
-                    None => impersonation_headers(&identity.user).map(SharedHeaders::from),
-                };
-                match headers {
-                    Ok(headers) => ctx.shared_headers = Some(headers),
-                    Err(error) => {
-                        ctx.refusal = Some(error.to_string());
-                        return refuse(session, Failure::UNAUTHORIZED).await;
-                    }
-                }
-            }
-            Effective::PassThrough(_, token) => upstream_headers.push((header::AUTHORIZATION, token.clone())),
-            Effective::Anonymous => {
-                upstream_headers.push((
-                    HeaderName::from_static("impersonate-user"),
-                    HeaderValue::from_static("system:anonymous"),
-                ));
-                upstream_headers.push((
-                    HeaderName::from_static("impersonate-group"),
-                    HeaderValue::from_static("system:unauthenticated"),
-                ));
-            }
-        }
+        ctx.original = original;
+        ctx.shared_headers = shared;
         ctx.upstream_headers = upstream_headers;
         ctx.effective = Some(effective);
         match (
