@@ -43,6 +43,19 @@ pub struct DexUser {
     pub groups: Vec<String>,
 }
 
+impl DexUser {
+    /// The tests' usual user: `pinny@example.com` (password `password123`) in the groups `ops`
+    /// and `devs`.
+    pub fn pinny() -> Self {
+        Self {
+            email: "pinny@example.com".into(),
+            password: "password123".into(),
+            user_id: "061d23d1-fe1e-4777-9ae9-59cd12abeaab".into(),
+            groups: vec!["ops".into(), "devs".into()],
+        }
+    }
+}
+
 /// A running Dex. Stopped on drop.
 #[derive(Debug)]
 pub struct Dex {

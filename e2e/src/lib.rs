@@ -29,6 +29,7 @@ pub mod browser;
 pub mod cluster;
 pub mod components;
 pub mod concierge;
+pub mod crds;
 pub mod dex;
 pub mod echo_api;
 mod error;
@@ -48,4 +49,22 @@ pub use process::workspace_binary;
 pub fn install_crypto_provider() {
     // An Err means a provider is already installed, which is exactly the state we want.
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Polls `check` every 250 ms until it returns `Ok`, or fails with its last error after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: std::time::Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(value) => return Ok(value),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(e.context(format!("still failing after {timeout:?}")))
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+        }
+    }
 }

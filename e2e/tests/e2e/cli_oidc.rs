@@ -239,25 +239,6 @@ fn jwt_claims(token: &str) -> anyhow::Result<Value> {
     Ok(serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload)?)?)
 }
 
-/// Waits until `read` yields something, for at most `timeout`.
-async fn wait_for<T>(
-    timeout: Duration,
-    what: &str,
-    mut read: impl FnMut() -> Option<T>,
-) -> anyhow::Result<T> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = read() {
-            return Ok(value);
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn the_first_kubectl_call_logs_in_with_the_browser_and_the_next_ones_use_the_caches(
 ) -> anyhow::Result<()> {
@@ -274,8 +255,9 @@ async fn the_first_kubectl_call_logs_in_with_the_browser_and_the_next_ones_use_t
     // kubectl runs the plugin, which opens the "browser"; Chromium logs in at Dex and lands on
     // the plugin's callback listener.
     let login = async {
-        let url = wait_for(Duration::from_secs(60), "the plugin to open the browser", || {
-            setup.browser_urls().into_iter().next()
+        let url = crate::eventually(Duration::from_secs(60), || async {
+            (setup.browser_urls().into_iter().next())
+                .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
         })
         .await?;
         anyhow::ensure!(url.starts_with(&format!("{}/auth?", setup.dex.issuer())), "{url}");
@@ -592,10 +574,11 @@ async fn with_skip_listen_the_code_is_pasted_into_the_terminal() -> anyhow::Resu
     let code = code?;
     tmux(&["send-keys", "-t", &name, &code, "Enter"]).await?;
 
-    let exit = wait_for(Duration::from_secs(30), "selkie to exit", || {
+    let exit = crate::eventually(Duration::from_secs(30), || async {
         std::fs::read_to_string(&status)
             .ok()
             .filter(|s| s.ends_with('\n'))
+            .ok_or_else(|| anyhow::anyhow!("selkie has not exited"))
     })
     .await?;
     let screen = pane().await?;

@@ -41,7 +41,6 @@ use crate::eventually;
 /// This module's own API group suffix.
 const SUFFIX: &str = "zz-authenticators.selkie.test";
 /// The field manager of the CRD installation.
-const FIELD_MANAGER: &str = "selkie-e2e-authenticators";
 /// How long a status may take to settle.
 const SETTLE: Duration = Duration::from_secs(30);
 
@@ -121,31 +120,7 @@ async fn install_crds(cluster: &Cluster, suffix: &str) -> anyhow::Result<()> {
         .map(|(_, yaml)| yaml)
         .collect();
     ensure!(documents.len() == 2, "expected the two authenticator CRDs");
-    let kubectl = cluster.kubectl();
-    kubectl
-        .run_with_stdin(
-            &[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                FIELD_MANAGER,
-                "-f",
-                "-",
-            ],
-            Some(&documents.join("---\n")),
-        )
-        .await?;
-    let group = format!("authentication.concierge.{suffix}");
-    kubectl
-        .run(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            &format!("crd/jwtauthenticators.{group}"),
-            &format!("crd/webhookauthenticators.{group}"),
-        ])
-        .await?;
+    selkie_e2e::crds::apply(cluster, &["-f", "-"], Some(&documents.join("---\n"))).await?;
     Ok(())
 }
 
@@ -278,15 +253,6 @@ enum Kind {
     Webhook,
 }
 
-fn pinny() -> DexUser {
-    DexUser {
-        email: "pinny@example.com".into(),
-        password: "password123".into(),
-        user_id: "1a4a5d21-7c2e-4f0b-9d36-4f9d2b8a0c11".into(),
-        groups: vec!["ops".into(), "devs".into()],
-    }
-}
-
 /// A name for this test's objects: `<prefix>-<random>` (Kubernetes generates the random part).
 async fn unique(control_plane: &ControlPlane, prefix: &str) -> anyhow::Result<String> {
     let client = control_plane.cluster.client().await?;
@@ -324,7 +290,7 @@ fn condition<'a>(conditions: &'a [Condition], type_: &str) -> anyhow::Result<&'a
 async fn jwt_authenticators_trusting_dex_inline_from_a_secret_and_from_a_config_map_authenticate_dex_users(
 ) -> anyhow::Result<()> {
     let control_plane = control_plane().await?;
-    let user = pinny();
+    let user = DexUser::pinny();
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     let id = unique(control_plane, "jwt-ready").await?;
     let kubectl = control_plane.cluster.kubectl();
@@ -413,7 +379,7 @@ async fn jwt_authenticators_trusting_dex_inline_from_a_secret_and_from_a_config_
 #[tokio::test]
 async fn cel_claim_mappings_and_validation_rules_of_the_cr_apply_to_dex_tokens() -> anyhow::Result<()> {
     let control_plane = control_plane().await?;
-    let user = pinny();
+    let user = DexUser::pinny();
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     let id = unique(control_plane, "jwt-cel").await?;
     let spec = format!(
@@ -498,7 +464,7 @@ async fn cel_claim_mappings_and_validation_rules_of_the_cr_apply_to_dex_tokens()
 #[tokio::test]
 async fn applied_audience_changes_and_deletion_take_effect_within_two_seconds() -> anyhow::Result<()> {
     let control_plane = control_plane().await?;
-    let user = pinny();
+    let user = DexUser::pinny();
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     let id = unique(control_plane, "jwt-gitops").await?;
     let name = format!("{id}-gitops");
@@ -613,7 +579,7 @@ type BadCase = (
 #[tokio::test]
 async fn bad_jwt_authenticators_get_pinnipeds_conditions_and_reasons() -> anyhow::Result<()> {
     let control_plane = control_plane().await?;
-    let dex = Dex::start(&[pinny()]).await?;
+    let dex = Dex::start(&[DexUser::pinny()]).await?;
     let id = unique(control_plane, "jwt-bad").await?;
     let ns = control_plane.namespace();
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -729,7 +695,7 @@ async fn bad_jwt_authenticators_get_pinnipeds_conditions_and_reasons() -> anyhow
 async fn a_broken_update_keeps_the_last_valid_form_and_a_recovering_issuer_turns_ready() -> anyhow::Result<()>
 {
     let control_plane = control_plane().await?;
-    let user = pinny();
+    let user = DexUser::pinny();
     let mut dex = Dex::start(std::slice::from_ref(&user)).await?;
     let id = unique(control_plane, "jwt-keep").await?;
     let name = format!("{id}-keep");
@@ -826,7 +792,7 @@ async fn a_broken_update_keeps_the_last_valid_form_and_a_recovering_issuer_turns
 #[tokio::test]
 async fn a_hanging_issuer_does_not_delay_other_authenticators() -> anyhow::Result<()> {
     let control_plane = control_plane().await?;
-    let user = pinny();
+    let user = DexUser::pinny();
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     let id = unique(control_plane, "jwt-hang").await?;
     // Accepts every connection and holds it, silent, for the rest of the test.

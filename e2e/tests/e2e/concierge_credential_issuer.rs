@@ -7,7 +7,7 @@
 //!
 //! Every test has its own namespace, and names its CredentialIssuer and object prefix after it.
 
-use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use anyhow::{bail, ensure, Context};
 use base64::Engine as _;
@@ -26,10 +26,7 @@ use selkie_control_plane::{
 };
 use selkie_e2e::{watch::ObjectWatch, Cluster};
 use serde_json::{json, Value};
-use tokio::{
-    sync::{watch, OnceCell},
-    task::JoinHandle,
-};
+use tokio::{sync::watch, task::JoinHandle};
 use x509_cert::{
     der::{oid::AssociatedOid, Decode, DecodePem},
     ext::pkix::{name::GeneralName, SubjectAltName},
@@ -39,44 +36,6 @@ use x509_cert::{
 use crate::eventually;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-static CRDS: OnceCell<Result<(), String>> = OnceCell::const_new();
-
-/// Applies `conf/crds/` server-side (as `crds.rs` does, with the same field manager, so the
-/// applies agree) once per process and waits until the CRDs are Established.
-async fn install_crds(cluster: &Cluster) -> anyhow::Result<()> {
-    CRDS.get_or_init(|| async {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf/crds");
-        let kubectl = cluster.kubectl();
-        let applied = kubectl
-            .run(&[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                "selkie-e2e-crds",
-                "-f",
-                &dir.to_string_lossy(),
-            ])
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut wait = vec![
-            "wait".to_string(),
-            "--for=condition=Established".into(),
-            "--timeout=60s".into(),
-        ];
-        wait.extend(
-            applied
-                .lines()
-                .filter_map(|l| l.split_whitespace().next())
-                .map(str::to_string),
-        );
-        kubectl.run(&wait).await.map(|_| ()).map_err(|e| e.to_string())
-    })
-    .await
-    .clone()
-    .map_err(|e| anyhow::anyhow!("installing conf/crds: {e}"))
-}
 
 /// Aborts the controller when the test ends.
 struct Running(JoinHandle<()>);
@@ -105,7 +64,7 @@ impl Fixture {
     /// `kubectl apply` would merge with rather than replace).
     async fn start(leading: bool, first: Option<Value>) -> anyhow::Result<Self> {
         let cluster = Cluster::shared().await?;
-        install_crds(cluster).await?;
+        selkie_e2e::crds::install_conf_crds(cluster).await?;
         let client = cluster.client().await?;
         let namespace = cluster.create_namespace(&client, "ci").await?;
         let config = Arc::new(ControlPlaneConfig {

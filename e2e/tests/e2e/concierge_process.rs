@@ -26,15 +26,6 @@ use serde_json::{json, Value};
 
 use crate::eventually;
 
-fn pinny() -> DexUser {
-    DexUser {
-        email: "pinny@example.com".into(),
-        password: "password123".into(),
-        user_id: "061d23d1-fe1e-4777-9ae9-59cd12abeaab".into(),
-        groups: vec!["ops".into(), "devs".into()],
-    }
-}
-
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -375,7 +366,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     let aggregated_port = free_port()?;
     let installation = Installation::install(cluster, aggregated_port).await?;
     let mut first = installation.start_replica("replica-a", aggregated_port).await?;
-    let dex = Dex::start(&[pinny()]).await?;
+    let dex = Dex::start(&[DexUser::pinny()]).await?;
     installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
     let jwt_resource = format!(
         "jwtauthenticators.{}",
@@ -570,7 +561,7 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
     let cluster = &Cluster::start().await?;
     let kubectl = cluster.kubectl();
     let concierge = InstalledConcierge::install(cluster).await?;
-    let dex = Dex::start(&[pinny()]).await?;
+    let dex = Dex::start(&[DexUser::pinny()]).await?;
     let installation = Installation {
         cluster,
         namespace: concierge::NAMESPACE.to_string(),
@@ -685,7 +676,7 @@ async fn selkie_get_kubeconfig_for_the_installed_concierge_gives_kubectl_a_worki
 ) -> anyhow::Result<()> {
     let cluster = &Cluster::start().await?;
     let concierge = InstalledConcierge::install(cluster).await?;
-    let dex = Dex::start(&[pinny()]).await?;
+    let dex = Dex::start(&[DexUser::pinny()]).await?;
     concierge
         .apply_jwt_authenticator(cluster, "dex", dex.issuer(), PUBLIC_CLIENT_ID, &dex.ca_pem())
         .await?;

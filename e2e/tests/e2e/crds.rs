@@ -8,7 +8,7 @@
 //! idempotently (server-side apply, once per process) and never deleted. Every custom resource
 //! is named after a fresh namespace, so parallel tests never collide.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use k8s_openapi::{
@@ -35,58 +35,21 @@ use selkie_api::{
 use selkie_e2e::Cluster;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 
 use crate::eventually;
 
-const FIELD_MANAGER: &str = "selkie-e2e-crds";
-
-fn crds_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf/crds")
-}
-
-static INSTALLED: OnceCell<Result<(), String>> = OnceCell::const_new();
-
-/// Applies every file in `conf/crds/` (server-side, so concurrent or repeated applies agree) and
-/// waits until each CRD is Established. Once per process; discovery of the new kinds may lag a
-/// moment behind, so the first use of a kind retries.
+/// `conf/crds/` installed once per process (see [`selkie_e2e::crds::install_conf_crds`]).
 async fn install_crds(cluster: &'static Cluster) -> anyhow::Result<()> {
-    INSTALLED
-        .get_or_init(|| async {
-            apply_crds(cluster, &["-f", &crds_dir().to_string_lossy()], None)
-                .await
-                .map_err(|e| format!("{e:#}"))
-        })
-        .await
-        .clone()
-        .map_err(|e| anyhow::anyhow!("installing conf/crds: {e}"))
+    Ok(selkie_e2e::crds::install_conf_crds(cluster).await?)
 }
 
-/// `kubectl apply --server-side` of `source` (`-f <dir>` or `-f -` with `stdin`): the three
-/// Concierge CRDs of one API group suffix. Then waits for each to be Established.
+/// [`selkie_e2e::crds::apply`] of the three Concierge CRDs of one API group suffix.
 async fn apply_crds(cluster: &Cluster, source: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
-    let kubectl = cluster.kubectl();
-    let mut args = vec![
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager",
-        FIELD_MANAGER,
-    ];
-    args.extend_from_slice(source);
-    let applied = kubectl.run_with_stdin(&args, stdin).await?;
-    let names: Vec<String> = applied
-        .lines()
-        .filter_map(|line| line.split_whitespace().next())
-        .map(str::to_string)
-        .collect();
+    let names = selkie_e2e::crds::apply(cluster, source, stdin).await?;
     ensure!(
         names.len() == 3,
-        "expected 3 CRDs to be applied, kubectl said:\n{applied}"
+        "expected 3 CRDs to be applied, kubectl applied {names:?}"
     );
-    let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
-    wait.extend(names.iter().map(String::as_str));
-    kubectl.run(&wait).await?;
     Ok(())
 }
 

@@ -11,15 +11,6 @@ use selkie_filters::{
     review_cache::CacheConfig,
 };
 
-fn pinny() -> DexUser {
-    DexUser {
-        email: "pinny@example.com".into(),
-        password: "password123".into(),
-        user_id: "061d23d1-fe1e-4777-9ae9-59cd12abeaaa".into(),
-        groups: vec!["ops".into(), "devs".into()],
-    }
-}
-
 /// Pinniped's documented JWTAuthenticator settings for Dex: audience = client id, username from
 /// `email`, groups from `groups`.
 fn config(dex: &Dex, audience: &str) -> JwtConfig {
@@ -31,7 +22,7 @@ fn config(dex: &Dex, audience: &str) -> JwtConfig {
 
 #[tokio::test]
 async fn dex_id_tokens_authenticate_with_user_and_groups() -> anyhow::Result<()> {
-    let user = pinny();
+    let user = DexUser::pinny();
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     let jwt = JwtAuthenticator::new(config(&dex, CLIENT_ID))?;
     assert_eq!(jwt.load_keys().await?, 1, "Dex publishes one signing key");
@@ -73,7 +64,7 @@ async fn dex_id_tokens_authenticate_with_user_and_groups() -> anyhow::Result<()>
 /// extra, and validation rules that accept this user and refuse another configuration.
 #[tokio::test]
 async fn cel_claim_mappings_and_rules_apply_to_dex_tokens() -> anyhow::Result<()> {
-    let user = pinny();
+    let user = DexUser::pinny();
     let dex = Dex::start(std::slice::from_ref(&user)).await?;
     let tokens = dex.password_grant(&user.email, &user.password).await?;
 
@@ -117,7 +108,7 @@ async fn cel_claim_mappings_and_rules_apply_to_dex_tokens() -> anyhow::Result<()
 
 #[tokio::test]
 async fn rotated_dex_keys_are_picked_up_and_the_old_key_is_refused() -> anyhow::Result<()> {
-    let user = pinny();
+    let user = DexUser::pinny();
     let mut dex = Dex::start(std::slice::from_ref(&user)).await?;
     let mut config = config(&dex, CLIENT_ID);
     // Reuse no result, so every presentation is verified against the current keys.

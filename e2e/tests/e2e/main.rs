@@ -29,20 +29,4 @@ mod resources;
 mod token_review;
 mod x509_identity;
 
-/// Polls `check` every 250 ms until it returns `Ok`, or fails with its last error after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: std::time::Duration, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        match check().await {
-            Ok(value) => return Ok(value),
-            Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(e.context(format!("still failing after {timeout:?}")))
-            }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
-        }
-    }
-}
+pub use selkie_e2e::eventually;
