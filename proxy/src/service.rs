@@ -24,8 +24,8 @@ use selkie_filters::{
     identity::{Credential, Forwarding, Identity, UserInfo},
     impersonation::{
         headers::{
-            client_credentials, impersonation_headers, PreparedIdentity, RequestedImpersonation,
-            SharedHeaders,
+            client_credentials, impersonation_headers, PreparedCache, PreparedIdentity,
+            RequestedImpersonation, SharedHeaders,
         },
         nested::{check_extra_key, check_extra_keys, forbidden_message, plan, NestedError},
     },
@@ -55,17 +55,27 @@ fn append_header(request: &mut RequestHeader, name: &HeaderName, value: HeaderVa
     }
 }
 
-/// The impersonation proxy. Cheap to share: it holds only the snapshot handle and the metrics.
+/// The impersonation proxy: the snapshot handle, the metrics, and the `Impersonate-*` headers of
+/// the identities authenticators hand out again and again.
 pub struct ImpersonationProxy {
     snapshot: Arc<ArcSwap<Snapshot>>,
     metrics: Metrics,
+    prepared: PreparedCache,
 }
+
+/// How many token identities keep their prepared `Impersonate-*` headers (as many as a JWT
+/// authenticator's result cache holds by default).
+const PREPARED_IDENTITIES: usize = 10_000;
 
 impl ImpersonationProxy {
     /// Serves from whatever `snapshot` holds when each request starts, and records every request
     /// in `metrics`.
     pub fn new(snapshot: Arc<ArcSwap<Snapshot>>, metrics: Metrics) -> Self {
-        Self { snapshot, metrics }
+        Self {
+            snapshot,
+            metrics,
+            prepared: PreparedCache::new(PREPARED_IDENTITIES),
+        }
     }
 }
 
@@ -382,13 +392,15 @@ async fn resolve_nested(
 }
 
 /// Step 5: the headers that carry the effective user upstream: the `Impersonate-*` headers
-/// (built ahead for the certificate's or the static identity, else now), the passed-through
-/// token, or the anonymous user. An identity whose extras cannot be passed on faithfully, or
-/// whose fields cannot be header values, is refused (401).
+/// (built ahead for the certificate's or the static identity, remembered in `cache` for the
+/// identities token authenticators hand out again, built now for a nested impersonation's
+/// target), the passed-through token, or the anonymous user. An identity whose extras cannot be
+/// passed on faithfully, or whose fields cannot be header values, is refused (401).
 fn prepare_upstream(
     effective: &Effective,
     nested: bool,
     prepared: Option<&PreparedIdentity>,
+    cache: &PreparedCache,
     upstream_headers: &mut Vec<(HeaderName, HeaderValue)>,
 ) -> Step<Option<SharedHeaders>> {
     match effective {
@@ -402,7 +414,9 @@ fn prepare_upstream(
             }
             let headers = match prepared.and_then(|prepared| prepared.headers_for(identity)) {
                 Some(built) => built.clone(),
-                None => impersonation_headers(&identity.user).map(SharedHeaders::from),
+                // A nested impersonation's target is a new identity every time: not remembered.
+                None if nested => impersonation_headers(&identity.user).map(SharedHeaders::from),
+                None => cache.headers(identity),
             };
             headers
                 .map(Some)
@@ -600,6 +614,7 @@ impl ProxyHttp for ImpersonationProxy {
                 &effective,
                 original.is_some(),
                 prepared.as_ref(),
+                &self.prepared,
                 &mut upstream_headers,
             )?;
             Ok::<_, Refusal>((effective, original, upstream_headers, shared))

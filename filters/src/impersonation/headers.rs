@@ -196,6 +196,52 @@ impl PreparedIdentity {
     }
 }
 
+/// The [`PreparedIdentity`] of every identity an authenticator hands out again and again: a JWT
+/// or webhook identity comes from the authenticator's result cache as the same `Arc` for every
+/// request with that token, so its headers are built once and reused, for up to `capacity`
+/// identities (least recently used go first). A capacity of 0 keeps nothing: every call builds.
+pub struct PreparedCache {
+    /// The identity's address → its prepared headers. The entry holds the identity itself, so
+    /// the address cannot be reused by another identity while the entry lives.
+    prepared: Option<quick_cache::sync::Cache<usize, PreparedIdentity>>,
+}
+
+impl std::fmt::Debug for PreparedCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedCache")
+            .field("entries", &self.prepared.as_ref().map_or(0, |cache| cache.len()))
+            .finish()
+    }
+}
+
+impl PreparedCache {
+    /// Keeps the headers of up to `capacity` identities.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            prepared: (capacity > 0).then(|| quick_cache::sync::Cache::new(capacity)),
+        }
+    }
+
+    /// The [`impersonation_headers`] of `identity`: those built before for this very identity
+    /// (same `Arc`), else built now and remembered.
+    pub fn headers(&self, identity: &Arc<Identity>) -> Result<SharedHeaders, HeaderError> {
+        let Some(cache) = &self.prepared else {
+            return impersonation_headers(&identity.user).map(SharedHeaders::from);
+        };
+        let key = Arc::as_ptr(identity) as usize;
+        if let Some(headers) = cache
+            .get(&key)
+            .and_then(|prepared| prepared.headers_for(identity).cloned())
+        {
+            return headers;
+        }
+        let prepared = PreparedIdentity::new(identity.clone());
+        let headers = prepared.headers.clone();
+        cache.insert(key, prepared);
+        headers
+    }
+}
+
 /// Percent-encodes an extra key as kube-apiserver decodes it (`url.PathUnescape`): bytes outside
 /// the RFC 3986 unreserved set are `%xx`, and so are upper-case letters, because header names are
 /// lower-case on the wire (the hex digits too) and the key's case must survive.

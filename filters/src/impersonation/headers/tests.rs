@@ -259,3 +259,42 @@ fn prepared_headers_are_those_of_the_very_same_identity_only() {
         HeaderError::Empty("user name")
     );
 }
+
+#[test]
+fn the_headers_of_a_returning_identity_are_built_once() {
+    let identity = |name: &str| {
+        Arc::new(Identity {
+            user: UserInfo {
+                username: name.into(),
+                groups: vec!["devs".into()],
+                ..UserInfo::default()
+            },
+            authenticator: "jwt".into(),
+            audiences: vec![],
+            forwarding: crate::identity::Forwarding::Impersonate,
+        })
+    };
+    let cache = PreparedCache::new(10);
+    let alice = identity("alice");
+    let first = cache.headers(&alice).unwrap();
+    let again = cache.headers(&alice).unwrap();
+    assert!(Arc::ptr_eq(&first, &again), "the same headers, not rebuilt");
+    assert_eq!(&*first, &*impersonation_headers(&alice.user).unwrap());
+
+    // Another identity with the same name is another entry: never mixed up.
+    let twin = identity("alice");
+    let twins = cache.headers(&twin).unwrap();
+    assert!(!Arc::ptr_eq(&first, &twins));
+    assert_eq!(&*first, &*twins);
+    let bob = identity("bob");
+    assert_eq!(cache.headers(&bob).unwrap()[0].1, HeaderValue::from_static("bob"));
+
+    // Capacity 0 keeps nothing.
+    let none = PreparedCache::new(0);
+    let built = none.headers(&alice).unwrap();
+    assert!(!Arc::ptr_eq(&built, &none.headers(&alice).unwrap()));
+    // An unrepresentable identity is an error, every time.
+    let broken = identity("bad\nname");
+    assert!(cache.headers(&broken).is_err());
+    assert!(cache.headers(&broken).is_err());
+}
