@@ -64,7 +64,7 @@ struct Args {
     #[arg(long, env = "SELKIE_CONTROL_PLANE")]
     control_plane: Option<PathBuf>,
     /// How often the configuration, certificate and token files are checked for changes.
-    #[arg(long, default_value = "2s", value_parser = selkie_proxy::config::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = selkie_proxy::duration::parse_duration)]
     watch_interval: Duration,
 }
 

@@ -62,7 +62,10 @@ pub struct StaticConfig {
     /// How long a client certificate keeps counting after its `notAfter` (and before its
     /// `notBefore`), for clocks that disagree. Default `0s`, as kube-apiserver; at most `5m`.
     /// Checked on every request, also on connections opened while the certificate was valid.
-    #[serde(default, deserialize_with = "deserialize_some_duration::<_, false>")]
+    #[serde(
+        default,
+        deserialize_with = "crate::duration::deserialize_some_duration::<_, false>"
+    )]
     pub client_certificate_clock_skew: Option<Duration>,
     /// JWT authenticators, tried in order.
     #[serde(default)]
@@ -224,11 +227,17 @@ pub struct JwtCacheConfig {
     pub capacity: Option<usize>,
     /// How long a verified token is reused, greater than zero (default 60 s); never past the
     /// token's `exp`.
-    #[serde(default, deserialize_with = "deserialize_some_duration::<_, true>")]
+    #[serde(
+        default,
+        deserialize_with = "crate::duration::deserialize_some_duration::<_, true>"
+    )]
     pub ttl: Option<Duration>,
     /// How long a refused token stays refused without another check (default 5 s; `0s`: not
     /// remembered).
-    #[serde(default, deserialize_with = "deserialize_some_duration::<_, false>")]
+    #[serde(
+        default,
+        deserialize_with = "crate::duration::deserialize_some_duration::<_, false>"
+    )]
     pub negative_ttl: Option<Duration>,
 }
 
@@ -355,70 +364,6 @@ fn read(path: &Path) -> Result<Vec<u8>, ConfigError> {
 
 fn read_string(path: &Path) -> Result<String, ConfigError> {
     String::from_utf8(read(path)?).map_err(|_| invalid(path.display().to_string(), "is not UTF-8 text"))
-}
-
-/// Parses a duration of a configuration file ([`selkie_api::duration`]'s syntax), limited to
-/// whole, unsigned numbers (`10s`, `1m30s`, `500ms`): what a timeout or lifetime is written as.
-/// The error says what is wrong.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let parsed = selkie_api::duration::parse(text).map_err(|error| error.to_string())?;
-    if parsed.negative || parsed.fractional || text.starts_with('+') {
-        return Err(format!(
-            "{text:?} is not a duration such as 10s, 1m30s or 500ms (whole numbers, no sign)"
-        ));
-    }
-    Ok(parsed.magnitude)
-}
-
-/// Deserializes a [`parse_duration`] string that must be greater than zero (a timeout).
-pub fn deserialize_positive_duration<'de, D>(deserializer: D) -> Result<Duration, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    deserializer.deserialize_any(DurationText { positive: true })
-}
-
-/// An optional [`parse_duration`] field (`#[serde(default)]` when absent); `POSITIVE`: zero is
-/// refused, as [`deserialize_positive_duration`] does.
-fn deserialize_some_duration<'de, D, const POSITIVE: bool>(
-    deserializer: D,
-) -> Result<Option<Duration>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    deserializer
-        .deserialize_any(DurationText { positive: POSITIVE })
-        .map(Some)
-}
-
-/// A duration written as [`parse_duration`] reads it; `positive`: zero is refused.
-struct DurationText {
-    positive: bool,
-}
-
-impl serde::de::Visitor<'_> for DurationText {
-    type Value = Duration;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a duration such as 10s")
-    }
-
-    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
-        match parse_duration(text).map_err(E::custom)? {
-            Duration::ZERO if self.positive => Err(E::custom(format!("{text:?} must be greater than zero"))),
-            duration => Ok(duration),
-        }
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, number: u64) -> Result<Duration, E> {
-        Err(E::custom(format!(
-            "{number} has no unit (h, m, s or ms), e.g. {number}s"
-        )))
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, number: i64) -> Result<Duration, E> {
-        Err(E::custom(format!("{number} has no unit (h, m, s or ms)")))
-    }
 }
 
 impl StaticConfig {

@@ -102,11 +102,11 @@ pub const REQUEST_HEAD_TOO_LARGE: Failure = Failure {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Timeouts {
     /// The longest a client may take to send a complete request head (default 10 s).
-    #[serde(deserialize_with = "crate::config::deserialize_positive_duration")]
+    #[serde(deserialize_with = "crate::duration::deserialize_positive_duration")]
     pub header_read: Duration,
     /// The longest a keep-alive (HTTP/1.1) or HTTP/2 connection may stay open with no request
     /// in flight (default 90 s, as kube-apiserver).
-    #[serde(deserialize_with = "crate::config::deserialize_positive_duration")]
+    #[serde(deserialize_with = "crate::duration::deserialize_positive_duration")]
     pub idle: Duration,
 }
 

@@ -26,6 +26,7 @@
 pub mod audit;
 pub mod config;
 pub mod downstream;
+pub mod duration;
 pub mod metrics;
 pub mod operations;
 pub mod service;

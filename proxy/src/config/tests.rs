@@ -1,4 +1,5 @@
 use super::*;
+use crate::duration::parse_duration;
 
 fn parse(yaml: &str) -> Result<StaticConfig, serde_yaml::Error> {
     serde_yaml::from_str(yaml)
