@@ -26,7 +26,7 @@ use selkie_filters::login_api::ConciergeApi;
 use selkie_proxy::{config::Extension, operations::Health, tls::ServingCert};
 use tokio::sync::watch;
 
-use crate::Composer;
+use selkie_proxy::composer::Composer;
 
 /// A loaded control-plane configuration and the publisher its components will share.
 pub(crate) struct ControlPlane {

@@ -19,16 +19,21 @@
 //! * [`upstream_gate`]: upstream HTTP/2 connections opened one at a time, only when the open
 //!   ones are full (pingora alone opens one per request in a burst);
 //! * [`metrics`] and [`operations`]: Prometheus metrics with bounded labels, and the plain-HTTP
-//!   port serving them with `/healthz` and `/readyz`.
+//!   port serving them with `/healthz` and `/readyz`;
+//! * [`server`] and [`composer`]: the pingora server itself (listeners, signals, lifecycle and
+//!   drain), and the snapshot composed from the static file and a control plane's publications,
+//!   with the file watcher that swaps it.
 //!
 //! It knows nothing of CRDs; the control plane publishes snapshots into the same `ArcSwap`.
 
 pub mod audit;
+pub mod composer;
 pub mod config;
 pub mod downstream;
 pub mod duration;
 pub mod metrics;
 pub mod operations;
+pub mod server;
 pub mod service;
 pub mod snapshot;
 pub mod status;
