@@ -22,7 +22,7 @@ use selkie_control_plane::{
     published::{Published, Publisher},
     signing,
 };
-use selkie_filters::login_api::ConciergeApi;
+use selkie_filters::issuing::login_api::ConciergeApi;
 use selkie_proxy::{config::Extension, operations::Health, tls::ServingCert};
 use tokio::sync::watch;
 

@@ -18,7 +18,7 @@
 //! Routes ([`routes`]): discovery (`/apis`, `/apis/<group>`, `/apis/<group>/v1alpha1`, and the
 //! aggregated v2 document kube-apiserver asks for), `/healthz`, `/livez`, `/readyz`, minimal
 //! `/openapi/v2` and `/openapi/v3`, `POST .../tokencredentialrequests` (answered `201` by the
-//! shared [`selkie_filters::login_api`] with the published chain, failure included, and a no-op
+//! shared [`selkie_filters::issuing::login_api`] with the published chain, failure included, and a no-op
 //! list) and `POST .../whoamirequests` (the caller). Everything else is a `metav1.Status`.
 //!
 //! The RBAC this needs (in the install manifests): `get`/`list`/`watch` on the ConfigMap in

@@ -1,7 +1,7 @@
 //! Certificate authorities and certificates the control plane generates (signer CA, serving CAs,
 //! serving certificates), all ECDSA P-256 with PKCS#8 keys, as PEM — the form they are stored in
 //! Secrets. Generation is rcgen's; client certificates with several groups are issued by
-//! `selkie_filters::signer` instead (rcgen keeps one `O`).
+//! `selkie_filters::issuing::signer` instead (rcgen keeps one `O`).
 
 use std::time::{Duration, SystemTime};
 
@@ -154,7 +154,8 @@ mod tests {
         assert!(cert.issuer().to_string().contains("Selkie Test CA"));
 
         // The same CA is usable by the client-certificate signer (PKCS#8 P-256).
-        selkie_filters::signer::ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem).unwrap();
+        selkie_filters::issuing::signer::ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem)
+            .unwrap();
     }
 
     #[test]

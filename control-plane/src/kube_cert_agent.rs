@@ -43,7 +43,7 @@ use kube::{
     api::{AttachParams, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, Preconditions},
     Api, Client,
 };
-use selkie_filters::signer::ClientCertificateSigner;
+use selkie_filters::issuing::signer::ClientCertificateSigner;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt as _;
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use selkie_filters::{chain::Chain, login_api::SignerConciergeApi};
+use selkie_filters::{chain::Chain, issuing::login_api::SignerConciergeApi};
 use tokio::sync::watch;
 
 /// A serving certificate chain and its key, PEM.

@@ -40,7 +40,7 @@ use selkie_api::concierge_config::{
     CredentialIssuerFrontend, CredentialIssuerStrategy, FrontendType, StrategyReason, StrategyStatus,
     StrategyType, TokenCredentialRequestAPIInfo,
 };
-use selkie_filters::signer::ClientCertificateSigner;
+use selkie_filters::issuing::signer::ClientCertificateSigner;
 use tokio::sync::watch;
 
 use crate::{

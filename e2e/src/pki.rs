@@ -1,7 +1,7 @@
 //! Test PKI: certificate authorities, serving certificates and Kubernetes client certificates.
 //!
 //! CAs and serving certificates come from rcgen. Client certificates come from Selkie's own
-//! signer (`selkie_filters::signer`, on `x509-cert`), the one TokenCredentialRequests use,
+//! signer (`selkie_filters::issuing::signer`, on `x509-cert`), the one TokenCredentialRequests use,
 //! because Kubernetes reads one group per `O=` attribute and rcgen keeps only one value per
 //! attribute type. All keys are ECDSA P-256.
 
@@ -11,7 +11,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
     IsCa, KeyPair, KeyUsagePurpose,
 };
-use selkie_filters::signer::ClientCertificateSigner;
+use selkie_filters::issuing::signer::ClientCertificateSigner;
 use x509_cert::{der::Decode, name::Name};
 
 use crate::HarnessError;

@@ -47,9 +47,9 @@ use ring::{
 use selkie_api::login::{TokenCredentialRequest, TokenCredentialRequestSpec, TypedLocalObjectReference};
 use selkie_filters::{
     chain::{Chain, TokenAuthenticator},
+    issuing::login_api::{ConciergeApi as _, SignerConciergeApi},
+    issuing::signer::ClientCertificateSigner,
     jwt::{JwtAuthenticator, JwtConfig},
-    login_api::{ConciergeApi as _, SignerConciergeApi},
-    signer::ClientCertificateSigner,
     test_util,
 };
 use serde_json::json;

@@ -5,7 +5,7 @@
 //! TokenCredentialRequest API run, and the authenticators:
 //!
 //! * [`x509`]: client certificates, verified against one or more CA pools and mapped CN → user,
-//!   O → groups, once per connection;
+//!   O → groups, with a verdict that says when it must be reached again;
 //! * [`tokenreview`]: TokenReview webhooks (Pinniped's WebhookAuthenticator) and kube-apiserver's
 //!   own TokenReview for pass-through of tokens the cluster accepts, with a bounded result cache
 //!   keyed by an HMAC of the token ([`review_cache`]).
@@ -14,8 +14,12 @@
 //!   Kubernetes' structured AuthenticationConfiguration), with CEL claim mappings and validation
 //!   rules compiled at configuration time ([`expression`]).
 //!
-//! [`signer`] issues the client certificates a TokenCredentialRequest returns; [`login_api`]
-//! answers TokenCredentialRequest and WhoAmIRequest, for the proxy and the aggregated API alike.
+//! [`issuing`] answers TokenCredentialRequest and WhoAmIRequest, for the proxy and the aggregated
+//! API alike, and signs the client certificates a TokenCredentialRequest returns.
+//!
+//! [`impersonation`] is the header policy of the impersonation proxy: what a client may not send
+//! upstream, the `Impersonate-*` headers of a user, and kube-apiserver's rules for nested
+//! impersonation.
 //!
 //! [`possession`] is the TLS client-certificate verifier of servers that decide chain trust after
 //! the handshake, against CA pools that change while they run.
@@ -31,12 +35,11 @@ pub mod expression;
 pub mod https;
 pub mod identity;
 pub mod impersonation;
+pub mod issuing;
 pub mod jwt;
-pub mod login_api;
 pub mod outcome;
 pub mod possession;
 pub mod review_cache;
-pub mod signer;
 pub mod tokenreview;
 pub mod x509;
 

@@ -18,10 +18,10 @@ use selkie_filters::{
     https::ClientAuth,
     identity::{CertificateIdentity, Forwarding, Identity, UserInfo},
     impersonation::headers::PreparedIdentity,
+    issuing::login_api::{ConciergeApi, SignerConciergeApi},
+    issuing::signer::ClientCertificateSigner,
     jwt::{AudienceMatchPolicy, ClaimMapping, JwtAuthenticator, JwtConfig},
-    login_api::{ConciergeApi, SignerConciergeApi},
     review_cache::CacheConfig,
-    signer::ClientCertificateSigner,
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
     x509::{X509Authenticator, DEFAULT_CLOCK_SKEW, MAX_CLOCK_SKEW},
 };

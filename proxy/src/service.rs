@@ -29,7 +29,7 @@ use selkie_filters::{
         },
         nested::{check_extra_key, check_extra_keys, forbidden_message, plan, NestedError},
     },
-    login_api::{who_am_i, ConciergeApi},
+    issuing::login_api::{who_am_i, ConciergeApi},
     outcome::{Outcome, RejectReason},
 };
 

@@ -17,7 +17,7 @@ use pingora::{
 };
 use selkie_filters::impersonation::headers::PreparedIdentity;
 use selkie_filters::{
-    access_review::AccessReviewer, chain::Chain, identity::Identity, login_api::ConciergeApi,
+    access_review::AccessReviewer, chain::Chain, identity::Identity, issuing::login_api::ConciergeApi,
     x509::X509Authenticator,
 };
 

@@ -313,7 +313,7 @@ mod tests {
         KeyUsagePurpose,
     };
     use rustls_pki_types::pem::PemObject;
-    use selkie_filters::signer::ClientCertificateSigner;
+    use selkie_filters::issuing::signer::ClientCertificateSigner;
 
     use super::*;
 

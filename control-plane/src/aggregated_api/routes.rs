@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
-use selkie_filters::{identity::UserInfo, login_api::ConciergeApi as _};
+use selkie_filters::{identity::UserInfo, issuing::login_api::ConciergeApi as _};
 use serde_json::{json, Value};
 
 use crate::{config::ControlPlaneConfig, published::Publisher};
@@ -319,7 +319,7 @@ impl Routes {
         };
         whoami.api_version = api_version;
         whoami.kind = "WhoAmIRequest".into();
-        created(&selkie_filters::login_api::who_am_i(whoami, caller))
+        created(&selkie_filters::issuing::login_api::who_am_i(whoami, caller))
     }
 }
 
@@ -545,7 +545,7 @@ fn json_response(code: StatusCode, content_type: &'static str, body: Bytes) -> R
 mod tests {
     use std::sync::Arc;
 
-    use selkie_filters::signer::ClientCertificateSigner;
+    use selkie_filters::issuing::signer::ClientCertificateSigner;
 
     use super::*;
 

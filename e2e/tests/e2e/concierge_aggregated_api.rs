@@ -39,8 +39,8 @@ use selkie_e2e::{
 };
 use selkie_filters::{
     chain::{Chain, TokenAuthenticator},
+    issuing::signer::ClientCertificateSigner,
     jwt::{ClaimMapping, JwtAuthenticator, JwtConfig},
-    signer::ClientCertificateSigner,
 };
 use serde_json::{json, Value};
 use tokio::{net::TcpStream, sync::oneshot, task::JoinHandle};

@@ -20,8 +20,8 @@ use std::{
 use crate::{
     chain::{Chain, TokenAuthenticator},
     identity::{CertificateIdentity, UserInfo},
+    issuing::signer::ClientCertificateSigner,
     outcome::Outcome,
-    signer::ClientCertificateSigner,
 };
 use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
