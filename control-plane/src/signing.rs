@@ -206,15 +206,22 @@ async fn cluster_signing_key(
             }
         }
         (None, Some(KeyFiles { cert_file, key_file })) => {
+            // Read on tokio's blocking pool: a slow or stuck file (a network volume, a FIFO) must
+            // not stall the runtime the other controllers share.
             let read = |path: &std::path::Path| {
-                std::fs::read_to_string(path).map_err(|source| SigningError::Read {
-                    path: path.display().to_string(),
-                    source,
-                })
+                let path = path.to_path_buf();
+                async move {
+                    tokio::fs::read_to_string(&path)
+                        .await
+                        .map_err(|source| SigningError::Read {
+                            path: path.display().to_string(),
+                            source,
+                        })
+                }
             };
             Ok(CertPair {
-                cert_pem: read(cert_file)?,
-                key_pem: read(key_file)?,
+                cert_pem: read(cert_file).await?,
+                key_pem: read(key_file).await?,
             })
         }
         (None, None) => Err(SigningError::Invalid(
@@ -521,6 +528,54 @@ fn publish(publisher: &Publisher, round: &mut Round) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn signing_key_files_are_read_without_blocking_the_runtime() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert_file, key_file) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+        nix::unistd::mkfifo(&cert_file, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::fs::write(&key_file, "KEY").unwrap();
+        // The certificate comes through a pipe that a task of this very runtime writes, after a
+        // timer of this runtime: a read that blocked the runtime would wait for ever. A watchdog
+        // thread writes instead after a while, so such a read ends, and the test fails.
+        let writer = tokio::spawn({
+            let cert_file = cert_file.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::fs::write(&cert_file, "CERT").await.unwrap();
+            }
+        });
+        let rescued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watchdog = {
+            let (cert_file, rescued) = (cert_file.clone(), rescued.clone());
+            let finished = writer.abort_handle();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(10));
+                if !finished.is_finished() {
+                    rescued.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = std::fs::write(&cert_file, "RESCUED");
+                }
+            })
+        };
+        let client = Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().unwrap())).unwrap();
+        let source = ClusterSigningKeySource {
+            secret: None,
+            files: Some(KeyFiles {
+                cert_file: cert_file.clone(),
+                key_file,
+            }),
+            agent: None,
+        };
+        let pair = cluster_signing_key(&client, &source).await.unwrap();
+        assert!(
+            !rescued.load(std::sync::atomic::Ordering::SeqCst),
+            "the read blocked the runtime until the watchdog wrote"
+        );
+        assert_eq!((pair.cert_pem.as_str(), pair.key_pem.as_str()), ("CERT", "KEY"));
+        writer.await.unwrap();
+        drop(watchdog);
+    }
 
     #[test]
     fn the_signer_ca_round_trips_through_its_secret_and_rotates_with_an_overlap() {

@@ -619,9 +619,15 @@ impl JwtAuthenticator {
             .map_err(|_| reject(RejectReason::Expired))?
             .as_secs_f64();
         let skew = self.clock_skew.as_secs_f64();
+        // NumericDate: seconds since the epoch, finite and no later than 9999-12-31 (what any
+        // issuer can mean); anything else is an invalid claim, never a time this code computes with.
         let time_claim = |name: &str| match claims.get(name) {
             None => Ok(None),
-            Some(Value::Number(n)) => n.as_f64().map(Some).ok_or(reject(RejectReason::ClaimInvalid)),
+            Some(Value::Number(n)) => n
+                .as_f64()
+                .filter(|seconds| seconds.is_finite() && seconds.abs() <= MAX_NUMERIC_DATE)
+                .map(Some)
+                .ok_or(reject(RejectReason::ClaimInvalid)),
             Some(_) => Err(reject(RejectReason::ClaimInvalid)),
         };
         let exp = time_claim("exp")?.ok_or(reject(RejectReason::ClaimInvalid))?;
@@ -648,10 +654,13 @@ impl JwtAuthenticator {
                 .collect(),
             forwarding: Forwarding::Impersonate,
         };
-        let valid_for = Duration::from_secs_f64((exp + skew - now).max(0.0));
+        let valid_for = Duration::try_from_secs_f64((exp + skew - now).max(0.0)).unwrap_or(Duration::MAX);
         Ok((identity, valid_for))
     }
 }
+
+/// The latest NumericDate a time claim may hold: 9999-12-31T23:59:59Z.
+const MAX_NUMERIC_DATE: f64 = 253_402_300_799.0;
 
 /// What triggered a key refresh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -293,6 +293,20 @@ async fn time_claims_are_enforced_with_bounded_skew() {
         jwt.authenticate(&token(json!({"exp": "soon"}))).await,
         rejected(RejectReason::ClaimInvalid)
     );
+    // A signed token with a time no clock can hold is an invalid claim, never a panic.
+    for (claim, value) in [
+        ("exp", json!(1e300)),
+        ("exp", json!(1.8e19)),
+        ("exp", json!(-1e300)),
+        ("nbf", json!(-1e300)),
+        ("iat", json!(1e300)),
+    ] {
+        assert_eq!(
+            jwt.authenticate(&token(json!({ claim: value }))).await,
+            rejected(RejectReason::ClaimInvalid),
+            "{claim}: {value}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -792,6 +806,37 @@ mod properties {
         (JwtAuthenticator::new(config).unwrap(), issuer)
     }
 
+    /// An issuer serving discovery and the key `k1`, an authenticator for it without a result
+    /// cache (every token is verified), and the runtime they run on; started once for all cases.
+    struct Served {
+        runtime: tokio::runtime::Runtime,
+        key: TestKey,
+        issuer: Issuer,
+        jwt: JwtAuthenticator,
+    }
+
+    fn served() -> &'static Served {
+        static SERVED: std::sync::OnceLock<Served> = std::sync::OnceLock::new();
+        SERVED.get_or_init(|| {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let key = TestKey::ec();
+            let issuer = runtime.block_on(Issuer::start(&[("k1", &key)]));
+            let mut config = issuer.config();
+            config.cache = CacheConfig::disabled();
+            let jwt = JwtAuthenticator::new(config).unwrap();
+            Served {
+                runtime,
+                key,
+                issuer,
+                jwt,
+            }
+        })
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -810,8 +855,9 @@ mod properties {
             prop_assert!(!matches!(outcome, Outcome::Authenticated(_)), "{outcome:?}");
         }
 
-        /// Well-formed tokens for the right issuer with arbitrary headers, claims and signature
-        /// bytes are refused (the keys cannot even be fetched), never accepted.
+        /// Well-formed tokens for the right issuer, whose keys are served, with arbitrary
+        /// headers, claims and signature bytes are refused, never accepted; the same claims
+        /// signed with the served key are accepted (so the refusals are the signature's doing).
         #[test]
         fn arbitrary_jws_for_our_issuer_is_never_authenticated(
             alg in prop::sample::select(vec!["none", "HS256", "RS256", "ES256", "EdDSA", "PS512", ""]),
@@ -819,11 +865,14 @@ mod properties {
             extra in prop::collection::btree_map("[a-z]{1,6}", any::<i64>(), 0..4),
             signature in prop::collection::vec(any::<u8>(), 0..128),
         ) {
-            let (jwt, issuer) = offline();
+            let served = served();
             let header = json!({"alg": alg, "kid": kid});
-            let mut claims = json!({"iss": issuer, "aud": AUDIENCE, "username": "x", "exp": now() + 60});
+            let mut claims = json!({"iss": served.issuer.url(), "aud": AUDIENCE, "username": "x", "exp": now() + 60});
             for (key, value) in extra {
-                claims[key] = json!(value);
+                // Extra claims only: the ones that decide validity stay as set above.
+                if !["iss", "aud", "username", "exp", "nbf", "iat"].contains(&key.as_str()) {
+                    claims[key] = json!(value);
+                }
             }
             let token = format!(
                 "{}.{}.{}",
@@ -831,8 +880,11 @@ mod properties {
                 B64URL.encode(claims.to_string()),
                 B64URL.encode(signature)
             );
-            let outcome = runtime().block_on(jwt.authenticate(&token));
+            let outcome = served.runtime.block_on(served.jwt.authenticate(&token));
             prop_assert!(matches!(outcome, Outcome::Rejected(_)), "{outcome:?}");
+            let signed = served.key.token("k1", &claims);
+            let control = served.runtime.block_on(served.jwt.authenticate(&signed));
+            prop_assert!(matches!(control, Outcome::Authenticated(_)), "the signed twin: {control:?}");
         }
     }
 }
