@@ -34,7 +34,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{channel::mpsc, future, stream, Stream, StreamExt};
+use futures::{future, stream, Stream, StreamExt};
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Secret},
     apimachinery::pkg::apis::meta::v1::Condition,
@@ -106,8 +106,9 @@ pub async fn run(
         config_maps,
         state: Mutex::new(State::default()),
     });
-    let (jwt_sources, jwt_source_events) = mpsc::unbounded();
-    let (webhook_sources, webhook_source_events) = mpsc::unbounded();
+    let jwt_sources = Arc::new(PendingSources::default());
+    let webhook_sources = Arc::new(PendingSources::default());
+    let (jwt_source_events, webhook_source_events) = (jwt_sources.clone(), webhook_sources.clone());
     let (jwt, jwt_writer) = KindContext::new(
         Kind::Jwt,
         config.api_resource::<JWTAuthenticator>(),
@@ -328,10 +329,98 @@ enum SourceEvent {
     All,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum SourceKind {
     Secret,
     ConfigMap,
+}
+
+/// Most changed CA sources remembered by name for one reconciler; beyond that they collapse into
+/// [`SourceEvent::All`] (every CR using any source is looked at again).
+const MAX_PENDING_SOURCES: usize = 1_024;
+
+/// The CA-source changes one reconciler has not taken yet, coalesced: a source that changes a
+/// thousand times before the reconciler looks is one entry, and at most
+/// [`MAX_PENDING_SOURCES`] names are kept before they collapse into "all". So a flood of Secret
+/// and ConfigMap events costs bounded memory, and the last change is always acted on.
+#[derive(Debug, Default)]
+struct PendingSources {
+    pending: Mutex<Pending>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    all: bool,
+    sources: HashSet<(SourceKind, String)>,
+}
+
+impl PendingSources {
+    /// Records `event` for the reconciler (never waits).
+    fn push(&self, event: SourceEvent) {
+        {
+            let mut pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match event {
+                SourceEvent::All => pending.all = true,
+                SourceEvent::Changed(..) if pending.all => {}
+                SourceEvent::Changed(kind, name) => {
+                    pending.sources.insert((kind, name));
+                    if pending.sources.len() > MAX_PENDING_SOURCES {
+                        pending.sources.clear();
+                        pending.all = true;
+                    }
+                }
+            }
+        }
+        self.changed.notify_one();
+    }
+
+    /// Waits for changes and takes all of them: `[All]`, or one event per changed source.
+    async fn take(&self) -> Vec<SourceEvent> {
+        loop {
+            {
+                let mut pending = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if std::mem::take(&mut pending.all) {
+                    pending.sources.clear();
+                    return vec![SourceEvent::All];
+                }
+                if !pending.sources.is_empty() {
+                    return pending
+                        .sources
+                        .drain()
+                        .map(|(kind, name)| SourceEvent::Changed(kind, name))
+                        .collect();
+                }
+            }
+            // A push between the check above and this wait leaves a permit: no change is missed.
+            self.changed.notified().await;
+        }
+    }
+
+    /// The changes as a stream, for the reconciler's queue.
+    fn events(self: Arc<Self>) -> impl Stream<Item = SourceEvent> + Send + 'static {
+        stream::unfold(self, |pending| async move {
+            let events = pending.take().await;
+            Some((stream::iter(events), pending))
+        })
+        .flatten()
+    }
+
+    /// How many changes are waiting (for tests).
+    #[cfg(test)]
+    fn waiting(&self) -> (bool, usize) {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (pending.all, pending.sources.len())
+    }
 }
 
 impl SourceKind {
@@ -348,7 +437,7 @@ async fn watch_sources<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     kind: SourceKind,
-    senders: Vec<mpsc::UnboundedSender<SourceEvent>>,
+    senders: Vec<Arc<PendingSources>>,
 ) where
     K: Resource<DynamicType = ()>
         + Clone
@@ -373,8 +462,7 @@ async fn watch_sources<K>(
             };
             if let Some(change) = change {
                 for sender in &senders {
-                    // A closed receiver means its reconciler is gone; the others still listen.
-                    let _ = sender.unbounded_send(change.clone());
+                    sender.push(change.clone());
                 }
             }
             future::ready(())
@@ -445,7 +533,7 @@ impl KindContext {
     async fn run(
         self: Arc<Self>,
         writer: reflector::store::Writer<DynamicObject>,
-        sources: mpsc::UnboundedReceiver<SourceEvent>,
+        sources: Arc<PendingSources>,
         leader: watch::Receiver<bool>,
     ) {
         let queue = self.queue(writer, sources, leader);
@@ -478,7 +566,7 @@ impl KindContext {
     fn queue(
         self: &Arc<Self>,
         writer: reflector::store::Writer<DynamicObject>,
-        sources: mpsc::UnboundedReceiver<SourceEvent>,
+        sources: Arc<PendingSources>,
         leader: watch::Receiver<bool>,
     ) -> impl Stream<Item = Result<ObjectRef<DynamicObject>, Infallible>> + Send + 'static {
         let context = self.clone();
@@ -525,7 +613,7 @@ impl KindContext {
         .flatten();
 
         let context = self.clone();
-        let related = sources.flat_map(move |event| {
+        let related = sources.events().flat_map(move |event| {
             let refs: Vec<_> = context
                 .store
                 .state()
@@ -776,5 +864,54 @@ mod tests {
             "equal configuration, another instance"
         );
         assert!(!same_authenticators(one, &[]));
+    }
+}
+
+#[cfg(test)]
+mod pending_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_flood_of_source_events_stays_bounded_and_the_last_change_is_taken() {
+        let pending = PendingSources::default();
+        // The same Secret changing over and over is one entry.
+        for _ in 0..100_000 {
+            pending.push(SourceEvent::Changed(SourceKind::Secret, "ca".into()));
+        }
+        assert_eq!(pending.waiting(), (false, 1));
+        pending.push(SourceEvent::Changed(SourceKind::ConfigMap, "ca".into()));
+        let mut taken = pending.take().await;
+        taken.sort_by_key(|event| format!("{event:?}"));
+        assert_eq!(
+            taken,
+            [
+                SourceEvent::Changed(SourceKind::ConfigMap, "ca".into()),
+                SourceEvent::Changed(SourceKind::Secret, "ca".into()),
+            ]
+        );
+        assert_eq!(pending.waiting(), (false, 0));
+
+        // Many distinct sources collapse into "all" beyond the bound.
+        for n in 0..(MAX_PENDING_SOURCES + 10) {
+            pending.push(SourceEvent::Changed(SourceKind::Secret, format!("ca-{n}")));
+        }
+        assert_eq!(pending.waiting(), (true, 0));
+        pending.push(SourceEvent::Changed(SourceKind::Secret, "late".into()));
+        assert_eq!(pending.waiting(), (true, 0), "covered by all");
+        assert_eq!(pending.take().await, [SourceEvent::All]);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reconciler_wakes_for_a_change() {
+        let pending = Arc::new(PendingSources::default());
+        let mut events = Box::pin(pending.clone().events());
+        let waiter = tokio::spawn(async move { events.next().await });
+        tokio::task::yield_now().await;
+        pending.push(SourceEvent::Changed(SourceKind::Secret, "ca".into()));
+        let event = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert_eq!(event, Some(SourceEvent::Changed(SourceKind::Secret, "ca".into())));
     }
 }
