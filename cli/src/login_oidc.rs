@@ -471,7 +471,7 @@ impl Login<'_> {
         });
         let _stop_server = AbortOnDrop(server);
 
-        let opened = !options.skip_browser && open_browser(&url, self.lookup_env);
+        let opened = !options.skip_browser && open_browser(&url, self.lookup_env).await;
         let print_url = !opened || (self.lookup_env)(SKIP_PRINT_URL_ENV).is_none();
         let mut pasted = None;
         if print_url {
@@ -663,8 +663,10 @@ fn ca_bundle(options: &OidcLoginOptions) -> anyhow::Result<Option<Vec<u8>>> {
 /// Opens `url` with `$BROWSER` (a `:`-separated list of commands; `%s` is replaced by the URL,
 /// otherwise it is the last argument), or else xdg-open, x-www-browser, www-browser. A command
 /// that exits non-zero within two seconds counts as failed; one still running counts as opened.
-/// The browser never gets this process's stdout (which carries the credential).
-fn open_browser(url: &str, lookup_env: &dyn Fn(&str) -> Option<String>) -> bool {
+/// The browser never gets this process's stdout (which carries the credential). The commands
+/// are started and watched on tokio's blocking pool: the CLI's runtime keeps serving the
+/// loopback callback meanwhile (a browser may complete the login before it exits).
+async fn open_browser(url: &str, lookup_env: &dyn Fn(&str) -> Option<String>) -> bool {
     let commands: Vec<Vec<String>> = match lookup_env("BROWSER").filter(|b| !b.trim().is_empty()) {
         Some(list) => list
             .split(':')
@@ -676,41 +678,48 @@ fn open_browser(url: &str, lookup_env: &dyn Fn(&str) -> Option<String>) -> bool 
             .map(|command| vec![command.to_string()])
             .collect(),
     };
-    for mut words in commands {
-        let program = words.remove(0);
-        let mut args: Vec<String> = words.iter().map(|w| w.replace("%s", url)).collect();
-        if !words.iter().any(|w| w.contains("%s")) {
-            args.push(url.to_string());
-        }
-        let child = std::process::Command::new(&program)
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn();
-        let Ok(mut child) = child else {
-            continue;
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        let opened = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status.success(),
-                Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Ok(None) => {
-                    // Still running: reap it in the background when it ends.
-                    std::thread::spawn(move || child.wait());
-                    break true;
-                }
-                Err(_) => break false,
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        commands.into_iter().any(|mut words| {
+            let program = words.remove(0);
+            let mut args: Vec<String> = words.iter().map(|w| w.replace("%s", &url)).collect();
+            if !words.iter().any(|w| w.contains("%s")) {
+                args.push(url.clone());
             }
-        };
-        if opened {
-            return true;
+            launch_browser(&program, &args)
+        })
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Starts one browser command and watches it for up to two seconds (see [`open_browser`]);
+/// blocks, so it runs on the blocking pool.
+fn launch_browser(program: &str, args: &[String]) -> bool {
+    let child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return false;
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.success(),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(None) => {
+                // Still running: reap it in the background when it ends.
+                std::thread::spawn(move || child.wait());
+                return true;
+            }
+            Err(_) => return false,
         }
     }
-    false
 }
 
 /// Reads one line of stdin on a thread (a blocked read never holds up the login).
@@ -764,8 +773,8 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
 
-    #[test]
-    fn the_browser_comes_from_dollar_browser_and_a_failing_one_is_skipped() {
+    #[tokio::test]
+    async fn the_browser_comes_from_dollar_browser_and_a_failing_one_is_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("browser.sh");
         let seen = dir.path().join("seen");
@@ -779,14 +788,49 @@ mod tests {
 
         let browser = format!("/bin/false:{} --new-window %s", script.display());
         let env = |name: &str| (name == "BROWSER").then(|| browser.clone());
-        assert!(open_browser(url, &env));
+        assert!(open_browser(url, &env).await);
         assert_eq!(
             std::fs::read_to_string(&seen).unwrap(),
             format!("--new-window {url}\n")
         );
 
         let env = |name: &str| (name == "BROWSER").then(|| "/nonexistent/browser:/bin/false".to_string());
-        assert!(!open_browser(url, &env));
+        assert!(!open_browser(url, &env).await);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_runtime_keeps_serving_while_a_browser_starts() {
+        // A browser that stays up: open_browser watches it for two seconds. Meanwhile a task of
+        // this (single-threaded) runtime, like the loopback callback server, must keep running.
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("slow-browser.sh");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let browser = script.display().to_string();
+        let env = |name: &str| (name == "BROWSER").then(|| browser.clone());
+        let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let ticker = tokio::spawn({
+            let ticks = ticks.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        assert!(open_browser("https://issuer.example.com/authorize", &env).await);
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "watched for two seconds"
+        );
+        let ticked = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        ticker.abort();
+        assert!(
+            ticked >= 50,
+            "the runtime ran only {ticked} ticks of 10 ms in two seconds"
+        );
     }
 
     #[test]
