@@ -74,7 +74,7 @@ impl Default for AggregatedApiConfig {
 
 /// Where the cluster's client signing certificate and key are read from: exactly one of a
 /// Secret (`secret: {namespace, name}`), files (`files: {certFile, keyFile}`) or the kube cert
-/// agent (`agent: {image, …}`, see [`crate::kube_cert_agent`]).
+/// agent (`agent: {image, …}`, the agent itself is `crate::kube_cert_agent`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSigningKeySource {
@@ -87,7 +87,7 @@ pub struct ClusterSigningKeySource {
     pub files: Option<KeyFiles>,
     /// The kube cert agent: a pod beside kube-controller-manager whose files it prints.
     #[serde(default)]
-    pub agent: Option<crate::kube_cert_agent::AgentConfig>,
+    pub agent: Option<AgentConfig>,
 }
 
 /// A Secret by namespace and name.
@@ -265,6 +265,46 @@ impl Default for ControlPlaneConfig {
             labels: default_labels(),
             impersonation_proxy_port: default_impersonation_proxy_port(),
         }
+    }
+}
+
+/// The agent binary's default name in its image.
+pub const DEFAULT_AGENT_BINARY: &str = "selkie-kube-cert-agent";
+
+/// `clusterSigningKey.agent` in the control-plane configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The container image holding the agent binary.
+    pub image: String,
+    /// The agent binary's name (or path) in that image.
+    #[serde(default = "default_agent_binary")]
+    pub binary: String,
+    /// Secrets to pull the image with.
+    #[serde(default)]
+    pub image_pull_secrets: Vec<String>,
+    /// The agent pod's service account (the namespace's default when absent).
+    #[serde(default)]
+    pub service_account_name: Option<String>,
+    /// The agent pod's priority class.
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+}
+
+fn default_agent_binary() -> String {
+    DEFAULT_AGENT_BINARY.into()
+}
+
+impl AgentConfig {
+    /// Checks what serde cannot: the image and binary are not empty. The message names the field.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.image.trim().is_empty() {
+            return Err(("clusterSigningKey.agent.image", "must not be empty".into()));
+        }
+        if self.binary.trim().is_empty() {
+            return Err(("clusterSigningKey.agent.binary", "must not be empty".into()));
+        }
+        Ok(())
     }
 }
 

@@ -47,7 +47,11 @@ use selkie_filters::issuing::signer::ClientCertificateSigner;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt as _;
 
-use crate::{certs::CertPair, config::ControlPlaneConfig};
+pub use crate::config::DEFAULT_AGENT_BINARY;
+use crate::{
+    certs::CertPair,
+    config::{AgentConfig, ControlPlaneConfig},
+};
 
 /// The namespace of the kube-controller-manager pods.
 pub const CONTROLLER_MANAGER_NAMESPACE: &str = "kube-system";
@@ -59,8 +63,6 @@ pub const AGENT_LABEL_KEY: &str = "kube-cert-agent.pinniped.dev";
 pub const AGENT_LABEL_VALUE: &str = "v3";
 /// The agent pod's container.
 pub const AGENT_CONTAINER_NAME: &str = "sleeper";
-/// The agent binary's default name in its image.
-pub const DEFAULT_AGENT_BINARY: &str = "selkie-kube-cert-agent";
 /// How long a successful exec into one agent pod is trusted before it is repeated.
 pub const EXEC_CACHE_TTL: Duration = Duration::from_secs(15 * 60);
 /// How long one exec may take.
@@ -83,43 +85,6 @@ pub const DEFAULT_KEY_PATH: &str = "/etc/kubernetes/ca/ca.key";
 /// Concierge Deployment's selector).
 const CONCIERGE_APP_LABEL: &str = "app";
 const FIELD_MANAGER: &str = "selkie-kube-cert-agent";
-
-/// `clusterSigningKey.agent` in the control-plane configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AgentConfig {
-    /// The container image holding the agent binary.
-    pub image: String,
-    /// The agent binary's name (or path) in that image.
-    #[serde(default = "default_agent_binary")]
-    pub binary: String,
-    /// Secrets to pull the image with.
-    #[serde(default)]
-    pub image_pull_secrets: Vec<String>,
-    /// The agent pod's service account (the namespace's default when absent).
-    #[serde(default)]
-    pub service_account_name: Option<String>,
-    /// The agent pod's priority class.
-    #[serde(default)]
-    pub priority_class_name: Option<String>,
-}
-
-fn default_agent_binary() -> String {
-    DEFAULT_AGENT_BINARY.into()
-}
-
-impl AgentConfig {
-    /// Checks what serde cannot: the image and binary are not empty. The message names the field.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
-        if self.image.trim().is_empty() {
-            return Err(("clusterSigningKey.agent.image", "must not be empty".into()));
-        }
-        if self.binary.trim().is_empty() {
-            return Err(("clusterSigningKey.agent.binary", "must not be empty".into()));
-        }
-        Ok(())
-    }
-}
 
 /// Why the key could not be fetched through the agent. The messages are Pinniped's; none
 /// carries key material.
