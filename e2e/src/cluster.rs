@@ -3,7 +3,6 @@
 use std::{
     ffi::OsString,
     fs,
-    net::TcpListener,
     path::{Path, PathBuf},
     sync::atomic::{AtomicUsize, Ordering},
     time::{Duration, Instant},
@@ -196,14 +195,14 @@ impl Cluster {
         let pki = ClusterPki::generate()?;
         let files = write_pki(&root, &pki)?;
 
-        let etcd_client_port = free_port()?;
-        let etcd_peer_port = free_port()?;
+        let etcd_client_port = crate::free_port()?;
+        let etcd_peer_port = crate::free_port()?;
         let mut etcd = start_etcd(components, &root, etcd_client_port, etcd_peer_port)?;
         wait_for_etcd(&mut etcd, etcd_client_port, DEFAULT_ETCD_READY_TIMEOUT).await?;
 
         let apiserver_port = match options.apiserver_port {
             Some(port) => port,
-            None => free_port()?,
+            None => crate::free_port()?,
         };
         let server_url = format!("https://127.0.0.1:{apiserver_port}");
         let args = with_overrides(
@@ -452,18 +451,6 @@ pub fn write_kubeconfig_for_user(
     let text = serde_json::to_string_pretty(&kubeconfig)
         .map_err(|e| HarnessError::io("encoding a kubeconfig", std::io::Error::other(e)))?;
     write_private_file(path, &text)
-}
-
-/// A free loopback port: bound and released, so another process could take it before the
-/// component binds it; if that happens the component exits and the harness reports it.
-fn free_port() -> Result<u16, HarnessError> {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").map_err(|e| HarnessError::io("finding a free loopback port", e))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| HarnessError::io("finding a free loopback port", e))?
-        .port();
-    Ok(port)
 }
 
 /// Where temporary cluster directories live; stale ones of dead test processes are swept here.

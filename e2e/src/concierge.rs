@@ -11,7 +11,6 @@
 
 use std::{
     ffi::OsString,
-    net::TcpListener,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -71,10 +70,7 @@ impl InstalledConcierge {
             }
         }
 
-        let aggregated_port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| HarnessError::io("finding a free port for the aggregated API", e))?
-            .port();
+        let aggregated_port = crate::free_port()?;
         kubectl
             .run(&["delete", "service", "-n", NAMESPACE, "pinniped-concierge-api"])
             .await?;

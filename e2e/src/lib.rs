@@ -68,3 +68,29 @@ where
         }
     }
 }
+
+/// A free loopback port that this process has not handed out before: bound and released, so
+/// another process could still take it before the component binds it (the component then exits
+/// and the harness reports it), but two components of one test run never get the same port, as
+/// a plain "bind port 0" can give again right after the port is released.
+pub fn free_port() -> Result<u16, HarnessError> {
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let context = "finding a free loopback port";
+    for _ in 0..100 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| HarnessError::io(context, e))?
+            .port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(port)
+        {
+            return Ok(port);
+        }
+    }
+    Err(HarnessError::NotReady(format!(
+        "{context}: every port offered was handed out before"
+    )))
+}

@@ -11,7 +11,7 @@
 
 use std::{
     ffi::OsString,
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::ExitStatus,
     time::{Duration, Instant},
@@ -161,13 +161,7 @@ impl Proxy {
                 "caFile": path(&ca_file),
             }));
         }
-        // Both ports are held at once so they differ.
-        let (port, operations_port) = TcpListener::bind("127.0.0.1:0")
-            .and_then(|proxy| {
-                let operations = TcpListener::bind("127.0.0.1:0")?;
-                Ok((proxy.local_addr()?.port(), operations.local_addr()?.port()))
-            })
-            .map_err(|e| HarnessError::io("finding free ports for the proxy", e))?;
+        let (port, operations_port) = (crate::free_port()?, crate::free_port()?);
         let mut config = serde_json::json!({
             "listen": format!("127.0.0.1:{port}"),
             "operationsListen": format!("127.0.0.1:{operations_port}"),

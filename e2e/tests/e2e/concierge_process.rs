@@ -8,7 +8,7 @@
 //! (writes) while both serve, and the other takes over when the leader stops; deleting the
 //! authenticator stops logins.
 
-use std::{ffi::OsString, net::TcpListener, time::Duration};
+use std::{ffi::OsString, time::Duration};
 
 use anyhow::{ensure, Context as _};
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use crate::eventually;
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(selkie_e2e::free_port()?)
 }
 
 /// One installation of the Concierge under its own API group suffix and namespace.
