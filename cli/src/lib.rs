@@ -7,8 +7,8 @@
 //! * [`login_static`]: `selkie login static`, a static token, optionally exchanged for a
 //!   short-lived client certificate with the Concierge's TokenCredentialRequest ([`concierge`]).
 //! * [`login_oidc`]: `selkie login oidc`, an OIDC login (browser with PKCE, pasted code, or
-//!   password) with pinniped's `sessions.yaml` ([`sessions`]), the relying party in [`oidc`] and
-//!   ID token signatures in [`jose`].
+//!   password) with pinniped's `sessions.yaml` ([`sessions`]); the relying party and ID token
+//!   signatures are selkie-oidc's.
 //! * [`get_kubeconfig`]: `selkie get kubeconfig`, a kubeconfig discovered from the Concierge's
 //!   CredentialIssuer and authenticators.
 //! * [`exec`]: the client-go exec credential protocol (`KUBERNETES_EXEC_INFO` in, one
@@ -28,11 +28,9 @@ pub mod exec;
 pub mod get_kubeconfig;
 pub mod gojson;
 pub mod http;
-pub mod jose;
 pub mod kubeconfig;
 pub mod login_oidc;
 pub mod login_static;
-pub mod oidc;
 pub mod sessions;
 pub mod timestamp;
 pub mod version;

@@ -27,6 +27,7 @@ use std::{
 use base64::{engine::general_purpose::STANDARD, Engine as _};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
+use selkie_oidc::rp::{CallbackOutcome, CallbackParams, ClientConfig, LoginParams, Provider};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
@@ -35,8 +36,7 @@ use crate::{
     exec::{render, CredentialStatus, ExecApiVersion, ExecInfo},
     http::TlsOptions,
     login_static::Reporter,
-    oidc::{CallbackOutcome, CallbackParams, ClientConfig, LoginParams, Provider},
-    sessions::{SessionCache, SessionKey, Tokens},
+    sessions::{IdToken, SessionCache, SessionKey, Tokens},
     timestamp,
 };
 
@@ -304,7 +304,11 @@ impl Login<'_> {
             cached => {
                 let mut discovered = Provider::discover(&options.issuer, &self.tls).await?;
                 let refreshed = match cached.and_then(|tokens| tokens.refresh) {
-                    Some(refresh) => match discovered.refresh(&config, &refresh.token).await {
+                    Some(refresh) => match discovered
+                        .refresh(&config, &refresh.token)
+                        .await
+                        .map(Tokens::from)
+                    {
                         Ok(tokens) if tokens.id.is_some() => {
                             self.debug_note("refreshed cached tokens.");
                             Some(tokens)
@@ -347,6 +351,7 @@ impl Login<'_> {
                 .token_exchange(&config, &access, audience)
                 .await
                 .map_err(|e| anyhow::anyhow!("failed to exchange token: {e}"))?;
+            let id = IdToken::from(id);
             return Ok((id.token, id.expiry));
         }
         let id = tokens.id.ok_or_else(|| {
@@ -382,9 +387,13 @@ impl Login<'_> {
                         .await?;
                     Ok(provider
                         .exchange_code(config, &params, &code, &redirect_uri)
-                        .await?)
+                        .await?
+                        .into())
                 } else {
-                    Ok(provider.password_grant(config, &username, &password).await?)
+                    Ok(provider
+                        .password_grant(config, &username, &password)
+                        .await?
+                        .into())
                 }
             }
             Flow::BrowserAuthcode => self.browser_login(provider, config, &params, &extra).await,
@@ -500,7 +509,7 @@ impl Login<'_> {
                 if code.is_empty() {
                     anyhow::bail!("no authorization code was pasted; run the command again to log in");
                 }
-                Ok(provider.exchange_code(config, params, code, &redirect_uri).await?)
+                Ok(provider.exchange_code(config, params, code, &redirect_uri).await?.into())
             }
             callback = incoming.recv() => {
                 let Some((outcome, reply)) = callback else {
@@ -511,6 +520,7 @@ impl Login<'_> {
                     CallbackOutcome::Code(code) => provider
                         .exchange_code(config, params, &code, &redirect_uri)
                         .await
+                        .map(Tokens::from)
                         .map_err(anyhow::Error::from),
                 };
                 let _gone = reply.send(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));

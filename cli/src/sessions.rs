@@ -157,6 +157,33 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
+impl From<selkie_oidc::rp::IdToken> for IdToken {
+    fn from(id: selkie_oidc::rp::IdToken) -> Self {
+        Self {
+            claims: Some(id.claims.into_iter().collect()),
+            expiry: Some(timestamp::format(id.expiry)),
+            token: id.token,
+        }
+    }
+}
+
+impl From<selkie_oidc::rp::Tokens> for Tokens {
+    /// The tokens of an answer, in the cache's form (times as `metav1.Time`).
+    fn from(tokens: selkie_oidc::rp::Tokens) -> Self {
+        Self {
+            access: tokens.access.map(|access| AccessToken {
+                expiry: access.expiry.map(timestamp::format),
+                token: access.token,
+                token_type: access.token_type,
+            }),
+            id: tokens.id.map(IdToken::from),
+            refresh: tokens
+                .refresh
+                .map(|refresh| RefreshToken { token: refresh.token }),
+        }
+    }
+}
+
 impl Tokens {
     /// The ID token's expiry, if it has a parseable one.
     pub fn id_expiry(&self) -> Option<OffsetDateTime> {

@@ -21,8 +21,10 @@ use http::{HeaderValue, Uri};
 use quick_cache::sync::Cache;
 use serde::{Deserialize, Serialize};
 
+use selkie_oidc::https::HttpsClient;
+
 use crate::{
-    https::{ClientAuth, HttpsClient, TlsConfigError},
+    https::{ClientAuth, TlsConfigError},
     identity::UserInfo,
 };
 

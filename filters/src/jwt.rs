@@ -22,7 +22,6 @@
 //! the token's own expiry, unless [`JwtConfig::cache`] is [`CacheConfig::disabled`]: then every
 //! presentation of a token is verified in full, signature included.
 
-mod keys;
 mod mapping;
 #[cfg(test)]
 mod tests;
@@ -30,32 +29,26 @@ mod tests;
 use std::{
     collections::BTreeMap,
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use arc_swap::ArcSwapOption;
-use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
-use bytes::Bytes;
-use http::{header, Request, Uri};
-use http_body_util::Full;
-use serde::Deserialize;
-use serde_json::{Map, Value};
-
-pub use keys::Algorithm;
-use keys::{parse_jwks, VerifyingKey};
+use http::Uri;
 use mapping::Mapper;
+use selkie_oidc::{
+    discovery::WELL_KNOWN,
+    jose::{JoseError, Jws},
+    keys::{IssuerKeys, KeyPolicy, VerifyError},
+};
+pub use selkie_oidc::{jose::Algorithm, keys::JwksError};
+use serde_json::{Map, Value};
 
 use crate::{
     expression::ExpressionError,
-    https::{ClientAuth, FetchError, HttpsClient, TlsConfigError},
+    https::{ClientAuth, TlsConfigError},
     identity::{Forwarding, Identity},
     outcome::{Outcome, RejectReason},
     review_cache::{CacheConfig, RandomSourceError, ReviewCache},
 };
-
-/// Largest discovery document or JWKS read.
-const MAX_DOCUMENT_BYTES: usize = 512 * 1024;
-const WELL_KNOWN: &str = "/.well-known/openid-configuration";
 
 /// A claim copied into the user, with an optional prefix (Kubernetes' `claimMappings`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,68 +239,15 @@ pub enum JwtConfigError {
     RandomSource(#[from] RandomSourceError),
 }
 
-/// Why discovery or the key set could not be loaded (for status conditions and logs).
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum JwksError {
-    /// The discovery document could not be fetched.
-    #[error("fetching the discovery document {url} failed: {reason}")]
-    Discovery {
-        /// The discovery URL.
-        url: String,
-        /// What went wrong.
-        reason: String,
-    },
-    /// The discovery document names another issuer.
-    #[error("the discovery document names issuer {found:?}, not {expected:?}")]
-    IssuerMismatch {
-        /// The configured issuer.
-        expected: String,
-        /// What the document says.
-        found: String,
-    },
-    /// `jwks_uri` is missing or not https.
-    #[error("the discovery document's jwks_uri {0:?} is not an https URL")]
-    InvalidJwksUri(String),
-    /// The key set could not be fetched or parsed.
-    #[error("fetching the key set {url} failed: {reason}")]
-    Jwks {
-        /// The JWKS URL.
-        url: String,
-        /// What went wrong.
-        reason: String,
-    },
-    /// The key set holds no key Selkie can use.
-    #[error("the key set {0} holds no usable signing key")]
-    NoUsableKeys(String),
-    /// A refresh was attempted too recently to try again.
-    #[error("the key set was refreshed less than the minimum interval ago")]
-    RateLimited,
-}
-
-struct KeySet {
-    keys: Vec<VerifyingKey>,
-    fetched: Instant,
-}
-
 /// See the module documentation.
 pub struct JwtAuthenticator {
     name: Arc<str>,
     issuer: String,
-    discovery_url: Uri,
     audiences: Vec<String>,
     mapper: Mapper,
     clock_skew: Duration,
     max_token_bytes: usize,
-    min_refresh: Duration,
-    max_age: Duration,
-    timeout: Duration,
-    client: HttpsClient,
-    keys: ArcSwapOption<KeySet>,
-    /// Serialises refreshes; holds when the last throttled fetch happened (one triggered by an
-    /// unknown `kid`, or one that failed). A successful first or age-based fetch does not count,
-    /// so a rotation right after start-up is still picked up at once.
-    refresh: tokio::sync::Mutex<Option<Instant>>,
+    keys: IssuerKeys,
     cache: ReviewCache,
 }
 
@@ -344,24 +284,20 @@ impl JwtAuthenticator {
             return Err(JwtConfigError::AudienceMatchPolicyRequired);
         }
         let mapper = Mapper::new(&config)?;
-        let discovery = format!("{}{WELL_KNOWN}", config.issuer.trim_end_matches('/'));
-        let discovery_url = discovery
-            .parse()
-            .map_err(|_| JwtConfigError::InvalidIssuerUrl(config.issuer.clone()))?;
+        let client = crate::https::client(config.ca_bundle_pem.as_deref(), &ClientAuth::None)?;
+        let policy = KeyPolicy {
+            min_refresh: config.jwks_min_refresh_interval,
+            max_age: config.jwks_max_age,
+            timeout: config.timeout,
+        };
         Ok(Self {
             name: config.name.into(),
-            client: crate::https::client(config.ca_bundle_pem.as_deref(), &ClientAuth::None)?,
+            keys: IssuerKeys::new(&config.issuer, client, policy),
             issuer: config.issuer,
-            discovery_url,
             audiences: config.audiences,
             mapper,
             clock_skew: config.clock_skew,
             max_token_bytes: config.max_token_bytes,
-            min_refresh: config.jwks_min_refresh_interval,
-            max_age: config.jwks_max_age,
-            timeout: config.timeout,
-            keys: ArcSwapOption::empty(),
-            refresh: tokio::sync::Mutex::new(None),
             cache: ReviewCache::new(config.cache)?,
         })
     }
@@ -380,14 +316,7 @@ impl JwtAuthenticator {
     /// control plane to report whether an authenticator works). Returns the number of usable
     /// keys. Not rate-limited.
     pub async fn load_keys(&self) -> Result<usize, JwksError> {
-        let _serialised = self.refresh.lock().await;
-        let keys = self.fetch_keys().await?;
-        let count = keys.len();
-        self.keys.store(Some(Arc::new(KeySet {
-            keys,
-            fetched: Instant::now(),
-        })));
-        Ok(count)
+        self.keys.load().await
     }
 
     /// Replaces the key set with the keys of a JWKS document, as if just fetched (benches and fuzz
@@ -395,19 +324,7 @@ impl JwtAuthenticator {
     /// parse, or holds no usable key, changes nothing.
     #[cfg(any(test, feature = "test-util"))]
     pub fn install_keys(&self, jwks_json: &[u8]) -> Result<usize, JwksError> {
-        let keys = parse_jwks(jwks_json).map_err(|e| JwksError::Jwks {
-            url: "(installed)".to_string(),
-            reason: e.to_string(),
-        })?;
-        if keys.is_empty() {
-            return Err(JwksError::NoUsableKeys("(installed)".to_string()));
-        }
-        let count = keys.len();
-        self.keys.store(Some(Arc::new(KeySet {
-            keys,
-            fetched: Instant::now(),
-        })));
-        Ok(count)
+        self.keys.install(jwks_json)
     }
 
     /// Authenticates a bearer token. A token that is not a JWT, or whose (unverified) `iss` is
@@ -434,180 +351,27 @@ impl JwtAuthenticator {
     }
 
     async fn verify_inner(&self, token: &str) -> Result<(Identity, Duration), Verdict> {
-        let mut parts = token.splitn(3, '.');
-        let (Some(header_b64), Some(payload_b64), Some(signature_b64)) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(Verdict::NotMine);
-        };
-        let header: Header = decode_json(header_b64)?;
-        let claims: Map<String, Value> = decode_json(payload_b64)?;
+        let jws = Jws::parse(token).map_err(|_| Verdict::Rejected(RejectReason::Malformed))?;
         // Routing only: the issuer is trusted after the signature verifies.
-        if claims.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
+        if jws.claims.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
             return Err(Verdict::NotMine);
         }
-        if header.crit.is_some() {
+        if jws.header.crit.is_some() {
             return Err(Verdict::Rejected(RejectReason::Malformed));
         }
-        let alg =
-            Algorithm::from_name(&header.alg).ok_or(Verdict::Rejected(RejectReason::UnsupportedAlgorithm))?;
-        let signature_bytes = B64URL
-            .decode(signature_b64)
-            .map_err(|_| Verdict::Rejected(RejectReason::Malformed))?;
-        let signed = &token.as_bytes()[..header_b64.len() + 1 + payload_b64.len()];
-        self.verify_signature(alg, header.kid.as_deref(), signed, &signature_bytes)
-            .await?;
-        self.identity_from(&claims)
-    }
-
-    async fn verify_signature(
-        &self,
-        alg: Algorithm,
-        kid: Option<&str>,
-        signed: &[u8],
-        signature_bytes: &[u8],
-    ) -> Result<(), Verdict> {
-        let observed = Instant::now();
-        let mut keys = self.current_keys(observed).await?;
-        let mut refreshed = false;
-        loop {
-            // Keys with the token's kid (every key when it names none); of those, the ones whose
-            // pinned algorithm (or key type) is the token's.
-            let (mut kid_known, mut alg_allowed) = (false, false);
-            for key in keys
-                .keys
-                .iter()
-                .filter(|key| kid.is_none() || key.kid.as_deref() == kid)
-            {
-                kid_known = true;
-                if key.alg.map_or(alg.fits(&key.material), |pinned| pinned == alg) {
-                    alg_allowed = true;
-                    if key.verify(alg, signed, signature_bytes) {
-                        return Ok(());
-                    }
-                }
-            }
-            if kid_known {
-                let reason = if alg_allowed {
-                    RejectReason::BadSignature
-                } else {
-                    RejectReason::UnsupportedAlgorithm
-                };
-                return Err(Verdict::Rejected(reason));
-            }
-            if refreshed {
-                return Err(Verdict::Rejected(RejectReason::UnknownKey));
-            }
-            keys = match self.refresh_keys(observed, Refresh::UnknownKid).await {
-                Ok(keys) => keys,
-                Err(JwksError::RateLimited) => return Err(Verdict::Rejected(RejectReason::UnknownKey)),
-                Err(_) => return Err(Verdict::Rejected(RejectReason::UpstreamUnavailable)),
-            };
-            refreshed = true;
-        }
-    }
-
-    /// The cached keys, fetched first if there are none and refreshed if they are too old (a
-    /// failed refresh of old keys keeps them).
-    async fn current_keys(&self, observed: Instant) -> Result<Arc<KeySet>, Verdict> {
-        match self.keys.load_full() {
-            Some(keys) if keys.fetched.elapsed() < self.max_age => Ok(keys),
-            Some(stale) => Ok(self
-                .refresh_keys(observed, Refresh::Scheduled)
-                .await
-                .unwrap_or(stale)),
-            None => self
-                .refresh_keys(observed, Refresh::Scheduled)
-                .await
-                .map_err(|_| Verdict::Rejected(RejectReason::UpstreamUnavailable)),
-        }
-    }
-
-    /// Single-flight refresh: if another caller refreshed after `observed`, its keys are used;
-    /// otherwise at most one fetch per minimum interval.
-    async fn refresh_keys(&self, observed: Instant, cause: Refresh) -> Result<Arc<KeySet>, JwksError> {
-        let mut last = self.refresh.lock().await;
-        if let Some(current) = self.keys.load_full() {
-            if current.fetched > observed {
-                return Ok(current);
-            }
-        }
-        if last.is_some_and(|at| at.elapsed() < self.min_refresh) {
-            return Err(JwksError::RateLimited);
-        }
-        let fetched = self.fetch_keys().await;
-        if cause == Refresh::UnknownKid || fetched.is_err() {
-            *last = Some(Instant::now());
-        }
-        match fetched {
-            Ok(keys) => {
-                let set = Arc::new(KeySet {
-                    keys,
-                    fetched: Instant::now(),
-                });
-                self.keys.store(Some(set.clone()));
-                Ok(set)
-            }
-            Err(e) => {
-                tracing::warn!(authenticator = %self.name, error = %e, "refreshing the JWT signing keys failed");
-                Err(e)
-            }
-        }
-    }
-
-    async fn fetch_keys(&self) -> Result<Vec<VerifyingKey>, JwksError> {
-        let discovery_url = self.discovery_url.to_string();
-        let document = self
-            .get(self.discovery_url.clone())
-            .await
-            .map_err(|reason| JwksError::Discovery {
-                url: discovery_url.clone(),
-                reason,
-            })?;
-        let discovery: Discovery = serde_json::from_slice(&document).map_err(|e| JwksError::Discovery {
-            url: discovery_url.clone(),
-            reason: e.to_string(),
+        self.keys.verify(&jws).await.map_err(|e| {
+            Verdict::Rejected(match e {
+                VerifyError::Token(
+                    JoseError::UnsupportedAlgorithm(_) | JoseError::AlgorithmNotAllowed(_),
+                ) => RejectReason::UnsupportedAlgorithm,
+                VerifyError::Token(JoseError::UnknownKey(_)) => RejectReason::UnknownKey,
+                VerifyError::Token(JoseError::BadSignature) => RejectReason::BadSignature,
+                VerifyError::Token(_) => RejectReason::Malformed,
+                VerifyError::Unavailable => RejectReason::UpstreamUnavailable,
+                _ => RejectReason::UpstreamUnavailable,
+            })
         })?;
-        if discovery.issuer != self.issuer {
-            return Err(JwksError::IssuerMismatch {
-                expected: self.issuer.clone(),
-                found: discovery.issuer,
-            });
-        }
-        let jwks_uri: Uri = discovery
-            .jwks_uri
-            .parse()
-            .ok()
-            .filter(|uri: &Uri| uri.scheme() == Some(&http::uri::Scheme::HTTPS) && uri.host().is_some())
-            .ok_or_else(|| JwksError::InvalidJwksUri(discovery.jwks_uri.clone()))?;
-        let document = self.get(jwks_uri).await.map_err(|reason| JwksError::Jwks {
-            url: discovery.jwks_uri.clone(),
-            reason,
-        })?;
-        let keys = parse_jwks(&document).map_err(|e| JwksError::Jwks {
-            url: discovery.jwks_uri.clone(),
-            reason: e.to_string(),
-        })?;
-        if keys.is_empty() {
-            return Err(JwksError::NoUsableKeys(discovery.jwks_uri));
-        }
-        Ok(keys)
-    }
-
-    async fn get(&self, url: Uri) -> Result<Bytes, String> {
-        let request = Request::get(url)
-            .header(header::ACCEPT, "application/json")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
-        match tokio::time::timeout(
-            self.timeout,
-            crate::https::fetch(&self.client, request, MAX_DOCUMENT_BYTES),
-        )
-        .await
-        {
-            Ok(result) => result.map_err(|e: FetchError| e.to_string()),
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
-        }
+        self.identity_from(&jws.claims)
     }
 
     /// Checks the time and audience claims and maps the claims to a user. Returns the identity and
@@ -662,41 +426,8 @@ impl JwtAuthenticator {
 /// The latest NumericDate a time claim may hold: 9999-12-31T23:59:59Z.
 const MAX_NUMERIC_DATE: f64 = 253_402_300_799.0;
 
-/// What triggered a key refresh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refresh {
-    /// No keys yet, or keys older than the maximum age.
-    Scheduled,
-    /// A token names a `kid` the cached keys do not have.
-    UnknownKid,
-}
-
 /// Why a token was not accepted, before it becomes an [`Outcome`].
 enum Verdict {
     NotMine,
     Rejected(RejectReason),
-}
-
-#[derive(Deserialize)]
-struct Header {
-    alg: String,
-    #[serde(default)]
-    kid: Option<String>,
-    #[serde(default)]
-    crit: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct Discovery {
-    issuer: String,
-    jwks_uri: String,
-}
-
-/// Decodes one base64url segment and parses it as JSON. Broken encoding or JSON (including JSON
-/// nested deeper than serde_json's recursion limit) is `Malformed`.
-fn decode_json<T: serde::de::DeserializeOwned>(segment: &str) -> Result<T, Verdict> {
-    let bytes = B64URL
-        .decode(segment)
-        .map_err(|_| Verdict::Rejected(RejectReason::Malformed))?;
-    serde_json::from_slice(&bytes).map_err(|_| Verdict::Rejected(RejectReason::Malformed))
 }

@@ -132,7 +132,7 @@ pub enum TokenReviewConfigError {
 pub struct TokenReviewAuthenticator {
     name: Arc<str>,
     endpoint: Uri,
-    client: crate::https::HttpsClient,
+    client: selkie_oidc::https::HttpsClient,
     authorization: Option<http::HeaderValue>,
     version: ReviewVersion,
     /// Set once an `Auto` endpoint refused v1beta1.
@@ -263,10 +263,7 @@ impl TokenReviewAuthenticator {
         .await
         .map_err(|e| {
             tracing::warn!(authenticator = %self.name, error = %e, "token review failed");
-            match e {
-                crate::https::FetchError::Status(status) => Some(status),
-                _ => None,
-            }
+            e.status()
         })?;
         let review: ReviewResponse = serde_json::from_slice(&bytes).map_err(|e| {
             // serde's own message quotes the offending value, which may be the webhook echoing a

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
 use ring::{
     rand::SystemRandom,
     signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING},

@@ -1,0 +1,490 @@
+//! The one HTTPS client of Selkie: authenticators reaching webhooks, TokenReview, OIDC discovery
+//! and JWKS; the CLI reaching the Concierge, kube-apiserver and issuers; the Supervisor reaching
+//! its upstream identity providers.
+//!
+//! rustls with ring; the configured CA bundle or the system's roots (or, for a kubeconfig's
+//! `insecure-skip-tls-verify`, any certificate, handshake signatures still checked); an optional
+//! client certificate and fixed server name; HTTP/2 or HTTP/1.1 by ALPN; TCP_NODELAY; pooled
+//! connections; no redirects; bounded response bodies. Errors name the method and URL and keep the
+//! whole cause chain on one line (the refused connection, the unknown CA), never a header value or
+//! a body.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::TokioExecutor,
+};
+use rustls::{
+    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    crypto::CryptoProvider,
+    pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer, ServerName, UnixTime},
+    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+
+/// A client certificate and its key, PEM.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    /// The certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientIdentity(<redacted>)")
+    }
+}
+
+/// How to make and check the TLS connection.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// PEM CA bundle to trust; `None` trusts the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Accept any server certificate (a kubeconfig's `insecure-skip-tls-verify`). Signatures
+    /// in the handshake are still checked.
+    pub insecure_skip_verify: bool,
+    /// The name to verify instead of the URL's host (`tls-server-name`).
+    pub server_name: Option<String>,
+    /// A client certificate to present.
+    pub client_identity: Option<ClientIdentity>,
+}
+
+/// Why TLS settings cannot be used. Reported when the client is built.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The CA bundle holds no PEM certificate, or one rustls cannot use.
+    #[error("the CA bundle {0}")]
+    BadCaBundle(String),
+    /// The client certificate or key cannot be used.
+    #[error("the client certificate or key {0}")]
+    BadClientIdentity(String),
+    /// `tls-server-name` is not a DNS name or IP address.
+    #[error("the TLS server name {0:?} is not a valid DNS name or IP address")]
+    BadServerName(String),
+}
+
+/// Why a request got no answer, or not the answer asked for. Messages name the method and the
+/// URL, never a header value (it may hold a credential) or a body.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpError {
+    /// The client's TLS settings cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The URL or a header cannot be sent.
+    #[error("{url:?} is not a valid https URL: {reason}")]
+    BadUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Connecting, the TLS handshake or the exchange failed.
+    #[error("{method} {url}: {cause}")]
+    Request {
+        /// The method.
+        method: http::Method,
+        /// The URL.
+        url: String,
+        /// The error and its causes, one line.
+        cause: String,
+    },
+    /// No complete answer within the timeout.
+    #[error("{method} {url}: no answer within {timeout:?}")]
+    Timeout {
+        /// The method.
+        method: http::Method,
+        /// The URL.
+        url: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The body could not be read, or is larger than the limit.
+    #[error("{method} {url}: reading the answer failed: {cause}")]
+    Body {
+        /// The method.
+        method: http::Method,
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        cause: String,
+    },
+    /// The answer's status is not 2xx (only from [`Response::success`]).
+    #[error("{method} {url} answered {status}")]
+    Status {
+        /// The method.
+        method: http::Method,
+        /// The URL.
+        url: String,
+        /// The status.
+        status: http::StatusCode,
+    },
+}
+
+impl HttpError {
+    /// The status of a non-2xx answer, if that is what this error is.
+    pub fn status(&self) -> Option<http::StatusCode> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// An answer: status, headers and the (bounded) body.
+#[derive(Debug)]
+pub struct Response {
+    /// The method of the request (for error messages).
+    pub method: http::Method,
+    /// The URL of the request (for error messages).
+    pub url: String,
+    /// The HTTP status.
+    pub status: http::StatusCode,
+    /// The response headers.
+    pub headers: http::HeaderMap,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Response {
+    /// The body of a 2xx answer; any other status is [`HttpError::Status`].
+    pub fn success(self) -> Result<Bytes, HttpError> {
+        if self.status.is_success() {
+            Ok(self.body)
+        } else {
+            Err(HttpError::Status {
+                method: self.method,
+                url: self.url,
+                status: self.status,
+            })
+        }
+    }
+}
+
+/// A pooled HTTPS client with fixed TLS settings. Cloning is cheap and shares the pool.
+#[derive(Clone)]
+pub struct HttpsClient {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for HttpsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HttpsClient")
+    }
+}
+
+impl HttpsClient {
+    /// A client with `tls`. Fails when the CA bundle, client identity or server name cannot be
+    /// used; does no IO. Only `https://` URLs can be requested with it.
+    pub fn new(tls: &TlsOptions) -> Result<Self, TlsError> {
+        let config = client_config(tls)?;
+        let builder = HttpsConnectorBuilder::new().with_tls_config(config).https_only();
+        let builder = match &tls.server_name {
+            Some(name) => {
+                let name =
+                    ServerName::try_from(name.clone()).map_err(|_| TlsError::BadServerName(name.clone()))?;
+                builder.with_server_name_resolver(FixedServerNameResolver::new(name))
+            }
+            None => builder,
+        };
+        // TCP_NODELAY, as Go's clients (kube-apiserver's webhook client included) have it: without
+        // it a request written in two segments waits for the peer's delayed ACK (~40 ms on Linux),
+        // which every uncached webhook review paid (perf/README.md, SW-miss).
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        let connector = builder.enable_http1().enable_http2().wrap_connector(tcp);
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .build(connector),
+        })
+    }
+
+    /// Sends one request to `url` (absolute https) with `headers` and `body` (empty for none)
+    /// and a `User-Agent` of Selkie's, and returns the answer whatever its status, reading at most
+    /// `limit` bytes of body. `timeout` bounds connecting, sending and reading it all; `None` waits
+    /// indefinitely. Redirects are not followed.
+    pub async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        headers: &[(http::HeaderName, http::HeaderValue)],
+        body: Bytes,
+        limit: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Response, HttpError> {
+        let mut request = http::Request::builder().method(method.clone()).uri(url).header(
+            http::header::USER_AGENT,
+            concat!("selkie/", env!("CARGO_PKG_VERSION")),
+        );
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let request = request.body(Full::new(body)).map_err(|e| HttpError::BadUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| HttpError::Request {
+                    method: method.clone(),
+                    url: url.to_string(),
+                    cause: error_chain(&e),
+                })?;
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = Limited::new(response.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| HttpError::Body {
+                    method: method.clone(),
+                    url: url.to_string(),
+                    cause: error_chain(e.as_ref()),
+                })?
+                .to_bytes();
+            Ok(Response {
+                method: method.clone(),
+                url: url.to_string(),
+                status,
+                headers,
+                body,
+            })
+        };
+        match timeout {
+            Some(timeout) => {
+                tokio::time::timeout(timeout, exchange)
+                    .await
+                    .map_err(|_| HttpError::Timeout {
+                        method: method.clone(),
+                        url: url.to_string(),
+                        timeout,
+                    })?
+            }
+            None => exchange.await,
+        }
+    }
+
+    /// `GET url` accepting JSON; the body of a 2xx answer of at most `limit` bytes.
+    pub async fn get_json(
+        &self,
+        url: &str,
+        limit: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Bytes, HttpError> {
+        self.send(
+            http::Method::GET,
+            url,
+            &[accept_json()],
+            Bytes::new(),
+            limit,
+            timeout,
+        )
+        .await?
+        .success()
+    }
+}
+
+/// The `Accept: application/json` header.
+pub fn accept_json() -> (http::HeaderName, http::HeaderValue) {
+    (
+        http::header::ACCEPT,
+        http::HeaderValue::from_static("application/json"),
+    )
+}
+
+/// `Content-Type: application/json`.
+pub fn content_json() -> (http::HeaderName, http::HeaderValue) {
+    (
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    )
+}
+
+/// Parses `url` and checks it is `https://` with a host. The error says which.
+pub fn https_url(url: &str) -> Result<http::Uri, HttpError> {
+    let bad = |reason: String| HttpError::BadUrl {
+        url: url.to_string(),
+        reason,
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| bad(e.to_string()))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(bad(format!(
+            "the scheme must be https, not {:?}",
+            uri.scheme_str().unwrap_or("")
+        )));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad("it has no host".into()));
+    }
+    Ok(uri)
+}
+
+/// An error and its sources on one line, repeated messages dropped (hyper's wrappers often
+/// repeat their cause).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut current = Some(error);
+    while let Some(e) = current {
+        let text = e.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        current = e.source();
+    }
+    parts.join(": ")
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn client_config(tls: &TlsOptions) -> Result<ClientConfig, TlsError> {
+    let provider = provider();
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::BadCaBundle(format!("cannot be used: {e}")))?;
+    let builder = if tls.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServerCertificate(provider)))
+    } else {
+        builder.with_root_certificates(root_store(tls.ca_pem.as_deref())?)
+    };
+    match &tls.client_identity {
+        None => Ok(builder.with_no_client_auth()),
+        Some(identity) => {
+            let certs = CertificateDer::pem_slice_iter(&identity.cert_pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TlsError::BadClientIdentity(format!("is not PEM: {e}")))?;
+            if certs.is_empty() {
+                return Err(TlsError::BadClientIdentity("holds no certificate".into()));
+            }
+            let key = PrivateKeyDer::from_pem_slice(&identity.key_pem)
+                .map_err(|e| TlsError::BadClientIdentity(format!("holds no usable private key: {e}")))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| TlsError::BadClientIdentity(format!("cannot be used: {e}")))
+        }
+    }
+}
+
+fn root_store(ca_pem: Option<&[u8]>) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    match ca_pem {
+        Some(pem) => {
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TlsError::BadCaBundle(format!("is not PEM: {e}")))?;
+            if certs.is_empty() {
+                return Err(TlsError::BadCaBundle("holds no certificate".into()));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| {
+                    TlsError::BadCaBundle(format!("holds a certificate rustls cannot use: {e}"))
+                })?;
+            }
+        }
+        None => {
+            // Unreadable system certificates are skipped, as Go's system pool skips them.
+            let native = rustls_native_certs::load_native_certs();
+            let (_added, _ignored) = roots.add_parsable_certificates(native.certs);
+        }
+    }
+    Ok(roots)
+}
+
+/// `insecure-skip-tls-verify: true`: any certificate is accepted, but the handshake signatures
+/// are still verified so the connection is at least to the holder of the presented key.
+#[derive(Debug)]
+struct AcceptAnyServerCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyServerCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_keeps_its_cause() {
+        // A port nothing listens on: bind one, note it, close it.
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let client = HttpsClient::new(&TlsOptions::default()).unwrap();
+        let url = format!("https://127.0.0.1:{port}/keys");
+        let error = client
+            .get_json(&url, 1024, Some(Duration::from_secs(10)))
+            .await
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(text.starts_with(&format!("GET {url}: ")), "{text}");
+        assert!(text.to_lowercase().contains("connection refused"), "{text}");
+    }
+
+    #[test]
+    fn bad_tls_settings_and_urls_are_named() {
+        let bad_ca = TlsOptions {
+            ca_pem: Some(b"not pem".to_vec()),
+            ..TlsOptions::default()
+        };
+        assert!(matches!(HttpsClient::new(&bad_ca), Err(TlsError::BadCaBundle(_))));
+        let bad_name = TlsOptions {
+            server_name: Some("not a name!".into()),
+            ..TlsOptions::default()
+        };
+        assert!(matches!(
+            HttpsClient::new(&bad_name),
+            Err(TlsError::BadServerName(_))
+        ));
+        assert!(https_url("https://issuer.example/x").is_ok());
+        for url in ["http://issuer.example", "https://", "::"] {
+            assert!(matches!(https_url(url), Err(HttpError::BadUrl { .. })), "{url}");
+        }
+    }
+}
