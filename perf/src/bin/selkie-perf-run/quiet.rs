@@ -1,0 +1,124 @@
+//! Whether the machine is quiet: before a step, waiting (bounded) until no compiler or other
+//! kube-apiserver runs and the CPUs are nearly idle; while it runs, watching for other work.
+
+use std::time::{Duration, Instant};
+
+use selkie_perf::procstat::{load_average, process_tree, processes_named};
+
+use crate::{cli::Args, Runner};
+
+/// Processes that mean someone else is busy on the machine.
+const BUSY: [&str; 3] = ["rustc", "kube-apiserver", "cc1"];
+
+/// `(user + nice + system + irq + softirq + steal, total)` jiffies of all CPUs.
+fn cpu_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let get = |i: usize| fields.get(i).copied().unwrap_or(0);
+    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+    (busy, busy + get(3) + get(4))
+}
+
+/// The machine's CPU busy share over the next `over`.
+fn cpu_busy(over: Duration) -> f64 {
+    let (busy0, total0) = cpu_jiffies();
+    std::thread::sleep(over);
+    let (busy1, total1) = cpu_jiffies();
+    if total1 > total0 {
+        (busy1 - busy0) as f64 / (total1 - total0) as f64
+    } else {
+        0.0
+    }
+}
+
+/// Compilers and kube-apiservers running, except `ignore` (the K rows' own cluster).
+fn busy_processes(ignore: &[u32]) -> Vec<(u32, String)> {
+    processes_named(&BUSY)
+        .into_iter()
+        .filter(|(pid, _)| !ignore.contains(pid))
+        .collect()
+}
+
+/// Waits (bounded) until no compiler or kube-apiserver runs and the CPUs are nearly idle.
+/// Returns (load average at the end, busy share, seconds waited, whether it got quiet).
+pub(crate) fn wait_for_quiet(args: &Args, budget: &mut Duration, ignore: &[u32]) -> (f64, f64, f64, bool) {
+    let start = Instant::now();
+    let limit = args.quiet_wait.min(*budget);
+    loop {
+        let busy_procs = busy_processes(ignore);
+        let busy = cpu_busy(Duration::from_secs(5));
+        let load = load_average().map(|l| l[0]).unwrap_or(f64::NAN);
+        let quiet = busy_procs.is_empty() && busy < args.quiet_busy;
+        let waited = start.elapsed();
+        if quiet || waited >= limit {
+            *budget = budget.saturating_sub(waited);
+            if !quiet {
+                eprintln!(
+                    "  machine not quiet after {:.0} s (busy {:.0} %, {:?}); measuring anyway",
+                    waited.as_secs_f64(),
+                    busy * 100.0,
+                    busy_procs
+                );
+            }
+            return (load, busy, waited.as_secs_f64(), quiet);
+        }
+        eprintln!(
+            "  waiting for a quiet machine: busy {:.0} %, load {load:.2}, running {:?}",
+            busy * 100.0,
+            busy_procs
+                .iter()
+                .map(|(_, name)| name.as_str())
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_secs(10));
+    }
+}
+
+/// Watches, while a step runs, for other work starting on the machine.
+pub(crate) struct Interference {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl Interference {
+    pub(crate) fn watch(ignore: Vec<u32>) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let mut seen: Vec<String> = Vec::new();
+            loop {
+                for (_, name) in busy_processes(&ignore) {
+                    if !seen.contains(&name) {
+                        seen.push(name);
+                    }
+                }
+                match stopped.recv_timeout(Duration::from_secs(1)) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                    _ => return seen,
+                }
+            }
+        });
+        Self { stop, thread }
+    }
+
+    pub(crate) fn stop(self) -> Vec<String> {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+impl Runner {
+    /// Our own processes the quiet check must not count as other work (the K rows' cluster).
+    pub(crate) fn own_processes(&self) -> Vec<u32> {
+        self.kube
+            .as_ref()
+            .map(|kube| process_tree(kube.cluster_pid))
+            .unwrap_or_default()
+    }
+}
