@@ -18,12 +18,13 @@ use kube::{
 use selkie_control_plane::{
     aggregated_api, authenticators,
     config::ControlPlaneConfig,
-    credential_issuer, leader,
+    credential_issuer,
     published::{Published, Publisher},
     signing,
 };
 use selkie_filters::issuing::login_api::ConciergeApi;
-use selkie_proxy::{config::Extension, operations::Health, tls::ServingCert};
+use selkie_kube::{leader, serving::ServingCert};
+use selkie_proxy::{config::Extension, operations::Health};
 use tokio::sync::watch;
 
 use selkie_proxy::composer::Composer;
@@ -98,7 +99,7 @@ impl ControlPlane {
         {
             let (client, config) = (client.clone(), config.clone());
             tasks.spawn(async move {
-                leader::run(client, &config, leader_sender).await;
+                leader::run(client, &config.lease(), leader_sender).await;
                 anyhow::Ok(())
             });
         }

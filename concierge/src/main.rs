@@ -19,13 +19,13 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use clap::Parser;
 use prometheus_client::registry::Registry;
+use selkie_kube::serving::ServingCert;
 use selkie_proxy::{
     composer::Composer,
     config::{Extension, StaticConfig},
     metrics::Metrics,
     operations::Health,
     server::{ensure_bindable, ProxyServer},
-    tls::ServingCert,
 };
 
 /// Command-line arguments.

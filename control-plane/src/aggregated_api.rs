@@ -6,12 +6,12 @@
 //! runs:
 //!
 //! * a watch of `kube-system/extension-apiserver-authentication`, which decides who a caller is
-//!   ([`authn`]: the front proxy's `X-Remote-*` headers are trusted only on a connection whose
+//!   ([`selkie_filters::front_proxy`]: the front proxy's `X-Remote-*` headers are trusted only on a connection whose
 //!   client certificate chains to `requestheader-client-ca-file` with an allowed CN; a
 //!   certificate of `client-ca-file` is a user by itself; anything else is anonymous);
 //! * a watch of the serving-certificate Secret `<namePrefix>-api-tls-serving-certificate`, whose
-//!   certificate every new handshake uses ([`serving`]);
-//! * while this replica is the leader, the [`serving::CertificateManager`]: it creates and renews
+//!   certificate every new handshake uses ([`selkie_kube::serving_secret`]);
+//! * while this replica is the leader, the [`CertificateManager`]: it creates and renews
 //!   that Secret and keeps `spec.caBundle` of the APIServices `v1alpha1.login.concierge.<suffix>`
 //!   and `v1alpha1.identity.concierge.<suffix>` in sync (it only updates existing ones).
 //!
@@ -30,9 +30,7 @@
 //! Tokens are never logged: the login API writes one audit line per TokenCredentialRequest (user,
 //! authenticator, issued or not), and refusals here never quote a request body.
 
-pub mod authn;
 pub mod routes;
-pub mod serving;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -59,11 +57,13 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::{config::ControlPlaneConfig, published::Publisher};
 
-use self::{
-    authn::{Authentication, ConnectionVerdict},
-    routes::{Context, Routes},
-    serving::{CertificateManager, ServingCertificate},
+use selkie_filters::front_proxy::{self as authn, Authentication, ConnectionVerdict};
+use selkie_kube::{
+    serving::ServingCert,
+    serving_secret::{self as serving, CertificateManager},
 };
+
+use self::routes::{Context, Routes};
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -122,7 +122,7 @@ impl Names {
 struct Shared {
     routes: Routes,
     publisher: Publisher,
-    serving: Arc<ServingCertificate>,
+    serving: Arc<ServingCert>,
     authentication: ArcSwapOption<Authentication>,
 }
 
@@ -164,7 +164,7 @@ pub async fn serve_on(
     let shared = Arc::new(Shared {
         routes: Routes::new(&config),
         publisher,
-        serving: Arc::new(ServingCertificate::default()),
+        serving: Arc::new(ServingCert::disabled()),
         authentication: ArcSwapOption::empty(),
     });
     let acceptor = tls_acceptor(&provider, shared.serving.clone())?;
@@ -177,7 +177,6 @@ pub async fn serve_on(
         names.secret.clone(),
         names.serving_name.clone(),
         shared.serving.clone(),
-        provider.clone(),
         wake.clone(),
     ));
     background.spawn(serving::watch_api_services(
@@ -233,7 +232,7 @@ pub async fn serve_on(
 /// for and verified per request.
 fn tls_acceptor(
     provider: &Arc<CryptoProvider>,
-    serving: Arc<ServingCertificate>,
+    serving: Arc<ServingCert>,
 ) -> Result<TlsAcceptor, AggregatedApiError> {
     let verifier = selkie_filters::possession::PossessionVerifier::new();
     let mut tls = ServerConfig::builder_with_provider(provider.clone())
@@ -284,7 +283,7 @@ async fn serve_connection(
             };
             let context = Context {
                 publisher: &shared.publisher,
-                ready: authentication.is_some() && shared.serving.is_ready(),
+                ready: authentication.is_some() && shared.serving.is_enabled(),
             };
             let response = shared.routes.handle(context, request, caller).await;
             Ok::<_, std::convert::Infallible>(response)

@@ -1,5 +1,5 @@
 //! The JWTAuthenticator and WebhookAuthenticator reconcilers: they validate each custom resource as
-//! Pinniped does, report the result in its status (`phase` + conditions, see [`crate::conditions`])
+//! Pinniped does, report the result in its status (`phase` + conditions, see [`selkie_kube::conditions`])
 //! and publish the valid authenticators as [`Published::chain`](crate::published::Published): JWT
 //! authenticators first, then webhooks, each kind sorted by name, each named after its CR.
 //!
@@ -57,11 +57,9 @@ use selkie_filters::chain::{Chain, TokenAuthenticator};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::{
-    conditions::{self, Check},
-    config::ControlPlaneConfig,
-    published::Publisher,
-};
+use selkie_kube::conditions::{self, Check};
+
+use crate::{config::ControlPlaneConfig, published::Publisher};
 
 /// How often a healthy CR is reconciled again without any event (cheap: nothing is probed).
 const RESYNC: Duration = Duration::from_secs(600);

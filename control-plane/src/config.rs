@@ -247,6 +247,16 @@ impl ControlPlaneConfig {
     pub fn name(&self, suffix: &str) -> String {
         format!("{}-{suffix}", self.name_prefix)
     }
+
+    /// The leader-election Lease: `<namePrefix>-leader-election` in the Concierge's namespace,
+    /// held as this replica's identity.
+    pub fn lease(&self) -> selkie_kube::leader::LeaseConfig {
+        selkie_kube::leader::LeaseConfig {
+            namespace: self.namespace.clone(),
+            name: self.name("leader-election"),
+            identity: self.identity.clone(),
+        }
+    }
 }
 
 impl Default for ControlPlaneConfig {

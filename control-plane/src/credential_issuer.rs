@@ -70,8 +70,9 @@ use tokio::{
     task::JoinSet,
 };
 
+use selkie_kube::certs::{generate_ca, issue_serving, CertPair};
+
 use crate::{
-    certs::{generate_ca, issue_serving, CertPair},
     config::ControlPlaneConfig,
     published::{Publisher, ServingKeyPair},
 };

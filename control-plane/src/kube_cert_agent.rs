@@ -48,10 +48,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt as _;
 
 pub use crate::config::DEFAULT_AGENT_BINARY;
-use crate::{
-    certs::CertPair,
-    config::{AgentConfig, ControlPlaneConfig},
-};
+use selkie_kube::certs::CertPair;
+
+use crate::config::{AgentConfig, ControlPlaneConfig};
 
 /// The namespace of the kube-controller-manager pods.
 pub const CONTROLLER_MANAGER_NAMESPACE: &str = "kube-system";

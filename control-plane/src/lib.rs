@@ -8,9 +8,7 @@
 //!
 //! * [`config`]: the control plane's own configuration (namespace, object names, API group
 //!   suffix, listeners) and the group-suffixed API resources.
-//! * [`conditions`]: Pinniped's status conventions (phase + `metav1.Condition`s).
 //! * [`authenticators`]: JWTAuthenticator and WebhookAuthenticator reconcilers → the chain.
-//! * [`certs`]: generated CAs and serving certificates (rcgen, P-256, PEM).
 //! * [`signing`]: where client certificates are signed — the cluster's signing key (a Secret or
 //!   files on a control-plane node) and Selkie's own signer CA, rotated with an overlap.
 //! * [`aggregated_api`]: the aggregated API server (TokenCredentialRequest, WhoAmIRequest)
@@ -20,18 +18,17 @@
 //!
 //! * [`kube_cert_agent`]: the kube cert agent — a pod beside kube-controller-manager that the
 //!   cluster's signing key is read from (the third `clusterSigningKey` source).
-//! * [`leader`]: the Lease that makes one replica the writer; every replica serves.
+//!
+//! Status conditions, leader election, certificates and the aggregated API's serving Secret are
+//! selkie-kube's; front-proxy authentication is selkie-filters'.
 //!
 //! Every failure of a custom resource is reported in that resource's status and never replaces a
 //! working configuration; nothing here logs a token or a key.
 
 pub mod aggregated_api;
 pub mod authenticators;
-pub mod certs;
-pub mod conditions;
 pub mod config;
 pub mod credential_issuer;
 pub mod kube_cert_agent;
-pub mod leader;
 pub mod published;
 pub mod signing;

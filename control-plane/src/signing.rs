@@ -43,8 +43,9 @@ use selkie_api::concierge_config::{
 use selkie_filters::issuing::signer::ClientCertificateSigner;
 use tokio::sync::watch;
 
+use selkie_kube::certs::{self, CertPair};
+
 use crate::{
-    certs::{self, CertPair},
     config::{ClusterSigningKeySource, ControlPlaneConfig, KeyFiles, SecretReference},
     kube_cert_agent::KubeCertAgent,
     published::{Published, Publisher},
@@ -528,6 +529,13 @@ fn publish(publisher: &Publisher, round: &mut Round) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generated_signer_ca_is_usable_by_the_client_certificate_signer() {
+        // PKCS#8 P-256, as selkie-kube's certs generate it.
+        let ca = certs::generate_ca("Selkie Test CA", Duration::from_secs(86_400)).unwrap();
+        ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem).unwrap();
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn signing_key_files_are_read_without_blocking_the_runtime() {

@@ -13,7 +13,7 @@
 //! * `jwt/hmac-sha256/{rs256,es256}-token`: ring's HMAC-SHA256 of a token of the same length
 //!   alone, the part of every hit (and miss) that grows with the token.
 //! * `jwt/ring-verify/{rs256,es256}`: the token's signature verified by ring alone, the way
-//!   `filters/src/jwt/keys.rs` does it (`RsaPublicKeyComponents::verify`, `UnparsedPublicKey`):
+//!   `oidc/src/jose.rs` does it (`RsaPublicKeyComponents::verify`, `UnparsedPublicKey`):
 //!   the floor under the miss path.
 //! * `jwt/dot-count/{rs256,es256}-token`: the expression `authenticate` uses to tell a JWT from
 //!   another bearer token (count the `.`s) on its own, the other per-byte cost of every hit.

@@ -24,6 +24,10 @@
 //! [`possession`] is the TLS client-certificate verifier of servers that decide chain trust after
 //! the handshake, against CA pools that change while they run.
 //!
+//! [`front_proxy`] decides who calls an extension (aggregated) API server, from kube-apiserver's
+//! `extension-apiserver-authentication` settings: the front proxy's `X-Remote-*` headers on a
+//! connection with its certificate, a client certificate of `client-ca-file`, else anonymous.
+//!
 //! [`access_review`] asks kube-apiserver for authorization decisions (SubjectAccessReview), which
 //! the proxy needs to check nested impersonation.
 //!
@@ -32,6 +36,7 @@
 pub mod access_review;
 pub mod chain;
 pub mod expression;
+pub mod front_proxy;
 pub mod https;
 pub mod identity;
 pub mod impersonation;

@@ -281,9 +281,11 @@ impl Provider {
                     cause,
                 })
             }
-            Err(DiscoveryError::IssuerMismatch { found, .. }) => return Err(bad(format!(
+            Err(DiscoveryError::IssuerMismatch { found, .. }) => {
+                return Err(bad(format!(
                 "the document names the issuer {found:?}, not {issuer:?}; use exactly that URL as --issuer"
-            ))),
+            )))
+            }
             Err(other) => return Err(bad(other.to_string())),
         };
         for (name, value) in [

@@ -10,11 +10,11 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
+use selkie_kube::serving::ServingCert;
 
 use crate::{
     config::{ConfigError, Extension, StaticConfig},
     snapshot::{Snapshot, UpstreamCredential},
-    tls::ServingCert,
 };
 
 fn modified(path: &Path) -> Option<SystemTime> {

@@ -25,12 +25,12 @@ use selkie_filters::{
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
     x509::{X509Authenticator, DEFAULT_CLOCK_SKEW, MAX_CLOCK_SKEW},
 };
+use selkie_kube::serving::ServingCert;
 use serde::Deserialize;
 
 use crate::{
     downstream::Timeouts,
     snapshot::{ConciergePaths, Snapshot, TokenFile, Upstream, UpstreamCredential},
-    tls::ServingCert,
     upstream_gate::ConnectionGate,
 };
 

@@ -17,6 +17,7 @@ use pingora::{
     },
 };
 use prometheus_client::registry::Registry;
+use selkie_kube::serving::ServingCert;
 use tokio::{
     signal::unix::{signal, Signal, SignalKind},
     sync::broadcast::{
@@ -32,7 +33,7 @@ use crate::{
     operations::{Health, Operations},
     service::ImpersonationProxy,
     snapshot::Snapshot,
-    tls::{IdentityCallback, PossessionVerifier, ServingCert},
+    tls::{IdentityCallback, PossessionVerifier},
 };
 
 /// How often a draining process checks whether requests are still in flight.

@@ -63,18 +63,7 @@ impl Failure {
 /// A `metav1.Status` failure body with any message (e.g. kube-apiserver's wording of a refused
 /// impersonation).
 pub fn status_body(code: u16, reason: &str, message: &str) -> Bytes {
-    Bytes::from(
-        serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        })
-        .to_string(),
-    )
+    selkie_kube::status::status_body(code, reason, message)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! The listener's TLS: a serving certificate that can be replaced while the proxy runs, optional
-//! client certificates, and what a connection's client certificate is worth, checked on every
-//! request.
+//! The listener's TLS: optional client certificates, and what a connection's client certificate
+//! is worth, checked on every request. (The serving certificate, replaceable while the proxy runs,
+//! is selkie-kube's [`selkie_kube::serving::ServingCert`].)
 //!
 //! Client certificates are checked in two steps. During the handshake, [`PossessionVerifier`]
 //! only checks that the client holds the private key of the certificate it presents (the
@@ -24,14 +24,10 @@ use std::{
     },
 };
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::{listeners::TlsAccept, protocols::tls::TlsRef};
-use rustls::{
-    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, UnixTime},
-    server::{ClientHello, ResolvesServerCert},
-    sign::CertifiedKey,
-};
+use rustls::pki_types::{CertificateDer, UnixTime};
 use selkie_filters::{
     outcome::Outcome,
     x509::{Verdict, X509Authenticator},
@@ -170,83 +166,5 @@ impl TlsAccept for IdentityCallback {
             snapshot.client_certificates.as_ref(),
             UnixTime::now(),
         )))
-    }
-}
-
-/// Why a serving certificate could not be loaded.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServingCertError {
-    /// The certificate PEM holds no certificate or does not parse.
-    #[error("the serving certificate PEM is invalid: {0}")]
-    Certificate(String),
-    /// The key PEM holds no private key or does not parse.
-    #[error("the serving key PEM is invalid: {0}")]
-    Key(String),
-    /// The key type is not supported or does not match.
-    #[error("the serving key cannot be used: {0}")]
-    Unusable(String),
-}
-
-/// The serving certificate, replaceable at any time; new handshakes use the newest one. While
-/// it is disabled ([`ServingCert::disable`]) every handshake fails (the control plane's
-/// CredentialIssuer turned the proxy off, or has no certificate for it yet).
-#[derive(Debug)]
-pub struct ServingCert {
-    current: ArcSwapOption<CertifiedKey>,
-}
-
-impl ServingCert {
-    /// Parses a PEM chain (leaf first) and its private key.
-    pub fn load(cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, ServingCertError> {
-        let chain = CertificateDer::pem_slice_iter(cert_pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ServingCertError::Certificate(e.to_string()))?;
-        if chain.is_empty() {
-            return Err(ServingCertError::Certificate("no certificate found".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| ServingCertError::Key(e.to_string()))?;
-        let signing_key = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| ServingCertError::Unusable(e.to_string()))?;
-        let certified = CertifiedKey::new(chain, signing_key);
-        certified
-            .keys_match()
-            .map_err(|e| ServingCertError::Unusable(e.to_string()))?;
-        Ok(certified)
-    }
-
-    /// Starts with `initial`.
-    pub fn new(initial: CertifiedKey) -> Self {
-        Self {
-            current: ArcSwapOption::from_pointee(initial),
-        }
-    }
-
-    /// Starts disabled: handshakes fail until a certificate is installed.
-    pub fn disabled() -> Self {
-        Self {
-            current: ArcSwapOption::empty(),
-        }
-    }
-
-    /// Replaces the certificate for every later handshake (and enables serving).
-    pub fn replace(&self, next: CertifiedKey) {
-        self.current.store(Some(Arc::new(next)));
-    }
-
-    /// Makes every later handshake fail; connections already open are not touched.
-    pub fn disable(&self) {
-        self.current.store(None);
-    }
-
-    /// Whether handshakes currently succeed.
-    pub fn is_enabled(&self) -> bool {
-        self.current.load().is_some()
-    }
-}
-
-impl ResolvesServerCert for ServingCert {
-    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.load_full()
     }
 }

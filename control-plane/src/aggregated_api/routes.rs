@@ -501,9 +501,11 @@ fn created(object: &impl serde::Serialize) -> Response<Body> {
 
 /// A `metav1.Status` failure.
 pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                      "message": message, "reason": reason, "details": {}, "code": code.as_u16()});
-    json_response(code, "application/json", Bytes::from(body.to_string()))
+    json_response(
+        code,
+        "application/json",
+        selkie_kube::status::status_body(code.as_u16(), reason, message),
+    )
 }
 
 fn not_found() -> Response<Body> {
@@ -702,7 +704,8 @@ mod tests {
         let _audit = AUDIT_CALLSITE.lock().await;
         let (config, routes) = routes();
         let publisher = Publisher::new();
-        let ca = crate::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();
+        let ca =
+            selkie_kube::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();
         publisher.login_api().set_signer(Some(Arc::new(
             ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem).unwrap(),
         )));
@@ -838,7 +841,8 @@ mod tests {
         tracing::callsite::rebuild_interest_cache();
         let (config, routes) = routes();
         let publisher = Publisher::new();
-        let ca = crate::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();
+        let ca =
+            selkie_kube::certs::generate_ca("test signer", std::time::Duration::from_secs(3600)).unwrap();
         publisher.login_api().set_signer(Some(Arc::new(
             ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem).unwrap(),
         )));

@@ -16,7 +16,7 @@ use selkie_filters::{
 };
 
 use super::{tls::TlsOutcome, Evaluation};
-use crate::conditions::{Check, REASON_INVALID_ISSUER_URL, TYPE_AUTHENTICATOR_VALID};
+use selkie_kube::conditions::{Check, REASON_INVALID_ISSUER_URL, TYPE_AUTHENTICATOR_VALID};
 
 /// `IssuerURLValid`.
 pub(crate) const TYPE_ISSUER_URL_VALID: &str = "IssuerURLValid";
@@ -323,7 +323,7 @@ mod tests {
     use selkie_api::authentication::{ClaimValidationRule as CrdClaimRule, ExtraMapping};
 
     use super::*;
-    use crate::conditions::Status;
+    use selkie_kube::conditions::Status;
 
     fn spec(issuer: &str) -> JWTAuthenticatorSpec {
         JWTAuthenticatorSpec {

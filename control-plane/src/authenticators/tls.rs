@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use rustls_pki_types::{pem::PemObject, CertificateDer};
 use selkie_api::authentication::{CertificateAuthorityDataSourceKind, TLSSpec};
 
-use crate::conditions::{Check, REASON_INVALID_TLS_CONFIG, TYPE_TLS_CONFIGURATION_VALID};
+use selkie_kube::conditions::{Check, REASON_INVALID_TLS_CONFIG, TYPE_TLS_CONFIGURATION_VALID};
 
 /// Where `certificateAuthorityDataSource` objects are looked up (the watched caches, or a map in
 /// unit tests).

@@ -15,7 +15,7 @@ use selkie_filters::{
 };
 
 use super::{tls::TlsOutcome, Evaluation};
-use crate::conditions::{Check, TYPE_AUTHENTICATOR_VALID};
+use selkie_kube::conditions::{Check, TYPE_AUTHENTICATOR_VALID};
 
 /// `EndpointURLValid`.
 pub(crate) const TYPE_ENDPOINT_URL_VALID: &str = "EndpointURLValid";
@@ -173,7 +173,7 @@ pub(crate) async fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditions::Status;
+    use selkie_kube::conditions::Status;
 
     #[test]
     fn endpoints_are_checked_like_pinniped() {

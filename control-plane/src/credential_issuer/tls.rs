@@ -146,7 +146,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::certs::{generate_ca, issue_serving};
+    use selkie_kube::certs::{generate_ca, issue_serving};
 
     const DAY: Duration = Duration::from_secs(86_400);
 

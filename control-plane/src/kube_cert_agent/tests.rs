@@ -6,7 +6,7 @@ use k8s_openapi::{
 };
 
 use super::*;
-use crate::certs;
+use selkie_kube::certs;
 
 fn args(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_string).collect()

@@ -25,7 +25,7 @@ use kube::{
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
 use selkie_control_plane::{
-    aggregated_api::{self, serving, AggregatedApiError, Names},
+    aggregated_api::{self, AggregatedApiError, Names},
     config::ControlPlaneConfig,
     published::Publisher,
 };
@@ -42,6 +42,7 @@ use selkie_filters::{
     issuing::signer::ClientCertificateSigner,
     jwt::{ClaimMapping, JwtAuthenticator, JwtConfig},
 };
+use selkie_kube::serving_secret as serving;
 use serde_json::{json, Value};
 use tokio::{net::TcpStream, sync::oneshot, task::JoinHandle};
 use x509_cert::der::DecodePem as _;

@@ -35,7 +35,6 @@ use kube::{
 };
 use selkie_api::concierge_config::{CredentialIssuerStrategy, StrategyReason, StrategyStatus, StrategyType};
 use selkie_control_plane::{
-    certs,
     config::ControlPlaneConfig,
     kube_cert_agent::{
         AgentError, AgentOutput, KubeCertAgent, PodExecutor, AGENT_LABEL_KEY, AGENT_LABEL_VALUE,
@@ -44,6 +43,7 @@ use selkie_control_plane::{
     signing,
 };
 use selkie_e2e::Cluster;
+use selkie_kube::certs;
 use serde_json::{json, Value};
 use tokio::{sync::watch, task::JoinHandle};
 

@@ -15,14 +15,14 @@
 //! `system:unauthenticated`), as kube-apiserver's authenticated-group adder does.
 //!
 //! The TLS layer asks for a client certificate but only checks that the peer holds its key
-//! ([`selkie_filters::possession::PossessionVerifier`]); the chain is verified here, against the trust anchors of the
+//! ([`crate::possession::PossessionVerifier`]); the chain is verified here, against the trust anchors of the
 //! current ConfigMap, so a rotated front-proxy or client CA takes effect without a restart.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+use crate::{identity::UserInfo, outcome::Outcome, x509::X509Authenticator};
 use http::{HeaderMap, HeaderName};
 use rustls_pki_types::{CertificateDer, UnixTime};
-use selkie_filters::{identity::UserInfo, outcome::Outcome, x509::X509Authenticator};
 
 /// The namespace of the ConfigMap kube-apiserver publishes its client authentication settings in.
 pub const AUTHENTICATION_CONFIG_MAP_NAMESPACE: &str = "kube-system";
@@ -38,7 +38,7 @@ pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
 
 /// Tolerance for clocks that disagree about a client certificate's validity: none, as
 /// kube-apiserver and every extension API server built on its libraries.
-const CLOCK_SKEW: Duration = selkie_filters::x509::DEFAULT_CLOCK_SKEW;
+const CLOCK_SKEW: Duration = crate::x509::DEFAULT_CLOCK_SKEW;
 
 /// The front proxy's trust and the headers it names the user in.
 #[derive(Debug)]
@@ -69,7 +69,7 @@ pub struct CertificateVerdict {
     /// The certificate is a user's of `client-ca-file`.
     client_user: Option<UserInfo>,
     /// From this moment on the verdict must be computed again (see
-    /// [`selkie_filters::x509::Verdict::recheck_at`]); `None`: not before the settings change.
+    /// [`crate::x509::Verdict::recheck_at`]); `None`: not before the settings change.
     recheck_at: Option<UnixTime>,
 }
 
@@ -307,13 +307,13 @@ impl ConnectionVerdict {
 
 #[cfg(test)]
 mod tests {
+    use crate::issuing::signer::ClientCertificateSigner;
     use http::HeaderValue;
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName as Dn, DnType, IsCa, KeyPair,
         KeyUsagePurpose,
     };
     use rustls_pki_types::pem::PemObject;
-    use selkie_filters::issuing::signer::ClientCertificateSigner;
 
     use super::*;
 

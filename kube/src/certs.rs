@@ -152,10 +152,6 @@ mod tests {
             .len();
         assert_eq!(sans, 2);
         assert!(cert.issuer().to_string().contains("Selkie Test CA"));
-
-        // The same CA is usable by the client-certificate signer (PKCS#8 P-256).
-        selkie_filters::issuing::signer::ClientCertificateSigner::from_pem(&ca.cert_pem, &ca.key_pem)
-            .unwrap();
     }
 
     #[test]

@@ -11,7 +11,26 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::Timestamp,
 };
-use selkie_api::authentication::Phase;
+
+/// An object's overall state as its `status.phase` says it: what [`ready`] sets it to. Every
+/// Pinniped CRD with conditions has a phase of its own type (authenticators: `Pending`, `Ready`,
+/// `Error`; FederationDomains and identity providers add their own words).
+pub trait ReadyPhase {
+    /// The phase when every condition is true.
+    fn ready() -> Self;
+    /// The phase when some condition is not.
+    fn error() -> Self;
+}
+
+impl ReadyPhase for selkie_api::authentication::Phase {
+    fn ready() -> Self {
+        Self::Ready
+    }
+
+    fn error() -> Self {
+        Self::Error
+    }
+}
 
 /// `Ready`: the synthesized summary condition.
 pub const TYPE_READY: &str = "Ready";
@@ -118,7 +137,7 @@ pub fn had_error(checks: &[Check]) -> bool {
 /// The synthesized `Ready` condition and the phase for `checks` of an object of `kind` (e.g.
 /// `JWTAuthenticator`): `Ready` and phase `Ready` when every check is true, else `NotReady` and
 /// phase `Error`.
-pub fn ready(kind: &str, checks: &[Check]) -> (Check, Phase) {
+pub fn ready<P: ReadyPhase>(kind: &str, checks: &[Check]) -> (Check, P) {
     if had_error(checks) {
         (
             Check::failure(
@@ -126,12 +145,12 @@ pub fn ready(kind: &str, checks: &[Check]) -> (Check, Phase) {
                 REASON_NOT_READY,
                 format!("the {kind} is not ready: see other conditions for details"),
             ),
-            Phase::Error,
+            P::error(),
         )
     } else {
         (
             Check::success(TYPE_READY, format!("the {kind} is ready")),
-            Phase::Ready,
+            P::ready(),
         )
     }
 }
@@ -176,6 +195,8 @@ pub fn merge(
 
 #[cfg(test)]
 mod tests {
+    use selkie_api::authentication::Phase;
+
     use super::*;
 
     fn at(second: i64) -> Time {
@@ -239,13 +260,13 @@ mod tests {
     #[test]
     fn ready_summarises_the_checks() {
         let ok = [Check::success("A", "a")];
-        let (condition, phase) = ready("JWTAuthenticator", &ok);
+        let (condition, phase): (_, Phase) = ready("JWTAuthenticator", &ok);
         assert_eq!(phase, Phase::Ready);
         assert_eq!(condition.message, "the JWTAuthenticator is ready");
         assert_eq!(condition.reason, "Success");
 
         let unknown = [Check::success("A", "a"), Check::unable_to_validate("B")];
-        let (condition, phase) = ready("WebhookAuthenticator", &unknown);
+        let (condition, phase): (_, Phase) = ready("WebhookAuthenticator", &unknown);
         assert_eq!(phase, Phase::Error);
         assert_eq!(condition.status, Status::False);
         assert_eq!(condition.reason, "NotReady");

@@ -4,7 +4,8 @@
 //! (`caCertificate`, `tlsCertificateChain`, `tlsPrivateKey`).
 //!
 //! * Every replica watches the Secret and serves its certificate from the next handshake on
-//!   ([`ServingCertificate`]); a deleted or unreadable Secret leaves the current one in use.
+//!   ([`install`] into a [`ServingCert`]); a deleted or unreadable Secret leaves the current one
+//!   in use.
 //! * The leader ([`CertificateManager`]) creates the Secret when it is missing, replaces it 25 days
 //!   after issuance (certificates live 30 days, as Pinniped's install configures), when it is
 //!   unreadable, or when it names another Service; and keeps `spec.caBundle` of the existing
@@ -20,7 +21,6 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use arc_swap::ArcSwapOption;
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use futures::StreamExt as _;
 use k8s_openapi::{
@@ -31,15 +31,12 @@ use kube::{
     runtime::{watcher, WatchStreamExt as _},
     Api,
 };
-use rustls::{
-    crypto::CryptoProvider,
-    server::{ClientHello, ResolvesServerCert},
-    sign::CertifiedKey,
-};
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use tokio::sync::{watch, Notify};
 
-use crate::certs::{self, CertPair};
+use crate::{
+    certs::{self, CertPair},
+    serving::ServingCert,
+};
 
 /// The common name of the CA that signs the serving certificate (Pinniped: "Pinniped Aggregation
 /// CA").
@@ -181,21 +178,6 @@ impl ServingMaterial {
         .collect()
     }
 
-    /// The certificate and key as rustls serves them. Fails when either is unreadable or they do
-    /// not belong together.
-    pub fn certified_key(&self, provider: &CryptoProvider) -> Result<CertifiedKey, String> {
-        let chain = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("{TLS_CERTIFICATE_CHAIN_KEY}: {e}"))?;
-        if chain.is_empty() {
-            return Err(format!("{TLS_CERTIFICATE_CHAIN_KEY} holds no certificate"));
-        }
-        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
-            .map_err(|e| format!("{TLS_PRIVATE_KEY_KEY}: {e}"))?;
-        CertifiedKey::from_der(chain, key, provider)
-            .map_err(|e| format!("the serving certificate and key: {e}"))
-    }
-
     /// Why this material must be replaced at `now` to serve `service_name`, or `None` when it is
     /// good: unreadable, not for `service_name`, not yet valid, [`RENEW_AFTER`] old, expired, or
     /// without a CA bundle.
@@ -269,68 +251,20 @@ impl ServingMaterial {
     }
 }
 
-/// What is being served.
-struct Installed {
-    cert_pem: String,
-    key: Arc<CertifiedKey>,
-}
-
-/// The certificate every handshake gets: the last readable one the Secret held.
-#[derive(Default)]
-pub struct ServingCertificate {
-    installed: ArcSwapOption<Installed>,
-}
-
-impl std::fmt::Debug for ServingCertificate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServingCertificate")
-            .field("installed", &self.installed.load().is_some())
-            .finish()
+/// Serves `material` from the next handshake on. Returns whether it differs from what was
+/// served; fails (and keeps the current certificate) when it is unusable or not for
+/// `service_name` (kube-apiserver would refuse it; the leader replaces such a Secret).
+pub fn install(
+    serving: &ServingCert,
+    material: &ServingMaterial,
+    service_name: &str,
+) -> Result<bool, String> {
+    if !material.is_for(service_name) {
+        return Err(format!("the certificate is not for {service_name}"));
     }
-}
-
-impl ServingCertificate {
-    /// Serves `material` from the next handshake on. Returns whether it differs from what was
-    /// served; fails (and keeps the current certificate) when it is unusable or not for
-    /// `service_name` (kube-apiserver would refuse it; the leader replaces such a Secret).
-    pub fn install(
-        &self,
-        material: &ServingMaterial,
-        service_name: &str,
-        provider: &CryptoProvider,
-    ) -> Result<bool, String> {
-        if self
-            .installed
-            .load()
-            .as_ref()
-            .is_some_and(|installed| installed.cert_pem == material.cert_pem)
-        {
-            return Ok(false);
-        }
-        if !material.is_for(service_name) {
-            return Err(format!("the certificate is not for {service_name}"));
-        }
-        let key = material.certified_key(provider)?;
-        self.installed.store(Some(Arc::new(Installed {
-            cert_pem: material.cert_pem.clone(),
-            key: Arc::new(key),
-        })));
-        Ok(true)
-    }
-
-    /// Whether a certificate is being served.
-    pub fn is_ready(&self) -> bool {
-        self.installed.load().is_some()
-    }
-}
-
-impl ResolvesServerCert for ServingCertificate {
-    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.installed
-            .load()
-            .as_ref()
-            .map(|installed| installed.key.clone())
-    }
+    serving
+        .replace_pem(material.cert_pem.as_bytes(), material.key_pem.as_bytes())
+        .map_err(|e| e.to_string())
 }
 
 /// Watches the Secret and installs each usable version for `service_name`; wakes `leader_wake` on every change
@@ -339,8 +273,7 @@ pub async fn watch_secret(
     secrets: Api<Secret>,
     name: String,
     service_name: String,
-    serving: Arc<ServingCertificate>,
-    provider: Arc<CryptoProvider>,
+    serving: Arc<ServingCert>,
     leader_wake: Arc<Notify>,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -349,7 +282,7 @@ pub async fn watch_secret(
         match event {
             Ok(watcher::Event::Apply(secret) | watcher::Event::InitApply(secret)) => {
                 match ServingMaterial::from_secret(&secret)
-                    .and_then(|material| serving.install(&material, &service_name, &provider))
+                    .and_then(|material| install(&serving, &material, &service_name))
                 {
                     Ok(true) => {
                         tracing::info!(secret = %name, "serving the aggregated API's new certificate")
@@ -602,15 +535,17 @@ mod tests {
     const SERVICE: &str = "pinniped-concierge-api.pinniped-concierge.svc";
     const DAY: Duration = Duration::from_secs(86_400);
 
-    fn provider() -> CryptoProvider {
-        rustls::crypto::ring::default_provider()
+    fn load(
+        material: &ServingMaterial,
+    ) -> Result<rustls::sign::CertifiedKey, crate::serving::ServingCertError> {
+        ServingCert::load(material.cert_pem.as_bytes(), material.key_pem.as_bytes())
     }
 
     #[test]
     fn a_generated_certificate_serves_its_service_and_is_renewed_after_25_days() {
         let now = SystemTime::now();
         let material = ServingMaterial::generate(SERVICE, &[], now).unwrap();
-        material.certified_key(&provider()).unwrap();
+        load(&material).unwrap();
         let cas = certificates(&material.ca_bundle_pem).unwrap();
         assert_eq!(cas.len(), 1);
         assert_eq!(cas[0].1.common_name.as_deref(), Some(CA_COMMON_NAME));
@@ -670,20 +605,17 @@ mod tests {
             key_pem: other.key_pem,
             ..material.clone()
         };
-        assert!(mismatched.certified_key(&provider()).is_err());
-        let serving = ServingCertificate::default();
-        assert!(!serving.is_ready());
-        assert!(serving.install(&mismatched, SERVICE, &provider()).is_err());
-        assert!(!serving.is_ready());
-        assert!(serving.install(&material, SERVICE, &provider()).unwrap());
-        assert!(
-            !serving.install(&material, SERVICE, &provider()).unwrap(),
-            "unchanged"
-        );
-        assert!(serving.is_ready());
+        assert!(load(&mismatched).is_err());
+        let serving = ServingCert::disabled();
+        assert!(!serving.is_enabled());
+        assert!(install(&serving, &mismatched, SERVICE).is_err());
+        assert!(!serving.is_enabled());
+        assert!(install(&serving, &material, SERVICE).unwrap());
+        assert!(!install(&serving, &material, SERVICE).unwrap(), "unchanged");
+        assert!(serving.is_enabled());
         let elsewhere = ServingMaterial::generate("other.ns.svc", &[], SystemTime::now()).unwrap();
         assert!(!elsewhere.is_for(SERVICE));
-        let refused = serving.install(&elsewhere, SERVICE, &provider()).unwrap_err();
+        let refused = install(&serving, &elsewhere, SERVICE).unwrap_err();
         assert!(refused.contains("not for"), "{refused}");
         let garbage = ServingMaterial {
             cert_pem: "garbage".into(),

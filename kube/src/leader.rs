@@ -1,8 +1,8 @@
 //! Leader election with a `coordination.k8s.io/v1` Lease, so that of several replicas exactly one
 //! writes shared objects (statuses, generated Secrets, Services) while every replica serves.
 //!
-//! [`run`] tries every [`RENEW_INTERVAL`] to take or renew the Lease `<prefix>-leader-election` in
-//! the Concierge's namespace (optimistic concurrency on its `resourceVersion`, so two replicas
+//! [`run`] tries every [`RENEW_INTERVAL`] to take or renew the Lease its [`LeaseConfig`] names
+//! (the Concierge's is `<prefix>-leader-election` in its namespace) (optimistic concurrency on its `resourceVersion`, so two replicas
 //! never both win) and reports the outcome through a `watch` channel. A replica whose renewals
 //! fail for longer than [`LEASE_DURATION`] stops calling itself leader before another can take
 //! over; a Lease whose holder stopped renewing is taken over once it has expired.
@@ -20,7 +20,16 @@ use kube::{
 };
 use tokio::sync::watch;
 
-use crate::config::ControlPlaneConfig;
+/// Which Lease, and who this replica is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The Lease's name.
+    pub name: String,
+    /// This replica's identity (its pod name), written as the holder.
+    pub identity: String,
+}
 
 /// How long a Lease is valid after its last renewal.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -95,12 +104,12 @@ async fn attempt(api: &Api<Lease>, name: &str, identity: &str) -> Result<Attempt
 /// Takes part in the election until dropped, sending `true` on `leader` while this replica
 /// (`config.identity`) holds the Lease and `false` otherwise. Errors (kube-apiserver down,
 /// conflicts) are retried; they turn a leader into a follower once its Lease could have expired.
-pub async fn run(client: Client, config: &ControlPlaneConfig, leader: watch::Sender<bool>) {
+pub async fn run(client: Client, config: &LeaseConfig, leader: watch::Sender<bool>) {
     let api = Api::<Lease>::namespaced(client, &config.namespace);
-    let name = config.name("leader-election");
+    let name = &config.name;
     let mut last_renewal = tokio::time::Instant::now();
     loop {
-        match attempt(&api, &name, &config.identity).await {
+        match attempt(&api, name, &config.identity).await {
             Ok(Attempt::Holding) => {
                 last_renewal = tokio::time::Instant::now();
                 if !*leader.borrow() {

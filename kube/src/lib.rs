@@ -1,0 +1,23 @@
+//! # selkie-kube
+//!
+//! The Kubernetes toolkit Selkie's servers share (the Concierge's control plane and proxy, the
+//! Supervisor), with nothing of either in it:
+//!
+//! * [`serving`]: the serving certificate of a TLS listener, hot-swappable and chosen by SNI;
+//! * [`certs`]: the CAs and certificates servers generate (ECDSA P-256, PEM);
+//! * [`status`]: the `metav1.Status` failure body;
+//! * with the `api` feature (default), what talks to kube-apiserver: [`leader`] election over a
+//!   Lease, status [`conditions`] generic over an object's phase type, and the aggregated API's
+//!   serving Secret and APIService CA bundles ([`serving_secret`]).
+//!
+//! It does not depend on `filters` (who a request comes from) nor `filters` on it.
+
+pub mod certs;
+#[cfg(feature = "api")]
+pub mod conditions;
+#[cfg(feature = "api")]
+pub mod leader;
+pub mod serving;
+#[cfg(feature = "api")]
+pub mod serving_secret;
+pub mod status;
