@@ -25,6 +25,7 @@ pub mod crds;
 pub mod duration;
 pub mod group_suffix;
 pub mod identity;
+pub mod json;
 pub mod login;
 pub mod names;
 pub mod percent;

@@ -270,7 +270,7 @@ impl TokenReviewAuthenticator {
             // credential: only where and what kind of mistake it is goes to the log.
             tracing::warn!(
                 authenticator = %self.name,
-                error = %json_error_without_values(&e),
+                error = %selkie_api::json::error_without_values(&e),
                 "token review response is not a TokenReview"
             );
             None
@@ -355,18 +355,6 @@ struct ReviewUser {
     groups: Vec<String>,
     #[serde(default)]
     extra: BTreeMap<String, Vec<String>>,
-}
-
-/// Where a JSON document went wrong and what kind of mistake it is (syntax, wrong type or
-/// missing field, truncated), without serde's message, which quotes the values it met.
-fn json_error_without_values(error: &serde_json::Error) -> String {
-    let kind = match error.classify() {
-        serde_json::error::Category::Io => "unreadable",
-        serde_json::error::Category::Syntax => "not JSON",
-        serde_json::error::Category::Data => "JSON of the wrong shape",
-        serde_json::error::Category::Eof => "truncated JSON",
-    };
-    format!("{kind} at line {} column {}", error.line(), error.column())
 }
 
 #[cfg(test)]

@@ -8,10 +8,13 @@
 //! * [`status`]: the `metav1.Status` failure body;
 //! * with the `api` feature (default), what talks to kube-apiserver: [`leader`] election over a
 //!   Lease, status [`conditions`] generic over an object's phase type, and the aggregated API's
-//!   serving Secret and APIService CA bundles ([`serving_secret`]).
+//!   serving Secret and APIService CA bundles ([`serving_secret`]), and the rest of an aggregated
+//!   API server's kit: discovery, health, request objects ([`aggregated`]).
 //!
 //! It does not depend on `filters` (who a request comes from) nor `filters` on it.
 
+#[cfg(feature = "api")]
+pub mod aggregated;
 pub mod certs;
 #[cfg(feature = "api")]
 pub mod conditions;

@@ -1,37 +1,22 @@
-//! The aggregated API's routes: discovery (legacy and aggregated v2), health, OpenAPI, and the two
-//! create-only resources. Every error is a `metav1.Status`.
-
-use std::hash::{Hash as _, Hasher as _};
+//! The aggregated API's routes: discovery (legacy and aggregated v2), health, OpenAPI (all from
+//! selkie-kube's aggregated-API kit), and the two create-only resources. Every error is a
+//! `metav1.Status`.
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http::{Method, Request, Response, StatusCode};
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 use selkie_filters::{identity::UserInfo, issuing::login_api::ConciergeApi as _};
-use serde_json::{json, Value};
+use selkie_kube::aggregated::{
+    common, created, json_response, method_not_allowed, not_acceptable, not_found, read_object, ApiResource,
+    Discovery,
+};
+pub use selkie_kube::aggregated::{status, Body, MAX_BODY_BYTES};
+use serde_json::json;
 
 use crate::{config::ControlPlaneConfig, published::Publisher};
 
-/// A response body.
-pub type Body = Full<Bytes>;
-
 /// The only version served.
 pub const VERSION: &str = "v1alpha1";
-/// The largest request body read (kube-apiserver's limit is larger; these objects are small).
-pub const MAX_BODY_BYTES: usize = 256 * 1024;
-/// `Accept` (and `Content-Type`) of the aggregated discovery document, v2.
-const DISCOVERY_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-/// The same, v2beta1 (still asked for by kube-apiserver 1.35, after v2).
-const DISCOVERY_V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
-
-/// One resource of the API.
-struct Resource {
-    group: String,
-    plural: &'static str,
-    singular: &'static str,
-    kind: &'static str,
-    verbs: &'static [&'static str],
-}
 
 /// The routes of one installation (its group suffix), with precomputed discovery documents.
 #[derive(Debug)]
@@ -41,17 +26,7 @@ pub struct Routes {
     /// reference must name.
     authenticator_group: String,
     identity_group: String,
-    group_list: Bytes,
-    discovery_v2: Bytes,
-    discovery_v2beta1: Bytes,
-    discovery_etag: String,
-    groups: Vec<(String, Bytes, Bytes)>,
-}
-
-impl std::fmt::Debug for Resource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resource").field("plural", &self.plural).finish()
-    }
+    discovery: Discovery,
 }
 
 /// What a request needs besides itself.
@@ -67,75 +42,32 @@ impl Routes {
     pub fn new(config: &ControlPlaneConfig) -> Self {
         let login_group = config.group(selkie_api::login::GROUP);
         let identity_group = config.group("identity.concierge.pinniped.dev");
-        let resources = [
-            Resource {
+        let discovery = Discovery::new(&[
+            ApiResource {
                 group: login_group.clone(),
+                version: VERSION,
                 plural: "tokencredentialrequests",
                 singular: "tokencredentialrequest",
                 kind: "TokenCredentialRequest",
                 // Pinniped's list is a no-op that returns an empty list.
                 verbs: &["create", "list"],
+                namespaced: false,
             },
-            Resource {
+            ApiResource {
                 group: identity_group.clone(),
+                version: VERSION,
                 plural: "whoamirequests",
                 singular: "whoamirequest",
                 kind: "WhoAmIRequest",
                 verbs: &["create"],
+                namespaced: false,
             },
-        ];
-        let group_list = json!({"kind": "APIGroupList", "apiVersion": "v1",
-            "groups": resources.iter().map(|r| api_group(&r.group)).collect::<Vec<_>>()});
-        let discovery = |version: &str| {
-            let items: Vec<Value> = resources
-                .iter()
-                .map(|r| {
-                    json!({
-                        "metadata": {"name": r.group, "creationTimestamp": null},
-                        "versions": [{
-                            "version": VERSION,
-                            "resources": [{
-                                "resource": r.plural,
-                                "responseKind": {"group": r.group, "version": VERSION, "kind": r.kind},
-                                "scope": "Cluster",
-                                "singularResource": r.singular,
-                                "verbs": r.verbs,
-                            }],
-                            "freshness": "Current",
-                        }],
-                    })
-                })
-                .collect();
-            let body = json!({"kind": "APIGroupDiscoveryList",
-                "apiVersion": format!("apidiscovery.k8s.io/{version}"),
-                "metadata": {}, "items": items});
-            Bytes::from(body.to_string())
-        };
-        let discovery_v2 = discovery("v2");
-        let mut hasher = std::hash::DefaultHasher::new();
-        discovery_v2.hash(&mut hasher);
-        let groups = resources
-            .iter()
-            .map(|r| {
-                let group = Bytes::from(api_group(&r.group).to_string());
-                let resources = json!({
-                    "kind": "APIResourceList", "apiVersion": "v1",
-                    "groupVersion": format!("{}/{VERSION}", r.group),
-                    "resources": [{"name": r.plural, "singularName": r.singular, "namespaced": false,
-                                   "kind": r.kind, "verbs": r.verbs}],
-                });
-                (r.group.clone(), group, Bytes::from(resources.to_string()))
-            })
-            .collect();
+        ]);
         Self {
             login_group,
             authenticator_group: config.group(selkie_api::authentication::GROUP),
             identity_group,
-            group_list: Bytes::from(group_list.to_string()),
-            discovery_v2,
-            discovery_v2beta1: discovery("v2beta1"),
-            discovery_etag: format!("\"{:016x}\"", hasher.finish()),
-            groups,
+            discovery,
         }
     }
 
@@ -165,46 +97,18 @@ impl Routes {
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         let method = request.method().clone();
         let get = method == Method::GET || method == Method::HEAD;
+        if let Some(response) = common(
+            &segments,
+            &method,
+            context.ready,
+            "serving certificate or extension-apiserver-authentication not loaded yet",
+            "Selkie Concierge aggregated API",
+        )
+        .or_else(|| self.discovery.respond(&segments, &method, request.headers()))
+        {
+            return response;
+        }
         match segments.as_slice() {
-            ["healthz"] | ["livez"] if get => text(StatusCode::OK, "ok"),
-            ["readyz"] if get => {
-                if context.ready {
-                    text(StatusCode::OK, "ok")
-                } else {
-                    text(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "[-]serving certificate or extension-apiserver-authentication not loaded yet\nreadyz check failed",
-                    )
-                }
-            }
-            ["healthz"] | ["livez"] | ["readyz"] => method_not_allowed(),
-            ["openapi", "v2"] if get => json_response(
-                StatusCode::OK,
-                "application/json",
-                Bytes::from(
-                    json!({"swagger": "2.0",
-                           "info": {"title": "Selkie Concierge aggregated API", "version": VERSION},
-                           "paths": {}})
-                    .to_string(),
-                ),
-            ),
-            ["openapi", "v3"] if get => json_response(
-                StatusCode::OK,
-                "application/json",
-                Bytes::from_static(b"{\"paths\":{}}"),
-            ),
-            ["apis"] if get => self.group_list(request.headers()),
-            ["apis", group] if get => match self.group(group) {
-                Some((_, group, _)) => json_response(StatusCode::OK, "application/json", group.clone()),
-                None => not_found(),
-            },
-            ["apis", group, VERSION] if get => match self.group(group) {
-                Some((_, _, resources)) => {
-                    json_response(StatusCode::OK, "application/json", resources.clone())
-                }
-                None => not_found(),
-            },
-            ["apis"] | ["apis", _] | ["apis", _, VERSION] => method_not_allowed(),
             ["apis", group, VERSION, "tokencredentialrequests"] if *group == self.login_group => {
                 if let Some(refusal) = not_acceptable(request.headers()) {
                     return refusal;
@@ -232,57 +136,6 @@ impl Routes {
             }
             _ => not_found(),
         }
-    }
-
-    fn group(&self, name: &str) -> Option<&(String, Bytes, Bytes)> {
-        self.groups.iter().find(|(group, _, _)| group == name)
-    }
-
-    /// `/apis`: the aggregated discovery document when the client asks for it (kube-apiserver's
-    /// aggregator does, v2 first), else the legacy `APIGroupList`.
-    fn group_list(&self, headers: &HeaderMap) -> Response<Body> {
-        let accept = headers
-            .get_all(header::ACCEPT)
-            .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
-            .map(|range| range.split(';').map(str::trim).collect::<Vec<_>>())
-            .find_map(|parts| {
-                let wants = |version: &str| {
-                    parts
-                        .first()
-                        .is_some_and(|t| t.eq_ignore_ascii_case("application/json"))
-                        && parts.contains(&"g=apidiscovery.k8s.io")
-                        && parts.contains(&"as=APIGroupDiscoveryList")
-                        && parts.contains(&version)
-                };
-                if wants("v=v2") {
-                    Some(true)
-                } else if wants("v=v2beta1") {
-                    Some(false)
-                } else {
-                    None
-                }
-            });
-        let (content_type, body) = match accept {
-            Some(true) => (DISCOVERY_V2, self.discovery_v2.clone()),
-            Some(false) => (DISCOVERY_V2BETA1, self.discovery_v2beta1.clone()),
-            None => return json_response(StatusCode::OK, "application/json", self.group_list.clone()),
-        };
-        let unchanged = headers
-            .get(header::IF_NONE_MATCH)
-            .is_some_and(|tag| tag.as_bytes() == self.discovery_etag.as_bytes());
-        let mut response = if unchanged {
-            let mut response = Response::new(Body::default());
-            *response.status_mut() = StatusCode::NOT_MODIFIED;
-            response
-        } else {
-            json_response(StatusCode::OK, content_type, body)
-        };
-        if let Ok(tag) = HeaderValue::from_str(&self.discovery_etag) {
-            response.headers_mut().insert(header::ETAG, tag);
-        }
-        response
     }
 
     async fn token_credential_request<B>(&self, context: &Context<'_>, request: Request<B>) -> Response<Body>
@@ -323,231 +176,15 @@ impl Routes {
     }
 }
 
-fn api_group(group: &str) -> Value {
-    let version = json!({"groupVersion": format!("{group}/{VERSION}"), "version": VERSION});
-    json!({"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": [version],
-           "preferredVersion": version})
-}
-
-/// How a request body is encoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Encoding {
-    Json,
-    Yaml,
-}
-
-/// The body's encoding by `Content-Type` (none means JSON), or the 415 refusal.
-fn encoding(headers: &HeaderMap) -> Result<Encoding, Box<Response<Body>>> {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return Ok(Encoding::Json);
-    };
-    let media_type = value
-        .to_str()
-        .ok()
-        .and_then(|value| value.split(';').next())
-        .map(|media| media.trim().to_ascii_lowercase());
-    match media_type.as_deref() {
-        Some("application/json") => Ok(Encoding::Json),
-        Some("application/yaml") => Ok(Encoding::Yaml),
-        _ => Err(Box::new(status(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "UnsupportedMediaType",
-            &format!(
-                "the body of the request was in an unknown format ({}) - accepted media types include: application/json, application/yaml",
-                value.to_str().unwrap_or("<not text>")
-            ),
-        ))),
-    }
-}
-
-/// A 406 when `Accept` rules out JSON (the only encoding served).
-fn not_acceptable(headers: &HeaderMap) -> Option<Response<Body>> {
-    let values: Vec<&str> = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(str::trim)
-        .filter(|range| !range.is_empty())
-        .collect();
-    let acceptable = values.is_empty()
-        || values.iter().any(|range| {
-            let media = range.split(';').next().unwrap_or_default().trim();
-            ["*/*", "application/*", "application/json"]
-                .iter()
-                .any(|ok| media.eq_ignore_ascii_case(ok))
-        });
-    (!acceptable).then(|| {
-        status(
-            StatusCode::NOT_ACCEPTABLE,
-            "NotAcceptable",
-            "only the following media types are accepted: application/json",
-        )
-    })
-}
-
-/// Reads and decodes the body as `T`, checking `apiVersion` and `kind` when present. Refuses a
-/// wrong `Content-Type` (415), a body over [`MAX_BODY_BYTES`] (413), and anything undecodable or of
-/// another kind (400). The refusal never quotes the body.
-async fn read_object<T, B>(
-    request: Request<B>,
-    api_version: &str,
-    kind: &str,
-) -> Result<T, Box<Response<Body>>>
-where
-    T: serde::de::DeserializeOwned,
-    B: hyper::body::Body<Data = Bytes> + Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let encoding = encoding(request.headers())?;
-    let too_large = || {
-        Box::new(status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "RequestEntityTooLarge",
-            &format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
-        ))
-    };
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
-        return Err(too_large());
-    }
-    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Err(error) => {
-            return Err(Box::new(status(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                &format!("reading the request body failed: {error}"),
-            )))
-        }
-    };
-    let bad = |message: String| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", &message));
-    let value: Value = match encoding {
-        Encoding::Json => serde_json::from_slice(&body).map_err(|e| {
-            bad(format!(
-                "the request body is not valid JSON: {}",
-                e.classify_message()
-            ))
-        })?,
-        Encoding::Yaml => {
-            serde_yaml::from_slice(&body).map_err(|_| bad("the request body is not valid YAML".into()))?
-        }
-    };
-    let Value::Object(fields) = &value else {
-        return Err(bad(format!("the request body must be a {kind} object")));
-    };
-    let field = |name: &str| fields.get(name).and_then(Value::as_str).unwrap_or_default();
-    if fields.get("apiVersion").is_some_and(|v| !v.is_string())
-        || fields.get("kind").is_some_and(|v| !v.is_string())
-    {
-        return Err(bad("apiVersion and kind must be strings".into()));
-    }
-    if !field("apiVersion").is_empty() && field("apiVersion") != api_version {
-        return Err(bad(format!(
-            "the API version in the data ({}) does not match the expected API version ({api_version})",
-            field("apiVersion")
-        )));
-    }
-    if !field("kind").is_empty() && field("kind") != kind {
-        return Err(bad(format!(
-            "the kind in the data ({}) does not match the expected kind ({kind})",
-            field("kind")
-        )));
-    }
-    serde_json::from_value(value).map_err(|e| {
-        bad(format!(
-            "the request body is not a valid {kind}: {}",
-            e.classify_message()
-        ))
-    })
-}
-
-/// A serde error's description without the input it quotes (a token may be in it).
-trait ClassifyMessage {
-    fn classify_message(&self) -> String;
-}
-
-impl ClassifyMessage for serde_json::Error {
-    fn classify_message(&self) -> String {
-        let what = match self.classify() {
-            serde_json::error::Category::Io => "unreadable",
-            serde_json::error::Category::Syntax => "syntax error",
-            serde_json::error::Category::Data => "a field has the wrong type or value",
-            serde_json::error::Category::Eof => "unexpected end of input",
-        };
-        if self.line() > 0 {
-            format!("{what} at line {} column {}", self.line(), self.column())
-        } else {
-            what.to_string()
-        }
-    }
-}
-
-fn created(object: &impl serde::Serialize) -> Response<Body> {
-    match serde_json::to_vec(object) {
-        Ok(body) => json_response(StatusCode::CREATED, "application/json", Bytes::from(body)),
-        Err(_) => status(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            "the answer could not be encoded",
-        ),
-    }
-}
-
-/// A `metav1.Status` failure.
-pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    json_response(
-        code,
-        "application/json",
-        selkie_kube::status::status_body(code.as_u16(), reason, message),
-    )
-}
-
-fn not_found() -> Response<Body> {
-    status(
-        StatusCode::NOT_FOUND,
-        "NotFound",
-        "the server could not find the requested resource",
-    )
-}
-
-fn method_not_allowed() -> Response<Body> {
-    status(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "MethodNotAllowed",
-        "the server does not allow this method on the requested resource",
-    )
-}
-
-fn text(code: StatusCode, body: &'static str) -> Response<Body> {
-    let mut response = Response::new(Body::new(Bytes::from_static(body.as_bytes())));
-    *response.status_mut() = code;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
-}
-
-fn json_response(code: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
-    let mut response = Response::new(Body::new(body));
-    *response.status_mut() = code;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
+    use http::{header, HeaderMap, HeaderValue};
+    use http_body_util::BodyExt as _;
     use selkie_filters::issuing::signer::ClientCertificateSigner;
+    use selkie_kube::aggregated::{DISCOVERY_V2, DISCOVERY_V2BETA1};
+    use serde_json::Value;
 
     use super::*;
 

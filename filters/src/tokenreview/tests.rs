@@ -214,7 +214,7 @@ fn a_malformed_answer_is_described_without_its_values() {
         error.to_string().contains("s3cr3t-t0ken"),
         "serde quotes it: {error}"
     );
-    let described = json_error_without_values(&error);
+    let described = selkie_api::json::error_without_values(&error);
     assert!(!described.contains("s3cr3t"), "{described}");
     assert!(
         described.starts_with("JSON of the wrong shape at line 1 column"),
@@ -223,5 +223,5 @@ fn a_malformed_answer_is_described_without_its_values() {
     let Err(truncated) = serde_json::from_slice::<ReviewResponse>(b"{\"status\":") else {
         panic!("a truncated answer parses")
     };
-    assert!(json_error_without_values(&truncated).starts_with("truncated JSON"));
+    assert!(selkie_api::json::error_without_values(&truncated).starts_with("truncated JSON"));
 }
