@@ -291,10 +291,7 @@ impl Login<'_> {
                     .is_some_and(|e| e - now > MIN_ID_TOKEN_VALIDITY)
             }
         };
-        let config = ClientConfig {
-            client_id: options.client_id.clone(),
-            scopes: options.scopes.clone(),
-        };
+        let config = ClientConfig::public(&options.client_id, options.scopes.clone());
         let mut provider: Option<Provider> = None;
         let tokens = match cached {
             Some(tokens) if fresh_enough(&tokens) => {
@@ -302,7 +299,7 @@ impl Login<'_> {
                 tokens
             }
             cached => {
-                let mut discovered = Provider::discover(&options.issuer, &self.tls).await?;
+                let discovered = Provider::discover(&options.issuer, &self.tls).await?;
                 let refreshed = match cached.and_then(|tokens| tokens.refresh) {
                     Some(refresh) => match discovered
                         .refresh(&config, &refresh.token)
@@ -323,7 +320,7 @@ impl Login<'_> {
                 };
                 let tokens = match refreshed {
                     Some(tokens) => tokens,
-                    None => self.login(&mut discovered, &config).await?,
+                    None => self.login(&discovered, &config).await?,
                 };
                 if let Some(cache) = &sessions {
                     cache
@@ -336,7 +333,7 @@ impl Login<'_> {
             }
         };
         if needs_exchange(&tokens) {
-            let mut provider = match provider {
+            let provider = match provider {
                 Some(provider) => provider,
                 None => Provider::discover(&options.issuer, &self.tls).await?,
             };
@@ -361,10 +358,11 @@ impl Login<'_> {
     }
 
     /// A fresh login in the chosen flow.
-    async fn login(&mut self, provider: &mut Provider, config: &ClientConfig) -> anyhow::Result<Tokens> {
+    async fn login(&mut self, provider: &Provider, config: &ClientConfig) -> anyhow::Result<Tokens> {
         let params = LoginParams::generate()?;
         let options = self.options;
-        let mut extra: Vec<(&str, &str)> = Vec::new();
+        // As the pinniped CLI asks: some providers (Google) issue refresh tokens only then.
+        let mut extra: Vec<(&str, &str)> = vec![("access_type", "offline")];
         if !options.upstream_identity_provider_name.is_empty() {
             extra.push(("pinniped_idp_name", &options.upstream_identity_provider_name));
             extra.push(("pinniped_idp_type", idp_type(options)));
@@ -428,7 +426,7 @@ impl Login<'_> {
 
     async fn browser_login(
         &mut self,
-        provider: &mut Provider,
+        provider: &Provider,
         config: &ClientConfig,
         params: &LoginParams,
         extra: &[(&str, &str)],

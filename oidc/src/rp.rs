@@ -9,7 +9,11 @@
 
 use std::time::Duration;
 
-use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
+use arc_swap::ArcSwapOption;
+use base64::{
+    engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD},
+    Engine as _,
+};
 use ring::rand::SecureRandom as _;
 use serde::Deserialize;
 use serde_json::Map;
@@ -105,7 +109,8 @@ pub struct Provider {
     /// Its discovery document.
     pub discovery: Discovery,
     client: HttpsClient,
-    jwks: Option<Vec<VerifyingKey>>,
+    /// The issuer's keys as last fetched (again when no key verifies a token).
+    jwks: ArcSwapOption<Vec<VerifyingKey>>,
 }
 
 impl std::fmt::Debug for Provider {
@@ -227,13 +232,37 @@ impl std::fmt::Debug for RefreshToken {
     }
 }
 
-/// What the client asks for.
-#[derive(Debug, Clone)]
+/// Who the client is and what it asks for.
+#[derive(Clone)]
 pub struct ClientConfig {
-    /// The OAuth client ID (`pinniped-cli`).
+    /// The OAuth client ID (`pinniped-cli` for the CLI).
     pub client_id: String,
+    /// The client secret of a confidential client (the Supervisor at its upstreams), sent with
+    /// HTTP Basic authentication (RFC 6749 §2.3.1); `None` for a public client, which sends its
+    /// `client_id` in the form instead.
+    pub client_secret: Option<String>,
     /// The scopes, in order.
     pub scopes: Vec<String>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("client_id", &self.client_id)
+            .field("scopes", &self.scopes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientConfig {
+    /// A public client (no secret).
+    pub fn public(client_id: &str, scopes: Vec<String>) -> Self {
+        Self {
+            client_id: client_id.to_string(),
+            client_secret: None,
+            scopes,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -300,11 +329,12 @@ impl Provider {
             issuer: issuer.into(),
             discovery,
             client,
-            jwks: None,
+            jwks: ArcSwapOption::empty(),
         })
     }
 
-    /// The authorization URL for a browser login.
+    /// The authorization URL for a browser login; `extra` parameters (the CLI's
+    /// `access_type=offline`, an upstream's additional authorize parameters) come last.
     pub fn authorize_url(
         &self,
         config: &ClientConfig,
@@ -314,7 +344,6 @@ impl Provider {
     ) -> String {
         let mut query = form_urlencoded::Serializer::new(String::new());
         query
-            .append_pair("access_type", "offline")
             .append_pair("client_id", &config.client_id)
             .append_pair("code_challenge", &params.challenge())
             .append_pair("code_challenge_method", "S256")
@@ -334,7 +363,7 @@ impl Provider {
     /// Redeems an authorization code (with the PKCE verifier) and validates the ID token,
     /// whose nonce must be `params.nonce`.
     pub async fn exchange_code(
-        &mut self,
+        &self,
         config: &ClientConfig,
         params: &LoginParams,
         code: &str,
@@ -342,27 +371,25 @@ impl Provider {
     ) -> Result<Tokens, OidcError> {
         let what = "redeeming the authorization code";
         let body = form_urlencoded::Serializer::new(String::new())
-            .append_pair("client_id", &config.client_id)
             .append_pair("code", code)
             .append_pair("code_verifier", &params.verifier)
             .append_pair("grant_type", "authorization_code")
             .append_pair("redirect_uri", redirect_uri)
             .finish();
-        let response = self.token_request(what, body).await?;
+        let response = self.token_request(what, config, body).await?;
         self.tokens(what, config, response, Some(&params.nonce), true)
             .await
     }
 
     /// Uses a refresh token. The new ID token (if any) is validated without a nonce, as pinniped
     /// does; without one, the old ID token is not kept.
-    pub async fn refresh(&mut self, config: &ClientConfig, refresh_token: &str) -> Result<Tokens, OidcError> {
+    pub async fn refresh(&self, config: &ClientConfig, refresh_token: &str) -> Result<Tokens, OidcError> {
         let what = "refreshing the session";
         let body = form_urlencoded::Serializer::new(String::new())
-            .append_pair("client_id", &config.client_id)
             .append_pair("grant_type", "refresh_token")
             .append_pair("refresh_token", refresh_token)
             .finish();
-        let response = self.token_request(what, body).await?;
+        let response = self.token_request(what, config, body).await?;
         let mut tokens = self.tokens(what, config, response, None, false).await?;
         if tokens.refresh.is_none() {
             tokens.refresh = Some(RefreshToken {
@@ -374,20 +401,19 @@ impl Provider {
 
     /// The OAuth2 resource-owner password grant, for an issuer that is not a Supervisor.
     pub async fn password_grant(
-        &mut self,
+        &self,
         config: &ClientConfig,
         username: &str,
         password: &str,
     ) -> Result<Tokens, OidcError> {
         let what = "logging in with the password grant";
         let body = form_urlencoded::Serializer::new(String::new())
-            .append_pair("client_id", &config.client_id)
             .append_pair("grant_type", "password")
             .append_pair("password", password)
             .append_pair("scope", &config.scopes.join(" "))
             .append_pair("username", username)
             .finish();
-        let response = self.token_request(what, body).await?;
+        let response = self.token_request(what, config, body).await?;
         self.tokens(what, config, response, None, true).await
     }
 
@@ -463,7 +489,7 @@ impl Provider {
 
     /// RFC 8693: exchanges the access token for an ID token with audience `audience`.
     pub async fn token_exchange(
-        &mut self,
+        &self,
         config: &ClientConfig,
         access_token: &str,
         audience: &str,
@@ -471,7 +497,6 @@ impl Provider {
         let what = "the RFC 8693 token exchange for --request-audience";
         let body = form_urlencoded::Serializer::new(String::new())
             .append_pair("audience", audience)
-            .append_pair("client_id", &config.client_id)
             .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:token-exchange")
             .append_pair("requested_token_type", "urn:ietf:params:oauth:token-type:jwt")
             .append_pair("subject_token", access_token)
@@ -480,7 +505,7 @@ impl Provider {
                 "urn:ietf:params:oauth:token-type:access_token",
             )
             .finish();
-        let response = self.token_request(what, body).await?;
+        let response = self.token_request(what, config, body).await?;
         let answer: TokenResponse =
             serde_json::from_slice(&response.body).map_err(|e| OidcError::BadTokenResponse {
                 what,
@@ -501,17 +526,48 @@ impl Provider {
         self.validate_id_token(&answer.access_token, audience, None).await
     }
 
-    async fn token_request(&self, what: &'static str, body: String) -> Result<Response, OidcError> {
+    /// POSTs the form `body` to the token endpoint as `config`'s client: its `client_id` added to
+    /// the form, or, with a secret, HTTP Basic authentication.
+    async fn token_request(
+        &self,
+        what: &'static str,
+        config: &ClientConfig,
+        body: String,
+    ) -> Result<Response, OidcError> {
         let form = (
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/x-www-form-urlencoded"),
         );
+        let mut headers = vec![form, accept_json()];
+        let body = match &config.client_secret {
+            Some(secret) => {
+                let escape =
+                    |text: &str| form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>();
+                let credentials = format!("{}:{}", escape(&config.client_id), escape(secret));
+                let mut value =
+                    http::HeaderValue::from_str(&format!("Basic {}", STANDARD.encode(credentials))).map_err(
+                        |_| OidcError::BadTokenResponse {
+                            what,
+                            reason: "the client credentials cannot be sent in an HTTP header".into(),
+                        },
+                    )?;
+                value.set_sensitive(true);
+                headers.push((http::header::AUTHORIZATION, value));
+                body
+            }
+            None => {
+                let client_id = form_urlencoded::Serializer::new(String::new())
+                    .append_pair("client_id", &config.client_id)
+                    .finish();
+                format!("{client_id}&{body}")
+            }
+        };
         let response = self
             .client
             .send(
                 http::Method::POST,
                 &self.discovery.token_endpoint,
-                &[form, accept_json()],
+                &headers,
                 body.into(),
                 MAX_ANSWER_BYTES,
                 Some(HTTP_TIMEOUT),
@@ -543,7 +599,7 @@ impl Provider {
 
     /// A token response's tokens, the ID token validated (and required when `need_id_token`).
     async fn tokens(
-        &mut self,
+        &self,
         what: &'static str,
         config: &ClientConfig,
         response: Response,
@@ -585,18 +641,18 @@ impl Provider {
     /// when no key fits), `iss` = the discovered issuer, `aud` contains `audience`, `exp` in the
     /// future, `nonce` equal when given.
     pub async fn validate_id_token(
-        &mut self,
+        &self,
         token: &str,
         audience: &str,
         nonce: Option<&str>,
     ) -> Result<IdToken, OidcError> {
         let jws = Jws::parse(token).map_err(|e| OidcError::IdToken(e.to_string()))?;
-        match self.jwks.as_deref().map(|keys| jws.verify(keys)) {
+        match self.jwks.load().as_deref().map(|keys| jws.verify(keys)) {
             Some(Ok(())) => {}
             Some(Err(JoseError::UnknownKey(_) | JoseError::BadSignature)) | None => {
                 let keys = self.fetch_jwks().await?;
                 jws.verify(&keys).map_err(|e| OidcError::IdToken(e.to_string()))?;
-                self.jwks = Some(keys);
+                self.jwks.store(Some(std::sync::Arc::new(keys)));
             }
             Some(Err(e)) => return Err(OidcError::IdToken(e.to_string())),
         }
@@ -809,14 +865,14 @@ mod tests {
                 supervisor: None,
             },
             client: HttpsClient::new(&TlsOptions::default()).unwrap(),
-            jwks: Some(jwks),
+            jwks: ArcSwapOption::from_pointee(jwks),
         }
     }
 
     #[tokio::test]
     async fn id_tokens_are_checked_for_issuer_audience_expiry_and_nonce() {
         let (key, jwks) = es256_key();
-        let mut provider = provider(jwks);
+        let provider = provider(jwks);
         let exp = OffsetDateTime::now_utc().unix_timestamp() + 3600;
         let good = serde_json::json!({"iss": "https://issuer.example.com", "aud": ["other", "pinniped-cli"],
             "exp": exp, "nonce": "n1", "email": "a@example.com"});
@@ -866,10 +922,7 @@ mod tests {
         let provider = provider(jwks);
         assert!(provider.discovery.supports_form_post());
         let params = LoginParams::generate().unwrap();
-        let config = ClientConfig {
-            client_id: "pinniped-cli".into(),
-            scopes: vec!["openid".into(), "offline_access".into()],
-        };
+        let config = ClientConfig::public("pinniped-cli", vec!["openid".into(), "offline_access".into()]);
         let url = provider.authorize_url(
             &config,
             &params,

@@ -4,4 +4,29 @@
 //! providers (OIDC, LDAP, Active Directory, GitHub) and issues per-cluster ID tokens, with sessions
 //! stored in Kubernetes Secrets so any replica can serve any step of a login.
 //!
-//! Status: empty; the provider arrives with the Supervisor work.
+//! Built so far, each with its unit tests (the HTTP endpoints, reconcilers and the process are not
+//! built yet; see the README's Status):
+//!
+//! * [`authorize`]: the authorization request's checks (clients, loopback redirects, PKCE S256
+//!   only, state and nonce entropy) and where a refusal goes; [`oauth`]: the error responses;
+//! * [`discovery`]: the endpoint paths, the OpenID Connect discovery document and the
+//!   identity-provider discovery document, as Pinniped publishes them;
+//! * [`id_token`]: ES256 ID tokens with Pinniped's claims (`username`, `groups`,
+//!   `additionalClaims`, `at_hash`, `rat`, ...), two minutes long;
+//! * [`subject`]: the `sub` of downstream ID tokens, byte for byte Pinniped's;
+//! * [`tokens`]: opaque authorization codes, access and refresh tokens (`pin_ac_`, `pin_at_`,
+//!   `pin_rt_`) minted and checked with a FederationDomain's token-signing key;
+//! * [`sealed`]: values handed out and read back unchanged (the upstream `state` of a login in
+//!   progress, the CSRF cookie), encrypted and authenticated with AES-256-GCM, bound to their
+//!   purpose and FederationDomain, with an expiry;
+//! * [`storage`]: the session Secrets, with Pinniped's names, types, labels, data keys and
+//!   garbage-collection annotation.
+
+pub mod authorize;
+pub mod discovery;
+pub mod id_token;
+pub mod oauth;
+pub mod sealed;
+pub mod storage;
+pub mod subject;
+pub mod tokens;

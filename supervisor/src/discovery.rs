@@ -1,0 +1,188 @@
+//! What a FederationDomain publishes about itself: its endpoint paths, its OpenID Connect
+//! discovery document (exactly the members and values Pinniped's Supervisor publishes, so the
+//! pinniped CLI and any OIDC library find what they look for), and its identity-provider discovery
+//! document.
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// `/.well-known/openid-configuration`.
+pub const WELL_KNOWN_PATH: &str = "/.well-known/openid-configuration";
+/// `/oauth2/authorize`.
+pub const AUTHORIZE_PATH: &str = "/oauth2/authorize";
+/// `/oauth2/token`.
+pub const TOKEN_PATH: &str = "/oauth2/token";
+/// `/callback`: where upstream identity providers send the browser back.
+pub const CALLBACK_PATH: &str = "/callback";
+/// `/choose_identity_provider`.
+pub const CHOOSE_IDP_PATH: &str = "/choose_identity_provider";
+/// `/jwks.json`.
+pub const JWKS_PATH: &str = "/jwks.json";
+/// `/v1alpha1/pinniped_identity_providers`.
+pub const IDP_DISCOVERY_PATH: &str = "/v1alpha1/pinniped_identity_providers";
+/// `/login`: the Supervisor's own login form (LDAP and Active Directory in a browser).
+pub const LOGIN_PATH: &str = "/login";
+
+/// The scopes a FederationDomain supports.
+pub const SCOPES: [&str; 5] = [
+    "openid",
+    "offline_access",
+    "pinniped:request-audience",
+    "username",
+    "groups",
+];
+/// The custom claims of its ID tokens.
+pub const CLAIMS: [&str; 3] = ["username", "groups", "additionalClaims"];
+
+/// The discovery document of `issuer` (as configured, without a trailing slash).
+pub fn openid_configuration(issuer: &str) -> Value {
+    json!({
+        "issuer": issuer,
+        "authorization_endpoint": format!("{issuer}{AUTHORIZE_PATH}"),
+        "token_endpoint": format!("{issuer}{TOKEN_PATH}"),
+        "jwks_uri": format!("{issuer}{JWKS_PATH}"),
+        "response_types_supported": ["code"],
+        "response_modes_supported": ["query", "form_post"],
+        "subject_types_supported": ["public"],
+        "id_token_signing_alg_values_supported": ["ES256"],
+        "token_endpoint_auth_methods_supported": ["client_secret_basic"],
+        "scopes_supported": SCOPES,
+        "claims_supported": CLAIMS,
+        "code_challenge_methods_supported": ["S256"],
+        selkie_oidc::discovery::SUPERVISOR_DISCOVERY_KEY: {
+            "pinniped_identity_providers_endpoint": format!("{issuer}{IDP_DISCOVERY_PATH}"),
+        },
+    })
+}
+
+/// The kinds of upstream identity provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdpType {
+    /// An OIDCIdentityProvider.
+    Oidc,
+    /// An LDAPIdentityProvider.
+    Ldap,
+    /// An ActiveDirectoryIdentityProvider.
+    ActiveDirectory,
+    /// A GitHubIdentityProvider.
+    Github,
+}
+
+impl IdpType {
+    /// Every type, in Pinniped's order.
+    pub const ALL: [Self; 4] = [Self::ActiveDirectory, Self::Github, Self::Ldap, Self::Oidc];
+
+    /// The name clients use (`pinniped_idp_type`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Oidc => "oidc",
+            Self::Ldap => "ldap",
+            Self::ActiveDirectory => "activedirectory",
+            Self::Github => "github",
+        }
+    }
+
+    /// The type named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+/// How a client can log in through an identity provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Flow {
+    /// The CLI sends the user's password in headers (`Pinniped-Username`, `Pinniped-Password`).
+    #[serde(rename = "cli_password")]
+    CliPassword,
+    /// A browser goes through the authorization code flow.
+    #[serde(rename = "browser_authcode")]
+    BrowserAuthcode,
+}
+
+/// One identity provider as clients discover it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DiscoveredIdp {
+    /// Its display name in the FederationDomain.
+    pub name: String,
+    /// Its type.
+    #[serde(rename = "type")]
+    pub kind: IdpType,
+    /// The flows it offers, in Pinniped's order.
+    pub flows: Vec<Flow>,
+}
+
+/// The identity-provider discovery document: the FederationDomain's providers (sorted by name, as
+/// Pinniped sorts them) and the types this Supervisor supports.
+pub fn identity_providers(idps: &[DiscoveredIdp]) -> Value {
+    let mut sorted = idps.to_vec();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    json!({
+        "pinniped_identity_providers": sorted,
+        "pinniped_supported_identity_provider_types": IdpType::ALL.iter().map(|kind| json!({"type": kind})).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_discovery_document_is_what_clients_read() {
+        let document = openid_configuration("https://sso.example.com/team-a");
+        assert_eq!(
+            document["authorization_endpoint"],
+            "https://sso.example.com/team-a/oauth2/authorize"
+        );
+        assert_eq!(
+            document["token_endpoint"],
+            "https://sso.example.com/team-a/oauth2/token"
+        );
+        assert_eq!(document["jwks_uri"], "https://sso.example.com/team-a/jwks.json");
+        assert_eq!(document["code_challenge_methods_supported"], json!(["S256"]));
+        assert_eq!(
+            document["id_token_signing_alg_values_supported"],
+            json!(["ES256"])
+        );
+        assert_eq!(
+            document["discovery.supervisor.pinniped.dev/v1alpha1"]["pinniped_identity_providers_endpoint"],
+            "https://sso.example.com/team-a/v1alpha1/pinniped_identity_providers"
+        );
+        // The relying party of selkie-oidc (and so the CLI) reads it as a Supervisor's.
+        let parsed: selkie_oidc::discovery::Discovery = serde_json::from_value(document).unwrap();
+        assert!(parsed.is_supervisor());
+        assert!(parsed.supports_form_post());
+    }
+
+    #[test]
+    fn identity_providers_are_sorted_with_their_flows() {
+        let document = identity_providers(&[
+            DiscoveredIdp {
+                name: "Okta".into(),
+                kind: IdpType::Oidc,
+                flows: vec![Flow::BrowserAuthcode, Flow::CliPassword],
+            },
+            DiscoveredIdp {
+                name: "Corp LDAP".into(),
+                kind: IdpType::Ldap,
+                flows: vec![Flow::CliPassword, Flow::BrowserAuthcode],
+            },
+        ]);
+        assert_eq!(
+            document["pinniped_identity_providers"],
+            json!([
+                {"name": "Corp LDAP", "type": "ldap", "flows": ["cli_password", "browser_authcode"]},
+                {"name": "Okta", "type": "oidc", "flows": ["browser_authcode", "cli_password"]},
+            ])
+        );
+        assert_eq!(
+            document["pinniped_supported_identity_provider_types"],
+            json!([{"type": "activedirectory"}, {"type": "github"}, {"type": "ldap"}, {"type": "oidc"}])
+        );
+        assert_eq!(
+            IdpType::from_name("activedirectory"),
+            Some(IdpType::ActiveDirectory)
+        );
+        assert_eq!(IdpType::from_name("saml"), None);
+    }
+}

@@ -1,0 +1,144 @@
+//! OAuth 2.0 error responses as the Supervisor gives them: the RFC 6749 `error` code and an
+//! `error_description` that starts with the code's general meaning and ends with what exactly is
+//! wrong — the wording Pinniped's Supervisor uses, which scripts and users already know.
+
+use serde::Serialize;
+
+/// An OAuth 2.0 / OIDC error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// `invalid_request`.
+    InvalidRequest,
+    /// `invalid_client`.
+    InvalidClient,
+    /// `invalid_grant`.
+    InvalidGrant,
+    /// `invalid_scope`.
+    InvalidScope,
+    /// `invalid_state`.
+    InvalidState,
+    /// `unauthorized_client`.
+    UnauthorizedClient,
+    /// `unsupported_grant_type`.
+    UnsupportedGrantType,
+    /// `unsupported_response_type`.
+    UnsupportedResponseType,
+    /// `unsupported_response_mode`.
+    UnsupportedResponseMode,
+    /// `access_denied`.
+    AccessDenied,
+    /// `server_error`.
+    ServerError,
+    /// `temporarily_unavailable`.
+    TemporarilyUnavailable,
+}
+
+impl Code {
+    /// The code as it is sent.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::InvalidClient => "invalid_client",
+            Self::InvalidGrant => "invalid_grant",
+            Self::InvalidScope => "invalid_scope",
+            Self::InvalidState => "invalid_state",
+            Self::UnauthorizedClient => "unauthorized_client",
+            Self::UnsupportedGrantType => "unsupported_grant_type",
+            Self::UnsupportedResponseType => "unsupported_response_type",
+            Self::UnsupportedResponseMode => "unsupported_response_mode",
+            Self::AccessDenied => "access_denied",
+            Self::ServerError => "server_error",
+            Self::TemporarilyUnavailable => "temporarily_unavailable",
+        }
+    }
+
+    /// The first sentence of every description of this code.
+    fn meaning(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "The request is missing a required parameter, includes an invalid parameter value, includes a parameter more than once, or is otherwise malformed.",
+            Self::InvalidClient => "Client authentication failed (e.g., unknown client, no client authentication included, or unsupported authentication method).",
+            Self::InvalidGrant => "The provided authorization grant (e.g., authorization code, resource owner credentials) or refresh token is invalid, expired, revoked, does not match the redirection URI used in the authorization request, or was issued to another client.",
+            Self::InvalidScope => "The requested scope is invalid, unknown, or malformed.",
+            Self::InvalidState => "The state is missing or does not have enough characters and is therefore considered too weak.",
+            Self::UnauthorizedClient => "The client is not authorized to request a token using this method.",
+            Self::UnsupportedGrantType => "The authorization grant type is not supported by the authorization server.",
+            Self::UnsupportedResponseType => "The authorization server does not support obtaining a token using this method.",
+            Self::UnsupportedResponseMode => "The authorization server does not support obtaining a response using this response mode.",
+            Self::AccessDenied => "The resource owner or authorization server denied the request.",
+            Self::ServerError => "The authorization server encountered an unexpected condition that prevented it from fulfilling the request.",
+            Self::TemporarilyUnavailable => "The authorization server is currently unable to handle the request due to a temporary overloading or maintenance of the server.",
+        }
+    }
+
+    /// The HTTP status of this error when it is not redirected.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Self::InvalidClient => 401,
+            Self::AccessDenied | Self::UnauthorizedClient => 403,
+            Self::ServerError => 500,
+            Self::TemporarilyUnavailable => 503,
+            _ => 400,
+        }
+    }
+}
+
+/// One error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OAuthError {
+    /// The code.
+    #[serde(rename = "error", serialize_with = "serialize_code")]
+    pub code: Code,
+    /// The code's meaning and what exactly is wrong.
+    #[serde(rename = "error_description")]
+    pub description: String,
+}
+
+fn serialize_code<S: serde::Serializer>(code: &Code, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(code.as_str())
+}
+
+impl OAuthError {
+    /// `code` with `hint` (what exactly is wrong; may be empty).
+    pub fn new(code: Code, hint: &str) -> Self {
+        let description = if hint.is_empty() {
+            code.meaning().to_string()
+        } else {
+            format!("{} {hint}", code.meaning())
+        };
+        Self { code, description }
+    }
+
+    /// The JSON body of a direct error response.
+    pub fn json(&self) -> String {
+        serde_json::json!({"error": self.code.as_str(), "error_description": self.description}).to_string()
+    }
+}
+
+impl std::fmt::Display for OAuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.description)
+    }
+}
+
+impl std::error::Error for OAuthError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions_read_as_pinnipeds() {
+        let error = OAuthError::new(
+            Code::InvalidRequest,
+            "Clients must use code_challenge_method=S256, plain is not allowed.",
+        );
+        assert_eq!(
+            error.description,
+            "The request is missing a required parameter, includes an invalid parameter value, includes a parameter more than once, or is otherwise malformed. Clients must use code_challenge_method=S256, plain is not allowed."
+        );
+        let body: serde_json::Value = serde_json::from_str(&error.json()).unwrap();
+        assert_eq!(body["error"], "invalid_request");
+        assert_eq!(serde_json::to_value(&error).unwrap(), body);
+        assert_eq!(Code::InvalidClient.http_status(), 401);
+    }
+}
