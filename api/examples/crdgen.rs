@@ -1,4 +1,4 @@
-//! Writes the Concierge CRDs into `conf/crds/`, one file per CRD, from the types in `api/src`.
+//! Writes the Concierge and Supervisor CRDs into `conf/crds/`, one file per CRD, from the types in `api/src`.
 //!
 //! ```text
 //! cargo run -p selkie-api --example crdgen                       # conf/crds/, pinniped.dev

@@ -15,6 +15,11 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// Shared with the Supervisor's identity providers; re-exported here, where they first lived.
+pub use crate::common::{
+    CertificateAuthorityDataSourceKind, CertificateAuthorityDataSourceSpec, Phase, TLSSpec,
+};
+
 /// The API group (before any `apiGroupSuffix` replacement, see [`crate::group_suffix`]).
 pub const GROUP: &str = "authentication.concierge.pinniped.dev";
 /// The one version of the group.
@@ -249,58 +254,6 @@ pub struct WebhookAuthenticatorStatus {
     /// Pending, Ready or Error: a summary of the conditions.
     #[serde(default)]
     pub phase: Phase,
-}
-
-/// An authenticator's overall state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum Phase {
-    /// Not yet (or not fully) reconciled; the default.
-    #[default]
-    Pending,
-    /// Every condition is healthy; the authenticator is in use.
-    Ready,
-    /// At least one condition is unhealthy; the authenticator is not used.
-    Error,
-}
-
-/// TLS settings for an outbound connection (to an OIDC issuer or a webhook).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct TLSSpec {
-    /// The certificate authorities to trust: a base64-encoded PEM bundle. The system roots when
-    /// neither this nor certificateAuthorityDataSource is set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub certificate_authority_data: Option<String>,
-
-    /// A Secret or ConfigMap holding the PEM bundle to trust, in the Concierge's namespace;
-    /// changes to it are picked up without a restart.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub certificate_authority_data_source: Option<CertificateAuthorityDataSourceSpec>,
-}
-
-/// Where to read a CA bundle from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct CertificateAuthorityDataSourceSpec {
-    /// Secret (of type kubernetes.io/tls or Opaque) or ConfigMap.
-    pub kind: CertificateAuthorityDataSourceKind,
-
-    /// The Secret's or ConfigMap's name, in the Concierge's namespace.
-    #[schemars(length(min = 1))]
-    pub name: String,
-
-    /// The key whose value is the PEM bundle; the value must be a non-empty, valid bundle.
-    #[schemars(length(min = 1))]
-    pub key: String,
-}
-
-/// The kind of object a CA bundle is read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-pub enum CertificateAuthorityDataSourceKind {
-    /// A Secret of type kubernetes.io/tls or Opaque.
-    Secret,
-    /// A ConfigMap.
-    ConfigMap,
 }
 
 #[cfg(test)]

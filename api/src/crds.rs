@@ -1,4 +1,5 @@
-//! The Concierge's CustomResourceDefinitions, generated from the types, and their YAML form.
+//! The Concierge's and the Supervisor's CustomResourceDefinitions, generated from the types, and
+//! their YAML form.
 //!
 //! `conf/crds/` holds the output of [`render_all`] for the default suffix, one file per CRD, named
 //! as Pinniped names its own (`<group>_<plural>.yaml`). Regenerate it after changing a type with
@@ -12,9 +13,14 @@
 //! kube's derive gives a structural schema; [`crd`] then brings it to Pinniped's shape: no
 //! `nullable` (absent and null mean the same; the apiserver prunes nulls), no root `title`, an
 //! explicit `listKind`, and the root `apiVersion` / `kind` / `metadata` properties controller-gen
-//! declares.
+//! declares. [`supervisor_crds`] also adds what Pinniped's install overlay adds to the OIDCClient
+//! CRD: a pattern on `metadata.name` ([`OIDC_CLIENT_NAME_PATTERN`]).
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
 use kube_core::{crd::v1::CustomResourceExt, dynamic::ApiResource, Resource};
 use serde_json::{json, Value};
 
@@ -22,6 +28,10 @@ use crate::{
     authentication::{JWTAuthenticator, WebhookAuthenticator},
     concierge_config::CredentialIssuer,
     group_suffix::{replace_group_suffix, validate_api_group_suffix, GroupSuffixError},
+    supervisor_config::{FederationDomain, OIDCClient, OIDC_CLIENT_NAME_PATTERN},
+    supervisor_idp::{
+        ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider, OIDCIdentityProvider,
+    },
 };
 
 /// The first line of every generated file: what wrote it and how to write it again.
@@ -89,20 +99,88 @@ where
 /// Every Concierge CRD, for `suffix` (`pinniped.dev` gives Pinniped's own groups), in a fixed
 /// order: JWTAuthenticator, WebhookAuthenticator, CredentialIssuer.
 pub fn concierge_crds(suffix: &str) -> Result<Vec<GeneratedCrd>, CrdError> {
-    [
-        crd::<JWTAuthenticator>()?,
-        crd::<WebhookAuthenticator>()?,
-        crd::<CredentialIssuer>()?,
-    ]
-    .into_iter()
-    .map(|crd| {
-        let crd = with_api_group_suffix(crd, suffix)?;
-        Ok(GeneratedCrd {
-            file_name: format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural),
-            crd,
+    generated(
+        [
+            crd::<JWTAuthenticator>()?,
+            crd::<WebhookAuthenticator>()?,
+            crd::<CredentialIssuer>()?,
+        ],
+        suffix,
+    )
+}
+
+/// Every Supervisor CRD, for `suffix` (`pinniped.dev` gives Pinniped's own groups), in a fixed
+/// order: FederationDomain, OIDCClient, OIDCIdentityProvider, LDAPIdentityProvider,
+/// ActiveDirectoryIdentityProvider, GitHubIdentityProvider.
+///
+/// The OIDCClient CRD carries Pinniped's install-time pattern on `metadata.name` (it does not
+/// change with the suffix: client IDs always start with `client.oauth.pinniped.dev-`).
+pub fn supervisor_crds(suffix: &str) -> Result<Vec<GeneratedCrd>, CrdError> {
+    generated(
+        [
+            crd::<FederationDomain>()?,
+            with_metadata_name_pattern(crd::<OIDCClient>()?, OIDC_CLIENT_NAME_PATTERN),
+            crd::<OIDCIdentityProvider>()?,
+            crd::<LDAPIdentityProvider>()?,
+            crd::<ActiveDirectoryIdentityProvider>()?,
+            crd::<GitHubIdentityProvider>()?,
+        ],
+        suffix,
+    )
+}
+
+/// [`concierge_crds`] then [`supervisor_crds`]: everything `conf/crds/` holds.
+pub fn all_crds(suffix: &str) -> Result<Vec<GeneratedCrd>, CrdError> {
+    let mut all = concierge_crds(suffix)?;
+    all.extend(supervisor_crds(suffix)?);
+    Ok(all)
+}
+
+fn generated(
+    crds: impl IntoIterator<Item = CustomResourceDefinition>,
+    suffix: &str,
+) -> Result<Vec<GeneratedCrd>, CrdError> {
+    crds.into_iter()
+        .map(|crd| {
+            let crd = with_api_group_suffix(crd, suffix)?;
+            Ok(GeneratedCrd {
+                file_name: format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural),
+                crd,
+            })
         })
-    })
-    .collect()
+        .collect()
+}
+
+/// Declares `pattern` on `metadata.name` in every version's schema (the one metadata constraint
+/// kube-apiserver honours in a CRD schema besides generateName), as Pinniped's install overlay
+/// does for OIDCClient.
+fn with_metadata_name_pattern(mut crd: CustomResourceDefinition, pattern: &str) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        let metadata = schema
+            .properties
+            .get_or_insert_with(BTreeMap::new)
+            .entry("metadata".into())
+            .or_insert_with(|| JSONSchemaProps {
+                type_: Some("object".into()),
+                ..Default::default()
+            });
+        metadata.properties.get_or_insert_with(BTreeMap::new).insert(
+            "name".into(),
+            JSONSchemaProps {
+                type_: Some("string".into()),
+                pattern: Some(pattern.into()),
+                ..Default::default()
+            },
+        );
+    }
+    crd
 }
 
 /// Rewrites a `*.pinniped.dev` CRD for another API group suffix: `spec.group` becomes
@@ -147,9 +225,10 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
     Ok(format!("{GENERATED_HEADER}{body}"))
 }
 
-/// Every Concierge CRD for `suffix` as `(file name, YAML)` pairs, exactly as `crdgen` writes them.
+/// Every CRD ([`all_crds`]) for `suffix` as `(file name, YAML)` pairs, exactly as `crdgen` writes
+/// them.
 pub fn render_all(suffix: &str) -> Result<Vec<(String, String)>, CrdError> {
-    concierge_crds(suffix)?
+    all_crds(suffix)?
         .into_iter()
         .map(|generated| Ok((generated.file_name, to_yaml(&generated.crd)?)))
         .collect()

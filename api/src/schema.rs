@@ -65,3 +65,49 @@ pub(crate) fn time(_: &mut SchemaGenerator) -> Schema {
         "format": "date-time",
     })
 }
+
+/// `corev1.TypedLocalObjectReference`: an object of a given kind in the referrer's namespace,
+/// replaced as a whole by server-side apply (atomic).
+pub(crate) fn typed_local_object_reference(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-map-type": "atomic",
+        "required": ["kind", "name"],
+        "properties": {
+            "apiGroup": {
+                "description": "The referenced object's API group; the core group when absent.",
+                "type": "string",
+            },
+            "kind": {
+                "description": "The referenced object's kind.",
+                "type": "string",
+            },
+            "name": {
+                "description": "The referenced object's name.",
+                "type": "string",
+            },
+        },
+    })
+}
+
+/// `corev1.LocalObjectReference`: an object (of a kind the field implies) in the referrer's
+/// namespace, replaced as a whole by server-side apply (atomic).
+pub(crate) fn local_object_reference(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-map-type": "atomic",
+        "properties": {
+            "name": {
+                "description": "The referenced object's name; empty means none.",
+                "type": "string",
+                "default": "",
+            },
+        },
+    })
+}
+
+/// Drops the `default` schemars derives from `#[serde(default)]`, for a field Pinniped's schema
+/// gives no default although absent reads as zero.
+pub(crate) fn no_default(schema: &mut Schema) {
+    schema.remove("default");
+}

@@ -12,7 +12,7 @@ fn crds_dir() -> PathBuf {
 }
 
 fn generated() -> Vec<GeneratedCrd> {
-    concierge_crds(DEFAULT_API_GROUP_SUFFIX).unwrap()
+    all_crds(DEFAULT_API_GROUP_SUFFIX).unwrap()
 }
 
 fn find(kind: &str) -> CustomResourceDefinition {
@@ -166,6 +166,7 @@ fn yaml_parses_back_to_the_same_crd() {
 
 #[test]
 fn names_scope_and_versions_are_pinnipeds() {
+    const IDP_CATEGORIES: &[&str] = &["pinniped", "pinniped-idp", "pinniped-idps"];
     let expected = [
         (
             "authentication.concierge.pinniped.dev_jwtauthenticators.yaml",
@@ -197,6 +198,66 @@ fn names_scope_and_versions_are_pinnipeds() {
             "credentialissuer",
             &["pinniped"][..],
         ),
+        (
+            "config.supervisor.pinniped.dev_federationdomains.yaml",
+            "federationdomains.config.supervisor.pinniped.dev",
+            "config.supervisor.pinniped.dev",
+            "FederationDomain",
+            "FederationDomainList",
+            "federationdomains",
+            "federationdomain",
+            &["pinniped"][..],
+        ),
+        (
+            "config.supervisor.pinniped.dev_oidcclients.yaml",
+            "oidcclients.config.supervisor.pinniped.dev",
+            "config.supervisor.pinniped.dev",
+            "OIDCClient",
+            "OIDCClientList",
+            "oidcclients",
+            "oidcclient",
+            &["pinniped"][..],
+        ),
+        (
+            "idp.supervisor.pinniped.dev_oidcidentityproviders.yaml",
+            "oidcidentityproviders.idp.supervisor.pinniped.dev",
+            "idp.supervisor.pinniped.dev",
+            "OIDCIdentityProvider",
+            "OIDCIdentityProviderList",
+            "oidcidentityproviders",
+            "oidcidentityprovider",
+            IDP_CATEGORIES,
+        ),
+        (
+            "idp.supervisor.pinniped.dev_ldapidentityproviders.yaml",
+            "ldapidentityproviders.idp.supervisor.pinniped.dev",
+            "idp.supervisor.pinniped.dev",
+            "LDAPIdentityProvider",
+            "LDAPIdentityProviderList",
+            "ldapidentityproviders",
+            "ldapidentityprovider",
+            IDP_CATEGORIES,
+        ),
+        (
+            "idp.supervisor.pinniped.dev_activedirectoryidentityproviders.yaml",
+            "activedirectoryidentityproviders.idp.supervisor.pinniped.dev",
+            "idp.supervisor.pinniped.dev",
+            "ActiveDirectoryIdentityProvider",
+            "ActiveDirectoryIdentityProviderList",
+            "activedirectoryidentityproviders",
+            "activedirectoryidentityprovider",
+            IDP_CATEGORIES,
+        ),
+        (
+            "idp.supervisor.pinniped.dev_githubidentityproviders.yaml",
+            "githubidentityproviders.idp.supervisor.pinniped.dev",
+            "idp.supervisor.pinniped.dev",
+            "GitHubIdentityProvider",
+            "GitHubIdentityProviderList",
+            "githubidentityproviders",
+            "githubidentityprovider",
+            IDP_CATEGORIES,
+        ),
     ];
     let generated = generated();
     assert_eq!(generated.len(), expected.len());
@@ -207,7 +268,13 @@ fn names_scope_and_versions_are_pinnipeds() {
         assert_eq!(g.file_name, file);
         assert_eq!(crd.metadata.name.as_deref(), Some(name));
         assert_eq!(crd.spec.group, group);
-        assert_eq!(crd.spec.scope, "Cluster", "{kind} is cluster-scoped");
+        // The Concierge's CRDs are cluster-scoped, the Supervisor's live in its namespace.
+        let scope = if group.contains(".concierge.") {
+            "Cluster"
+        } else {
+            "Namespaced"
+        };
+        assert_eq!(crd.spec.scope, scope, "{kind}");
         let names = &crd.spec.names;
         assert_eq!(names.kind, kind);
         assert_eq!(names.list_kind.as_deref(), Some(list_kind));
@@ -228,22 +295,25 @@ fn names_scope_and_versions_are_pinnipeds() {
     }
 }
 
+/// `kind`'s printer columns as `(name, type, jsonPath)`.
+fn columns(kind: &str) -> Vec<(String, String, String)> {
+    find(kind).spec.versions[0]
+        .additional_printer_columns
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.name, c.type_, c.json_path))
+        .collect()
+}
+
+fn owned(v: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    v.iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect()
+}
+
 #[test]
 fn printer_columns_are_pinnipeds() {
-    let columns = |kind: &str| -> Vec<(String, String, String)> {
-        find(kind).spec.versions[0]
-            .additional_printer_columns
-            .clone()
-            .unwrap()
-            .into_iter()
-            .map(|c| (c.name, c.type_, c.json_path))
-            .collect()
-    };
-    let owned = |v: &[(&str, &str, &str)]| -> Vec<(String, String, String)> {
-        v.iter()
-            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
-            .collect()
-    };
     assert_eq!(
         columns("JWTAuthenticator"),
         owned(&[
@@ -359,6 +429,38 @@ fn keyword(kind: &str, path: &str, key: &str) -> Value {
         at(&schema, path)
     };
     node.get(key).cloned().unwrap_or(Value::Null)
+}
+
+/// Checks every `(kind, path, keyword, expected value)`: `Null` means the keyword is absent,
+/// `required` lists compare as sets, numbers numerically.
+fn check_keywords(cases: &[(&str, &str, &str, Value)]) {
+    let mut wrong = Vec::new();
+    for (kind, path, key, expected) in cases {
+        let mut actual = keyword(kind, path, key);
+        if let (Some(a), Some(_)) = (actual.as_array_mut(), expected.as_array()) {
+            if *key == "required" {
+                // Order is not meaningful for `required`.
+                a.sort_by_key(|v| v.to_string());
+            }
+        }
+        let mut expected = expected.clone();
+        if *key == "required" {
+            if let Some(e) = expected.as_array_mut() {
+                e.sort_by_key(|v| v.to_string());
+            }
+        }
+        // JSONSchemaProps stores numeric limits as f64 or i64; compare numerically.
+        let same = match (actual.as_f64(), expected.as_f64()) {
+            (Some(a), Some(e)) => a == e,
+            _ => actual == expected,
+        };
+        if !same {
+            wrong.push(format!(
+                "{kind} {path:?} {key}: expected {expected}, got {actual}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
@@ -613,33 +715,7 @@ fn validation_matches_pinnipeds() {
             json!("^https://"),
         ),
     ];
-    let mut wrong = Vec::new();
-    for (kind, path, key, expected) in cases {
-        let mut actual = keyword(kind, path, key);
-        if let (Some(a), Some(_)) = (actual.as_array_mut(), expected.as_array()) {
-            if *key == "required" {
-                // Order is not meaningful for `required`.
-                a.sort_by_key(|v| v.to_string());
-            }
-        }
-        let mut expected = expected.clone();
-        if *key == "required" {
-            if let Some(e) = expected.as_array_mut() {
-                e.sort_by_key(|v| v.to_string());
-            }
-        }
-        // JSONSchemaProps stores numeric limits as f64 or i64; compare numerically.
-        let same = match (actual.as_f64(), expected.as_f64()) {
-            (Some(a), Some(e)) => a == e,
-            _ => actual == expected,
-        };
-        if !same {
-            wrong.push(format!(
-                "{kind} {path:?} {key}: expected {expected}, got {actual}"
-            ));
-        }
-    }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    check_keywords(cases);
 }
 
 // ---- structural ---------------------------------------------------------------------------------
@@ -770,7 +846,7 @@ fn the_structural_check_catches_what_it_claims_to() {
 
 #[test]
 fn suffix_rewrites_group_and_name_of_every_crd() {
-    let renamed = concierge_crds("acme.example.com").unwrap();
+    let renamed = all_crds("acme.example.com").unwrap();
     let names: Vec<(String, Option<String>, String)> = renamed
         .iter()
         .map(|g| {
@@ -781,25 +857,35 @@ fn suffix_rewrites_group_and_name_of_every_crd() {
             )
         })
         .collect();
+    let expected: Vec<(String, Option<String>, String)> = [
+        ("authentication.concierge", "jwtauthenticators"),
+        ("authentication.concierge", "webhookauthenticators"),
+        ("config.concierge", "credentialissuers"),
+        ("config.supervisor", "federationdomains"),
+        ("config.supervisor", "oidcclients"),
+        ("idp.supervisor", "oidcidentityproviders"),
+        ("idp.supervisor", "ldapidentityproviders"),
+        ("idp.supervisor", "activedirectoryidentityproviders"),
+        ("idp.supervisor", "githubidentityproviders"),
+    ]
+    .iter()
+    .map(|(prefix, plural)| {
+        let group = format!("{prefix}.acme.example.com");
+        (
+            format!("{group}_{plural}.yaml"),
+            Some(format!("{plural}.{group}")),
+            group,
+        )
+    })
+    .collect();
+    assert_eq!(names, expected);
     assert_eq!(
-        names,
-        vec![
-            (
-                "authentication.concierge.acme.example.com_jwtauthenticators.yaml".into(),
-                Some("jwtauthenticators.authentication.concierge.acme.example.com".into()),
-                "authentication.concierge.acme.example.com".into()
-            ),
-            (
-                "authentication.concierge.acme.example.com_webhookauthenticators.yaml".into(),
-                Some("webhookauthenticators.authentication.concierge.acme.example.com".into()),
-                "authentication.concierge.acme.example.com".into()
-            ),
-            (
-                "config.concierge.acme.example.com_credentialissuers.yaml".into(),
-                Some("credentialissuers.config.concierge.acme.example.com".into()),
-                "config.concierge.acme.example.com".into()
-            ),
-        ]
+        names[0],
+        (
+            "authentication.concierge.acme.example.com_jwtauthenticators.yaml".into(),
+            Some("jwtauthenticators.authentication.concierge.acme.example.com".into()),
+            "authentication.concierge.acme.example.com".into()
+        )
     );
     // Nothing but the group and the name changes.
     for (default, mut renamed) in generated().into_iter().zip(renamed) {
@@ -853,4 +939,9 @@ fn api_resource_follows_the_suffix() {
         "authentication.concierge.pinniped.dev/v1alpha1"
     );
     assert!(api_resource_with_group_suffix::<JWTAuthenticator>("nodot").is_err());
+    let idp = api_resource_with_group_suffix::<GitHubIdentityProvider>("acme.example.com").unwrap();
+    assert_eq!(idp.api_version, "idp.supervisor.acme.example.com/v1alpha1");
+    assert_eq!(idp.plural, "githubidentityproviders");
 }
+
+mod supervisor;

@@ -84,3 +84,39 @@ fn validate_rejects_what_kubernetes_rejects() {
         );
     }
 }
+
+#[test]
+fn every_supervisor_group_is_rewritten_too() {
+    for (group, renamed) in [
+        (
+            "config.supervisor.pinniped.dev",
+            "config.supervisor.acme.example.com",
+        ),
+        ("idp.supervisor.pinniped.dev", "idp.supervisor.acme.example.com"),
+        (
+            "clientsecret.supervisor.pinniped.dev",
+            "clientsecret.supervisor.acme.example.com",
+        ),
+    ] {
+        assert_eq!(
+            replace_group_suffix(group, "acme.example.com").as_deref(),
+            Some(renamed)
+        );
+        assert_eq!(
+            unreplace_group_suffix(renamed, "acme.example.com").as_deref(),
+            Some(group)
+        );
+    }
+    // The group constants of the Supervisor's API modules are the ones rewritten above.
+    #[cfg(feature = "crds")]
+    for group in [
+        crate::supervisor_config::GROUP,
+        crate::supervisor_idp::GROUP,
+        crate::supervisor_clientsecret::GROUP,
+    ] {
+        assert!(
+            replace_group_suffix(group, "acme.example.com").is_some(),
+            "{group}"
+        );
+    }
+}

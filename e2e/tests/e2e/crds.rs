@@ -1,12 +1,13 @@
-//! The Concierge CRDs generated into `conf/crds/` on the real kube-apiserver: they install and
-//! become Established with Pinniped's names; Pinniped-style manifests apply unchanged and read back
-//! through `kube::Api` into selkie-api's types; the status subresource takes the statuses Selkie
-//! writes; `kubectl get` prints Pinniped's columns; and the apiserver itself rejects what
-//! Pinniped's CRDs reject, with its own validation messages.
+//! The Concierge and Supervisor CRDs generated into `conf/crds/` on the real kube-apiserver: they
+//! install and become Established with Pinniped's names; Pinniped-style manifests apply unchanged
+//! and read back through `kube::Api` into selkie-api's types; the status subresource takes the
+//! statuses Selkie writes; `kubectl get` prints Pinniped's columns; and the apiserver itself
+//! rejects what Pinniped's CRDs reject (patterns, enums and CEL rules), with its own validation
+//! messages.
 //!
-//! The CRDs are cluster-scoped and shared by every test of this binary: they are applied
-//! idempotently (server-side apply, once per process) and never deleted. Every custom resource
-//! is named after a fresh namespace, so parallel tests never collide.
+//! The CRDs are shared by every test of this binary: they are applied idempotently (server-side
+//! apply, once per process) and never deleted. Every cluster-scoped custom resource is named after
+//! a fresh namespace, and every namespaced one lives in one, so parallel tests never collide.
 
 use std::time::Duration;
 
@@ -31,6 +32,12 @@ use selkie_api::{
         TokenCredentialRequestAPIInfo,
     },
     crds,
+    supervisor_config::{ExpressionType, FederationDomain, OIDCClient, Scope},
+    supervisor_idp::{
+        ActiveDirectoryIdentityProvider, GitHubAllowedAuthOrganizationsPolicy, GitHubGroupNameAttribute,
+        GitHubIdentityProvider, GitHubUsernameAttribute, LDAPIdentityProvider, OIDCIdentityProvider,
+        GITHUB_ORGANIZATIONS_MESSAGE_ALLOWED_NEEDS_POLICY, GITHUB_ORGANIZATIONS_MESSAGE_POLICY_NEEDS_ALLOWED,
+    },
 };
 use selkie_e2e::Cluster;
 use serde::de::DeserializeOwned;
@@ -43,12 +50,13 @@ async fn install_crds(cluster: &'static Cluster) -> anyhow::Result<()> {
     Ok(selkie_e2e::crds::install_conf_crds(cluster).await?)
 }
 
-/// [`selkie_e2e::crds::apply`] of the three Concierge CRDs of one API group suffix.
+/// [`selkie_e2e::crds::apply`] of every CRD (Concierge and Supervisor) of one API group suffix.
 async fn apply_crds(cluster: &Cluster, source: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
     let names = selkie_e2e::crds::apply(cluster, source, stdin).await?;
+    let expected = crds::all_crds(selkie_api::group_suffix::DEFAULT_API_GROUP_SUFFIX)?.len();
     ensure!(
-        names.len() == 3,
-        "expected 3 CRDs to be applied, kubectl applied {names:?}"
+        names.len() == expected,
+        "expected {expected} CRDs to be applied, kubectl applied {names:?}"
     );
     Ok(())
 }
@@ -95,7 +103,7 @@ async fn crds_install_established_structural_with_pinnipeds_names() -> anyhow::R
     let client = cluster.client().await?;
     let api: Api<CustomResourceDefinition> = Api::all(client);
 
-    for generated in crds::concierge_crds(selkie_api::group_suffix::DEFAULT_API_GROUP_SUFFIX)? {
+    for generated in crds::all_crds(selkie_api::group_suffix::DEFAULT_API_GROUP_SUFFIX)? {
         let name = generated
             .crd
             .metadata
@@ -130,7 +138,7 @@ async fn crds_install_established_structural_with_pinnipeds_names() -> anyhow::R
         let accepted = status.accepted_names.context("no acceptedNames")?;
         assert_eq!(accepted, generated.crd.spec.names, "{name}");
         assert_eq!(served.spec.group, generated.crd.spec.group);
-        assert_eq!(served.spec.scope, "Cluster");
+        assert_eq!(served.spec.scope, generated.crd.spec.scope, "{name}");
         let version = &served.spec.versions[0];
         assert_eq!(
             (version.name.as_str(), version.served, version.storage),
@@ -153,7 +161,13 @@ async fn crds_install_established_structural_with_pinnipeds_names() -> anyhow::R
     // Pinniped's categories resolve: kubectl expands "pinniped-authenticators" and "pinniped" to
     // the kinds that declare them (an unknown category is "the server doesn't have a resource type").
     let kubectl = cluster.kubectl();
-    for category in ["pinniped-authenticators", "pinniped-authenticator", "pinniped"] {
+    for category in [
+        "pinniped-authenticators",
+        "pinniped-authenticator",
+        "pinniped-idps",
+        "pinniped-idp",
+        "pinniped",
+    ] {
         eventually(Duration::from_secs(20), || async {
             Ok(kubectl.run(&["get", category, "-o", "name"]).await?)
         })
@@ -885,5 +899,515 @@ async fn crds_for_another_api_group_suffix_install_and_serve_the_types() -> anyh
         !rejected.success && rejected.stderr.contains("Unsupported value: \"sometimes\""),
         "{rejected:?}"
     );
+    Ok(())
+}
+
+// ---- the Supervisor's CRDs ----------------------------------------------------------------------
+
+/// Pinniped-style manifests of every Supervisor kind in `ns`, shaped like Pinniped's how-to guides
+/// (a FederationDomain with identity providers and transforms, a web application's OIDCClient,
+/// Okta, OpenLDAP, Active Directory, GitHub and GitHub Enterprise), without the Secrets they name.
+fn supervisor_manifests(ns: &str, ca: &str) -> Vec<String> {
+    vec![
+        format!(
+            r#"apiVersion: config.supervisor.pinniped.dev/v1alpha1
+kind: FederationDomain
+metadata:
+  name: demo-federation-domain
+  namespace: {ns}
+spec:
+  issuer: https://issuer.example.com/demo-issuer
+  tls:
+    secretName: my-federation-domain-tls
+  identityProviders:
+  - displayName: ActiveDirectory for Admins
+    objectRef:
+      apiGroup: idp.supervisor.pinniped.dev
+      kind: ActiveDirectoryIdentityProvider
+      name: ad-for-admins
+    transforms:
+      constants:
+      - name: prefix
+        type: string
+        stringValue: "ad:"
+      - name: mustBelongToOneOfThese
+        type: stringList
+        stringListValue: ["kube/admins", "kube/developers"]
+      expressions:
+      - type: policy/v1
+        expression: 'groups.exists(g, g in strListConst.mustBelongToOneOfThese)'
+        message: "Only users in kube groups are allowed to authenticate"
+      - type: username/v1
+        expression: 'strConst.prefix + username'
+      - type: groups/v1
+        expression: 'groups.map(group, strConst.prefix + group)'
+      examples:
+      - username: "ryan@example.com"
+        groups: ["kube/developers", "non-kube-group"]
+        expects:
+          username: "ad:ryan@example.com"
+          groups: ["ad:kube/developers", "ad:non-kube-group"]
+      - username: "paul@example.com"
+        groups: ["non-kube-group"]
+        expects:
+          rejected: true
+          message: "Only users in kube groups are allowed to authenticate"
+  - displayName: Okta for Developers
+    objectRef:
+      apiGroup: idp.supervisor.pinniped.dev
+      kind: OIDCIdentityProvider
+      name: okta
+  - displayName: GitHub
+    objectRef:
+      apiGroup: idp.supervisor.pinniped.dev
+      kind: GitHubIdentityProvider
+      name: github-dot-com
+"#
+        ),
+        format!(
+            "apiVersion: config.supervisor.pinniped.dev/v1alpha1
+kind: OIDCClient
+metadata:
+  name: client.oauth.pinniped.dev-my-webapp-client
+  namespace: {ns}
+spec:
+  allowedRedirectURIs:
+  - https://my-webapp.example.com/callback
+  - http://127.0.0.1:8080/callback
+  - http://[::1]/callback
+  allowedGrantTypes:
+  - authorization_code
+  - refresh_token
+  - urn:ietf:params:oauth:grant-type:token-exchange
+  allowedScopes:
+  - openid
+  - offline_access
+  - pinniped:request-audience
+  - username
+  - groups
+  tokenLifetimes:
+    idTokenSeconds: 120
+"
+        ),
+        format!(
+            "apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: OIDCIdentityProvider
+metadata:
+  name: okta
+  namespace: {ns}
+spec:
+  issuer: https://my-company.okta.com
+  tls:
+    certificateAuthorityData: {ca}
+  authorizationConfig:
+    additionalScopes: [offline_access, groups, email]
+    additionalAuthorizeParameters:
+    - name: prompt
+      value: consent
+    allowPasswordGrant: true
+  claims:
+    username: email
+    groups: groups
+    additionalClaimMappings:
+      department: dept
+  client:
+    secretName: okta-client-credentials
+"
+        ),
+        format!(
+            "apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: LDAPIdentityProvider
+metadata:
+  name: openldap
+  namespace: {ns}
+spec:
+  host: ldap.openldap.svc.cluster.local
+  tls:
+    certificateAuthorityDataSource:
+      kind: ConfigMap
+      name: openldap-ca
+      key: ca.pem
+  userSearch:
+    base: ou=users,dc=pinniped,dc=dev
+    filter: '&(objectClass=inetOrgPerson)(uid={{}})'
+    attributes:
+      username: uid
+      uid: uidNumber
+  groupSearch:
+    base: ou=users,dc=pinniped,dc=dev
+    filter: '&(objectClass=groupOfNames)(member={{}})'
+    userAttributeForFilter: dn
+    attributes:
+      groupName: cn
+    skipGroupRefresh: true
+  bind:
+    secretName: openldap-bind-account
+"
+        ),
+        format!(
+            "apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: ActiveDirectoryIdentityProvider
+metadata:
+  name: ad-for-admins
+  namespace: {ns}
+spec:
+  host: activedirectory.example.com:636
+  bind:
+    secretName: active-directory-bind-account
+"
+        ),
+        format!(
+            "apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: GitHubIdentityProvider
+metadata:
+  name: github-dot-com
+  namespace: {ns}
+spec:
+  client:
+    secretName: github-dot-com-client-credentials
+  allowAuthentication:
+    organizations:
+      policy: AllGitHubUsers
+"
+        ),
+        format!(
+            "apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: GitHubIdentityProvider
+metadata:
+  name: github-enterprise
+  namespace: {ns}
+spec:
+  githubAPI:
+    host: github.enterprise.tld
+    tls:
+      certificateAuthorityData: {ca}
+  client:
+    secretName: github-enterprise-client-credentials
+  allowAuthentication:
+    organizations:
+      policy: OnlyUsersFromAllowedOrganizations
+      allowed:
+      - my-enterprise-organization
+      - my-other-organization
+  claims:
+    username: id
+    groups: name
+"
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn supervisor_crds_accept_pinniped_manifests_and_refuse_what_pinniped_refuses() -> anyhow::Result<()> {
+    let (cluster, client, ns) = shared_cluster_with_crds().await?;
+    let ca = ca_data(cluster);
+    let kubectl = cluster.kubectl();
+
+    // Every kind, as Pinniped's guides write it, is accepted, and applying it again changes
+    // nothing (the apiserver's defaults do not make the manifests drift).
+    let manifests = supervisor_manifests(&ns, &ca);
+    let all = manifests.join("---\n");
+    let created = apply(cluster, &all).await?;
+    assert_eq!(
+        created.lines().filter(|l| l.ends_with(" created")).count(),
+        manifests.len(),
+        "{created}"
+    );
+    let again = kubectl.run_with_stdin(&["apply", "-f", "-"], Some(&all)).await?;
+    assert_eq!(
+        again.lines().filter(|l| l.ends_with(" unchanged")).count(),
+        manifests.len(),
+        "{again}"
+    );
+
+    // Read back into selkie-api's types: what was sent, plus Pinniped's defaults where Pinniped's
+    // CRDs have them.
+    let fd: FederationDomain = Api::namespaced(client.clone(), &ns)
+        .get("demo-federation-domain")
+        .await?;
+    assert_eq!(fd.spec, parse_yaml::<FederationDomain>(&manifests[0])?.spec);
+    assert_eq!(fd.spec.identity_providers.len(), 3);
+    assert_eq!(
+        fd.spec.identity_providers[0].transforms.expressions[0].r#type,
+        ExpressionType::PolicyV1
+    );
+    let oidc_client: OIDCClient = Api::namespaced(client.clone(), &ns)
+        .get("client.oauth.pinniped.dev-my-webapp-client")
+        .await?;
+    assert_eq!(oidc_client.spec, parse_yaml::<OIDCClient>(&manifests[1])?.spec);
+    assert!(oidc_client.spec.allowed_scopes.contains(&Scope::RequestAudience));
+    let okta: OIDCIdentityProvider = Api::namespaced(client.clone(), &ns).get("okta").await?;
+    assert_eq!(okta.spec, parse_yaml::<OIDCIdentityProvider>(&manifests[2])?.spec);
+    let ldap: LDAPIdentityProvider = Api::namespaced(client.clone(), &ns).get("openldap").await?;
+    assert_eq!(ldap.spec, parse_yaml::<LDAPIdentityProvider>(&manifests[3])?.spec);
+    let ad: ActiveDirectoryIdentityProvider =
+        Api::namespaced(client.clone(), &ns).get("ad-for-admins").await?;
+    assert_eq!(
+        ad.spec,
+        parse_yaml::<ActiveDirectoryIdentityProvider>(&manifests[4])?.spec
+    );
+    let githubs: Api<GitHubIdentityProvider> = Api::namespaced(client.clone(), &ns);
+    let dot_com = githubs.get("github-dot-com").await?.spec;
+    assert_eq!(dot_com.github_api.host.as_deref(), Some("github.com"));
+    assert_eq!(dot_com.claims.username, Some(GitHubUsernameAttribute::LoginAndID));
+    assert_eq!(dot_com.claims.groups, Some(GitHubGroupNameAttribute::Slug));
+    assert_eq!(
+        dot_com.allow_authentication.organizations.policy,
+        Some(GitHubAllowedAuthOrganizationsPolicy::AllGitHubUsers)
+    );
+    let enterprise = githubs.get("github-enterprise").await?.spec;
+    assert_eq!(
+        enterprise,
+        parse_yaml::<GitHubIdentityProvider>(&manifests[6])?.spec
+    );
+
+    // The status subresource: a status without a phase reads back Pending, and the OIDCClient's
+    // printer columns are Pinniped's.
+    let clients: Api<OIDCClient> = Api::namespaced(client.clone(), &ns);
+    clients
+        .patch_status(
+            "client.oauth.pinniped.dev-my-webapp-client",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "totalClientSecrets": 0,
+                "conditions": [condition("ClientSecretExists", "False", "NoClientSecretFound", "no secret")],
+            }})),
+        )
+        .await?;
+    let rows = cluster
+        .kubectl()
+        .run(&[
+            "get",
+            "oidcclients",
+            "-n",
+            &ns,
+            "client.oauth.pinniped.dev-my-webapp-client",
+        ])
+        .await?;
+    let rows: Vec<Vec<&str>> = rows.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(
+        rows[0],
+        [
+            "NAME",
+            "PRIVILEGED",
+            "SCOPES",
+            "CLIENT",
+            "SECRETS",
+            "STATUS",
+            "AGE"
+        ],
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows[1][..4],
+        [
+            "client.oauth.pinniped.dev-my-webapp-client",
+            "pinniped:request-audience",
+            "0",
+            "Pending"
+        ],
+        "{rows:?}"
+    );
+
+    // What Pinniped's CRDs refuse, kube-apiserver refuses, with the pattern or the CEL rule's own
+    // message. (kind, name, spec, expected pieces of kubectl's error)
+    let long_org_list = format!(
+        "[{}]",
+        (0..65).map(|i| format!("org{i}")).collect::<Vec<_>>().join(", ")
+    );
+    let cases: Vec<(&str, String, String, Vec<&str>)> = vec![
+        (
+            "OIDCClient",
+            "my-webapp-client".into(),
+            "{allowedRedirectURIs: ['https://a.example.com/cb'], allowedGrantTypes: [authorization_code], \
+             allowedScopes: [openid]}"
+                .into(),
+            vec![r"should match '^client\.oauth\.pinniped\.dev-'"],
+        ),
+        (
+            "OIDCClient",
+            "client.oauth.pinniped.dev-plain-http".into(),
+            "{allowedRedirectURIs: ['http://webapp.example.com/callback'], \
+             allowedGrantTypes: [authorization_code], allowedScopes: [openid]}"
+                .into(),
+            vec![
+                r#"spec.allowedRedirectURIs[0]: Invalid value: "http://webapp.example.com/callback""#,
+                r"should match '^https://.+|^http://(127\.0\.0\.1|\[::1\])(:\d+)?/'",
+            ],
+        ),
+        (
+            "OIDCClient",
+            "client.oauth.pinniped.dev-client-credentials".into(),
+            "{allowedRedirectURIs: ['https://a.example.com/cb'], allowedGrantTypes: [client_credentials], \
+             allowedScopes: [openid]}"
+                .into(),
+            vec![r#"spec.allowedGrantTypes[0]: Unsupported value: "client_credentials""#],
+        ),
+        (
+            "OIDCClient",
+            "client.oauth.pinniped.dev-no-scopes".into(),
+            "{allowedRedirectURIs: ['https://a.example.com/cb'], allowedGrantTypes: [authorization_code], \
+             allowedScopes: []}"
+                .into(),
+            vec!["spec.allowedScopes: Invalid value", "should have at least 1 items"],
+        ),
+        (
+            "OIDCClient",
+            "client.oauth.pinniped.dev-short-tokens".into(),
+            "{allowedRedirectURIs: ['https://a.example.com/cb'], allowedGrantTypes: [authorization_code], \
+             allowedScopes: [openid], tokenLifetimes: {idTokenSeconds: 60}}"
+                .into(),
+            vec![
+                "spec.tokenLifetimes.idTokenSeconds: Invalid value: 60",
+                "should be greater than or equal to 120",
+            ],
+        ),
+        (
+            "GitHubIdentityProvider",
+            "all-users-and-orgs".into(),
+            "{client: {secretName: gh}, allowAuthentication: {organizations: \
+             {policy: AllGitHubUsers, allowed: [my-org]}}}"
+                .into(),
+            vec![GITHUB_ORGANIZATIONS_MESSAGE_ALLOWED_NEEDS_POLICY],
+        ),
+        (
+            // The policy defaults to OnlyUsersFromAllowedOrganizations, which needs organizations.
+            "GitHubIdentityProvider",
+            "no-orgs".into(),
+            "{client: {secretName: gh}, allowAuthentication: {organizations: {}}}".into(),
+            vec![GITHUB_ORGANIZATIONS_MESSAGE_POLICY_NEEDS_ALLOWED],
+        ),
+        (
+            "GitHubIdentityProvider",
+            "too-many-orgs".into(),
+            format!("{{client: {{secretName: gh}}, allowAuthentication: {{organizations: {{allowed: {long_org_list}}}}}}}"),
+            vec!["spec.allowAuthentication.organizations.allowed: Too many: 65: must have at most 64 items"],
+        ),
+        (
+            "GitHubIdentityProvider",
+            "email-usernames".into(),
+            "{client: {secretName: gh}, claims: {username: email}, \
+             allowAuthentication: {organizations: {policy: AllGitHubUsers}}}"
+                .into(),
+            vec![r#"spec.claims.username: Unsupported value: "email""#],
+        ),
+        (
+            "FederationDomain",
+            "http-issuer".into(),
+            "{issuer: 'http://issuer.example.com'}".into(),
+            vec!["spec.issuer: Invalid value", "issuer must be an HTTPS URL"],
+        ),
+        (
+            "FederationDomain",
+            "not-a-url".into(),
+            "{issuer: 'not a url'}".into(),
+            vec!["spec.issuer: Invalid value", "issuer must be an HTTPS URL"],
+        ),
+        (
+            "FederationDomain",
+            "bad-constant".into(),
+            "{issuer: 'https://issuer.example.com', identityProviders: [{displayName: x, \
+             objectRef: {kind: OIDCIdentityProvider, name: okta}, \
+             transforms: {constants: [{name: 1st, type: string, stringValue: x}]}}]}"
+                .into(),
+            vec![
+                r#"spec.identityProviders[0].transforms.constants[0].name: Invalid value: "1st""#,
+                "should match '^[a-zA-Z][_a-zA-Z0-9]*$'",
+            ],
+        ),
+        (
+            "FederationDomain",
+            "duplicate-constants".into(),
+            "{issuer: 'https://issuer.example.com', identityProviders: [{displayName: x, \
+             objectRef: {kind: OIDCIdentityProvider, name: okta}, \
+             transforms: {constants: [{name: a, type: string}, {name: a, type: stringList}]}}]}"
+                .into(),
+            vec!["spec.identityProviders[0].transforms.constants[1]: Duplicate value"],
+        ),
+        (
+            "FederationDomain",
+            "policy-v2".into(),
+            "{issuer: 'https://issuer.example.com', identityProviders: [{displayName: x, \
+             objectRef: {kind: OIDCIdentityProvider, name: okta}, \
+             transforms: {expressions: [{type: policy/v2, expression: 'true'}]}}]}"
+                .into(),
+            vec![r#"spec.identityProviders[0].transforms.expressions[0].type: Unsupported value: "policy/v2""#],
+        ),
+        (
+            "FederationDomain",
+            "no-object-ref-name".into(),
+            "{issuer: 'https://issuer.example.com', identityProviders: [{displayName: x, \
+             objectRef: {kind: OIDCIdentityProvider}}]}"
+                .into(),
+            vec!["spec.identityProviders[0].objectRef.name: Required value"],
+        ),
+        (
+            "OIDCIdentityProvider",
+            "http-issuer".into(),
+            "{issuer: 'http://dex.example.com', client: {secretName: c}}".into(),
+            vec![r#"spec.issuer: Invalid value: "http://dex.example.com""#, "should match '^https://'"],
+        ),
+        (
+            "OIDCIdentityProvider",
+            "no-client".into(),
+            "{issuer: 'https://dex.example.com'}".into(),
+            vec!["spec.client: Required value"],
+        ),
+        (
+            "LDAPIdentityProvider",
+            "empty-bind".into(),
+            "{host: 'ldap.example.com', bind: {secretName: ''}}".into(),
+            vec![r#"spec.bind.secretName: Invalid value: """#, "at least 1 chars long"],
+        ),
+        (
+            "LDAPIdentityProvider",
+            "empty-user-base".into(),
+            "{host: 'ldap.example.com', userSearch: {base: ''}}".into(),
+            vec![r#"spec.userSearch.base: Invalid value: """#],
+        ),
+        (
+            "ActiveDirectoryIdentityProvider",
+            "no-host".into(),
+            "{bind: {secretName: ad}}".into(),
+            vec!["spec.host: Required value"],
+        ),
+        (
+            "ActiveDirectoryIdentityProvider",
+            "pod-ca".into(),
+            "{host: 'ad.example.com', tls: {certificateAuthorityDataSource: {kind: Pod, name: n, key: k}}}".into(),
+            vec![r#"spec.tls.certificateAuthorityDataSource.kind: Unsupported value: "Pod""#],
+        ),
+    ];
+
+    let mut failures = Vec::new();
+    for (kind, name, spec, expected) in &cases {
+        let group = if kind.ends_with("IdentityProvider") {
+            "idp.supervisor.pinniped.dev"
+        } else {
+            "config.supervisor.pinniped.dev"
+        };
+        let yaml = format!(
+            "apiVersion: {group}/v1alpha1\nkind: {kind}\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n"
+        );
+        let out = kubectl.output(&["create", "-f", "-"], Some(&yaml)).await?;
+        if out.success {
+            failures.push(format!(
+                "{kind} {name}: accepted, expected rejection with {expected:?}"
+            ));
+            continue;
+        }
+        for needle in expected {
+            if !out.stderr.contains(needle) {
+                failures.push(format!("{kind} {name}: stderr lacks {needle:?}:\n{}", out.stderr));
+            }
+        }
+        let exists = kubectl
+            .output(&["get", &kind.to_lowercase(), name.as_str(), "-n", &ns], None)
+            .await?;
+        if exists.success {
+            failures.push(format!("{kind} {name}: rejected, yet it exists"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }
