@@ -662,7 +662,7 @@ async fn supervisor_discovery(
     .ok_or_else(|| {
         anyhow::anyhow!("while fetching OIDC discovery data from issuer {issuer}: 404 Not Found")
     })?;
-    let Some(endpoint) = discovery[selkie_oidc::discovery::SUPERVISOR_DISCOVERY_KEY]
+    let Some(endpoint) = discovery[selkie_api::supervisor_oidc::SUPERVISOR_DISCOVERY_MEMBER]
         ["pinniped_identity_providers_endpoint"]
         .as_str()
         .filter(|e| !e.is_empty())

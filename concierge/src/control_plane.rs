@@ -11,10 +11,7 @@
 use std::{path::Path, sync::Arc};
 
 use anyhow::Context as _;
-use kube::{
-    config::{KubeConfigOptions, Kubeconfig},
-    Client, Config,
-};
+use kube::Client;
 use selkie_control_plane::{
     aggregated_api, authenticators,
     config::ControlPlaneConfig,
@@ -162,19 +159,7 @@ impl ControlPlane {
 /// kube-apiserver's client: the configured kubeconfig, else the in-cluster service account or
 /// `$KUBECONFIG`.
 async fn client(config: &ControlPlaneConfig) -> anyhow::Result<Client> {
-    let kube_config = match &config.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .with_context(|| format!("kubeconfig: reading {}", path.display()))?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("kubeconfig: {} is unusable", path.display()))?
-        }
-        None => Config::infer().await.context(
-            "no kubeconfig is configured and neither in-cluster configuration nor $KUBECONFIG works",
-        )?,
-    };
-    Client::try_from(kube_config).context("building the Kubernetes client")
+    Ok(selkie_kube::client::connect(config.kubeconfig.as_deref()).await?)
 }
 
 /// The proxy's share of a published value.

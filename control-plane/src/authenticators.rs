@@ -24,7 +24,6 @@
 //! last valid form (DESIGN.md: an invalid CR never replaces a good snapshot).
 
 mod jwt;
-mod tls;
 mod webhook;
 
 use std::{
@@ -57,7 +56,10 @@ use selkie_filters::chain::{Chain, TokenAuthenticator};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use selkie_kube::conditions::{self, Check};
+use selkie_kube::{
+    conditions::{self, Check},
+    tls_spec::{self, CaSources},
+};
 
 use crate::{config::ControlPlaneConfig, published::Publisher};
 
@@ -288,10 +290,10 @@ fn same_authenticators(a: &[TokenAuthenticator], b: &[TokenAuthenticator]) -> bo
         })
 }
 
-/// The watched Secrets and ConfigMaps, as [`tls::CaSources`].
+/// The watched Secrets and ConfigMaps, as [`CaSources`].
 struct StoreSources<'a>(&'a Shared);
 
-impl tls::CaSources for StoreSources<'_> {
+impl CaSources for StoreSources<'_> {
     fn secret(&self, name: &str) -> Option<Arc<Secret>> {
         self.0
             .secrets
@@ -310,7 +312,7 @@ impl tls::CaSources for StoreSources<'_> {
 pub(crate) struct NoSources;
 
 #[cfg(test)]
-impl tls::CaSources for NoSources {
+impl CaSources for NoSources {
     fn secret(&self, _: &str) -> Option<Arc<Secret>> {
         None
     }
@@ -668,7 +670,7 @@ impl KindContext {
             Kind::Jwt => {
                 let parsed: JWTAuthenticatorSpec =
                     serde_json::from_value(spec.clone()).map_err(|e| ReconcileError::Spec(e.to_string()))?;
-                let tls = tls::validate(parsed.tls.as_ref(), &shared.namespace, &sources);
+                let tls = tls_spec::validate(parsed.tls.as_ref(), &shared.namespace, &sources);
                 let fingerprint = Fingerprint {
                     uid: uid.clone(),
                     spec,
@@ -680,7 +682,7 @@ impl KindContext {
             Kind::Webhook => {
                 let parsed: WebhookAuthenticatorSpec =
                     serde_json::from_value(spec.clone()).map_err(|e| ReconcileError::Spec(e.to_string()))?;
-                let tls = tls::validate(parsed.tls.as_ref(), &shared.namespace, &sources);
+                let tls = tls_spec::validate(parsed.tls.as_ref(), &shared.namespace, &sources);
                 let fingerprint = Fingerprint {
                     uid: uid.clone(),
                     spec,

@@ -7,15 +7,18 @@
 //! * [`certs`]: the CAs and certificates servers generate (ECDSA P-256, PEM);
 //! * [`status`]: the `metav1.Status` failure body;
 //! * with the `api` feature (default), what talks to kube-apiserver: [`leader`] election over a
-//!   Lease, status [`conditions`] generic over an object's phase type, and the aggregated API's
+//!   Lease, the server's [`client`], status [`conditions`] generic over an object's phase type, and the aggregated API's
 //!   serving Secret and APIService CA bundles ([`serving_secret`]), and the rest of an aggregated
-//!   API server's kit: discovery, health, request objects ([`aggregated`]).
+//!   API server's kit: discovery, health, request objects ([`aggregated`]); and `spec.tls` of
+//!   outbound connections, inline or from a Secret or ConfigMap ([`tls_spec`]).
 //!
 //! It does not depend on `filters` (who a request comes from) nor `filters` on it.
 
 #[cfg(feature = "api")]
 pub mod aggregated;
 pub mod certs;
+#[cfg(feature = "api")]
+pub mod client;
 #[cfg(feature = "api")]
 pub mod conditions;
 #[cfg(feature = "api")]
@@ -24,3 +27,5 @@ pub mod serving;
 #[cfg(feature = "api")]
 pub mod serving_secret;
 pub mod status;
+#[cfg(feature = "api")]
+pub mod tls_spec;

@@ -10,8 +10,6 @@ use crate::https::{HttpError, HttpsClient};
 
 /// The path of the discovery document under an issuer.
 pub const WELL_KNOWN: &str = "/.well-known/openid-configuration";
-/// The Supervisor's discovery extension naming its identity-provider discovery endpoint.
-pub const SUPERVISOR_DISCOVERY_KEY: &str = "discovery.supervisor.pinniped.dev/v1alpha1";
 /// The largest discovery document or JWKS read.
 pub const MAX_DOCUMENT_BYTES: usize = 512 * 1024;
 

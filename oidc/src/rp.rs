@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
-pub use crate::discovery::{Discovery, SUPERVISOR_DISCOVERY_KEY};
+pub use crate::discovery::Discovery;
 use crate::{
     discovery::{DiscoveryError, MAX_DOCUMENT_BYTES},
     https::{accept_json, HttpError, HttpsClient, Response, TlsError, TlsOptions},
@@ -329,6 +329,17 @@ impl Provider {
             issuer: issuer.into(),
             discovery,
             client,
+            jwks: ArcSwapOption::empty(),
+        })
+    }
+
+    /// A provider from a discovery document already at hand (no request is made), with `tls` for
+    /// its token endpoint and JWKS.
+    pub fn from_discovery(discovery: Discovery, tls: &TlsOptions) -> Result<Self, OidcError> {
+        Ok(Self {
+            issuer: discovery.issuer.clone(),
+            discovery,
+            client: HttpsClient::new(tls).map_err(OidcError::Tls)?,
             jwks: ArcSwapOption::empty(),
         })
     }

@@ -3,7 +3,7 @@
 //! pinniped CLI and any OIDC library find what they look for), and its identity-provider discovery
 //! document.
 
-use serde::Serialize;
+use selkie_api::supervisor_oidc::{IDPDiscoveryResponse, IDPType, PinnipedIDP, PinnipedSupportedIDPType};
 use serde_json::{json, Value};
 
 /// `/.well-known/openid-configuration`.
@@ -49,82 +49,30 @@ pub fn openid_configuration(issuer: &str) -> Value {
         "scopes_supported": SCOPES,
         "claims_supported": CLAIMS,
         "code_challenge_methods_supported": ["S256"],
-        selkie_oidc::discovery::SUPERVISOR_DISCOVERY_KEY: {
+        selkie_api::supervisor_oidc::SUPERVISOR_DISCOVERY_MEMBER: {
             "pinniped_identity_providers_endpoint": format!("{issuer}{IDP_DISCOVERY_PATH}"),
         },
     })
 }
 
-/// The kinds of upstream identity provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IdpType {
-    /// An OIDCIdentityProvider.
-    Oidc,
-    /// An LDAPIdentityProvider.
-    Ldap,
-    /// An ActiveDirectoryIdentityProvider.
-    ActiveDirectory,
-    /// A GitHubIdentityProvider.
-    Github,
-}
-
-impl IdpType {
-    /// Every type, in Pinniped's order.
-    pub const ALL: [Self; 4] = [Self::ActiveDirectory, Self::Github, Self::Ldap, Self::Oidc];
-
-    /// The name clients use (`pinniped_idp_type`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Oidc => "oidc",
-            Self::Ldap => "ldap",
-            Self::ActiveDirectory => "activedirectory",
-            Self::Github => "github",
-        }
-    }
-
-    /// The type named `name`, if any.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
-    }
-}
-
-/// How a client can log in through an identity provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Flow {
-    /// The CLI sends the user's password in headers (`Pinniped-Username`, `Pinniped-Password`).
-    #[serde(rename = "cli_password")]
-    CliPassword,
-    /// A browser goes through the authorization code flow.
-    #[serde(rename = "browser_authcode")]
-    BrowserAuthcode,
-}
-
-/// One identity provider as clients discover it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DiscoveredIdp {
-    /// Its display name in the FederationDomain.
-    pub name: String,
-    /// Its type.
-    #[serde(rename = "type")]
-    pub kind: IdpType,
-    /// The flows it offers, in Pinniped's order.
-    pub flows: Vec<Flow>,
-}
-
 /// The identity-provider discovery document: the FederationDomain's providers (sorted by name, as
 /// Pinniped sorts them) and the types this Supervisor supports.
-pub fn identity_providers(idps: &[DiscoveredIdp]) -> Value {
+pub fn identity_providers(idps: &[PinnipedIDP]) -> IDPDiscoveryResponse {
     let mut sorted = idps.to_vec();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
-    json!({
-        "pinniped_identity_providers": sorted,
-        "pinniped_supported_identity_provider_types": IdpType::ALL.iter().map(|kind| json!({"type": kind})).collect::<Vec<_>>(),
-    })
+    IDPDiscoveryResponse {
+        pinniped_idps: sorted,
+        pinniped_supported_idp_types: IDPType::ALL
+            .iter()
+            .map(|kind| PinnipedSupportedIDPType { r#type: *kind })
+            .collect(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use selkie_api::supervisor_oidc::IDPFlow;
+
     use super::*;
 
     #[test]
@@ -156,18 +104,19 @@ mod tests {
 
     #[test]
     fn identity_providers_are_sorted_with_their_flows() {
-        let document = identity_providers(&[
-            DiscoveredIdp {
+        let document = serde_json::to_value(identity_providers(&[
+            PinnipedIDP {
                 name: "Okta".into(),
-                kind: IdpType::Oidc,
-                flows: vec![Flow::BrowserAuthcode, Flow::CliPassword],
+                r#type: IDPType::OIDC,
+                flows: vec![IDPFlow::BrowserAuthcode, IDPFlow::CliPassword],
             },
-            DiscoveredIdp {
+            PinnipedIDP {
                 name: "Corp LDAP".into(),
-                kind: IdpType::Ldap,
-                flows: vec![Flow::CliPassword, Flow::BrowserAuthcode],
+                r#type: IDPType::LDAP,
+                flows: vec![IDPFlow::CliPassword, IDPFlow::BrowserAuthcode],
             },
-        ]);
+        ]))
+        .unwrap();
         assert_eq!(
             document["pinniped_identity_providers"],
             json!([
@@ -179,10 +128,5 @@ mod tests {
             document["pinniped_supported_identity_provider_types"],
             json!([{"type": "activedirectory"}, {"type": "github"}, {"type": "ldap"}, {"type": "oidc"}])
         );
-        assert_eq!(
-            IdpType::from_name("activedirectory"),
-            Some(IdpType::ActiveDirectory)
-        );
-        assert_eq!(IdpType::from_name("saml"), None);
     }
 }

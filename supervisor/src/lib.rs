@@ -23,10 +23,19 @@
 //!   garbage-collection annotation.
 
 pub mod authorize;
+pub mod config;
+pub mod controller;
 pub mod discovery;
+pub mod endpoints;
 pub mod id_token;
+pub mod issuer;
+pub mod keys;
 pub mod oauth;
 pub mod sealed;
+pub mod server;
+pub mod session;
 pub mod storage;
+pub mod store;
 pub mod subject;
 pub mod tokens;
+pub mod upstream;

@@ -15,7 +15,9 @@ use selkie_filters::{
     },
 };
 
-use super::{tls::TlsOutcome, Evaluation};
+use selkie_kube::tls_spec::TlsOutcome;
+
+use super::Evaluation;
 use selkie_kube::conditions::{Check, REASON_INVALID_ISSUER_URL, TYPE_AUTHENTICATOR_VALID};
 
 /// `IssuerURLValid`.
@@ -421,7 +423,7 @@ mod tests {
 
     #[tokio::test]
     async fn nothing_after_a_failed_prerequisite_is_evaluated() {
-        let tls = super::super::tls::validate(None, "ns", &super::super::NoSources);
+        let tls = selkie_kube::tls_spec::validate(None, "ns", &super::super::NoSources);
         let evaluation = evaluate("n", &spec("http://issuer.example.com"), &tls, false).await;
         let statuses: Vec<_> = evaluation
             .checks
@@ -445,7 +447,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_issuer_is_retried() {
-        let tls = super::super::tls::validate(None, "ns", &super::super::NoSources);
+        let tls = selkie_kube::tls_spec::validate(None, "ns", &super::super::NoSources);
         let evaluation = evaluate("n", &spec("https://127.0.0.1:1/issuer"), &tls, false).await;
         let discovery = &evaluation.checks[2];
         assert_eq!(discovery.type_, "DiscoveryURLValid");

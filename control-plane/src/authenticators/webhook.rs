@@ -14,7 +14,9 @@ use selkie_filters::{
     tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
 };
 
-use super::{tls::TlsOutcome, Evaluation};
+use selkie_kube::tls_spec::TlsOutcome;
+
+use super::Evaluation;
 use selkie_kube::conditions::{Check, TYPE_AUTHENTICATOR_VALID};
 
 /// `EndpointURLValid`.
@@ -198,7 +200,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let tls = super::super::tls::validate(None, "ns", &super::super::NoSources);
+        let tls = selkie_kube::tls_spec::validate(None, "ns", &super::super::NoSources);
         let spec = WebhookAuthenticatorSpec {
             endpoint: format!("https://127.0.0.1:{port}/authenticate"),
             tls: None,

@@ -1,47 +1,48 @@
-//! `spec.tls` → the CA bundle an authenticator trusts, and its `TLSConfigurationValid` condition,
-//! with Pinniped's messages (`tlsconfigutil`): inline base64 `certificateAuthorityData`, or a
+//! `spec.tls` → the CA bundle an outbound connection trusts (a Concierge authenticator's issuer or
+//! webhook, a Supervisor identity provider), and its `TLSConfigurationValid` condition, with
+//! Pinniped's messages (`tlsconfigutil`): inline base64 `certificateAuthorityData`, or a
 //! `certificateAuthorityDataSource` naming a Secret (type `kubernetes.io/tls` or `Opaque`) or a
-//! ConfigMap in the Concierge's namespace, read from the watched caches.
+//! ConfigMap in the object's namespace, read from the caller's watched caches.
 
 use std::sync::Arc;
 
 use base64::{engine::general_purpose::STANDARD, Engine as _};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use rustls_pki_types::{pem::PemObject, CertificateDer};
-use selkie_api::authentication::{CertificateAuthorityDataSourceKind, TLSSpec};
+use selkie_api::common::{CertificateAuthorityDataSourceKind, TLSSpec};
 
-use selkie_kube::conditions::{Check, REASON_INVALID_TLS_CONFIG, TYPE_TLS_CONFIGURATION_VALID};
+use crate::conditions::{Check, REASON_INVALID_TLS_CONFIG, TYPE_TLS_CONFIGURATION_VALID};
 
 /// Where `certificateAuthorityDataSource` objects are looked up (the watched caches, or a map in
 /// unit tests).
-pub(crate) trait CaSources {
-    /// The Secret `name` in the Concierge's namespace, if it exists.
+pub trait CaSources {
+    /// The Secret `name` in the object's namespace, if it exists.
     fn secret(&self, name: &str) -> Option<Arc<Secret>>;
-    /// The ConfigMap `name` in the Concierge's namespace, if it exists.
+    /// The ConfigMap `name` in the object's namespace, if it exists.
     fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>>;
 }
 
 /// What `spec.tls` amounts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TlsOutcome {
+pub struct TlsOutcome {
     /// The `TLSConfigurationValid` condition.
-    pub(crate) check: Check,
+    pub check: Check,
     /// The PEM bundle to trust (only the certificates that parse, re-encoded); `None` for the
     /// system roots or when the configuration is invalid.
-    pub(crate) ca_bundle_pem: Option<String>,
+    pub ca_bundle_pem: Option<String>,
 }
 
 impl TlsOutcome {
     /// Whether the TLS configuration is usable.
-    pub(crate) fn ok(&self) -> bool {
+    pub fn ok(&self) -> bool {
         self.check.is_true()
     }
 }
 
 const NOT_PEM_HINT: &str = "(PEM certificates must begin with \"-----BEGIN CERTIFICATE-----\")";
 
-/// Validates `tls` (the `spec.tls` of an authenticator in `namespace`).
-pub(crate) fn validate(tls: Option<&TLSSpec>, namespace: &str, sources: &impl CaSources) -> TlsOutcome {
+/// Validates `tls` (the `spec.tls` of an object in `namespace`).
+pub fn validate(tls: Option<&TLSSpec>, namespace: &str, sources: &impl CaSources) -> TlsOutcome {
     match bundle(tls, namespace, sources) {
         Ok(None) => TlsOutcome {
             check: Check::success(
@@ -173,7 +174,7 @@ fn base64_error(error: &base64::DecodeError, length: usize) -> String {
 
 /// The X.509 certificates of a PEM bundle, re-encoded as PEM; blocks that are not certificates
 /// or do not parse are skipped (like Go's `AppendCertsFromPEM`). `None` when none is left.
-pub(crate) fn certificates_pem(bundle: &[u8]) -> Option<String> {
+pub fn certificates_pem(bundle: &[u8]) -> Option<String> {
     let mut pem = String::new();
     for der in CertificateDer::pem_slice_iter(bundle).take(10_000).flatten() {
         if x509_parser::parse_x509_certificate(der.as_ref()).is_err() {
@@ -195,7 +196,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use k8s_openapi::{apimachinery::pkg::apis::meta::v1::ObjectMeta, ByteString};
-    use selkie_api::authentication::CertificateAuthorityDataSourceSpec;
+    use selkie_api::common::CertificateAuthorityDataSourceSpec;
 
     use super::*;
 

@@ -1,0 +1,826 @@
+//! The Supervisor's controller: it watches FederationDomains, OIDCIdentityProviders, Secrets and
+//! ConfigMaps in its namespace and, after every change (and every ten seconds, to retry what
+//! failed), computes what to serve as a whole — the issuers table and the serving certificates —
+//! and swaps it in. Every replica serves; only the leader writes: the FederationDomains' generated
+//! key Secrets and the statuses (phase and Pinniped's conditions).
+//!
+//! An invalid or unreachable identity provider is left out with a condition saying why; an
+//! identity provider whose configuration changes to something invalid keeps serving its last
+//! valid form until the new one works (Pinniped's behaviour for an invalid update is to stop; a
+//! login in progress should not break because someone mistyped a Secret name).
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, LocalObjectReference, Secret},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
+use kube::{
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    runtime::{
+        reflector::{self, ObjectRef, Store},
+        watcher, WatchStreamExt as _,
+    },
+    Api, Client, ResourceExt as _,
+};
+use selkie_api::{
+    supervisor_config::{FederationDomain, FederationDomainSecrets, FederationDomainStatus},
+    supervisor_idp::{OIDCIdentityProvider, OIDCIdentityProviderStatus, Phase},
+};
+use selkie_kube::{
+    conditions::{self, Check},
+    serving::ServingCert,
+    tls_spec::{self, CaSources},
+};
+use selkie_oidc::{
+    https::TlsOptions,
+    rp::{ClientConfig, Provider},
+};
+use serde_json::json;
+use tokio::sync::{watch, Notify};
+
+use crate::{
+    config::SupervisorConfig,
+    issuer::{split_issuer, Issuer, Issuers},
+    keys::{self, KeySecret},
+    sealed::Sealer,
+    tokens::TokenKey,
+    upstream::{OidcUpstream, Upstream},
+};
+
+/// How often everything is computed again without a change (to retry discovery and key reads).
+const RESYNC: Duration = Duration::from_secs(10);
+/// How long after a change the computation waits for more changes.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+/// The Secret type of an OIDC upstream's client credentials.
+pub const OIDC_CLIENT_SECRET_TYPE: &str = "secrets.pinniped.dev/oidc-client";
+/// Authorization request parameters an upstream's configuration may not set.
+pub const DISALLOWED_AUTHORIZE_PARAMETERS: [&str; 9] = [
+    "response_type",
+    "scope",
+    "client_id",
+    "state",
+    "nonce",
+    "code_challenge",
+    "code_challenge_method",
+    "redirect_uri",
+    "hd",
+];
+
+/// Why the controller stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControllerError {
+    /// The API group suffix cannot be used.
+    #[error("{0}")]
+    Resources(String),
+    /// A watch ended (it never does while kube-apiserver exists).
+    #[error("the watch of {0} ended")]
+    WatchEnded(&'static str),
+}
+
+/// What the controller serves into.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    /// The issuers table every request reads.
+    pub issuers: Arc<ArcSwap<Issuers>>,
+    /// The listener's certificates.
+    pub serving: Arc<ServingCert>,
+}
+
+/// A built upstream and what it was built from.
+struct BuiltUpstream {
+    fingerprint: String,
+    upstream: Arc<Upstream>,
+}
+
+struct Watched {
+    federation_domains: Store<DynamicObject>,
+    identity_providers: Store<DynamicObject>,
+    secrets: Store<Secret>,
+    config_maps: Store<ConfigMap>,
+}
+
+struct Sources<'a> {
+    watched: &'a Watched,
+    namespace: &'a str,
+}
+
+impl CaSources for Sources<'_> {
+    fn secret(&self, name: &str) -> Option<Arc<Secret>> {
+        self.watched
+            .secrets
+            .get(&ObjectRef::new(name).within(self.namespace))
+    }
+
+    fn config_map(&self, name: &str) -> Option<Arc<ConfigMap>> {
+        self.watched
+            .config_maps
+            .get(&ObjectRef::new(name).within(self.namespace))
+    }
+}
+
+/// The controller. See the module documentation.
+pub struct Controller {
+    client: Client,
+    config: SupervisorConfig,
+    outputs: Outputs,
+    leader: watch::Receiver<bool>,
+    fd_resource: ApiResource,
+    idp_resource: ApiResource,
+    /// Upstreams built before, by `namespace/name`: reused while their inputs are unchanged, kept
+    /// serving while a change does not work yet.
+    upstreams: HashMap<String, BuiltUpstream>,
+    /// When discovery of an upstream last failed, to retry no faster than [`RESYNC`].
+    failed_at: HashMap<String, Instant>,
+    /// Statuses last written, to write only changes.
+    written: HashMap<String, serde_json::Value>,
+}
+
+impl Controller {
+    /// A controller for `config`'s namespace, writing statuses while `leader` is true.
+    pub fn new(
+        client: Client,
+        config: SupervisorConfig,
+        outputs: Outputs,
+        leader: watch::Receiver<bool>,
+    ) -> Result<Self, ControllerError> {
+        let resource = |result: Result<ApiResource, selkie_api::crds::CrdError>| {
+            result.map_err(|e| ControllerError::Resources(e.to_string()))
+        };
+        Ok(Self {
+            fd_resource: resource(
+                selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
+                    &config.api_group_suffix,
+                ),
+            )?,
+            idp_resource: resource(selkie_api::crds::api_resource_with_group_suffix::<
+                OIDCIdentityProvider,
+            >(&config.api_group_suffix))?,
+            client,
+            config,
+            outputs,
+            leader,
+            upstreams: HashMap::new(),
+            failed_at: HashMap::new(),
+            written: HashMap::new(),
+        })
+    }
+
+    /// Runs until a watch ends.
+    pub async fn run(mut self) -> Result<(), ControllerError> {
+        let namespace = self.config.namespace.clone();
+        let changed = Arc::new(Notify::new());
+        let fd_writer = reflector::store::Writer::new(self.fd_resource.clone());
+        let federation_domains = fd_writer.as_reader();
+        let idp_writer = reflector::store::Writer::new(self.idp_resource.clone());
+        let identity_providers = idp_writer.as_reader();
+        let (secrets, secrets_writer) = reflector::store();
+        let (config_maps, config_maps_writer) = reflector::store();
+        let watched = Watched {
+            federation_domains,
+            identity_providers,
+            secrets,
+            config_maps,
+        };
+        let fd_api =
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &namespace, &self.fd_resource);
+        let idp_api =
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &namespace, &self.idp_resource);
+        let secrets_api = Api::<Secret>::namespaced(self.client.clone(), &namespace);
+        let config_maps_api = Api::<ConfigMap>::namespaced(self.client.clone(), &namespace);
+        let watch_all = async {
+            tokio::select! {
+                () = follow(watcher(fd_api, watcher::Config::default()), fd_writer, changed.clone()) => ControllerError::WatchEnded("FederationDomain"),
+                () = follow(watcher(idp_api, watcher::Config::default()), idp_writer, changed.clone()) => ControllerError::WatchEnded("OIDCIdentityProvider"),
+                () = follow(watcher(secrets_api, watcher::Config::default()), secrets_writer, changed.clone()) => ControllerError::WatchEnded("Secret"),
+                () = follow(watcher(config_maps_api, watcher::Config::default()), config_maps_writer, changed.clone()) => ControllerError::WatchEnded("ConfigMap"),
+            }
+        };
+        let mut leader = self.leader.clone();
+        let sync_loop = async {
+            loop {
+                tokio::select! {
+                    () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                    _ = leader.changed() => {}
+                    () = tokio::time::sleep(RESYNC) => {}
+                }
+                self.sync(&watched).await;
+            }
+        };
+        tokio::select! {
+            error = watch_all => Err(error),
+            () = sync_loop => Ok(()),
+        }
+    }
+
+    /// Computes and serves everything once.
+    async fn sync(&mut self, watched: &Watched) {
+        let namespace = self.config.namespace.clone();
+        let leading = *self.leader.borrow();
+        let sources = Sources {
+            watched,
+            namespace: &namespace,
+        };
+
+        // Identity providers.
+        let mut idps: HashMap<String, Arc<Upstream>> = HashMap::new();
+        for object in watched.identity_providers.state() {
+            let name = object.name_any();
+            let Some(idp) = parse::<OIDCIdentityProvider>(&object) else {
+                continue;
+            };
+            let (checks, upstream) = self.oidc_upstream(&idp, &sources).await;
+            if let Some(upstream) = upstream {
+                idps.insert(name.clone(), upstream);
+            }
+            if leading {
+                let (ready, phase) = conditions::ready::<Phase>("OIDCIdentityProvider", &checks);
+                let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
+                let status = OIDCIdentityProviderStatus {
+                    phase,
+                    conditions: conditions::merge(
+                        &idp.status.clone().unwrap_or_default().conditions,
+                        &all,
+                        idp.metadata.generation,
+                        &conditions::now(),
+                    ),
+                };
+                self.write_status(&self.idp_resource.clone(), &name, &idp.status, status)
+                    .await;
+            }
+        }
+
+        // FederationDomains.
+        let fds: Vec<FederationDomain> = watched
+            .federation_domains
+            .state()
+            .iter()
+            .filter_map(|object| parse::<FederationDomain>(object))
+            .collect();
+        let mut issuer_counts: HashMap<String, usize> = HashMap::new();
+        for fd in &fds {
+            *issuer_counts
+                .entry(fd.spec.issuer.to_ascii_lowercase())
+                .or_default() += 1;
+        }
+        let mut served = Vec::new();
+        let mut tls_by_host: HashMap<String, rustls::sign::CertifiedKey> = HashMap::new();
+        for fd in &fds {
+            let name = fd.name_any();
+            let mut checks = Vec::new();
+            let issuer_ok = split_issuer(&fd.spec.issuer);
+            checks.push(match &issuer_ok {
+                Ok(_) => Check::success("IssuerURLValid", "spec.issuer is a valid URL"),
+                Err(error) => Check::failure("IssuerURLValid", "InvalidIssuerURL", error.to_string()),
+            });
+            let unique = issuer_counts
+                .get(&fd.spec.issuer.to_ascii_lowercase())
+                .copied()
+                .unwrap_or(0)
+                <= 1;
+            checks.push(if unique {
+                Check::success("IssuerIsUnique", "spec.issuer is unique among all FederationDomains")
+            } else {
+                Check::failure(
+                    "IssuerIsUnique",
+                    "DuplicateIssuer",
+                    "multiple FederationDomains have the same spec.issuer URL: these URLs can contain empty/default path, which is the same as having no path",
+                )
+            });
+            let (idp_check, fd_idps) = self.federation_domain_idps(fd, &idps);
+            checks.push(idp_check);
+            if leading {
+                self.ensure_keys(fd).await;
+            }
+            let keys = self.read_keys(fd, watched);
+            checks.push(match &keys {
+                Ok(_) => Check::success("SecretsReady", "the generated key Secrets are ready"),
+                Err(message) => Check::failure("SecretsReady", "SecretsNotReady", message.clone()),
+            });
+            if let (Ok((host, _)), true, Ok((signing, jwks, token, state)), Some(fd_idps)) =
+                (&issuer_ok, unique, keys, fd_idps)
+            {
+                if let Some(secret_name) = fd.spec.tls.as_ref().and_then(|tls| tls.secret_name.clone()) {
+                    if let Some(key) = sources.secret(&secret_name).as_deref().and_then(serving_key) {
+                        tls_by_host.insert(host.clone(), key);
+                    }
+                }
+                match Sealer::new(&state, &fd.spec.issuer) {
+                    Ok(sealer) => match Issuer::new(
+                        format!("{namespace}/{name}"),
+                        fd.spec.issuer.clone(),
+                        Arc::new(signing),
+                        Bytes::from(jwks.to_string()),
+                        Arc::new(TokenKey::new(&token)),
+                        Arc::new(sealer),
+                        fd_idps,
+                    ) {
+                        Ok(issuer) => served.push(Arc::new(issuer)),
+                        Err(error) => tracing::warn!(federation_domain = %name, %error, "not served"),
+                    },
+                    Err(error) => tracing::warn!(federation_domain = %name, %error, "not served"),
+                }
+            }
+            if leading {
+                let (ready, phase) = conditions::ready::<Phase>("FederationDomain", &checks);
+                let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
+                let reference = |kind: KeySecret| {
+                    Some(LocalObjectReference {
+                        name: kind.name(&name),
+                    })
+                };
+                let status = FederationDomainStatus {
+                    phase,
+                    conditions: conditions::merge(
+                        &fd.status.clone().unwrap_or_default().conditions,
+                        &all,
+                        fd.metadata.generation,
+                        &conditions::now(),
+                    ),
+                    secrets: FederationDomainSecrets {
+                        jwks: reference(KeySecret::Jwks),
+                        token_signing_key: reference(KeySecret::TokenSigning),
+                        state_signing_key: reference(KeySecret::StateSigning),
+                        state_encryption_key: reference(KeySecret::StateEncryption),
+                    },
+                };
+                self.write_status(&self.fd_resource.clone(), &name, &fd.status, status)
+                    .await;
+            }
+        }
+        self.outputs.issuers.store(Arc::new(Issuers::new(served)));
+
+        // Certificates: the default one, and one per FederationDomain host that has its own.
+        if let Some(default) = &self.config.default_tls_certificate_secret {
+            if let Some(secret) = sources.secret(default) {
+                let (cert, key) = tls_pair(&secret);
+                if let Err(error) = self.outputs.serving.replace_pem(&cert, &key) {
+                    tracing::warn!(secret = %default, %error, "the default TLS certificate Secret is unusable");
+                }
+            }
+        }
+        self.outputs.serving.set_names(tls_by_host);
+    }
+
+    /// The identity providers a FederationDomain names (or, with none named, the namespace's only
+    /// one), and the `IdentityProvidersFound` condition. `None` when one is missing.
+    fn federation_domain_idps(
+        &self,
+        fd: &FederationDomain,
+        idps: &HashMap<String, Arc<Upstream>>,
+    ) -> (Check, Option<Vec<Arc<Upstream>>>) {
+        const TYPE: &str = "IdentityProvidersFound";
+        if fd.spec.identity_providers.is_empty() {
+            return match idps.len() {
+                1 => {
+                    // Legacy mode: the identity provider's own name is its display name.
+                    let Some((name, only)) = idps.iter().next() else {
+                        return (Check::failure(TYPE, "LegacyConfigurationIdentityProviderNotFound", "no identity provider"), None);
+                    };
+                    (
+                        Check::success(
+                            TYPE,
+                            format!("no resources were specified by .spec.identityProviders[].objectRef and \"{name}\" was the only identity provider resource found (this is a legacy configuration mode)"),
+                        ),
+                        Some(vec![only.clone()]),
+                    )
+                }
+                0 => (
+                    Check::failure(
+                        TYPE,
+                        "LegacyConfigurationIdentityProviderNotFound",
+                        "no resources were specified by .spec.identityProviders[].objectRef and no identity provider resources have been found: please create an identity provider resource",
+                    ),
+                    None,
+                ),
+                _ => (
+                    Check::failure(
+                        TYPE,
+                        "IdentityProviderNotSpecified",
+                        "no resources were specified by .spec.identityProviders[].objectRef and there are multiple identity provider resources, so one must be specified",
+                    ),
+                    None,
+                ),
+            };
+        }
+        let mut found = Vec::new();
+        let mut missing = Vec::new();
+        for reference in &fd.spec.identity_providers {
+            let object = &reference.object_ref;
+            let known_kind = object.kind == "OIDCIdentityProvider"
+                && object.api_group.as_deref()
+                    == Some(self.config.group("idp.supervisor.pinniped.dev").as_str());
+            match idps.get(&object.name).filter(|_| known_kind) {
+                Some(upstream) => match upstream.as_ref() {
+                    Upstream::Oidc(oidc) => found.push(Arc::new(Upstream::Oidc(
+                        oidc.with_display_name(&reference.display_name),
+                    ))),
+                },
+                None => missing.push(format!("{} {:?}", object.kind, object.name)),
+            }
+        }
+        if missing.is_empty() {
+            (
+                Check::success(
+                    TYPE,
+                    "the resources specified by .spec.identityProviders[].objectRef were found",
+                ),
+                Some(found),
+            )
+        } else {
+            (
+                Check::failure(
+                    TYPE,
+                    "IdentityProvidersObjectRefsNotFound",
+                    format!(
+                        ".spec.identityProviders[].objectRef identifies resource(s) that cannot be found or are not ready: {}",
+                        missing.join(", ")
+                    ),
+                ),
+                None,
+            )
+        }
+    }
+
+    /// Builds (or reuses) the upstream of an OIDCIdentityProvider, with its conditions.
+    async fn oidc_upstream(
+        &mut self,
+        idp: &OIDCIdentityProvider,
+        sources: &Sources<'_>,
+    ) -> (Vec<Check>, Option<Arc<Upstream>>) {
+        let name = idp.name_any();
+        let key = format!("{}/{name}", sources.namespace);
+        let mut checks = Vec::new();
+
+        // The client credentials.
+        let secret_name = &idp.spec.client.secret_name;
+        let credentials = match sources.secret(secret_name) {
+            None => Err(Check::failure(
+                "ClientCredentialsSecretValid",
+                "SecretNotFound",
+                format!("secret \"{secret_name}\" not found"),
+            )),
+            Some(secret) if secret.type_.as_deref() != Some(OIDC_CLIENT_SECRET_TYPE) => Err(Check::failure(
+                "ClientCredentialsSecretValid",
+                "SecretWrongType",
+                format!(
+                    "referenced Secret \"{secret_name}\" has wrong type \"{}\" (should be \"{OIDC_CLIENT_SECRET_TYPE}\")",
+                    secret.type_.clone().unwrap_or_default()
+                ),
+            )),
+            Some(secret) => {
+                let value = |key: &str| {
+                    secret
+                        .data
+                        .as_ref()
+                        .and_then(|data| data.get(key))
+                        .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
+                        .filter(|value| !value.is_empty())
+                };
+                match (value("clientID"), value("clientSecret")) {
+                    (Some(id), Some(secret)) => {
+                        let mark = secret_fingerprint(&secret);
+                        Ok((id, secret, mark))
+                    }
+                    _ => Err(Check::failure(
+                        "ClientCredentialsSecretValid",
+                        "SecretMissingKeys",
+                        format!("referenced Secret \"{secret_name}\" is missing required keys [\"clientID\" \"clientSecret\"]"),
+                    )),
+                }
+            }
+        };
+        checks.push(match &credentials {
+            Ok(_) => Check::success("ClientCredentialsSecretValid", "loaded client credentials"),
+            Err(check) => check.clone(),
+        });
+
+        // TLS, then discovery.
+        let tls = tls_spec::validate(idp.spec.tls.as_ref(), sources.namespace, sources);
+        checks.push(tls.check.clone());
+
+        // Additional authorize parameters.
+        let rejected: Vec<&str> = idp
+            .spec
+            .authorization_config
+            .additional_authorize_parameters
+            .iter()
+            .map(|parameter| parameter.name.as_str())
+            .filter(|name| DISALLOWED_AUTHORIZE_PARAMETERS.contains(name))
+            .collect();
+        checks.push(if rejected.is_empty() {
+            Check::success(
+                "AdditionalAuthorizeParametersValid",
+                "additionalAuthorizeParameters parameter names are allowed",
+            )
+        } else {
+            Check::failure(
+                "AdditionalAuthorizeParametersValid",
+                "DisallowedParameterName",
+                format!(
+                    "the following additionalAuthorizeParameters are not allowed: {}",
+                    rejected.join(",")
+                ),
+            )
+        });
+
+        let fingerprint = format!(
+            "{}|{}|{:?}|{}",
+            idp.metadata.generation.unwrap_or_default(),
+            idp.spec.issuer,
+            tls.ca_bundle_pem,
+            credentials
+                .as_ref()
+                .map(|(id, _, secret)| format!("{id}:{secret}"))
+                .unwrap_or_default()
+        );
+        let previous = self.upstreams.get(&key).map(|built| built.upstream.clone());
+        let (Ok((client_id, client_secret, _)), true, true) = (credentials, tls.ok(), rejected.is_empty())
+        else {
+            checks.push(Check::unable_to_validate("OIDCDiscoverySucceeded"));
+            return (checks, previous);
+        };
+        if let Some(built) = self
+            .upstreams
+            .get(&key)
+            .filter(|built| built.fingerprint == fingerprint)
+        {
+            checks.push(Check::success(
+                "OIDCDiscoverySucceeded",
+                "discovered issuer configuration",
+            ));
+            return (checks, Some(built.upstream.clone()));
+        }
+        if self.failed_at.get(&key).is_some_and(|at| at.elapsed() < RESYNC) {
+            checks.push(Check::failure(
+                "OIDCDiscoverySucceeded",
+                "Unreachable",
+                "waiting to retry OIDC discovery",
+            ));
+            return (checks, previous);
+        }
+        let options = TlsOptions {
+            ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
+            ..TlsOptions::default()
+        };
+        let provider = match Provider::discover(&idp.spec.issuer, &options).await {
+            Ok(provider) => provider,
+            Err(error) => {
+                self.failed_at.insert(key, Instant::now());
+                checks.push(Check::failure(
+                    "OIDCDiscoverySucceeded",
+                    "Unreachable",
+                    format!(
+                        "failed to perform OIDC discovery against {:?}:\n{error}",
+                        idp.spec.issuer
+                    ),
+                ));
+                return (checks, previous);
+            }
+        };
+        self.failed_at.remove(&key);
+        checks.push(Check::success(
+            "OIDCDiscoverySucceeded",
+            "discovered issuer configuration",
+        ));
+        let authorization = &idp.spec.authorization_config;
+        let upstream = Arc::new(Upstream::Oidc(OidcUpstream {
+            display_name: name,
+            provider: Arc::new(provider),
+            client: ClientConfig {
+                client_id,
+                client_secret: Some(client_secret),
+                scopes: compute_scopes(&authorization.additional_scopes),
+            },
+            additional_authorize_parameters: authorization
+                .additional_authorize_parameters
+                .iter()
+                .map(|parameter| {
+                    (
+                        parameter.name.clone(),
+                        parameter.value.clone().unwrap_or_default(),
+                    )
+                })
+                .collect(),
+            allow_password_grant: authorization.allow_password_grant,
+            username_claim: idp.spec.claims.username.clone().filter(|claim| !claim.is_empty()),
+            groups_claim: idp.spec.claims.groups.clone().filter(|claim| !claim.is_empty()),
+            additional_claim_mappings: idp.spec.claims.additional_claim_mappings.clone(),
+        }));
+        self.upstreams.insert(
+            key,
+            BuiltUpstream {
+                fingerprint,
+                upstream: upstream.clone(),
+            },
+        );
+        (checks, Some(upstream))
+    }
+
+    /// Creates the FederationDomain's generated key Secrets that are missing (leader only).
+    async fn ensure_keys(&self, fd: &FederationDomain) {
+        let name = fd.name_any();
+        let namespace = &self.config.namespace;
+        let secrets = Api::<Secret>::namespaced(self.client.clone(), namespace);
+        let owner = OwnerReference {
+            api_version: self.fd_resource.api_version.clone(),
+            kind: "FederationDomain".into(),
+            name: name.clone(),
+            uid: fd.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        for kind in KeySecret::ALL {
+            let secret_name = kind.name(&name);
+            match secrets.get_opt(&secret_name).await {
+                Ok(Some(_)) => {}
+                Ok(None) => match kind.generate(&name, namespace, owner.clone()) {
+                    Ok(secret) => {
+                        if let Err(error) = secrets.create(&PostParams::default(), &secret).await {
+                            tracing::warn!(secret = %secret_name, %error, "creating a generated key Secret failed");
+                        } else {
+                            tracing::info!(secret = %secret_name, "generated a FederationDomain key Secret");
+                        }
+                    }
+                    Err(error) => tracing::error!(secret = %secret_name, %error, "generating keys failed"),
+                },
+                Err(error) => {
+                    tracing::warn!(secret = %secret_name, %error, "reading a generated key Secret failed")
+                }
+            }
+        }
+    }
+
+    /// The FederationDomain's keys from the watched Secrets.
+    fn read_keys(
+        &self,
+        fd: &FederationDomain,
+        watched: &Watched,
+    ) -> Result<
+        (
+            selkie_oidc::jose::sign::SigningKey,
+            serde_json::Value,
+            Vec<u8>,
+            Vec<u8>,
+        ),
+        String,
+    > {
+        let name = fd.name_any();
+        let get = |kind: KeySecret| {
+            let secret_name = kind.name(&name);
+            watched
+                .secrets
+                .get(&ObjectRef::new(&secret_name).within(&self.config.namespace))
+                .ok_or_else(|| format!("the Secret {secret_name} does not exist yet"))
+        };
+        let (signing, jwks) = keys::read_jwks(&*get(KeySecret::Jwks)?).map_err(|e| e.to_string())?;
+        let token = keys::read_symmetric(&*get(KeySecret::TokenSigning)?, KeySecret::TokenSigning)
+            .map_err(|e| e.to_string())?;
+        let state = keys::read_symmetric(&*get(KeySecret::StateEncryption)?, KeySecret::StateEncryption)
+            .map_err(|e| e.to_string())?;
+        Ok((signing, jwks, token, state))
+    }
+
+    /// Writes `status` to the object's status subresource when it differs from what it has.
+    async fn write_status<S: serde::Serialize + PartialEq>(
+        &mut self,
+        resource: &ApiResource,
+        name: &str,
+        current: &Option<S>,
+        status: S,
+    ) {
+        if current.as_ref() == Some(&status) {
+            return;
+        }
+        let value = json!({"status": status});
+        let key = format!("{}/{name}", resource.kind);
+        if self.written.get(&key) == Some(&value) {
+            return;
+        }
+        let api =
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.config.namespace, resource);
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&value))
+            .await
+        {
+            Ok(_) => {
+                self.written.insert(key, value);
+            }
+            Err(error) => tracing::warn!(kind = %resource.kind, %name, %error, "writing the status failed"),
+        }
+    }
+}
+
+impl OidcUpstream {
+    /// The same upstream under another display name (a FederationDomain's).
+    pub fn with_display_name(&self, display_name: &str) -> Self {
+        Self {
+            display_name: display_name.to_string(),
+            provider: self.provider.clone(),
+            client: self.client.clone(),
+            additional_authorize_parameters: self.additional_authorize_parameters.clone(),
+            allow_password_grant: self.allow_password_grant,
+            username_claim: self.username_claim.clone(),
+            groups_claim: self.groups_claim.clone(),
+            additional_claim_mappings: self.additional_claim_mappings.clone(),
+        }
+    }
+}
+
+/// Pinniped's upstream scopes: `openid offline_access email profile` when none are configured,
+/// else the configured ones with `openid`, de-duplicated and sorted.
+pub fn compute_scopes(additional: &[String]) -> Vec<String> {
+    if additional.is_empty() {
+        return ["openid", "offline_access", "email", "profile"]
+            .map(String::from)
+            .to_vec();
+    }
+    let mut set: std::collections::BTreeSet<String> = additional.iter().cloned().collect();
+    set.insert("openid".into());
+    set.into_iter().collect()
+}
+
+/// A short, non-reversible mark of a secret value, to notice when it changes.
+fn secret_fingerprint(secret: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(secret.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// `tls.crt` and `tls.key` of a TLS Secret (empty when absent).
+fn tls_pair(secret: &Secret) -> (Vec<u8>, Vec<u8>) {
+    let get = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .map(|bytes| bytes.0.clone())
+            .unwrap_or_default()
+    };
+    (get("tls.crt"), get("tls.key"))
+}
+
+fn serving_key(secret: &Secret) -> Option<rustls::sign::CertifiedKey> {
+    let (cert, key) = tls_pair(secret);
+    ServingCert::load(&cert, &key).ok()
+}
+
+/// A watched object as its typed form; objects that do not parse are skipped with a log line (the
+/// CRD's schema makes that rare).
+fn parse<K: serde::de::DeserializeOwned>(object: &DynamicObject) -> Option<K> {
+    let value = serde_json::to_value(object).ok()?;
+    match serde_json::from_value(value) {
+        Ok(typed) => Some(typed),
+        Err(error) => {
+            tracing::warn!(
+                name = %object.name_any(),
+                error = %selkie_api::json::error_without_values(&error),
+                "an object does not parse; it is ignored"
+            );
+            None
+        }
+    }
+}
+
+/// Applies a watch's events to `writer`, waking `changed` after each.
+async fn follow<K>(
+    stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    writer: reflector::store::Writer<K>,
+    changed: Arc<Notify>,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let mut events = std::pin::pin!(stream.default_backoff().reflect(writer));
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(_) => changed.notify_one(),
+            Err(error) => tracing::warn!(%error, "a watch failed; retrying"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_are_pinnipeds() {
+        assert_eq!(
+            compute_scopes(&[]),
+            ["openid", "offline_access", "email", "profile"]
+        );
+        assert_eq!(
+            compute_scopes(&["offline_access".into(), "groups".into(), "offline_access".into()]),
+            ["groups", "offline_access", "openid"]
+        );
+    }
+}

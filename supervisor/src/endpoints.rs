@@ -1,0 +1,131 @@
+//! The HTTP endpoints of every FederationDomain (REFERENCE.md §4): discovery, `jwks.json`,
+//! identity-provider discovery, `oauth2/authorize` and `callback` ([`login`]), `oauth2/token`
+//! ([`token`]), and `healthz`. One [`Endpoints::handle`] answers every request of the listener:
+//! it finds the FederationDomain by host and path, and never fails — errors are OAuth error
+//! responses (or a plain 404/405 for what is no endpoint).
+
+pub mod login;
+pub mod token;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full, Limited};
+
+use crate::{discovery, issuer::Issuers, oauth::OAuthError, store::Store};
+
+/// A response body.
+pub type Body = Full<Bytes>;
+
+/// The largest form body read (token requests, form_post callbacks).
+pub const MAX_FORM_BYTES: usize = 64 * 1024;
+
+/// What every request needs.
+#[derive(Debug)]
+pub struct Endpoints {
+    /// The FederationDomains, replaced whole on every configuration change.
+    pub issuers: Arc<ArcSwap<Issuers>>,
+    /// Where sessions live.
+    pub store: Store,
+}
+
+impl Endpoints {
+    /// Answers one request.
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = request.uri().path().to_string();
+        if path == "/healthz" {
+            return text(StatusCode::OK, "ok");
+        }
+        let host = request
+            .uri()
+            .authority()
+            .map(|authority| authority.host().to_string())
+            .or_else(|| {
+                request
+                    .headers()
+                    .get(header::HOST)
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let issuers = self.issuers.load();
+        let Some((issuer, endpoint)) = issuers.route(&host, &path) else {
+            return text(StatusCode::NOT_FOUND, "404 page not found");
+        };
+        let issuer = issuer.clone();
+        let method = request.method().clone();
+        let get = method == Method::GET || method == Method::HEAD;
+        match endpoint {
+            discovery::WELL_KNOWN_PATH if get => json(StatusCode::OK, issuer.discovery.clone()),
+            discovery::JWKS_PATH if get => json(StatusCode::OK, issuer.jwks.clone()),
+            discovery::IDP_DISCOVERY_PATH if get => json(StatusCode::OK, issuer.idp_discovery.clone()),
+            discovery::WELL_KNOWN_PATH | discovery::JWKS_PATH | discovery::IDP_DISCOVERY_PATH => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed (try GET)")
+            }
+            discovery::AUTHORIZE_PATH if get || method == Method::POST => {
+                login::authorize(self, &issuer, request).await
+            }
+            discovery::CALLBACK_PATH if get || method == Method::POST => {
+                login::callback(self, &issuer, request).await
+            }
+            discovery::TOKEN_PATH if method == Method::POST => token::token(self, &issuer, request).await,
+            discovery::AUTHORIZE_PATH | discovery::CALLBACK_PATH | discovery::TOKEN_PATH => {
+                text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed")
+            }
+            _ => text(StatusCode::NOT_FOUND, "404 page not found"),
+        }
+    }
+}
+
+/// A plain-text response.
+pub fn text(status: StatusCode, body: &str) -> Response<Body> {
+    let mut response = Response::new(Body::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// A JSON response that no cache may keep (token and error responses, RFC 6749 §5.1).
+pub fn json(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Body::new(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// An OAuth error answered directly, with its HTTP status.
+pub fn oauth_error(error: &OAuthError) -> Response<Body> {
+    let status = StatusCode::from_u16(error.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+    json(status, Bytes::from(error.json()))
+}
+
+/// Reads an `application/x-www-form-urlencoded` body of at most [`MAX_FORM_BYTES`]. `None` when it
+/// is larger or cannot be read.
+pub async fn read_form<B>(body: B) -> Option<Vec<(String, String)>>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let bytes = Limited::new(body, MAX_FORM_BYTES)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    Some(
+        form_urlencoded::parse(&bytes)
+            .map(|(name, value)| (name.into_owned(), value.into_owned()))
+            .collect(),
+    )
+}

@@ -1,0 +1,637 @@
+//! `oauth2/authorize` and `callback`: a login from the client's authorization request to the
+//! authorization code it gets back.
+//!
+//! * With `Pinniped-Username` / `Pinniped-Password` headers (the CLI's `cli_password` flow), the
+//!   Supervisor logs in at the upstream itself (OIDC: the password grant, when the upstream allows
+//!   it) and redirects straight back to the client with the code.
+//! * Otherwise the browser goes to the upstream with the Supervisor's own PKCE, nonce and a
+//!   `state` that seals the whole authorization request (nothing is stored until the user comes
+//!   back, so any replica can take the callback), and a CSRF cookie ties the callback to the
+//!   browser that started it. At `callback` the upstream code is redeemed, the ID token checked
+//!   and mapped, and the client gets its code by redirect or by `form_post` page.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use ring::rand::SecureRandom as _;
+use selkie_oidc::rp::{CallbackOutcome, CallbackParams, LoginParams};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use super::{oauth_error, read_form, text, Body, Endpoints};
+use crate::{
+    authorize::{self, AuthorizeRequest, Client, Refusal, ResponseMode},
+    discovery::CALLBACK_PATH,
+    issuer::Issuer,
+    oauth::{Code, OAuthError},
+    session::{self, Identity, Session},
+    storage::Resource,
+    tokens::Kind,
+    upstream::Upstream,
+};
+
+/// The CSRF cookie (the `__Host-` prefix: Secure, Path=/, no Domain).
+pub const CSRF_COOKIE: &str = "__Host-pinniped-csrf-v2";
+/// How long the CSRF cookie lives.
+const CSRF_LIFETIME: time::Duration = time::Duration::days(7);
+/// How long the upstream state of a login in progress is honoured.
+const UPSTREAM_STATE_LIFETIME: time::Duration = time::Duration::minutes(90);
+const CSRF_PURPOSE: &str = "csrf";
+const STATE_PURPOSE: &str = "upstream-state";
+
+/// What the upstream `state` parameter carries through the upstream login.
+#[derive(Serialize, Deserialize)]
+struct UpstreamState {
+    /// The client's authorization request, as it came (checked again at the callback).
+    authorize_query: String,
+    /// The identity provider's display name.
+    idp_name: String,
+    /// The Supervisor's nonce at the upstream.
+    nonce: String,
+    /// The Supervisor's PKCE verifier at the upstream.
+    verifier: String,
+    /// The CSRF value the callback's cookie must hold.
+    csrf: String,
+}
+
+/// The clients that may log in: the CLI. (Dynamic OIDCClients come with their reconciler.)
+fn clients(id: &str) -> Option<Client> {
+    (id == authorize::PINNIPED_CLI).then(Client::pinniped_cli)
+}
+
+/// `GET|POST /oauth2/authorize`.
+pub async fn authorize<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let query = if parts.method == http::Method::POST {
+        match read_form(body).await {
+            Some(form) => form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(form)
+                .finish(),
+            None => {
+                return oauth_error(&OAuthError::new(
+                    Code::InvalidRequest,
+                    "The request body is too large or unreadable.",
+                ))
+            }
+        }
+    } else {
+        parts.uri.query().unwrap_or_default().to_string()
+    };
+    let request = match authorize::parse(&query, &clients) {
+        Ok(request) => request,
+        Err(refusal) => return refused(refusal),
+    };
+    let back = |error: OAuthError| {
+        refused(Refusal::Redirect {
+            error,
+            redirect_uri: request.redirect_uri.clone(),
+            response_mode: request.response_mode,
+            state: Some(request.state.clone()),
+        })
+    };
+    let Some(idp) = issuer.idp(request.idp_name.as_deref(), request.idp_type.as_deref()) else {
+        let hint = match &request.idp_name {
+            Some(name) => format!("\"pinniped_idp_name\" param error: did not find an identity provider named {name:?}."),
+            None => "\"pinniped_idp_name\" param error: the FederationDomain has more than one identity provider, or none; name one.".into(),
+        };
+        return back(OAuthError::new(Code::InvalidRequest, &hint));
+    };
+    let header = |name: &str| parts.headers.get(name).and_then(|value| value.to_str().ok());
+    let (username, password) = (header("pinniped-username"), header("pinniped-password"));
+    if username.is_some() || password.is_some() {
+        let (Some(username), Some(password)) = (
+            username.filter(|u| !u.is_empty()),
+            password.filter(|p| !p.is_empty()),
+        ) else {
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                "Missing or blank username or password.",
+            ));
+        };
+        return password_login(endpoints, issuer, idp, request, username, password).await;
+    }
+    browser_login(issuer, idp, &request, &query, &parts.headers)
+}
+
+/// The `cli_password` flow.
+async fn password_login(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    idp: &Arc<Upstream>,
+    request: AuthorizeRequest,
+    username: &str,
+    password: &str,
+) -> Response<Body> {
+    let back = |error: OAuthError| {
+        refused(Refusal::Redirect {
+            error,
+            redirect_uri: request.redirect_uri.clone(),
+            response_mode: ResponseMode::Query,
+            state: Some(request.state.clone()),
+        })
+    };
+    let Upstream::Oidc(oidc) = idp.as_ref();
+    if !oidc.allow_password_grant {
+        return back(OAuthError::new(
+            Code::AccessDenied,
+            "Resource owner password credentials grant is not allowed for this upstream provider according to its configuration.",
+        ));
+    }
+    let tokens = match oidc
+        .provider
+        .password_grant(&oidc.client, username, password)
+        .await
+    {
+        Ok(tokens) => tokens,
+        Err(error) => {
+            tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream password grant refused");
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                "Reason: the upstream identity provider did not accept the username or password.",
+            ));
+        }
+    };
+    let Some(id_token) = tokens.id else {
+        return back(OAuthError::new(
+            Code::AccessDenied,
+            "Reason: the upstream identity provider returned no ID token.",
+        ));
+    };
+    let (identity, upstream_subject) = match oidc.identity(&id_token.claims) {
+        Ok(found) => found,
+        Err(reason) => return back(OAuthError::new(Code::AccessDenied, &reason)),
+    };
+    let upstream = session::Upstream {
+        idp_name: oidc.display_name.clone(),
+        idp_type: "oidc".into(),
+        issuer: oidc.provider.discovery.issuer.clone(),
+        subject: upstream_subject,
+        refresh_token: tokens.refresh.map(|refresh| refresh.token),
+        access_token: None,
+    };
+    let mut request = request;
+    request.response_mode = ResponseMode::Query;
+    issue_code(endpoints, issuer, &request, identity, upstream).await
+}
+
+/// Sends the browser to the upstream, with a sealed state and the CSRF cookie.
+fn browser_login(
+    issuer: &Arc<Issuer>,
+    idp: &Arc<Upstream>,
+    request: &AuthorizeRequest,
+    query: &str,
+    headers: &HeaderMap,
+) -> Response<Body> {
+    let back = |error: OAuthError| {
+        refused(Refusal::Redirect {
+            error,
+            redirect_uri: request.redirect_uri.clone(),
+            response_mode: request.response_mode,
+            state: Some(request.state.clone()),
+        })
+    };
+    let now = OffsetDateTime::now_utc();
+    let existing_csrf = cookie(headers, CSRF_COOKIE)
+        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok());
+    let (csrf, set_cookie) = match existing_csrf {
+        Some(csrf) => (csrf, None),
+        None => {
+            let Some(csrf) = random_string() else {
+                return back(OAuthError::new(Code::ServerError, ""));
+            };
+            match issuer.sealer.seal(CSRF_PURPOSE, &csrf, now + CSRF_LIFETIME) {
+                Ok(sealed) => (csrf, Some(sealed)),
+                Err(_) => return back(OAuthError::new(Code::ServerError, "")),
+            }
+        }
+    };
+    let Ok(upstream_params) = LoginParams::generate() else {
+        return back(OAuthError::new(Code::ServerError, ""));
+    };
+    let Upstream::Oidc(oidc) = idp.as_ref();
+    let state = UpstreamState {
+        authorize_query: query.to_string(),
+        idp_name: oidc.display_name.clone(),
+        nonce: upstream_params.nonce.clone(),
+        verifier: upstream_params.verifier.clone(),
+        csrf,
+    };
+    let Ok(sealed_state) = issuer
+        .sealer
+        .seal(STATE_PURPOSE, &state, now + UPSTREAM_STATE_LIFETIME)
+    else {
+        return back(OAuthError::new(Code::ServerError, ""));
+    };
+    let params = LoginParams {
+        state: sealed_state,
+        ..upstream_params
+    };
+    let extra: Vec<(&str, &str)> = oidc
+        .additional_authorize_parameters
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    let url = oidc.provider.authorize_url(
+        &oidc.client,
+        &params,
+        &format!("{}{CALLBACK_PATH}", issuer.issuer),
+        &extra,
+    );
+    let mut response = redirect(&url);
+    if let Some(sealed) = set_cookie {
+        let value = format!(
+            "{CSRF_COOKIE}={sealed}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=Lax",
+            CSRF_LIFETIME.whole_seconds()
+        );
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(header::SET_COOKIE, value);
+        }
+    }
+    response
+}
+
+/// `GET|POST /callback`: the upstream sends the browser back.
+pub async fn callback<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let encoded = if parts.method == http::Method::POST {
+        match read_form(body).await {
+            Some(form) => form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(form)
+                .finish(),
+            None => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: the callback body is too large or unreadable",
+                )
+            }
+        }
+    } else {
+        parts.uri.query().unwrap_or_default().to_string()
+    };
+    let params = CallbackParams::parse(&encoded);
+    let now = OffsetDateTime::now_utc();
+    let Some(sealed) = params.state.as_deref() else {
+        return text(StatusCode::BAD_REQUEST, "Bad Request: state param not found");
+    };
+    let state: UpstreamState = match issuer.sealer.open(STATE_PURPOSE, sealed, now) {
+        Ok(state) => state,
+        Err(error) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("Bad Request: error reading state: {error}"),
+            )
+        }
+    };
+    let csrf_matches = cookie(&parts.headers, CSRF_COOKIE)
+        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok())
+        .is_some_and(|csrf| constant_time_eq(csrf.as_bytes(), state.csrf.as_bytes()));
+    if !csrf_matches {
+        return text(StatusCode::FORBIDDEN, "Forbidden: CSRF value does not match");
+    }
+    let request = match authorize::parse(&state.authorize_query, &clients) {
+        Ok(request) => request,
+        Err(refusal) => return refused(refusal),
+    };
+    let back = |error: OAuthError| {
+        refused(Refusal::Redirect {
+            error,
+            redirect_uri: request.redirect_uri.clone(),
+            response_mode: request.response_mode,
+            state: Some(request.state.clone()),
+        })
+    };
+    let Some(idp) = issuer.idp(Some(&state.idp_name), None) else {
+        return back(OAuthError::new(
+            Code::AccessDenied,
+            "Reason: the identity provider of this login no longer exists.",
+        ));
+    };
+    // The upstream's own answer: its state is the one just opened; only code or error matter.
+    let code = match params.outcome(sealed) {
+        CallbackOutcome::Code(code) => code,
+        CallbackOutcome::Failed(reason) => {
+            return back(OAuthError::new(Code::AccessDenied, &format!("Reason: {reason}.")));
+        }
+    };
+    let Upstream::Oidc(oidc) = idp.as_ref();
+    let upstream_params = LoginParams {
+        state: String::new(),
+        nonce: state.nonce,
+        verifier: state.verifier,
+    };
+    let tokens = match oidc
+        .provider
+        .exchange_code(
+            &oidc.client,
+            &upstream_params,
+            &code,
+            &format!("{}{CALLBACK_PATH}", issuer.issuer),
+        )
+        .await
+    {
+        Ok(tokens) => tokens,
+        Err(error) => {
+            tracing::warn!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "redeeming the upstream code failed");
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                "Reason: the upstream identity provider did not accept the authorization code.",
+            ));
+        }
+    };
+    let Some(id_token) = tokens.id else {
+        return back(OAuthError::new(
+            Code::AccessDenied,
+            "Reason: the upstream identity provider returned no ID token.",
+        ));
+    };
+    let (identity, upstream_subject) = match oidc.identity(&id_token.claims) {
+        Ok(found) => found,
+        Err(reason) => return back(OAuthError::new(Code::AccessDenied, &reason)),
+    };
+    let upstream = session::Upstream {
+        idp_name: oidc.display_name.clone(),
+        idp_type: "oidc".into(),
+        issuer: oidc.provider.discovery.issuer.clone(),
+        subject: upstream_subject,
+        refresh_token: tokens.refresh.map(|refresh| refresh.token),
+        access_token: None,
+    };
+    issue_code(endpoints, issuer, &request, identity, upstream).await
+}
+
+/// The scopes a client is granted: what it asked for, and for the CLI always `username` and
+/// `groups` (as Pinniped grants them, for old CLIs that did not ask).
+pub fn granted_scopes(request: &AuthorizeRequest) -> Vec<String> {
+    let mut scopes = request.scopes.clone();
+    if request.client_id == authorize::PINNIPED_CLI {
+        for always in ["username", "groups"] {
+            if !scopes.iter().any(|scope| scope == always) {
+                scopes.push(always.to_string());
+            }
+        }
+    }
+    scopes
+}
+
+/// Stores the login under a fresh authorization code and sends the code to the client.
+async fn issue_code(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: &AuthorizeRequest,
+    identity: Identity,
+    upstream: session::Upstream,
+) -> Response<Body> {
+    let back = |error: OAuthError| {
+        refused(Refusal::Redirect {
+            error,
+            redirect_uri: request.redirect_uri.clone(),
+            response_mode: request.response_mode,
+            state: Some(request.state.clone()),
+        })
+    };
+    let now = OffsetDateTime::now_utc();
+    let (Ok(code), Some(request_id)) = (issuer.token_key.mint(Kind::AuthorizationCode), random_string())
+    else {
+        return back(OAuthError::new(Code::ServerError, ""));
+    };
+    let scopes = granted_scopes(request);
+    let session = Session {
+        request_id,
+        client_id: request.client_id.clone(),
+        redirect_uri: request.redirect_uri.clone(),
+        scopes: scopes.clone(),
+        nonce: request.nonce.clone(),
+        code_challenge: request.code_challenge.clone(),
+        requested_at: now.unix_timestamp(),
+        auth_time: now.unix_timestamp(),
+        expires_at: (now + session::MAX_SESSION).unix_timestamp(),
+        code_active: true,
+        token_expires_at: (now + session::AUTHORIZATION_CODE_LIFETIME).unix_timestamp(),
+        identity,
+        upstream,
+    };
+    if let Err(error) = endpoints
+        .store
+        .create(
+            Resource::AuthCode,
+            &code.signature,
+            &session,
+            session::MAX_SESSION,
+            now,
+        )
+        .await
+    {
+        tracing::error!(issuer = %issuer.issuer, %error, "storing an authorization code failed");
+        return back(OAuthError::new(
+            Code::TemporarilyUnavailable,
+            "The session could not be stored; try again.",
+        ));
+    }
+    tracing::info!(
+        issuer = %issuer.issuer,
+        idp = %session.upstream.idp_name,
+        username = %session.identity.username,
+        "login succeeded; authorization code issued"
+    );
+    let params = [
+        ("code", code.token.as_str()),
+        ("scope", &scopes.join(" ")),
+        ("state", request.state.as_str()),
+    ];
+    match request.response_mode {
+        ResponseMode::Query => redirect(&with_query(&request.redirect_uri, &params)),
+        ResponseMode::FormPost => form_post(&request.redirect_uri, &params),
+    }
+}
+
+/// The answer to a refused authorization request.
+pub fn refused(refusal: Refusal) -> Response<Body> {
+    match refusal {
+        Refusal::Direct(error) => oauth_error(&error),
+        Refusal::Redirect {
+            error,
+            redirect_uri,
+            response_mode,
+            state,
+        } => {
+            let mut params = vec![
+                ("error", error.code.as_str()),
+                ("error_description", error.description.as_str()),
+            ];
+            if let Some(state) = state.as_deref() {
+                params.push(("state", state));
+            }
+            match response_mode {
+                ResponseMode::Query => redirect(&with_query(&redirect_uri, &params)),
+                ResponseMode::FormPost => form_post(&redirect_uri, &params),
+            }
+        }
+    }
+}
+
+fn with_query(uri: &str, params: &[(&str, &str)]) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(params)
+        .finish();
+    let separator = if uri.contains('?') { '&' } else { '?' };
+    format!("{uri}{separator}{query}")
+}
+
+fn redirect(location: &str) -> Response<Body> {
+    let mut response = Response::new(Body::default());
+    *response.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(value) = HeaderValue::from_str(location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The `form_post` page (OAuth 2.0 Form Post Response Mode): a form that posts `params` to
+/// `redirect_uri` by itself, and shows the code for pasting when the CLI's listener cannot be
+/// reached.
+fn form_post(redirect_uri: &str, params: &[(&str, &str)]) -> Response<Body> {
+    let inputs: String = params
+        .iter()
+        .map(|(name, value)| {
+            format!(
+                r#"<input type="hidden" name="{}" value="{}">"#,
+                html_escape(name),
+                html_escape(value)
+            )
+        })
+        .collect();
+    let code = params
+        .iter()
+        .find(|(name, _)| *name == "code")
+        .map(|(_, code)| {
+            format!(
+                r#"<p>If the login does not finish by itself, paste this authorization code into the command line: <code id="manual-auth-code">{}</code></p>"#,
+                html_escape(code)
+            )
+        })
+        .unwrap_or_default();
+    let page = format!(
+        r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Selkie login</title></head><body onload="document.forms[0].submit()"><form method="post" action="{}">{inputs}<noscript><button type="submit">Continue</button></noscript></form><p id="status">Finishing the login…</p>{code}</body></html>"#,
+        html_escape(redirect_uri)
+    );
+    let mut response = Response::new(Body::new(Bytes::from(page)));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; script-src 'unsafe-inline'; form-action http: https:; frame-ancestors 'none'"),
+    );
+    response
+}
+
+fn html_escape(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '&' => "&amp;".to_string(),
+            '<' => "&lt;".to_string(),
+            '>' => "&gt;".to_string(),
+            '"' => "&quot;".to_string(),
+            '\'' => "&#39;".to_string(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.to_string())
+}
+
+/// 32 random bytes, base64url.
+pub fn random_string() -> Option<String> {
+    use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
+    Some(URL_SAFE_NO_PAD.encode(bytes))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_go_back_with_the_state_or_are_answered_directly() {
+        let error = OAuthError::new(Code::AccessDenied, "Missing or blank username or password.");
+        let response = refused(Refusal::Redirect {
+            error: error.clone(),
+            redirect_uri: "http://127.0.0.1:1234/callback".into(),
+            response_mode: ResponseMode::Query,
+            state: Some("state-123456".into()),
+        });
+        assert_eq!(response.status(), StatusCode::SEE_OTHER);
+        let location = response.headers()[header::LOCATION].to_str().unwrap().to_string();
+        let (base, query) = location.split_once('?').unwrap();
+        assert_eq!(base, "http://127.0.0.1:1234/callback");
+        let params = CallbackParams::parse(query);
+        assert_eq!(params.error.as_deref(), Some("access_denied"));
+        assert_eq!(params.state.as_deref(), Some("state-123456"));
+        assert_eq!(
+            params.error_description.as_deref(),
+            Some(error.description.as_str())
+        );
+        let direct = refused(Refusal::Direct(OAuthError::new(Code::InvalidClient, "")));
+        assert_eq!(direct.status(), StatusCode::UNAUTHORIZED);
+    }
+
+    #[test]
+    fn the_form_post_page_escapes_what_it_carries() {
+        let response = form_post(
+            "http://127.0.0.1:1234/callback",
+            &[("code", "pin_ac_a.b"), ("state", "\"><script>")],
+        );
+        let page = String::from_utf8(
+            futures::executor::block_on(http_body_util::BodyExt::collect(response.into_body()))
+                .unwrap()
+                .to_bytes()
+                .to_vec(),
+        )
+        .unwrap();
+        assert!(page.contains(r#"action="http://127.0.0.1:1234/callback""#));
+        assert!(page.contains(r#"<input type="hidden" name="code" value="pin_ac_a.b">"#));
+        assert!(page.contains("&quot;&gt;&lt;script&gt;"));
+        assert!(!page.contains("\"><script>"));
+    }
+
+    #[test]
+    fn cookies_are_found_by_name() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; __Host-pinniped-csrf-v2=xyz; b=2"),
+        );
+        assert_eq!(cookie(&headers, CSRF_COOKIE).as_deref(), Some("xyz"));
+        assert_eq!(cookie(&headers, "c"), None);
+    }
+}

@@ -1,0 +1,414 @@
+//! `POST /oauth2/token`: the authorization code grant (PKCE required), the refresh token grant
+//! (rotating: the old refresh token and its access tokens are revoked; the upstream is checked
+//! again), and RFC 8693 token exchange for a cluster-scoped ID token.
+
+use std::{collections::HashMap, sync::Arc};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use serde_json::json;
+use time::OffsetDateTime;
+
+use super::{json, oauth_error, read_form, Body, Endpoints};
+use crate::{
+    authorize::{self, verifier_matches},
+    id_token::{self, IdTokenClaims},
+    issuer::Issuer,
+    oauth::{Code, OAuthError},
+    session::{self, Session},
+    storage::Resource,
+    store::StoreError,
+    tokens::Kind,
+    upstream::Upstream,
+};
+
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+
+/// `POST /oauth2/token`.
+pub async fn token<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(form) = read_form(request.into_body()).await else {
+        return oauth_error(&OAuthError::new(
+            Code::InvalidRequest,
+            "The request body is too large or unreadable.",
+        ));
+    };
+    let mut params: HashMap<String, String> = HashMap::new();
+    for (name, value) in form {
+        if params.insert(name.clone(), value).is_some() {
+            return oauth_error(&OAuthError::new(
+                Code::InvalidRequest,
+                &format!("The parameter '{name}' must not be given more than once."),
+            ));
+        }
+    }
+    let result = match params.get("client_id").map(String::as_str) {
+        Some(authorize::PINNIPED_CLI) => match params.get("grant_type").map(String::as_str) {
+            Some("authorization_code") => authorization_code(endpoints, issuer, &params).await,
+            Some("refresh_token") => refresh(endpoints, issuer, &params).await,
+            Some(TOKEN_EXCHANGE) => exchange(endpoints, issuer, &params).await,
+            Some(other) => Err(OAuthError::new(
+                Code::UnsupportedGrantType,
+                &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
+            )),
+            None => Err(OAuthError::new(
+                Code::InvalidRequest,
+                "The 'grant_type' parameter is missing.",
+            )),
+        },
+        _ => Err(OAuthError::new(
+            Code::InvalidClient,
+            "The requested OAuth 2.0 Client does not exist.",
+        )),
+    };
+    match result {
+        Ok(body) => json(StatusCode::OK, Bytes::from(body.to_string())),
+        Err(error) => oauth_error(&error),
+    }
+}
+
+fn store_failed(error: &StoreError) -> OAuthError {
+    tracing::error!(%error, "the session store failed");
+    OAuthError::new(
+        Code::TemporarilyUnavailable,
+        "The session store could not be reached; try again.",
+    )
+}
+
+fn param<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a str, OAuthError> {
+    params
+        .get(name)
+        .map(String::as_str)
+        .filter(|value| !value.is_empty())
+        .ok_or_else(|| {
+            OAuthError::new(
+                Code::InvalidRequest,
+                &format!("The '{name}' parameter is missing."),
+            )
+        })
+}
+
+/// The authorization code grant.
+async fn authorization_code(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    params: &HashMap<String, String>,
+) -> Result<serde_json::Value, OAuthError> {
+    let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
+    let code = param(params, "code")?;
+    let signature = issuer
+        .token_key
+        .signature_of(Kind::AuthorizationCode, code)
+        .map_err(|_| {
+            invalid("The authorization code is malformed or was not issued by this FederationDomain.")
+        })?;
+    let now = OffsetDateTime::now_utc();
+    let Some((mut session, version)) = endpoints
+        .store
+        .get(Resource::AuthCode, &signature)
+        .await
+        .map_err(|e| store_failed(&e))?
+    else {
+        return Err(invalid("The authorization code has expired or is unknown."));
+    };
+    if !session.code_active {
+        // RFC 6749 §4.1.2: a code used twice revokes what it was redeemed for.
+        revoke_login(endpoints, &session.request_id).await;
+        return Err(invalid("The authorization code has already been used."));
+    }
+    if now.unix_timestamp() >= session.token_expires_at {
+        return Err(invalid("The authorization code has expired."));
+    }
+    if param(params, "redirect_uri")? != session.redirect_uri {
+        return Err(invalid(
+            "The 'redirect_uri' parameter does not match the one of the authorization request.",
+        ));
+    }
+    if !verifier_matches(&session.code_challenge, param(params, "code_verifier")?) {
+        return Err(invalid(
+            "The PKCE code challenge did not match the code verifier.",
+        ));
+    }
+    session.code_active = false;
+    match endpoints
+        .store
+        .update(Resource::AuthCode, &signature, &version, &session)
+        .await
+    {
+        Ok(()) => {}
+        Err(StoreError::Conflict) => {
+            revoke_login(endpoints, &session.request_id).await;
+            return Err(invalid("The authorization code has already been used."));
+        }
+        Err(error) => return Err(store_failed(&error)),
+    }
+    issue_tokens(endpoints, issuer, session, true, now).await
+}
+
+/// Deletes every token of a login (its code stays, marked used, until it is collected).
+async fn revoke_login(endpoints: &Endpoints, request_id: &str) {
+    for resource in [Resource::AccessToken, Resource::RefreshToken] {
+        if let Err(error) = endpoints.store.delete_login(resource, request_id).await {
+            tracing::error!(%error, "revoking the tokens of a replayed or reused grant failed");
+        }
+    }
+}
+
+/// Mints and stores an access token, a refresh token (with `offline_access`) and an ID token (with
+/// `openid`) for `session`; `with_nonce` for the first ID token of a code.
+async fn issue_tokens(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    session: Session,
+    with_nonce: bool,
+    now: OffsetDateTime,
+) -> Result<serde_json::Value, OAuthError> {
+    let server_error = || OAuthError::new(Code::ServerError, "");
+    let access = issuer
+        .token_key
+        .mint(Kind::AccessToken)
+        .map_err(|_| server_error())?;
+    let refresh = if session.has_scope("offline_access") {
+        Some(
+            issuer
+                .token_key
+                .mint(Kind::RefreshToken)
+                .map_err(|_| server_error())?,
+        )
+    } else {
+        None
+    };
+    let id_token = if session.has_scope("openid") {
+        let claims = IdTokenClaims {
+            issuer: issuer.issuer.clone(),
+            subject: session.identity.subject.clone(),
+            audience: session.client_id.clone(),
+            authorized_party: session.client_id.clone(),
+            auth_time: OffsetDateTime::from_unix_timestamp(session.auth_time).unwrap_or(now),
+            requested_at: OffsetDateTime::from_unix_timestamp(session.requested_at).unwrap_or(now),
+            nonce: session.nonce.clone().filter(|_| with_nonce),
+            access_token: Some(access.token.clone()),
+            username: session
+                .has_scope("username")
+                .then(|| session.identity.username.clone()),
+            groups: session
+                .has_scope("groups")
+                .then(|| session.identity.groups.clone()),
+            additional_claims: session.identity.additional_claims.clone(),
+        };
+        Some(
+            claims
+                .sign(&issuer.signing_key, now)
+                .map_err(|_| server_error())?,
+        )
+    } else {
+        None
+    };
+    let remaining = time::Duration::seconds((session.expires_at - now.unix_timestamp()).max(0));
+    let mut stored = session.clone();
+    stored.code_active = false;
+    stored.token_expires_at = (now + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();
+    endpoints
+        .store
+        .create(Resource::AccessToken, &access.signature, &stored, remaining, now)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    if let Some(refresh) = &refresh {
+        stored.token_expires_at = session.expires_at;
+        endpoints
+            .store
+            .create(
+                Resource::RefreshToken,
+                &refresh.signature,
+                &stored,
+                remaining,
+                now,
+            )
+            .await
+            .map_err(|e| store_failed(&e))?;
+    }
+    let mut body = json!({
+        "access_token": access.token,
+        "token_type": "bearer",
+        "expires_in": session::ACCESS_TOKEN_LIFETIME.whole_seconds() - 1,
+        "scope": session.scopes.join(" "),
+    });
+    if let Some(refresh) = refresh {
+        body["refresh_token"] = json!(refresh.token);
+    }
+    if let Some(id_token) = id_token {
+        body["id_token"] = json!(id_token);
+    }
+    Ok(body)
+}
+
+/// The refresh token grant.
+async fn refresh(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    params: &HashMap<String, String>,
+) -> Result<serde_json::Value, OAuthError> {
+    let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
+    let token = param(params, "refresh_token")?;
+    let signature = issuer
+        .token_key
+        .signature_of(Kind::RefreshToken, token)
+        .map_err(|_| invalid("The refresh token is malformed or was not issued by this FederationDomain."))?;
+    let now = OffsetDateTime::now_utc();
+    let Some((mut session, _)) = endpoints
+        .store
+        .get(Resource::RefreshToken, &signature)
+        .await
+        .map_err(|e| store_failed(&e))?
+    else {
+        return Err(invalid(
+            "The refresh token has expired, was used already, or is unknown.",
+        ));
+    };
+    if session.expired_at(now) {
+        return Err(invalid("The session has ended; log in again."));
+    }
+    // Rotation: this refresh token and the login's access tokens end now, whatever follows.
+    endpoints
+        .store
+        .delete(Resource::RefreshToken, &signature)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    if let Err(error) = endpoints
+        .store
+        .delete_login(Resource::AccessToken, &session.request_id)
+        .await
+    {
+        return Err(store_failed(&error));
+    }
+    upstream_refresh(issuer, &mut session).await?;
+    issue_tokens(endpoints, issuer, session, false, now).await
+}
+
+/// Checks the user again at the upstream: the upstream refresh grant, the same subject, the
+/// username unchanged, the groups as they are now.
+async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result<(), OAuthError> {
+    let denied =
+        |hint: &str| OAuthError::new(Code::InvalidGrant, &format!("Upstream refresh failed. {hint}"));
+    let Some(idp) = issuer.idp(Some(&session.upstream.idp_name), Some(&session.upstream.idp_type)) else {
+        return Err(denied("The identity provider of this session no longer exists."));
+    };
+    let Upstream::Oidc(oidc) = idp.as_ref();
+    if oidc.provider.discovery.issuer != session.upstream.issuer {
+        return Err(denied("The identity provider's issuer changed."));
+    }
+    let Some(upstream_refresh_token) = session.upstream.refresh_token.clone() else {
+        // Without an upstream refresh token there is nothing to check the user against.
+        return Err(denied("The upstream issued no refresh token; log in again."));
+    };
+    let tokens = oidc
+        .provider
+        .refresh(&oidc.client, &upstream_refresh_token)
+        .await
+        .map_err(|error| {
+            tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream refresh refused");
+            denied("The upstream identity provider refused the refresh.")
+        })?;
+    if let Some(id_token) = &tokens.id {
+        let (identity, upstream_subject) = oidc
+            .identity(&id_token.claims)
+            .map_err(|reason| denied(&reason))?;
+        if upstream_subject != session.upstream.subject {
+            return Err(denied("The upstream subject changed."));
+        }
+        if identity.username != session.identity.username {
+            return Err(denied("The username changed."));
+        }
+        session.identity.groups = identity.groups;
+        session.identity.additional_claims = identity.additional_claims;
+    }
+    if let Some(refresh) = tokens.refresh {
+        session.upstream.refresh_token = Some(refresh.token);
+    }
+    Ok(())
+}
+
+/// RFC 8693 token exchange: a Supervisor access token for an ID token of another audience.
+async fn exchange(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    params: &HashMap<String, String>,
+) -> Result<serde_json::Value, OAuthError> {
+    let audience = param(params, "audience")?;
+    let subject_token = param(params, "subject_token")?;
+    if param(params, "subject_token_type")? != ACCESS_TOKEN_TYPE {
+        return Err(OAuthError::new(
+            Code::InvalidRequest,
+            "Unsupported subject token type.",
+        ));
+    }
+    if param(params, "requested_token_type")? != JWT_TOKEN_TYPE {
+        return Err(OAuthError::new(
+            Code::InvalidRequest,
+            "Unsupported requested token type.",
+        ));
+    }
+    if audience.contains(".pinniped.dev")
+        || audience == authorize::PINNIPED_CLI
+        || audience.starts_with("client.oauth.pinniped.dev-")
+    {
+        return Err(OAuthError::new(
+            Code::InvalidRequest,
+            "requested audience cannot contain '.pinniped.dev', equal 'pinniped-cli', or be a dynamic client's ID",
+        ));
+    }
+    let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
+    let signature = issuer
+        .token_key
+        .signature_of(Kind::AccessToken, subject_token)
+        .map_err(|_| invalid("The subject token is malformed or was not issued by this FederationDomain."))?;
+    let now = OffsetDateTime::now_utc();
+    let Some((session, _)) = endpoints
+        .store
+        .get(Resource::AccessToken, &signature)
+        .await
+        .map_err(|e| store_failed(&e))?
+    else {
+        return Err(invalid("The subject token has expired or is unknown."));
+    };
+    if now.unix_timestamp() >= session.token_expires_at {
+        return Err(invalid("The subject token has expired."));
+    }
+    if !session.has_scope("openid") || !session.has_scope("pinniped:request-audience") {
+        return Err(OAuthError::new(
+            Code::AccessDenied,
+            "The subject token was not granted the 'openid' and 'pinniped:request-audience' scopes.",
+        ));
+    }
+    let claims = IdTokenClaims {
+        issuer: issuer.issuer.clone(),
+        subject: session.identity.subject.clone(),
+        audience: audience.to_string(),
+        authorized_party: session.client_id.clone(),
+        auth_time: OffsetDateTime::from_unix_timestamp(session.auth_time).unwrap_or(now),
+        requested_at: OffsetDateTime::from_unix_timestamp(session.requested_at).unwrap_or(now),
+        nonce: None,
+        access_token: None,
+        username: session
+            .has_scope("username")
+            .then(|| session.identity.username.clone()),
+        groups: session
+            .has_scope("groups")
+            .then(|| session.identity.groups.clone()),
+        additional_claims: session.identity.additional_claims.clone(),
+    };
+    let token = claims
+        .sign(&issuer.signing_key, now)
+        .map_err(|_| OAuthError::new(Code::ServerError, ""))?;
+    Ok(json!({
+        "access_token": token,
+        "issued_token_type": JWT_TOKEN_TYPE,
+        "token_type": "N_A",
+        "expires_in": id_token::LIFETIME.whole_seconds(),
+    }))
+}

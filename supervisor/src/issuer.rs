@@ -1,0 +1,220 @@
+//! The FederationDomains a Supervisor serves, as requests find them: each with its issuer URL
+//! split into host and path, its keys, and its identity providers; and the routing from a
+//! request's host and path to a FederationDomain and one of its endpoints. The whole table is
+//! replaced at once when the configuration changes ([`Issuers`] behind an `ArcSwap`).
+
+use std::{collections::HashMap, sync::Arc};
+
+use bytes::Bytes;
+use selkie_api::supervisor_oidc::PinnipedIDP;
+use selkie_oidc::jose::sign::SigningKey;
+
+use crate::{discovery, sealed::Sealer, tokens::TokenKey, upstream::Upstream};
+
+/// A FederationDomain ready to serve.
+#[derive(Debug)]
+pub struct Issuer {
+    /// `namespace/name` of the FederationDomain.
+    pub name: String,
+    /// Its issuer URL, as configured (no trailing slash).
+    pub issuer: String,
+    /// The issuer's host (lower-case, without port).
+    pub host: String,
+    /// The issuer's path (empty or `/…`, no trailing slash).
+    pub path: String,
+    /// The key ID tokens are signed with.
+    pub signing_key: Arc<SigningKey>,
+    /// The JWKS document (`jwks.json`): the signing key and any older keys still trusted.
+    pub jwks: Bytes,
+    /// The key of its opaque tokens.
+    pub token_key: Arc<TokenKey>,
+    /// The key of its sealed state and CSRF values.
+    pub sealer: Arc<Sealer>,
+    /// Its identity providers, in the FederationDomain's order.
+    pub idps: Vec<Arc<Upstream>>,
+    /// The discovery document, rendered once.
+    pub discovery: Bytes,
+    /// The identity-provider discovery document, rendered once.
+    pub idp_discovery: Bytes,
+}
+
+/// Why an issuer URL cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssuerError {
+    /// Not an https URL with a host, or with a query, fragment or user info.
+    #[error("the issuer {0:?} must be an https:// URL with a host and no query, fragment or user info")]
+    Invalid(String),
+}
+
+/// The host (lower-case, without port) and path (no trailing slash) of an issuer URL.
+pub fn split_issuer(issuer: &str) -> Result<(String, String), IssuerError> {
+    let invalid = || IssuerError::Invalid(issuer.to_string());
+    let uri: http::Uri = issuer.parse().map_err(|_| invalid())?;
+    if uri.scheme_str() != Some("https")
+        || uri.query().is_some()
+        || issuer.contains('#')
+        || issuer.contains('@')
+    {
+        return Err(invalid());
+    }
+    let host = uri.host().filter(|host| !host.is_empty()).ok_or_else(invalid)?;
+    let path = uri.path().trim_end_matches('/').to_string();
+    Ok((host.to_ascii_lowercase(), path))
+}
+
+impl Issuer {
+    /// Builds an issuer, rendering its discovery documents.
+    pub fn new(
+        name: String,
+        issuer: String,
+        signing_key: Arc<SigningKey>,
+        jwks: Bytes,
+        token_key: Arc<TokenKey>,
+        sealer: Arc<Sealer>,
+        idps: Vec<Arc<Upstream>>,
+    ) -> Result<Self, IssuerError> {
+        let (host, path) = split_issuer(&issuer)?;
+        let issuer = issuer.trim_end_matches('/').to_string();
+        let listed: Vec<PinnipedIDP> = idps
+            .iter()
+            .map(|idp| PinnipedIDP {
+                name: idp.display_name().to_string(),
+                r#type: idp.kind(),
+                flows: idp.flows(),
+            })
+            .collect();
+        Ok(Self {
+            discovery: Bytes::from(discovery::openid_configuration(&issuer).to_string()),
+            idp_discovery: Bytes::from(
+                serde_json::to_string(&discovery::identity_providers(&listed)).unwrap_or_default(),
+            ),
+            name,
+            issuer,
+            host,
+            path,
+            signing_key,
+            jwks,
+            token_key,
+            sealer,
+            idps,
+        })
+    }
+
+    /// The identity provider a login asks for by name (and type, when given), or the only one when
+    /// it names none.
+    pub fn idp(&self, name: Option<&str>, kind: Option<&str>) -> Option<&Arc<Upstream>> {
+        match name {
+            Some(name) => self.idps.iter().find(|idp| {
+                idp.display_name() == name && kind.is_none_or(|kind| idp.kind().as_str() == kind)
+            }),
+            None if self.idps.len() == 1 => self.idps.first(),
+            None => None,
+        }
+    }
+}
+
+/// Every served FederationDomain, by host.
+#[derive(Debug, Default)]
+pub struct Issuers {
+    by_host: HashMap<String, Vec<Arc<Issuer>>>,
+}
+
+impl Issuers {
+    /// The table of `issuers`. Two with the same issuer URL: the first one serves (the reconciler
+    /// refuses duplicates before they get here).
+    pub fn new(issuers: Vec<Arc<Issuer>>) -> Self {
+        let mut by_host: HashMap<String, Vec<Arc<Issuer>>> = HashMap::new();
+        for issuer in issuers {
+            let list = by_host.entry(issuer.host.clone()).or_default();
+            if !list.iter().any(|other| other.path == issuer.path) {
+                list.push(issuer);
+            }
+        }
+        // Longest path first, so /a/b wins over /a.
+        for list in by_host.values_mut() {
+            list.sort_by_key(|issuer| std::cmp::Reverse(issuer.path.len()));
+        }
+        Self { by_host }
+    }
+
+    /// The FederationDomain serving a request for `host` (with or without port) and `path`, and the
+    /// endpoint path below its issuer path (e.g. `/oauth2/token`).
+    pub fn route<'a>(&self, host: &str, path: &'a str) -> Option<(&Arc<Issuer>, &'a str)> {
+        let host = host
+            .rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(host, |(host, _)| host);
+        let list = self.by_host.get(&host.to_ascii_lowercase())?;
+        list.iter().find_map(|issuer| {
+            let rest = path.strip_prefix(issuer.path.as_str())?;
+            (rest.starts_with('/')).then_some((issuer, rest))
+        })
+    }
+
+    /// Every served issuer.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Issuer>> {
+        self.by_host.values().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issuer(url: &str) -> Arc<Issuer> {
+        Arc::new(
+            Issuer::new(
+                url.into(),
+                url.into(),
+                Arc::new(SigningKey::generate("k").unwrap()),
+                Bytes::new(),
+                Arc::new(TokenKey::new(&[1; 32])),
+                Arc::new(Sealer::new(&[2; 32], url).unwrap()),
+                Vec::new(),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn requests_reach_the_issuer_of_their_host_and_longest_path() {
+        let issuers = Issuers::new(vec![
+            issuer("https://sso.example.com/a"),
+            issuer("https://sso.example.com/a/b"),
+            issuer("https://Other.example.com"),
+        ]);
+        let (found, rest) = issuers
+            .route("sso.example.com:8443", "/a/b/oauth2/token")
+            .unwrap();
+        assert_eq!(found.issuer, "https://sso.example.com/a/b");
+        assert_eq!(rest, "/oauth2/token");
+        let (found, rest) = issuers.route("SSO.example.com", "/a/jwks.json").unwrap();
+        assert_eq!(
+            (found.issuer.as_str(), rest),
+            ("https://sso.example.com/a", "/jwks.json")
+        );
+        let (found, _) = issuers
+            .route("other.example.com", "/.well-known/openid-configuration")
+            .unwrap();
+        assert_eq!(found.issuer, "https://Other.example.com");
+        assert!(issuers.route("sso.example.com", "/ab/jwks.json").is_none());
+        assert!(issuers.route("unknown.example.com", "/a/jwks.json").is_none());
+    }
+
+    #[test]
+    fn issuer_urls_must_be_plain_https() {
+        assert_eq!(
+            split_issuer("https://sso.example.com:8443/a/").unwrap(),
+            ("sso.example.com".to_string(), "/a".to_string())
+        );
+        for bad in [
+            "http://sso.example.com",
+            "https://sso.example.com?x=1",
+            "https://u@sso.example.com",
+            "sso",
+        ] {
+            assert!(split_issuer(bad).is_err(), "{bad}");
+        }
+    }
+}

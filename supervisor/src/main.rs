@@ -1,0 +1,156 @@
+//! `selkie-supervisor --config FILE`: the Supervisor process. It starts leader election, the
+//! controller (FederationDomains, identity providers, keys, certificates), the session garbage
+//! collector and the listeners, and stops on SIGTERM or SIGINT after draining connections.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use clap::Parser;
+use selkie_kube::{leader, serving::ServingCert};
+use selkie_supervisor::{
+    config::SupervisorConfig,
+    controller::{Controller, Outputs},
+    endpoints::Endpoints,
+    issuer::Issuers,
+    server,
+    store::Store,
+};
+use tokio::sync::watch;
+
+/// How often expired sessions are deleted.
+const GARBAGE_COLLECTION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(name = "selkie-supervisor", version, about)]
+struct Args {
+    /// The Supervisor's configuration file (YAML).
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("reading the configuration {}", args.config.display()))?;
+    let config = SupervisorConfig::parse(&text)?;
+    let client = selkie_kube::client::connect(config.kubeconfig.as_deref()).await?;
+
+    let issuers = Arc::new(ArcSwap::from_pointee(Issuers::default()));
+    let serving = Arc::new(ServingCert::disabled());
+    let store = Store::new(kube::Api::namespaced(client.clone(), &config.namespace));
+    let endpoints = Arc::new(Endpoints {
+        issuers: issuers.clone(),
+        store: store.clone(),
+    });
+    let https = server::bind(config.listen.https).await?;
+    let http = match config.listen.http {
+        Some(addr) => Some(server::bind(addr).await?),
+        None => None,
+    };
+    tracing::info!(
+        namespace = %config.namespace,
+        https = %config.listen.https,
+        http = ?config.listen.http,
+        "Supervisor starting"
+    );
+
+    let (leader_sender, leader_receiver) = watch::channel(false);
+    let lease = leader::LeaseConfig {
+        namespace: config.namespace.clone(),
+        name: format!("{}-leader-election", config.name_prefix),
+        identity: config.identity(),
+    };
+    let controller = Controller::new(
+        client.clone(),
+        config.clone(),
+        Outputs {
+            issuers,
+            serving: serving.clone(),
+        },
+        leader_receiver.clone(),
+    )?;
+    let (stop_sender, stop) = watch::channel(false);
+    let stopped = |mut stop: watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|stopping| *stopping).await;
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(async move {
+        leader::run(client, &lease, leader_sender).await;
+        anyhow::Ok(())
+    });
+    tasks.spawn(async move { Ok(controller.run().await?) });
+    {
+        let (store, leader) = (store.clone(), leader_receiver.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::time::sleep(GARBAGE_COLLECTION_INTERVAL).await;
+                if !*leader.borrow() {
+                    continue;
+                }
+                match store.collect_garbage(time::OffsetDateTime::now_utc()).await {
+                    Ok(0) => {}
+                    Ok(deleted) => tracing::info!(deleted, "deleted expired session Secrets"),
+                    Err(error) => tracing::warn!(%error, "collecting expired sessions failed"),
+                }
+            }
+        });
+    }
+    tasks
+        .spawn(server::serve_https(https, serving, endpoints.clone(), stopped(stop.clone())).map_ok_anyhow());
+    if let Some(http) = http {
+        let endpoints = endpoints.clone();
+        let stop = stop.clone();
+        tasks.spawn(async move {
+            server::serve_http(http, endpoints, stopped(stop)).await;
+            anyhow::Ok(())
+        });
+    }
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+        Some(ended) = tasks.join_next() => {
+            let error = match ended {
+                Ok(Ok(())) => anyhow::anyhow!("a task ended"),
+                Ok(Err(error)) => error,
+                Err(error) => anyhow::anyhow!(error),
+            };
+            return Err(error.context("the Supervisor stopped"));
+        }
+    }
+    let _ = stop_sender.send(true);
+    let _ = tokio::time::timeout(server::DRAIN_TIMEOUT + Duration::from_secs(1), async {
+        // The listeners end after draining; the other tasks run forever and are aborted below.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    })
+    .await;
+    tasks.shutdown().await;
+    Ok(())
+}
+
+/// `Result<(), ServerError>` → `anyhow::Result<()>` for the task set.
+trait MapOkAnyhow {
+    fn map_ok_anyhow(self) -> impl std::future::Future<Output = anyhow::Result<()>> + Send;
+}
+
+impl<F> MapOkAnyhow for F
+where
+    F: std::future::Future<Output = Result<(), server::ServerError>> + Send,
+{
+    async fn map_ok_anyhow(self) -> anyhow::Result<()> {
+        Ok(self.await?)
+    }
+}

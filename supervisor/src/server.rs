@@ -1,0 +1,146 @@
+//! The Supervisor's listeners: HTTPS (TLS 1.2 and 1.3, ALPN `h2` and `http/1.1`, the certificate
+//! chosen by SNI from [`ServingCert`]) and, optionally, plain HTTP on a loopback address for a
+//! sidecar that terminates TLS. Both answer with the same [`Endpoints`] and stop accepting when
+//! `shutdown` resolves, letting open connections finish for up to [`DRAIN_TIMEOUT`].
+
+use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc, time::Duration};
+
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::graceful::GracefulShutdown,
+};
+use selkie_kube::serving::ServingCert;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::endpoints::Endpoints;
+
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP/1.1 client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open connections may finish after shutdown begins.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a listener could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The address cannot be bound.
+    #[error("listening on {addr}: {message}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// What went wrong.
+        message: String,
+    },
+    /// The TLS configuration cannot be built.
+    #[error("the TLS configuration: {0}")]
+    Tls(String),
+}
+
+/// Binds `addr` (so a caller learns at once that the port is taken).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr).await.map_err(|e| ServerError::Bind {
+        addr,
+        message: e.to_string(),
+    })
+}
+
+/// Serves HTTPS on `listener` until `shutdown`.
+pub async fn serve_https(
+    listener: TcpListener,
+    serving: Arc<ServingCert>,
+    endpoints: Arc<Endpoints>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(serving);
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    serve(listener, Some(acceptor), endpoints, shutdown).await;
+    Ok(())
+}
+
+/// Serves plain HTTP on `listener` until `shutdown`.
+pub async fn serve_http(
+    listener: TcpListener,
+    endpoints: Arc<Endpoints>,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve(listener, None, endpoints, shutdown).await;
+}
+
+async fn serve(
+    listener: TcpListener,
+    acceptor: Option<TlsAcceptor>,
+    endpoints: Arc<Endpoints>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (tcp, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a connection failed");
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let endpoints = endpoints.clone();
+        let acceptor = acceptor.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let endpoints = endpoints.clone();
+                async move { Ok::<_, Infallible>(endpoints.handle(request).await) }
+            });
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let result = match acceptor {
+                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        watcher
+                            .watch(builder.serve_connection(TokioIo::new(tls), service))
+                            .await
+                    }
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        return;
+                    }
+                },
+                None => {
+                    watcher
+                        .watch(builder.serve_connection(TokioIo::new(tcp), service))
+                        .await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
+    }
+}

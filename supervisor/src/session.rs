@@ -1,0 +1,105 @@
+//! A login's session: who logged in, through which upstream, what the client was granted, and
+//! what the Supervisor needs to check the upstream again on every refresh. It is the JSON of the
+//! storage Secrets ([`crate::storage`]) of the login's authorization code, access and refresh
+//! tokens, and is never logged (it holds the upstream refresh token).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+
+/// How long a session lasts from the initial login; refreshes never extend it.
+pub const MAX_SESSION: time::Duration = time::Duration::hours(9);
+/// How long an authorization code may be redeemed.
+pub const AUTHORIZATION_CODE_LIFETIME: time::Duration = time::Duration::minutes(10);
+/// How long an access token is good for.
+pub const ACCESS_TOKEN_LIFETIME: time::Duration = time::Duration::minutes(2);
+
+/// The identity the Supervisor vouches for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// The downstream `sub`.
+    pub subject: String,
+    /// The downstream username.
+    pub username: String,
+    /// The downstream groups.
+    pub groups: Vec<String>,
+    /// The upstream's additional claim mappings, for `additionalClaims`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub additional_claims: BTreeMap<String, Value>,
+}
+
+/// What the Supervisor keeps of the upstream login.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Upstream {
+    /// The identity provider's display name in the FederationDomain.
+    pub idp_name: String,
+    /// Its type (`oidc`, ...).
+    pub idp_type: String,
+    /// The upstream issuer (OIDC).
+    pub issuer: String,
+    /// The upstream `sub`.
+    pub subject: String,
+    /// The upstream refresh token, when it issued one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_token: Option<String>,
+    /// The upstream access token, when there is no refresh token (checked at userinfo instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("idp_name", &self.idp_name)
+            .field("idp_type", &self.idp_type)
+            .field("issuer", &self.issuer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One login, from the authorization code on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// Identifies the login across its code and tokens (`storage.pinniped.dev/request-id`).
+    pub request_id: String,
+    /// The client.
+    pub client_id: String,
+    /// The redirect URI the code was sent to (the token request must repeat it).
+    pub redirect_uri: String,
+    /// The scopes granted.
+    pub scopes: Vec<String>,
+    /// The client's nonce, for the first ID token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    /// The PKCE S256 challenge the code must be redeemed with.
+    pub code_challenge: String,
+    /// When the authorization was requested (unix seconds).
+    pub requested_at: i64,
+    /// When the user authenticated upstream (unix seconds).
+    pub auth_time: i64,
+    /// When the session ends (unix seconds): [`MAX_SESSION`] after the login.
+    pub expires_at: i64,
+    /// Whether the authorization code may still be redeemed (it is single-use).
+    #[serde(default)]
+    pub code_active: bool,
+    /// When the code or token this copy is stored under stops being good (unix seconds).
+    pub token_expires_at: i64,
+    /// Who.
+    pub identity: Identity,
+    /// Through which upstream.
+    pub upstream: Upstream,
+}
+
+impl Session {
+    /// Whether the session's scopes include `scope`.
+    pub fn has_scope(&self, scope: &str) -> bool {
+        self.scopes.iter().any(|granted| granted == scope)
+    }
+
+    /// Whether the session is over at `now`.
+    pub fn expired_at(&self, now: OffsetDateTime) -> bool {
+        now.unix_timestamp() >= self.expires_at
+    }
+}

@@ -1,0 +1,143 @@
+//! The upstream identity providers of a FederationDomain as logins use them. Only OIDC for now;
+//! LDAP, Active Directory and GitHub join as variants of [`Upstream`].
+//!
+//! An OIDC upstream is a discovered [`Provider`] the Supervisor is a confidential client of, and
+//! the rules that turn its ID token into a downstream identity (Pinniped's): the username claim
+//! (default: `<issuer>?sub=<sub>`; `email` only when `email_verified` is not false), the groups
+//! claim (a string or a list of strings), additional claim mappings.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use selkie_oidc::rp::{ClientConfig, Provider};
+use serde_json::{Map, Value};
+
+use selkie_api::supervisor_oidc::{IDPFlow, IDPType};
+
+use crate::{session::Identity, subject};
+
+/// A configured upstream identity provider.
+#[derive(Debug)]
+pub enum Upstream {
+    /// An OIDCIdentityProvider.
+    Oidc(OidcUpstream),
+}
+
+impl Upstream {
+    /// The name it goes by in the FederationDomain.
+    pub fn display_name(&self) -> &str {
+        match self {
+            Self::Oidc(oidc) => &oidc.display_name,
+        }
+    }
+
+    /// Its type.
+    pub fn kind(&self) -> IDPType {
+        match self {
+            Self::Oidc(_) => IDPType::OIDC,
+        }
+    }
+
+    /// The flows it offers, in Pinniped's order.
+    pub fn flows(&self) -> Vec<IDPFlow> {
+        match self {
+            Self::Oidc(oidc) if oidc.allow_password_grant => {
+                vec![IDPFlow::BrowserAuthcode, IDPFlow::CliPassword]
+            }
+            Self::Oidc(_) => vec![IDPFlow::BrowserAuthcode],
+        }
+    }
+}
+
+/// An OIDCIdentityProvider ready to use.
+#[derive(Debug)]
+pub struct OidcUpstream {
+    /// Its display name in the FederationDomain.
+    pub display_name: String,
+    /// The discovered issuer (shared by the FederationDomains that list it, with its key cache).
+    pub provider: Arc<Provider>,
+    /// The Supervisor's client registration there, and the scopes it asks for.
+    pub client: ClientConfig,
+    /// Extra parameters of the authorization request (`authorizationConfig.additionalAuthorizeParameters`).
+    pub additional_authorize_parameters: Vec<(String, String)>,
+    /// Whether the `cli_password` flow may send users' passwords to it (the password grant).
+    pub allow_password_grant: bool,
+    /// The claim holding the username; `None`: `<issuer>?sub=<sub>`.
+    pub username_claim: Option<String>,
+    /// The claim holding the groups; `None`: no groups.
+    pub groups_claim: Option<String>,
+    /// Downstream `additionalClaims` name → upstream claim.
+    pub additional_claim_mappings: BTreeMap<String, String>,
+}
+
+impl OidcUpstream {
+    /// The downstream identity of a user with these (validated) upstream ID token claims, and
+    /// their upstream `sub`. The error is the reason of an `access_denied`, in Pinniped's words.
+    pub fn identity(&self, claims: &Map<String, Value>) -> Result<(Identity, String), String> {
+        let issuer = self.provider.discovery.issuer.as_str();
+        let upstream_subject = match claims.get("sub") {
+            Some(Value::String(sub)) if !sub.is_empty() => sub.clone(),
+            _ => return Err("Reason: required claim in upstream ID token missing.".into()),
+        };
+        let username = match self.username_claim.as_deref() {
+            None => format!("{issuer}?sub={}", subject::query_escape(&upstream_subject)),
+            Some(claim) => {
+                if claim == "email" {
+                    match claims.get("email_verified") {
+                        None | Some(Value::Bool(true)) => {}
+                        Some(Value::Bool(false)) => {
+                            return Err(
+                                "Reason: email_verified claim in upstream ID token has false value.".into(),
+                            )
+                        }
+                        Some(_) => {
+                            return Err(
+                                "Reason: email_verified claim in upstream ID token has invalid format."
+                                    .into(),
+                            )
+                        }
+                    }
+                }
+                match claims.get(claim) {
+                    None => return Err("Reason: required claim in upstream ID token missing.".into()),
+                    Some(Value::String(value)) if !value.is_empty() => value.clone(),
+                    Some(Value::String(_)) => {
+                        return Err("Reason: required claim in upstream ID token is empty.".into())
+                    }
+                    Some(_) => {
+                        return Err("Reason: required claim in upstream ID token has invalid format.".into())
+                    }
+                }
+            }
+        };
+        let groups = match self.groups_claim.as_deref().map(|claim| claims.get(claim)) {
+            None | Some(None) => Vec::new(),
+            Some(Some(Value::String(group))) => vec![group.clone()],
+            Some(Some(Value::Array(values))) => values
+                .iter()
+                .map(|value| value.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or("Reason: groups claim in upstream ID token has invalid format.")?,
+            Some(Some(_)) => {
+                return Err("Reason: groups claim in upstream ID token has invalid format.".into())
+            }
+        };
+        let additional_claims = self
+            .additional_claim_mappings
+            .iter()
+            .filter_map(|(downstream, upstream)| {
+                claims
+                    .get(upstream)
+                    .map(|value| (downstream.clone(), value.clone()))
+            })
+            .collect();
+        Ok((
+            Identity {
+                subject: subject::oidc(issuer, &upstream_subject, &self.display_name),
+                username,
+                groups,
+                additional_claims,
+            },
+            upstream_subject,
+        ))
+    }
+}
