@@ -17,6 +17,8 @@
 //! * [`echo_api`] serves a small aggregated API on loopback, registered through an APIService,
 //!   that echoes over WebSocket and SPDY/3.1 upgrades and records who kube-apiserver said called.
 //! * [`proxy`] runs Selkie's impersonation proxy (`selkie-concierge`) in front of a cluster.
+//! * [`supervisor`] runs Selkie's Supervisor (`selkie-supervisor`) with a FederationDomain and an
+//!   OIDCIdentityProvider for a [`dex::Dex`].
 //! * [`concierge`] installs the Concierge from `conf/` and runs it, control plane included, with
 //!   its service account's permissions.
 //! * [`watch`] observes that an object is *not* written (a watch that fails at the first write),
@@ -37,6 +39,7 @@ pub mod kubectl;
 pub mod pki;
 mod process;
 pub mod proxy;
+pub mod supervisor;
 pub mod watch;
 
 pub use cluster::{Cluster, ClusterBuilder};

@@ -26,6 +26,7 @@ mod proxy_upgrades;
 mod proxy_watch;
 mod rbac_client_cert;
 mod resources;
+mod supervisor_login;
 mod token_review;
 mod x509_identity;
 

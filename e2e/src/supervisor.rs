@@ -1,0 +1,183 @@
+//! The Selkie Supervisor as a test runs it: its CRDs installed, a namespace with a serving
+//! certificate Secret, an OIDCIdentityProvider for a [`Dex`] (the Supervisor is a confidential
+//! client of Dex's, and may use the password grant), a FederationDomain naming it, and the
+//! `selkie-supervisor` process (a workspace binary) with a kubeconfig for the cluster, serving
+//! HTTPS on a loopback port. Stopped on drop.
+
+use std::{ffi::OsString, path::PathBuf, time::Duration};
+
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use selkie_oidc::https::{HttpsClient, TlsOptions};
+
+use crate::{
+    dex::{Dex, CLIENT_ID, CLIENT_SECRET},
+    pki::CertificateAuthority,
+    process::{workspace_binary, ManagedProcess},
+    Cluster, HarnessError,
+};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running Supervisor.
+pub struct Supervisor {
+    process: ManagedProcess,
+    dir: tempfile::TempDir,
+    namespace: String,
+    issuer: String,
+    ca: CertificateAuthority,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("issuer", &self.issuer)
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Supervisor {
+    /// Sets up `namespace` (which must exist) and starts the Supervisor: the OIDCIdentityProvider
+    /// `dex` for `dex` (username from `email`, groups from `groups`, password grant allowed), and
+    /// the FederationDomain `federation-domain` with issuer `https://127.0.0.1:<port>/<namespace>`
+    /// listing it as `idp_display_name`. Returns once the issuer's discovery document is served.
+    pub async fn start(
+        cluster: &'static Cluster,
+        namespace: &str,
+        dex: &Dex,
+        idp_display_name: &str,
+    ) -> Result<Self, HarnessError> {
+        crate::install_crypto_provider();
+        crate::crds::install_conf_crds(cluster).await?;
+        let binary = workspace_binary("selkie-supervisor", "selkie-supervisor")?;
+        let dir = tempfile::Builder::new()
+            .prefix("supervisor-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("creating the Supervisor's directory", e))?;
+        let port = crate::free_port()?;
+        let issuer = format!("https://127.0.0.1:{port}/{namespace}");
+        let ca = CertificateAuthority::new("selkie-test-supervisor-ca")?;
+        let serving = ca.issue_serving("supervisor", &["127.0.0.1", "localhost"])?;
+
+        let manifests = format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: supervisor-tls, namespace: {namespace}}}
+type: kubernetes.io/tls
+data: {{tls.crt: {cert}, tls.key: {key}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: dex-client, namespace: {namespace}}}
+type: secrets.pinniped.dev/oidc-client
+stringData: {{clientID: {client_id}, clientSecret: {client_secret}}}
+---
+apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: OIDCIdentityProvider
+metadata: {{name: dex, namespace: {namespace}}}
+spec:
+  issuer: {dex_issuer}
+  tls: {{certificateAuthorityData: {dex_ca}}}
+  client: {{secretName: dex-client}}
+  authorizationConfig:
+    additionalScopes: [offline_access, email, groups]
+    allowPasswordGrant: true
+  claims: {{username: email, groups: groups}}
+---
+apiVersion: config.supervisor.pinniped.dev/v1alpha1
+kind: FederationDomain
+metadata: {{name: federation-domain, namespace: {namespace}}}
+spec:
+  issuer: {issuer}
+  identityProviders:
+  - displayName: {idp_display_name:?}
+    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: dex}}
+"#,
+            cert = B64.encode(&serving.cert_pem),
+            key = B64.encode(&serving.key_pem),
+            client_id = CLIENT_ID,
+            client_secret = CLIENT_SECRET,
+            dex_issuer = dex.issuer(),
+            dex_ca = B64.encode(dex.ca_pem()),
+        );
+        cluster
+            .kubectl()
+            .run_with_stdin(&["apply", "-f", "-"], Some(&manifests))
+            .await?;
+
+        let config = dir.path().join("supervisor.yaml");
+        let config_doc = serde_json::json!({
+            "namespace": namespace,
+            "namePrefix": format!("supervisor-{namespace}"),
+            "defaultTLSCertificateSecret": "supervisor-tls",
+            "listen": {"https": format!("127.0.0.1:{port}")},
+            "kubeconfig": cluster.admin_kubeconfig(),
+        });
+        std::fs::write(&config, config_doc.to_string())
+            .map_err(|e| HarnessError::io("writing the Supervisor's configuration", e))?;
+        let log = dir.path().join("supervisor.log");
+        let args = [OsString::from("--config"), config.into_os_string()];
+        let mut process = ManagedProcess::spawn("selkie-supervisor", &binary, &args, log)?;
+
+        let client = HttpsClient::new(&TlsOptions {
+            ca_pem: Some(ca.cert_pem().into_bytes()),
+            ..TlsOptions::default()
+        })
+        .map_err(|e| HarnessError::Pki(e.to_string()))?;
+        let discovery = format!("{issuer}/.well-known/openid-configuration");
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            process.check_running("during start-up")?;
+            let last = match client
+                .get_json(&discovery, 64 * 1024, Some(Duration::from_secs(5)))
+                .await
+            {
+                Ok(_) => break,
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(process.failure(format!(
+                    "did not serve {discovery} within {READY_TIMEOUT:?} (last: {last})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Self {
+            process,
+            dir,
+            namespace: namespace.to_string(),
+            issuer,
+            ca,
+        })
+    }
+
+    /// The FederationDomain's issuer.
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// The CA of its serving certificate, PEM.
+    pub fn ca_pem(&self) -> String {
+        self.ca.cert_pem()
+    }
+
+    /// Its namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Its log so far (JSON lines).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("supervisor.log")).unwrap_or_default()
+    }
+
+    /// Its directory (configuration and log).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// Fails with its log tail if it has stopped.
+    pub fn check_running(&mut self) -> Result<(), HarnessError> {
+        self.process.check_running("during the test")
+    }
+}

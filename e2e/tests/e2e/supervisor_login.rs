@@ -1,0 +1,257 @@
+//! Full integration through the Selkie Supervisor, on real components: Dex (the upstream OIDC
+//! provider) → the Supervisor (a FederationDomain with an OIDCIdentityProvider for Dex) → two
+//! impersonation proxies, each with a JWTAuthenticator whose issuer is the FederationDomain and
+//! whose audience is its own ("cluster-a", "cluster-b") → the real kube-apiserver, with the real
+//! kubectl running `selkie login oidc` as its exec credential plugin.
+//!
+//! The user logs in once (the `cli_password` flow: the Supervisor uses Dex's password grant);
+//! every cluster then gets its own two-minute token by RFC 8693 token exchange from the session,
+//! without another login.
+
+use std::path::{Path, PathBuf};
+
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use selkie_e2e::{
+    cluster::write_kubeconfig_for_user,
+    dex::{Dex, DexUser},
+    proxy::{JwtSpec, Proxy},
+    supervisor::Supervisor,
+    Cluster,
+};
+use serde_json::{json, Value};
+
+use crate::proxy_kubectl::grant_configmaps;
+
+const PASSWORD: &str = "seal-of-approval";
+const IDP_NAME: &str = "Dex Users";
+
+/// A kubeconfig for `proxy` whose user runs `selkie login oidc` against the Supervisor for
+/// `audience`, with the cli_password flow and `password`, and the caches in `dir`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one value per part of the exec plugin's configuration"
+)]
+fn kubeconfig(
+    dir: &Path,
+    name: &str,
+    selkie: &Path,
+    supervisor: &Supervisor,
+    proxy: &Proxy,
+    audience: &str,
+    email: &str,
+    password: &str,
+) -> anyhow::Result<PathBuf> {
+    let args = [
+        "login".to_string(),
+        "oidc".into(),
+        format!("--issuer={}", supervisor.issuer()),
+        format!("--ca-bundle-data={}", B64.encode(supervisor.ca_pem())),
+        format!("--request-audience={audience}"),
+        format!("--upstream-identity-provider-name={IDP_NAME}"),
+        "--upstream-identity-provider-type=oidc".into(),
+        format!("--session-cache={}", dir.join("sessions.yaml").display()),
+        format!("--credential-cache={}", dir.join("credentials.yaml").display()),
+        "--enable-concierge".into(),
+        "--concierge-api-group-suffix=pinniped.dev".into(),
+        "--concierge-authenticator-type=jwt".into(),
+        "--concierge-authenticator-name=supervisor".into(),
+        format!("--concierge-endpoint={}", proxy.url()),
+        format!(
+            "--concierge-ca-bundle-data={}",
+            B64.encode(proxy.serving_ca().cert_pem())
+        ),
+    ];
+    let exec = json!({"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": selkie,
+        "args": args,
+        "env": [
+            {"name": "PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "value": "cli_password"},
+            {"name": "PINNIPED_USERNAME", "value": email},
+            {"name": "PINNIPED_PASSWORD", "value": password},
+        ],
+        "provideClusterInfo": true,
+        "interactiveMode": "Never",
+    }});
+    let path = dir.join(format!("{name}.kubeconfig"));
+    write_kubeconfig_for_user(&path, proxy.url(), &proxy.serving_ca().cert_pem(), name, exec)?;
+    Ok(path)
+}
+
+/// The JWTAuthenticator of a cluster trusting the Supervisor's tokens for `audience`.
+fn supervisor_jwt(supervisor: &Supervisor, audience: &str) -> JwtSpec {
+    JwtSpec {
+        name: "supervisor".into(),
+        issuer: supervisor.issuer().into(),
+        audience: audience.into(),
+        username_claim: "username".into(),
+        groups_claim: "groups".into(),
+        ca_pem: supervisor.ca_pem(),
+    }
+}
+
+async fn whoami(proxy: &Proxy, kubeconfig: &Path) -> anyhow::Result<Value> {
+    let out = proxy
+        .kubectl(kubeconfig)
+        .run(&["auth", "whoami", "-o", "json"])
+        .await?;
+    Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
+}
+
+#[tokio::test]
+async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> anyhow::Result<()> {
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor").await?;
+    let email = format!("{namespace}@example.com");
+    let dex = Dex::start(&[DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec!["seals".into(), "ops".into()],
+    }])
+    .await?;
+    grant_configmaps(cluster, &namespace, "User", &email).await?;
+    let mut supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
+    let cluster_a = Proxy::start(cluster, &[supervisor_jwt(&supervisor, "cluster-a")]).await?;
+    let cluster_b = Proxy::start(cluster, &[supervisor_jwt(&supervisor, "cluster-b")]).await?;
+    let dir = tempfile::Builder::new()
+        .prefix("selkie-supervisor-login-")
+        .tempdir()?;
+
+    // The FederationDomain and its identity provider report Ready.
+    let kubectl = cluster.kubectl();
+    for (kind, name) in [
+        ("federationdomain", "federation-domain"),
+        ("oidcidentityprovider", "dex"),
+    ] {
+        let phase = kubectl
+            .run(&[
+                "get",
+                kind,
+                name,
+                "-n",
+                &namespace,
+                "-o",
+                "jsonpath={.status.phase}",
+            ])
+            .await?;
+        anyhow::ensure!(
+            phase == "Ready",
+            "{kind} {name} is {phase:?}:\n{}",
+            supervisor.log()
+        );
+    }
+
+    // Cluster A: the first kubectl call logs in (password grant at Dex through the Supervisor),
+    // exchanges the session's access token for a cluster-a token, and gets a certificate.
+    let config_a = kubeconfig(
+        dir.path(),
+        "a",
+        &selkie,
+        &supervisor,
+        &cluster_a,
+        "cluster-a",
+        &email,
+        PASSWORD,
+    )?;
+    let user = whoami(&cluster_a, &config_a)
+        .await
+        .map_err(|e| e.context(supervisor.log()))?;
+    anyhow::ensure!(user["username"] == email.as_str(), "cluster-a: {user}");
+    let groups: Vec<&str> = user["groups"]
+        .as_array()
+        .map(|groups| groups.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    anyhow::ensure!(
+        groups.contains(&"seals") && groups.contains(&"ops"),
+        "cluster-a groups: {user}"
+    );
+
+    // Cluster B: no new login — the kubeconfig's password is wrong, so a login would fail; the
+    // session's tokens are exchanged for a cluster-b token instead.
+    let config_b = kubeconfig(
+        dir.path(),
+        "b",
+        &selkie,
+        &supervisor,
+        &cluster_b,
+        "cluster-b",
+        &email,
+        "wrong",
+    )?;
+    let user = whoami(&cluster_b, &config_b)
+        .await
+        .map_err(|e| e.context(supervisor.log()))?;
+    anyhow::ensure!(user["username"] == email.as_str(), "cluster-b: {user}");
+
+    // A cluster-a token is not a cluster-b token: a fresh cache with a wrong password cannot get
+    // in, and nothing leaks into the Supervisor's log.
+    let fresh = tempfile::Builder::new()
+        .prefix("selkie-supervisor-fresh-")
+        .tempdir()?;
+    let config_wrong = kubeconfig(
+        fresh.path(),
+        "wrong",
+        &selkie,
+        &supervisor,
+        &cluster_b,
+        "cluster-b",
+        &email,
+        "wrong",
+    )?;
+    let refused = cluster_b
+        .kubectl(&config_wrong)
+        .output(&["get", "configmaps", "-n", &namespace], None)
+        .await?;
+    anyhow::ensure!(!refused.success, "a wrong password logged in: {}", refused.stdout);
+
+    // The login's state is in Secrets with Pinniped's names, types and labels.
+    let secrets: Value = serde_json::from_str(
+        &kubectl
+            .run(&[
+                "get",
+                "secrets",
+                "-n",
+                &namespace,
+                "-l",
+                "storage.pinniped.dev/type",
+                "-o",
+                "json",
+            ])
+            .await?,
+    )?;
+    let mut kinds: Vec<String> = Vec::new();
+    for secret in secrets["items"].as_array().cloned().unwrap_or_default() {
+        let kind = secret["metadata"]["labels"]["storage.pinniped.dev/type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = secret["metadata"]["name"].as_str().unwrap_or_default();
+        anyhow::ensure!(name.starts_with(&format!("pinniped-storage-{kind}-")), "{name}");
+        anyhow::ensure!(
+            secret["type"] == format!("storage.pinniped.dev/{kind}"),
+            "{secret}"
+        );
+        anyhow::ensure!(
+            secret["metadata"]["annotations"]["storage.pinniped.dev/garbage-collect-after"].is_string(),
+            "{secret}"
+        );
+        kinds.push(kind);
+    }
+    for kind in ["authcode", "access-token", "refresh-token"] {
+        anyhow::ensure!(
+            kinds.iter().any(|k| k == kind),
+            "no {kind} Secret among {kinds:?}"
+        );
+    }
+
+    // No password, token or code in the Supervisor's log.
+    let log = supervisor.log();
+    for secret in [PASSWORD, "pin_ac_", "pin_at_", "pin_rt_"] {
+        anyhow::ensure!(!log.contains(secret), "the Supervisor logged {secret:?}");
+    }
+    supervisor.check_running()?;
+    Ok(())
+}
