@@ -25,6 +25,9 @@ pub struct Supervisor {
     namespace: String,
     issuer: String,
     ca: CertificateAuthority,
+    binary: PathBuf,
+    config: serde_json::Value,
+    replicas: Vec<ManagedProcess>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -106,7 +109,7 @@ spec:
             .await?;
 
         let config = dir.path().join("supervisor.yaml");
-        let config_doc = serde_json::json!({
+        let config_doc: serde_json::Value = serde_json::json!({
             "namespace": namespace,
             "namePrefix": format!("supervisor-{namespace}"),
             "defaultTLSCertificateSecret": "supervisor-tls",
@@ -118,37 +121,45 @@ spec:
         let log = dir.path().join("supervisor.log");
         let args = [OsString::from("--config"), config.into_os_string()];
         let mut process = ManagedProcess::spawn("selkie-supervisor", &binary, &args, log)?;
-
-        let client = HttpsClient::new(&TlsOptions {
-            ca_pem: Some(ca.cert_pem().into_bytes()),
-            ..TlsOptions::default()
-        })
-        .map_err(|e| HarnessError::Pki(e.to_string()))?;
         let discovery = format!("{issuer}/.well-known/openid-configuration");
-        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        loop {
-            process.check_running("during start-up")?;
-            let last = match client
-                .get_json(&discovery, 64 * 1024, Some(Duration::from_secs(5)))
-                .await
-            {
-                Ok(_) => break,
-                Err(e) => e.to_string(),
-            };
-            if tokio::time::Instant::now() >= deadline {
-                return Err(process.failure(format!(
-                    "did not serve {discovery} within {READY_TIMEOUT:?} (last: {last})"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_for(&mut process, &ca, &discovery).await?;
         Ok(Self {
             process,
             dir,
             namespace: namespace.to_string(),
             issuer,
             ca,
+            binary,
+            config: config_doc,
+            replicas: Vec::new(),
         })
+    }
+
+    /// Starts another replica with the same configuration on another port, and returns that
+    /// port once the replica serves the FederationDomain (the issuer's host is the same, so it
+    /// answers for it). Replicas stop with the Supervisor.
+    pub async fn add_replica(&mut self) -> Result<u16, HarnessError> {
+        let port = crate::free_port()?;
+        let index = self.replicas.len() + 2;
+        let mut config = self.config.clone();
+        config["listen"]["https"] = serde_json::json!(format!("127.0.0.1:{port}"));
+        let path = self.dir.path().join(format!("supervisor-{index}.yaml"));
+        std::fs::write(&path, config.to_string())
+            .map_err(|e| HarnessError::io("writing a replica's configuration", e))?;
+        let log = self.dir.path().join(format!("supervisor-{index}.log"));
+        let args = [OsString::from("--config"), path.into_os_string()];
+        let mut process =
+            ManagedProcess::spawn(&format!("selkie-supervisor-{index}"), &self.binary, &args, log)?;
+        let path_part = self.issuer.splitn(4, '/').nth(3).unwrap_or_default();
+        let discovery = format!("https://127.0.0.1:{port}/{path_part}/.well-known/openid-configuration");
+        wait_for(&mut process, &self.ca, &discovery).await?;
+        self.replicas.push(process);
+        Ok(port)
+    }
+
+    /// An HTTPS client trusting the Supervisor's certificate.
+    pub fn client(&self) -> Result<HttpsClient, HarnessError> {
+        client(&self.ca)
     }
 
     /// The FederationDomain's issuer.
@@ -166,9 +177,18 @@ spec:
         &self.namespace
     }
 
-    /// Its log so far (JSON lines).
+    /// The logs so far (JSON lines) of every replica.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("supervisor.log")).unwrap_or_default()
+        let mut logs = String::new();
+        for index in 1..=self.replicas.len() + 1 {
+            let name = if index == 1 {
+                "supervisor.log".to_string()
+            } else {
+                format!("supervisor-{index}.log")
+            };
+            logs.push_str(&std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default());
+        }
+        logs
     }
 
     /// Its directory (configuration and log).
@@ -176,8 +196,47 @@ spec:
         self.dir.path().to_path_buf()
     }
 
-    /// Fails with its log tail if it has stopped.
+    /// Fails with its log tail if it (or a replica) has stopped.
     pub fn check_running(&mut self) -> Result<(), HarnessError> {
-        self.process.check_running("during the test")
+        self.process.check_running("during the test")?;
+        for replica in &mut self.replicas {
+            replica.check_running("during the test")?;
+        }
+        Ok(())
+    }
+}
+
+fn client(ca: &CertificateAuthority) -> Result<HttpsClient, HarnessError> {
+    HttpsClient::new(&TlsOptions {
+        ca_pem: Some(ca.cert_pem().into_bytes()),
+        ..TlsOptions::default()
+    })
+    .map_err(|e| HarnessError::Pki(e.to_string()))
+}
+
+/// Waits until `url` answers 2xx, failing with the process's log if it stops or does not answer
+/// within [`READY_TIMEOUT`].
+async fn wait_for(
+    process: &mut ManagedProcess,
+    ca: &CertificateAuthority,
+    url: &str,
+) -> Result<(), HarnessError> {
+    let client = client(ca)?;
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        process.check_running("during start-up")?;
+        let last = match client
+            .get_json(url, 64 * 1024, Some(Duration::from_secs(5)))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(process.failure(format!(
+                "did not serve {url} within {READY_TIMEOUT:?} (last: {last})"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -27,6 +27,7 @@ mod proxy_watch;
 mod rbac_client_cert;
 mod resources;
 mod supervisor_login;
+mod supervisor_oauth;
 mod token_review;
 mod x509_identity;
 

@@ -1,0 +1,472 @@
+//! The Supervisor's OAuth 2.0 endpoints spoken to directly, as any client could: two replicas
+//! sharing one kube-apiserver (a login started on one finishes on the other), single-use codes
+//! whose replay revokes what they gave, rotating refresh tokens, the token exchange's audience
+//! rules, and bad authorization requests answered with OAuth errors — never a panic, never a
+//! secret in the log.
+
+use std::time::Duration;
+
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
+use bytes::Bytes;
+use selkie_e2e::{
+    dex::{Dex, DexUser},
+    supervisor::Supervisor,
+    Cluster,
+};
+use selkie_oidc::https::{HttpsClient, Response};
+use serde_json::Value;
+use sha2::Digest as _;
+
+const PASSWORD: &str = "seal-of-approval";
+const IDP_NAME: &str = "Dex Users";
+const REDIRECT: &str = "http://127.0.0.1:48123/callback";
+const VERIFIER: &str = "a-verifier-of-enough-length-0123456789-abcdefghijkl";
+
+fn challenge() -> String {
+    URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(VERIFIER.as_bytes()))
+}
+
+/// The authorize URL of `issuer` (with `base` as scheme and authority) and the good parameters,
+/// minus `without`, plus `extra`.
+fn authorize_url(base: &str, path: &str, without: &[&str], extra: &[(&str, &str)]) -> String {
+    let challenge = challenge();
+    let mut params: Vec<(&str, &str)> = vec![
+        ("client_id", "pinniped-cli"),
+        ("redirect_uri", REDIRECT),
+        ("response_type", "code"),
+        (
+            "scope",
+            "openid offline_access pinniped:request-audience username groups",
+        ),
+        ("state", "state-0123456789"),
+        ("nonce", "nonce-0123456789"),
+        ("code_challenge", &challenge),
+        ("code_challenge_method", "S256"),
+        ("pinniped_idp_name", IDP_NAME),
+    ];
+    params.retain(|(name, _)| !without.contains(name));
+    params.extend_from_slice(extra);
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(params)
+        .finish();
+    format!("{base}{path}/oauth2/authorize?{query}")
+}
+
+async fn get(
+    client: &HttpsClient,
+    url: &str,
+    password: Option<&str>,
+    email: &str,
+) -> anyhow::Result<Response> {
+    let mut headers = Vec::new();
+    if let Some(password) = password {
+        headers.push((
+            http::HeaderName::from_static("pinniped-username"),
+            http::HeaderValue::from_str(email)?,
+        ));
+        headers.push((
+            http::HeaderName::from_static("pinniped-password"),
+            http::HeaderValue::from_str(password)?,
+        ));
+    }
+    Ok(client
+        .send(
+            http::Method::GET,
+            url,
+            &headers,
+            Bytes::new(),
+            1 << 20,
+            Some(Duration::from_secs(30)),
+        )
+        .await?)
+}
+
+/// The parameters of a redirect's Location, after checking it goes to `REDIRECT`.
+fn redirected(response: &Response) -> anyhow::Result<Vec<(String, String)>> {
+    anyhow::ensure!(
+        response.status == 303,
+        "expected a redirect, got {}: {:?}",
+        response.status,
+        response.body
+    );
+    let location = response.headers[http::header::LOCATION].to_str()?;
+    let query = location
+        .strip_prefix(&format!("{REDIRECT}?"))
+        .ok_or_else(|| anyhow::anyhow!("redirected elsewhere: {location}"))?;
+    Ok(form_urlencoded::parse(query.as_bytes()).into_owned().collect())
+}
+
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+}
+
+async fn token(client: &HttpsClient, url: &str, form: &[(&str, &str)]) -> anyhow::Result<(u16, Value)> {
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form)
+        .finish();
+    let response = client
+        .send(
+            http::Method::POST,
+            url,
+            &[(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+            )],
+            Bytes::from(body),
+            1 << 20,
+            Some(Duration::from_secs(30)),
+        )
+        .await?;
+    Ok((response.status.as_u16(), serde_json::from_slice(&response.body)?))
+}
+
+#[tokio::test]
+async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-oauth").await?;
+    let email = format!("{namespace}@example.com");
+    let dex = Dex::start(&[DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec!["seals".into()],
+    }])
+    .await?;
+    let mut supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
+    let second_port = supervisor.add_replica().await?;
+    let http = supervisor.client()?;
+    let issuer = supervisor.issuer().to_string();
+    let (first, path) = {
+        let rest = issuer.strip_prefix("https://").unwrap_or_default();
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        (format!("https://{authority}"), format!("/{path}"))
+    };
+    let second = format!("https://127.0.0.1:{second_port}");
+
+    // Authorize on the first replica (cli_password), redeem on the second.
+    let response = get(
+        &http,
+        &authorize_url(&first, &path, &[], &[]),
+        Some(PASSWORD),
+        &email,
+    )
+    .await?;
+    let params = redirected(&response)?;
+    anyhow::ensure!(param(&params, "state") == Some("state-0123456789"), "{params:?}");
+    let code = param(&params, "code")
+        .ok_or_else(|| anyhow::anyhow!("no code: {params:?}"))?
+        .to_string();
+    anyhow::ensure!(code.starts_with("pin_ac_"), "{code}");
+    let redeem = [
+        ("grant_type", "authorization_code"),
+        ("client_id", "pinniped-cli"),
+        ("code", code.as_str()),
+        ("redirect_uri", REDIRECT),
+        ("code_verifier", VERIFIER),
+    ];
+    let (status, tokens) = token(&http, &format!("{second}{path}/oauth2/token"), &redeem).await?;
+    anyhow::ensure!(status == 200, "{status}: {tokens}");
+    let access = tokens["access_token"].as_str().unwrap_or_default().to_string();
+    let refresh = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
+    anyhow::ensure!(
+        access.starts_with("pin_at_") && refresh.starts_with("pin_rt_"),
+        "{tokens}"
+    );
+    let id_claims: Value = serde_json::from_slice(
+        &URL_SAFE_NO_PAD.decode(
+            tokens["id_token"]
+                .as_str()
+                .unwrap_or_default()
+                .split('.')
+                .nth(1)
+                .unwrap_or_default(),
+        )?,
+    )?;
+    anyhow::ensure!(
+        id_claims["nonce"] == "nonce-0123456789" && id_claims["username"] == email.as_str(),
+        "{id_claims}"
+    );
+    anyhow::ensure!(
+        id_claims["sub"]
+            .as_str()
+            .is_some_and(|sub| sub.starts_with(&format!("{}?idpName=Dex+Users&sub=", dex.issuer()))),
+        "{id_claims}"
+    );
+
+    // Token exchange on the first replica, with Pinniped's audience rules.
+    let exchange_at = |base: String, audience: &str, subject: &str| {
+        let form: Vec<(String, String)> = [
+            ("grant_type", "urn:ietf:params:oauth:grant-type:token-exchange"),
+            ("client_id", "pinniped-cli"),
+            ("audience", audience),
+            ("subject_token", subject),
+            (
+                "subject_token_type",
+                "urn:ietf:params:oauth:token-type:access_token",
+            ),
+            ("requested_token_type", "urn:ietf:params:oauth:token-type:jwt"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let http = http.clone();
+        let url = format!("{base}{path}/oauth2/token");
+        async move {
+            let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            token(&http, &url, &pairs).await
+        }
+    };
+    let (status, exchanged) = exchange_at(first.clone(), "cluster-a", &access).await?;
+    anyhow::ensure!(
+        status == 200 && exchanged["token_type"] == "N_A",
+        "{status}: {exchanged}"
+    );
+    for forbidden in [
+        "something.pinniped.dev",
+        "pinniped-cli",
+        "client.oauth.pinniped.dev-x",
+    ] {
+        let (status, error) = exchange_at(first.clone(), forbidden, &access).await?;
+        anyhow::ensure!(
+            status == 400 && error["error"] == "invalid_request",
+            "{forbidden}: {status} {error}"
+        );
+    }
+
+    // The code again, on either replica: refused, and the tokens it gave are revoked.
+    let (status, error) = token(&http, &format!("{first}{path}/oauth2/token"), &redeem).await?;
+    anyhow::ensure!(
+        status == 400 && error["error"] == "invalid_grant",
+        "replay: {status} {error}"
+    );
+    anyhow::ensure!(
+        error["error_description"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("already been used"),
+        "{error}"
+    );
+    let (status, error) = exchange_at(second.clone(), "cluster-a", &access).await?;
+    anyhow::ensure!(
+        status == 400 && error["error"] == "invalid_grant",
+        "revoked access token: {status} {error}"
+    );
+    let refresh_form = |token: &str| {
+        vec![
+            ("grant_type".to_string(), "refresh_token".to_string()),
+            ("client_id".to_string(), "pinniped-cli".to_string()),
+            ("refresh_token".to_string(), token.to_string()),
+        ]
+    };
+    let refreshed = |form: Vec<(String, String)>, base: String| {
+        let http = http.clone();
+        let url = format!("{base}{path}/oauth2/token");
+        async move {
+            let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            token(&http, &url, &pairs).await
+        }
+    };
+    let (status, error) = refreshed(refresh_form(&refresh), second.clone()).await?;
+    anyhow::ensure!(
+        status == 400 && error["error"] == "invalid_grant",
+        "revoked refresh token: {status} {error}"
+    );
+
+    // A new login; its refresh token rotates (on the other replica), and the old one is dead.
+    let response = get(
+        &http,
+        &authorize_url(&second, &path, &[], &[]),
+        Some(PASSWORD),
+        &email,
+    )
+    .await?;
+    let code = param(&redirected(&response)?, "code")
+        .unwrap_or_default()
+        .to_string();
+    let redeem = [
+        ("grant_type", "authorization_code"),
+        ("client_id", "pinniped-cli"),
+        ("code", code.as_str()),
+        ("redirect_uri", REDIRECT),
+        ("code_verifier", VERIFIER),
+    ];
+    let (status, tokens) = token(&http, &format!("{first}{path}/oauth2/token"), &redeem).await?;
+    anyhow::ensure!(status == 200, "{status}: {tokens}");
+    let old_refresh = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
+    let (status, rotated) = refreshed(refresh_form(&old_refresh), second.clone()).await?;
+    anyhow::ensure!(status == 200, "refresh: {status} {rotated}");
+    let new_refresh = rotated["refresh_token"].as_str().unwrap_or_default().to_string();
+    anyhow::ensure!(
+        new_refresh.starts_with("pin_rt_") && new_refresh != old_refresh,
+        "{rotated}"
+    );
+    let (status, error) = refreshed(refresh_form(&old_refresh), first.clone()).await?;
+    anyhow::ensure!(
+        status == 400 && error["error"] == "invalid_grant",
+        "reused refresh token: {status} {error}"
+    );
+    let (status, _) = refreshed(refresh_form(&new_refresh), first.clone()).await?;
+    anyhow::ensure!(status == 200, "the rotated refresh token works");
+
+    // A wrong PKCE verifier.
+    let response = get(
+        &http,
+        &authorize_url(&first, &path, &[], &[]),
+        Some(PASSWORD),
+        &email,
+    )
+    .await?;
+    let code = param(&redirected(&response)?, "code")
+        .unwrap_or_default()
+        .to_string();
+    let wrong_verifier = [
+        ("grant_type", "authorization_code"),
+        ("client_id", "pinniped-cli"),
+        ("code", code.as_str()),
+        ("redirect_uri", REDIRECT),
+        (
+            "code_verifier",
+            "another-verifier-of-enough-length-0123456789-abcdef",
+        ),
+    ];
+    let (status, error) = token(&http, &format!("{first}{path}/oauth2/token"), &wrong_verifier).await?;
+    anyhow::ensure!(
+        status == 400 && error["error"] == "invalid_grant",
+        "PKCE: {status} {error}"
+    );
+
+    // Bad authorization requests: redirected back with the state, or answered directly.
+    for (without, extra, code, hint) in [
+        (
+            &["code_challenge"][..],
+            &[][..],
+            "invalid_request",
+            "code_challenge when performing the authorize code flow",
+        ),
+        (
+            &["code_challenge_method"][..],
+            &[][..],
+            "invalid_request",
+            "plain is not allowed",
+        ),
+        (
+            &["code_challenge_method"][..],
+            &[("code_challenge_method", "plain")][..],
+            "invalid_request",
+            "plain is not allowed",
+        ),
+        (
+            &["state"][..],
+            &[("state", "short")][..],
+            "invalid_state",
+            "at least be 8 characters",
+        ),
+        (
+            &["pinniped_idp_name"][..],
+            &[("pinniped_idp_name", "Nobody")][..],
+            "invalid_request",
+            "did not find an identity provider",
+        ),
+        (
+            &["scope"][..],
+            &[("scope", "openid tuna")][..],
+            "invalid_scope",
+            "scope 'tuna'",
+        ),
+    ] {
+        let response = get(
+            &http,
+            &authorize_url(&first, &path, without, extra),
+            Some(PASSWORD),
+            &email,
+        )
+        .await?;
+        let params = redirected(&response)?;
+        anyhow::ensure!(
+            param(&params, "error") == Some(code),
+            "{without:?}/{extra:?}: {params:?}"
+        );
+        anyhow::ensure!(
+            param(&params, "error_description").is_some_and(|d| d.contains(hint)),
+            "{params:?}"
+        );
+        anyhow::ensure!(
+            param(&params, "code").is_none(),
+            "an error came with a code: {params:?}"
+        );
+    }
+    let response = get(
+        &http,
+        &authorize_url(&first, &path, &[], &[]),
+        Some("wrong"),
+        &email,
+    )
+    .await?;
+    anyhow::ensure!(
+        param(&redirected(&response)?, "error") == Some("access_denied"),
+        "wrong password"
+    );
+    for (without, extra, status, code) in [
+        (
+            &["client_id"][..],
+            &[("client_id", "someone-else")][..],
+            401,
+            "invalid_client",
+        ),
+        (
+            &["redirect_uri"][..],
+            &[("redirect_uri", "https://evil.example.com/callback")][..],
+            400,
+            "invalid_request",
+        ),
+    ] {
+        let response = get(
+            &http,
+            &authorize_url(&first, &path, without, extra),
+            Some(PASSWORD),
+            &email,
+        )
+        .await?;
+        anyhow::ensure!(response.status == status, "{extra:?}: {}", response.status);
+        let body: Value = serde_json::from_slice(&response.body)?;
+        anyhow::ensure!(body["error"] == code, "{extra:?}: {body}");
+    }
+    // A forged or altered upstream state at the callback.
+    let response = get(
+        &http,
+        &format!("{first}{path}/callback?code=x&state=forged"),
+        None,
+        &email,
+    )
+    .await?;
+    anyhow::ensure!(response.status == 400, "forged state: {}", response.status);
+    // An oversized request is refused and the Supervisor carries on.
+    let huge = "x".repeat(200 * 1024);
+    let oversized = get(
+        &http,
+        &authorize_url(&first, &path, &[], &[("junk", &huge)]),
+        None,
+        &email,
+    )
+    .await;
+    anyhow::ensure!(
+        oversized.map_or(true, |response| response.status.is_client_error()),
+        "oversized request accepted"
+    );
+    let response = get(
+        &http,
+        &format!("{first}{path}/.well-known/openid-configuration"),
+        None,
+        &email,
+    )
+    .await?;
+    anyhow::ensure!(response.status == 200, "the Supervisor stopped answering");
+
+    let log = supervisor.log();
+    for secret in [PASSWORD, "pin_ac_", "pin_at_", "pin_rt_", VERIFIER] {
+        anyhow::ensure!(!log.contains(secret), "the Supervisor logged {secret:?}");
+    }
+    supervisor.check_running()?;
+    Ok(())
+}
