@@ -81,6 +81,15 @@ impl Dex {
     /// Starts Dex with `users`, serving `https://127.0.0.1:<free port>/dex`, and waits until its
     /// discovery document answers.
     pub async fn start(users: &[DexUser]) -> Result<Dex, HarnessError> {
+        Self::start_with_redirects(users, &[]).await
+    }
+
+    /// [`Dex::start`], with `redirect_uris` also registered for the confidential client
+    /// [`CLIENT_ID`] (a Supervisor's `<issuer>/callback`, for browser logins through it).
+    pub async fn start_with_redirects(
+        users: &[DexUser],
+        redirect_uris: &[String],
+    ) -> Result<Dex, HarnessError> {
         crate::install_crypto_provider();
         let components = Components::get()?;
         let dir = tempfile::Builder::new()
@@ -122,7 +131,9 @@ impl Dex {
             "staticPasswords": passwords,
             "staticClients": [{
                 "id": CLIENT_ID, "secret": CLIENT_SECRET, "name": "Selkie e2e",
-                "redirectURIs": ["http://127.0.0.1/callback"],
+                "redirectURIs": std::iter::once("http://127.0.0.1/callback".to_string())
+                    .chain(redirect_uris.iter().cloned())
+                    .collect::<Vec<_>>(),
             }, {
                 "id": PUBLIC_CLIENT_ID, "public": true, "name": "Pinniped CLI",
             }],

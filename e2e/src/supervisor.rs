@@ -50,6 +50,23 @@ impl Supervisor {
         dex: &Dex,
         idp_display_name: &str,
     ) -> Result<Self, HarnessError> {
+        Self::start_on(cluster, namespace, dex, idp_display_name, crate::free_port()?).await
+    }
+
+    /// The issuer a Supervisor started on `port` for `namespace` has (to register its callback at
+    /// Dex before it starts).
+    pub fn issuer_for(port: u16, namespace: &str) -> String {
+        format!("https://127.0.0.1:{port}/{namespace}")
+    }
+
+    /// [`Supervisor::start`] on a chosen loopback `port`.
+    pub async fn start_on(
+        cluster: &'static Cluster,
+        namespace: &str,
+        dex: &Dex,
+        idp_display_name: &str,
+        port: u16,
+    ) -> Result<Self, HarnessError> {
         crate::install_crypto_provider();
         crate::crds::install_conf_crds(cluster).await?;
         let binary = workspace_binary("selkie-supervisor", "selkie-supervisor")?;
@@ -57,8 +74,7 @@ impl Supervisor {
             .prefix("supervisor-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating the Supervisor's directory", e))?;
-        let port = crate::free_port()?;
-        let issuer = format!("https://127.0.0.1:{port}/{namespace}");
+        let issuer = Self::issuer_for(port, namespace);
         let ca = CertificateAuthority::new("selkie-test-supervisor-ca")?;
         let serving = ca.issue_serving("supervisor", &["127.0.0.1", "localhost"])?;
 

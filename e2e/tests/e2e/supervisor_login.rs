@@ -8,7 +8,10 @@
 //! every cluster then gets its own two-minute token by RFC 8693 token exchange from the session,
 //! without another login.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use selkie_e2e::{
@@ -253,5 +256,109 @@ async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> any
         anyhow::ensure!(!log.contains(secret), "the Supervisor logged {secret:?}");
     }
     supervisor.check_running()?;
+    Ok(())
+}
+
+/// The browser flow: kubectl runs `selkie login oidc`, which opens the browser (Chromium) at the
+/// Supervisor; the Supervisor sends it to Dex's login form, takes it back at its callback, and
+/// hands the code to the CLI's loopback listener with its form_post page.
+#[tokio::test]
+async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-browser").await?;
+    let email = format!("{namespace}@example.com");
+    let port = selkie_e2e::free_port()?;
+    let callback = format!("{}/callback", Supervisor::issuer_for(port, &namespace));
+    let dex = Dex::start_with_redirects(
+        &[DexUser {
+            email: email.clone(),
+            password: PASSWORD.into(),
+            user_id: format!("id-{namespace}"),
+            groups: vec!["seals".into()],
+        }],
+        &[callback],
+    )
+    .await?;
+    grant_configmaps(cluster, &namespace, "User", &email).await?;
+    let supervisor = Supervisor::start_on(cluster, &namespace, &dex, IDP_NAME, port).await?;
+    let proxy = Proxy::start(cluster, &[supervisor_jwt(&supervisor, "cluster-a")]).await?;
+    let dir = tempfile::Builder::new()
+        .prefix("selkie-supervisor-browser-")
+        .tempdir()?;
+    let urls = dir.path().join("browser-urls");
+    let script = dir.path().join("browser.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$1\" >> '{}'\n", urls.display()),
+    )?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+
+    let path = kubeconfig(
+        dir.path(),
+        "browser",
+        &selkie,
+        &supervisor,
+        &proxy,
+        "cluster-a",
+        &email,
+        "unused",
+    )?;
+    // The same kubeconfig, with the browser flow and the recording $BROWSER.
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    config["users"][0]["user"]["exec"]["env"] = serde_yaml::to_value(json!([
+        {"name": "PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "value": "browser_authcode"},
+        {"name": "BROWSER", "value": script.display().to_string()},
+    ]))?;
+    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+
+    let browser = selkie_e2e::browser::Browser::start().await?;
+    let login = async {
+        let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
+            std::fs::read_to_string(&urls)
+                .ok()
+                .and_then(|text| text.lines().next().map(str::to_string))
+                .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
+        })
+        .await?;
+        anyhow::ensure!(
+            url.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
+            "{url}"
+        );
+        for parameter in [
+            "code_challenge_method=S256",
+            "client_id=pinniped-cli",
+            "pinniped_idp_name=Dex+Users",
+            "response_mode=form_post",
+        ] {
+            anyhow::ensure!(url.contains(parameter), "{parameter} missing from {url}");
+        }
+        // The Supervisor sends Chromium to Dex; Dex's form; back to the Supervisor's callback,
+        // whose form_post page posts the code to the CLI's listener.
+        browser.dex_login(&url, &email, PASSWORD).await?;
+        selkie_e2e::eventually(Duration::from_secs(30), || async {
+            let at = browser.current_url().await?;
+            let text = browser.body_text().await?;
+            anyhow::ensure!(
+                at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
+                "at {at}: {text}"
+            );
+            Ok(())
+        })
+        .await
+    };
+    let (user, logged_in) = tokio::join!(whoami(&proxy, &path), login);
+    logged_in.map_err(|e| e.context(supervisor.log()))?;
+    let user = user.map_err(|e| e.context(supervisor.log()))?;
+    anyhow::ensure!(user["username"] == email.as_str(), "{user}");
+    anyhow::ensure!(
+        user["groups"]
+            .as_array()
+            .is_some_and(|groups| groups.iter().any(|g| g == "seals")),
+        "{user}"
+    );
     Ok(())
 }
