@@ -110,17 +110,7 @@ impl Dex {
         };
         write(&cert, &serving.cert_pem)?;
         write(&key, &serving.key_pem)?;
-        let passwords = users
-            .iter()
-            .map(|user| {
-                let hash = bcrypt::hash(&user.password, 10)
-                    .map_err(|e| HarnessError::Pki(format!("bcrypt: {e}")))?;
-                Ok(serde_json::json!({
-                    "email": user.email, "username": user.email, "userID": user.user_id,
-                    "hash": hash, "groups": user.groups,
-                }))
-            })
-            .collect::<Result<Vec<_>, HarnessError>>()?;
+        let passwords = static_passwords(users)?;
         // JSON is YAML: Dex reads it as its config file.
         let config_doc = serde_json::json!({
             "issuer": issuer,
@@ -186,6 +176,20 @@ impl Dex {
             process.stop(Duration::from_secs(10));
         }
         self.launch(Components::get()?).await
+    }
+
+    /// Stops Dex and starts it again on the same port with `users` instead (a user removed from
+    /// the identity provider). Its storage is in memory, so every refresh token it issued before is
+    /// unknown to it afterwards.
+    pub async fn restart_with_users(&mut self, users: &[DexUser]) -> Result<(), HarnessError> {
+        let text = std::fs::read_to_string(&self.config)
+            .map_err(|e| HarnessError::io("reading Dex's configuration", e))?;
+        let mut config: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| HarnessError::NotReady(format!("Dex's configuration: {e}")))?;
+        config["staticPasswords"] = serde_json::Value::Array(static_passwords(users)?);
+        std::fs::write(&self.config, config.to_string())
+            .map_err(|e| HarnessError::io("writing Dex's configuration", e))?;
+        self.restart().await
     }
 
     /// The issuer URL, `https://127.0.0.1:<port>/dex`.
@@ -254,6 +258,21 @@ impl Dex {
 }
 
 /// An HTTPS client that trusts only `ca`.
+/// Dex's `staticPasswords` entries for `users` (bcrypt hashes).
+fn static_passwords(users: &[DexUser]) -> Result<Vec<serde_json::Value>, HarnessError> {
+    users
+        .iter()
+        .map(|user| {
+            let hash =
+                bcrypt::hash(&user.password, 10).map_err(|e| HarnessError::Pki(format!("bcrypt: {e}")))?;
+            Ok(serde_json::json!({
+                "email": user.email, "username": user.email, "userID": user.user_id,
+                "hash": hash, "groups": user.groups,
+            }))
+        })
+        .collect()
+}
+
 fn https_client(
     ca: &CertificateAuthority,
 ) -> Result<Client<HttpsConnector<HttpConnector>, Full<Bytes>>, HarnessError> {

@@ -362,3 +362,123 @@ async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result
     );
     Ok(())
 }
+
+/// Runs `selkie login oidc` for `audience` against the Supervisor (no Concierge) with the
+/// cli_password flow and `password`, the session cache in `dir`, and no credential cache.
+async fn login(
+    selkie: &Path,
+    supervisor: &Supervisor,
+    dir: &Path,
+    audience: &str,
+    email: &str,
+    password: &str,
+) -> anyhow::Result<(bool, String, String)> {
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(selkie)
+            .args([
+                "login".to_string(),
+                "oidc".into(),
+                format!("--issuer={}", supervisor.issuer()),
+                format!("--ca-bundle-data={}", B64.encode(supervisor.ca_pem())),
+                format!("--request-audience={audience}"),
+                format!("--upstream-identity-provider-name={IDP_NAME}"),
+                format!("--session-cache={}", dir.join("sessions.yaml").display()),
+                "--credential-cache=".into(),
+            ])
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .env("PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "cli_password")
+            .env("PINNIPED_USERNAME", email)
+            .env("PINNIPED_PASSWORD", password)
+            .env("BROWSER", "/bin/false")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("selkie login oidc did not exit within 60 s"))??;
+    Ok((
+        output.status.success(),
+        String::from_utf8(output.stdout)?,
+        String::from_utf8(output.stderr)?,
+    ))
+}
+
+/// The session cache's one session.
+fn session(dir: &Path) -> anyhow::Result<serde_yaml::Value> {
+    let file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(dir.join("sessions.yaml"))?)?;
+    Ok(file["sessions"][0].clone())
+}
+
+/// Refresh: an expired session is refreshed through the Supervisor (which refreshes at Dex)
+/// without a login; once the user is gone from Dex, the refresh fails and the CLI logs in again,
+/// which fails with one clear line.
+#[tokio::test]
+async fn sessions_refresh_silently_until_the_user_is_gone_upstream() -> anyhow::Result<()> {
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-refresh").await?;
+    let email = format!("{namespace}@example.com");
+    let user = DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec!["seals".into()],
+    };
+    let mut dex = Dex::start(std::slice::from_ref(&user)).await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
+    let dir = tempfile::Builder::new()
+        .prefix("selkie-supervisor-refresh-")
+        .tempdir()?;
+
+    let (ok, stdout, stderr) = login(&selkie, &supervisor, dir.path(), "cluster-a", &email, PASSWORD).await?;
+    anyhow::ensure!(ok, "first login: {stderr}\n{}", supervisor.log());
+    anyhow::ensure!(stdout.contains("\"token\""), "{stdout}");
+    let first_refresh = session(dir.path())?["tokens"]["refresh"]["token"].clone();
+
+    // Expire the cached ID and access tokens: the next run must refresh (the wrong password
+    // proves it does not log in).
+    let path = dir.path().join("sessions.yaml");
+    let mut file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    file["sessions"][0]["tokens"]["id"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
+    file["sessions"][0]["tokens"]["access"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
+    std::fs::write(&path, serde_yaml::to_string(&file)?)?;
+    let (ok, _, stderr) = login(&selkie, &supervisor, dir.path(), "cluster-a", &email, "wrong").await?;
+    anyhow::ensure!(ok, "refresh: {stderr}\n{}", supervisor.log());
+    let second_refresh = session(dir.path())?["tokens"]["refresh"]["token"].clone();
+    anyhow::ensure!(
+        second_refresh != first_refresh && second_refresh.as_str().is_some_and(|t| t.starts_with("pin_rt_")),
+        "the refresh token was not rotated"
+    );
+
+    // The user is removed from Dex: the Supervisor's upstream refresh fails, so the session is
+    // over and a login is needed — which the wrong password cannot do.
+    dex.restart_with_users(&[DexUser {
+        email: format!("other-{email}"),
+        password: PASSWORD.into(),
+        user_id: format!("other-{namespace}"),
+        groups: Vec::new(),
+    }])
+    .await?;
+    let mut file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    file["sessions"][0]["tokens"]["id"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
+    file["sessions"][0]["tokens"]["access"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
+    std::fs::write(&path, serde_yaml::to_string(&file)?)?;
+    let (ok, stdout, stderr) = login(&selkie, &supervisor, dir.path(), "cluster-a", &email, "wrong").await?;
+    anyhow::ensure!(!ok && stdout.is_empty(), "a removed user got a token: {stdout}");
+    // Besides pinniped's "Log in to <IdP>" banner, one error line.
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.starts_with("selkie:"))
+        .collect();
+    anyhow::ensure!(errors.len() == 1, "expected one error line on stderr: {stderr}");
+    anyhow::ensure!(
+        errors[0].contains("did not accept the username or password"),
+        "{stderr}"
+    );
+    // Even with the right password, the removed user cannot log in.
+    let (ok, _, stderr) = login(&selkie, &supervisor, dir.path(), "cluster-a", &email, PASSWORD).await?;
+    anyhow::ensure!(!ok, "a removed user logged in: {stderr}");
+    Ok(())
+}
