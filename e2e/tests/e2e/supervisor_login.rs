@@ -482,3 +482,127 @@ async fn sessions_refresh_silently_until_the_user_is_gone_upstream() -> anyhow::
     anyhow::ensure!(!ok, "a removed user logged in: {stderr}");
     Ok(())
 }
+
+/// Supervisor + CLI without a Concierge: a kube-apiserver started with a structured
+/// `--authentication-config` whose JWT issuer is the FederationDomain accepts the Supervisor's
+/// token for its audience directly; a token for another audience is refused.
+#[tokio::test]
+async fn a_cluster_configured_with_the_supervisor_as_jwt_issuer_accepts_its_tokens() -> anyhow::Result<()> {
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-static").await?;
+    let email = format!("{namespace}@example.com");
+    let dex = Dex::start(&[DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec!["seals".into()],
+    }])
+    .await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
+    let dir = tempfile::Builder::new()
+        .prefix("selkie-supervisor-static-")
+        .tempdir()?;
+    let authentication = dir.path().join("authentication.yaml");
+    let config = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1beta1",
+        "kind": "AuthenticationConfiguration",
+        "jwt": [{
+            "issuer": {
+                "url": supervisor.issuer(),
+                "audiences": ["static-cluster"],
+                "certificateAuthority": supervisor.ca_pem(),
+            },
+            "claimMappings": {
+                "username": {"claim": "username", "prefix": ""},
+                "groups": {"claim": "groups", "prefix": ""},
+            },
+        }],
+    });
+    std::fs::write(&authentication, serde_yaml::to_string(&config)?)?;
+    let static_cluster = Cluster::builder()
+        .dir(dir.path().join("cluster"))
+        .apiserver_arg(format!("--authentication-config={}", authentication.display()))
+        .start()
+        .await?;
+    let server_ca = static_cluster.pki().server_ca.cert_pem();
+
+    // kubectl with `selkie login oidc --request-audience static-cluster` as its credential plugin.
+    let kubeconfig = dir.path().join("static.kubeconfig");
+    let exec = json!({"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": selkie,
+        "args": [
+            "login", "oidc",
+            format!("--issuer={}", supervisor.issuer()),
+            format!("--ca-bundle-data={}", B64.encode(supervisor.ca_pem())),
+            "--request-audience=static-cluster",
+            format!("--upstream-identity-provider-name={IDP_NAME}"),
+            format!("--session-cache={}", dir.path().join("sessions.yaml").display()),
+            format!("--credential-cache={}", dir.path().join("credentials.yaml").display()),
+        ],
+        "env": [
+            {"name": "PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "value": "cli_password"},
+            {"name": "PINNIPED_USERNAME", "value": email},
+            {"name": "PINNIPED_PASSWORD", "value": PASSWORD},
+        ],
+        "interactiveMode": "Never",
+    }});
+    write_kubeconfig_for_user(
+        &kubeconfig,
+        static_cluster.server_url(),
+        &server_ca,
+        "static",
+        exec,
+    )?;
+    // kube-apiserver fetches the issuer's keys in the background after it starts: poll.
+    let kubectl = static_cluster.kubectl().with_kubeconfig(&kubeconfig);
+    let user = selkie_e2e::eventually(Duration::from_secs(60), || async {
+        let out = kubectl.run(&["auth", "whoami", "-o", "json"]).await?;
+        Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
+    })
+    .await
+    .map_err(|e| e.context(supervisor.log()))?;
+    anyhow::ensure!(user["username"] == email.as_str(), "{user}");
+    anyhow::ensure!(
+        user["groups"]
+            .as_array()
+            .is_some_and(|groups| groups.iter().any(|g| g == "seals")),
+        "{user}"
+    );
+
+    // A token the Supervisor issued for another audience is refused by this cluster.
+    let other = tempfile::Builder::new()
+        .prefix("selkie-supervisor-other-")
+        .tempdir()?;
+    let (ok, stdout, stderr) =
+        login(&selkie, &supervisor, other.path(), "cluster-a", &email, PASSWORD).await?;
+    anyhow::ensure!(ok, "{stderr}");
+    let credential: Value = serde_json::from_str(&stdout)?;
+    let token = credential["status"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    anyhow::ensure!(!token.is_empty(), "{stdout}");
+    let token_kubeconfig = dir.path().join("token.kubeconfig");
+    write_kubeconfig_for_user(
+        &token_kubeconfig,
+        static_cluster.server_url(),
+        &server_ca,
+        "token",
+        json!({"token": token}),
+    )?;
+    let refused = static_cluster
+        .kubectl()
+        .with_kubeconfig(&token_kubeconfig)
+        .output(&["auth", "whoami"], None)
+        .await?;
+    anyhow::ensure!(
+        !refused.success && refused.stderr.contains("Unauthorized"),
+        "{}: {}",
+        refused.stdout,
+        refused.stderr
+    );
+    Ok(())
+}
