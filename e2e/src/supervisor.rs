@@ -67,6 +67,91 @@ impl Supervisor {
         idp_display_name: &str,
         port: u16,
     ) -> Result<Self, HarnessError> {
+        let config = serde_json::json!({
+            "namespace": namespace,
+            "namePrefix": format!("supervisor-{namespace}"),
+            "defaultTLSCertificateSecret": "supervisor-tls",
+            "kubeconfig": cluster.admin_kubeconfig(),
+        });
+        Self::launch(cluster, namespace, dex, idp_display_name, port, config).await
+    }
+
+    /// Installs the Supervisor from its manifests (`conf/crds/`, `conf/install/supervisor.yaml`)
+    /// and runs it — as the Deployment would — with the configuration of the manifests'
+    /// ConfigMap and the token of their service account, so it has exactly the permissions they
+    /// grant; with the default TLS Secret the manifests name, and an identity provider and
+    /// FederationDomain as [`Supervisor::start`] creates them (in `pinniped-supervisor`).
+    pub async fn install(
+        cluster: &'static Cluster,
+        dex: &Dex,
+        idp_display_name: &str,
+    ) -> Result<Self, HarnessError> {
+        const NAMESPACE: &str = "pinniped-supervisor";
+        crate::crds::install_conf_crds(cluster).await?;
+        let manifest =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/install/supervisor.yaml");
+        let kubectl = cluster.kubectl();
+        kubectl.run(&["apply", "-f", &manifest.to_string_lossy()]).await?;
+        let yaml = kubectl
+            .run(&[
+                "get",
+                "configmap",
+                "pinniped-supervisor-static-config",
+                "-n",
+                NAMESPACE,
+                "-o",
+                "jsonpath={.data.supervisor\\.yaml}",
+            ])
+            .await?;
+        let mut config: serde_json::Value = serde_yaml::from_str(&yaml)
+            .map_err(|e| HarnessError::NotReady(format!("the manifests' supervisor.yaml: {e}")))?;
+        let token = kubectl
+            .run(&[
+                "create",
+                "token",
+                "pinniped-supervisor",
+                "-n",
+                NAMESPACE,
+                "--duration=2h",
+            ])
+            .await?
+            .trim()
+            .to_string();
+        let account = tempfile::Builder::new()
+            .prefix("supervisor-account-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("creating a directory", e))?
+            .keep();
+        let kubeconfig = account.join("account.kubeconfig");
+        crate::cluster::write_kubeconfig_for_user(
+            &kubeconfig,
+            cluster.server_url(),
+            &cluster.pki().server_ca.cert_pem(),
+            "pinniped-supervisor",
+            serde_json::json!({"token": token}),
+        )?;
+        config["kubeconfig"] = serde_json::json!(kubeconfig);
+        Self::launch(
+            cluster,
+            NAMESPACE,
+            dex,
+            idp_display_name,
+            crate::free_port()?,
+            config,
+        )
+        .await
+    }
+
+    /// Creates the TLS Secret `config` names, the identity provider and the FederationDomain in
+    /// `namespace`, and starts the process with `config` listening on `port`.
+    async fn launch(
+        cluster: &'static Cluster,
+        namespace: &str,
+        dex: &Dex,
+        idp_display_name: &str,
+        port: u16,
+        mut config_doc: serde_json::Value,
+    ) -> Result<Self, HarnessError> {
         crate::install_crypto_provider();
         crate::crds::install_conf_crds(cluster).await?;
         let binary = workspace_binary("selkie-supervisor", "selkie-supervisor")?;
@@ -77,11 +162,15 @@ impl Supervisor {
         let issuer = Self::issuer_for(port, namespace);
         let ca = CertificateAuthority::new("selkie-test-supervisor-ca")?;
         let serving = ca.issue_serving("supervisor", &["127.0.0.1", "localhost"])?;
+        let tls_secret = config_doc["defaultTLSCertificateSecret"]
+            .as_str()
+            .unwrap_or("supervisor-tls")
+            .to_string();
 
         let manifests = format!(
             r#"apiVersion: v1
 kind: Secret
-metadata: {{name: supervisor-tls, namespace: {namespace}}}
+metadata: {{name: {tls_secret}, namespace: {namespace}}}
 type: kubernetes.io/tls
 data: {{tls.crt: {cert}, tls.key: {key}}}
 ---
@@ -124,14 +213,8 @@ spec:
             .run_with_stdin(&["apply", "-f", "-"], Some(&manifests))
             .await?;
 
+        config_doc["listen"] = serde_json::json!({"https": format!("127.0.0.1:{port}")});
         let config = dir.path().join("supervisor.yaml");
-        let config_doc: serde_json::Value = serde_json::json!({
-            "namespace": namespace,
-            "namePrefix": format!("supervisor-{namespace}"),
-            "defaultTLSCertificateSecret": "supervisor-tls",
-            "listen": {"https": format!("127.0.0.1:{port}")},
-            "kubeconfig": cluster.admin_kubeconfig(),
-        });
         std::fs::write(&config, config_doc.to_string())
             .map_err(|e| HarnessError::io("writing the Supervisor's configuration", e))?;
         let log = dir.path().join("supervisor.log");

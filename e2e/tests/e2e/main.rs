@@ -26,6 +26,7 @@ mod proxy_upgrades;
 mod proxy_watch;
 mod rbac_client_cert;
 mod resources;
+mod supervisor_install;
 mod supervisor_login;
 mod supervisor_oauth;
 mod token_review;
