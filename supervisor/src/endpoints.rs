@@ -32,8 +32,30 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
-    /// Answers one request.
+    /// Answers one request, and writes its audit line: one JSON log line (target `audit`) with
+    /// the method, the path (never the query or the body: they carry codes, tokens and
+    /// passwords), the status and the time taken.
     pub async fn handle<B>(&self, request: Request<B>) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = std::time::Instant::now();
+        let method = request.method().clone();
+        let path: String = request.uri().path().chars().take(256).collect();
+        let response = self.route(request).await;
+        tracing::info!(
+            target: "audit",
+            method = %method,
+            path = %path,
+            status = response.status().as_u16(),
+            duration_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "request"
+        );
+        response
+    }
+
+    async fn route<B>(&self, request: Request<B>) -> Response<Body>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

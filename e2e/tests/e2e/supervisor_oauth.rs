@@ -464,6 +464,25 @@ async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<(
     anyhow::ensure!(response.status == 200, "the Supervisor stopped answering");
 
     let log = supervisor.log();
+    // One audit line per request, without the query.
+    let audit: Vec<Value> = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["target"] == "audit")
+        .collect();
+    anyhow::ensure!(
+        audit
+            .iter()
+            .any(|line| line["fields"]["path"] == format!("{path}/oauth2/token")
+                && line["fields"]["status"] == 400),
+        "no audit line of a refused token request"
+    );
+    anyhow::ensure!(
+        audit
+            .iter()
+            .all(|line| !line["fields"]["path"].as_str().unwrap_or_default().contains('?')),
+        "an audit line has a query"
+    );
     for secret in [PASSWORD, "pin_ac_", "pin_at_", "pin_rt_", VERIFIER] {
         anyhow::ensure!(!log.contains(secret), "the Supervisor logged {secret:?}");
     }
