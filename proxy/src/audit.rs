@@ -9,7 +9,8 @@
 //!
 //! The request's thread never writes to stdout itself: a pingora worker that blocked on a full
 //! pipe (a slow log collector) would stall every request it serves. Lines go through a bounded
-//! queue ([`QUEUE_LINES`]) to one writer thread, which writes them in batches. When the queue is
+//! queue ([`QUEUE_LINES`]) to one writer thread, which writes them in batches, resting
+//! [`BATCH_INTERVAL`] between batches so that queuing a line wakes no thread. When the queue is
 //! full the line is dropped and counted, and the writer reports how many it lost with a warning
 //! once stdout has caught up. [`flush`] waits (bounded) until the queued lines are written; the
 //! process calls it before it exits.
@@ -67,6 +68,12 @@ pub const QUEUE_LINES: usize = 16_384;
 
 /// Bytes the writer thread gathers into one `write`.
 const BATCH_BYTES: usize = 64 * 1024;
+/// How long the writer rests after each batch. While it rests, queuing a line is a plain channel
+/// push that wakes no thread, so under load the writer wakes once per interval for a whole batch
+/// instead of once per request: per-line wake-ups (a futex and a context switch per request, on
+/// the proxy's own core) cost S0 about 15 µs of CPU per request (`perf/results/issue15-after.md`).
+/// A line reaches stdout at most this much later.
+pub const BATCH_INTERVAL: Duration = Duration::from_millis(10);
 
 /// `YYYY-MM-DDTHH:MM:SS` of one Unix second, formatted once.
 #[derive(Default)]
@@ -185,6 +192,7 @@ fn write_lines(mut sink: impl Write, lines: &Receiver<Message>, dropped: &Atomic
             );
             reported = now_dropped;
         }
+        std::thread::sleep(BATCH_INTERVAL);
     }
 }
 
