@@ -6,7 +6,9 @@
 #     of the OIDC login tests, e2e/tests/e2e/cli_oidc.rs);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
-#     (build-components.sh).
+#     (build-components.sh);
+#   * openid-client from npm (e2e/rp/, exactly as its package-lock.json pins it), the outside
+#     relying party of the Supervisor's e2e test, installed into the same cache.
 # Go and Rust themselves come with the machine image; their absence is a clear error.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,4 +43,14 @@ for component in rustfmt clippy; do
 done
 
 "$here/build-components.sh" all >/dev/null
+
+command -v npm >/dev/null || die "npm is not on PATH: install Node.js 20 or newer first"
+rp_cache="${SELKIE_CACHE_DIR:-$HOME/.cache/selkie}/rp"
+if ! cmp -s "$here/../rp/package-lock.json" "$rp_cache/package-lock.json" 2>/dev/null \
+    || [[ ! -d "$rp_cache/node_modules/openid-client" ]]; then
+  log "installing the relying-party library (openid-client) into $rp_cache"
+  mkdir -p "$rp_cache"
+  cp "$here/../rp/package.json" "$here/../rp/package-lock.json" "$rp_cache/"
+  (cd "$rp_cache" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
 log "ready"

@@ -98,6 +98,17 @@ impl Check {
         }
     }
 
+    /// A true condition with another reason than `Success` (e.g. Pinniped's
+    /// `LegacyConfigurationSuccess`).
+    pub fn success_with_reason(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status: Status::True,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
     /// A false condition.
     pub fn failure(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
         Self {

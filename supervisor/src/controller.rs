@@ -32,7 +32,10 @@ use kube::{
 };
 use selkie_api::{
     supervisor_config::{FederationDomain, FederationDomainSecrets, FederationDomainStatus},
-    supervisor_idp::{OIDCIdentityProvider, OIDCIdentityProviderStatus, Phase},
+    supervisor_idp::{
+        ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider, OIDCIdentityProvider,
+        OIDCIdentityProviderStatus, Phase,
+    },
 };
 use selkie_kube::{
     conditions::{self, Check},
@@ -48,6 +51,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     config::SupervisorConfig,
+    federation_domain,
     issuer::{split_issuer, Issuer, Issuers},
     keys::{self, KeySecret},
     sealed::Sealer,
@@ -104,6 +108,9 @@ struct BuiltUpstream {
 struct Watched {
     federation_domains: Store<DynamicObject>,
     identity_providers: Store<DynamicObject>,
+    /// LDAP, Active Directory and GitHub identity providers: watched so FederationDomains can
+    /// tell they exist (they are not served yet).
+    other_identity_providers: Vec<(&'static str, Store<DynamicObject>)>,
     secrets: Store<Secret>,
     config_maps: Store<ConfigMap>,
 }
@@ -135,6 +142,8 @@ pub struct Controller {
     leader: watch::Receiver<bool>,
     fd_resource: ApiResource,
     idp_resource: ApiResource,
+    /// The other identity-provider kinds: (kind, resource).
+    other_idp_resources: Vec<(&'static str, ApiResource)>,
     /// Upstreams built before, by `namespace/name`: reused while their inputs are unchanged, kept
     /// serving while a change does not work yet.
     upstreams: HashMap<String, BuiltUpstream>,
@@ -164,6 +173,26 @@ impl Controller {
             idp_resource: resource(selkie_api::crds::api_resource_with_group_suffix::<
                 OIDCIdentityProvider,
             >(&config.api_group_suffix))?,
+            other_idp_resources: vec![
+                (
+                    "LDAPIdentityProvider",
+                    resource(selkie_api::crds::api_resource_with_group_suffix::<
+                        LDAPIdentityProvider,
+                    >(&config.api_group_suffix))?,
+                ),
+                (
+                    "ActiveDirectoryIdentityProvider",
+                    resource(selkie_api::crds::api_resource_with_group_suffix::<
+                        ActiveDirectoryIdentityProvider,
+                    >(&config.api_group_suffix))?,
+                ),
+                (
+                    "GitHubIdentityProvider",
+                    resource(selkie_api::crds::api_resource_with_group_suffix::<
+                        GitHubIdentityProvider,
+                    >(&config.api_group_suffix))?,
+                ),
+            ],
             client,
             config,
             outputs,
@@ -184,9 +213,22 @@ impl Controller {
         let identity_providers = idp_writer.as_reader();
         let (secrets, secrets_writer) = reflector::store();
         let (config_maps, config_maps_writer) = reflector::store();
+        let mut other_follows = Vec::new();
+        let mut other_identity_providers = Vec::new();
+        for (kind, resource) in &self.other_idp_resources {
+            let writer = reflector::store::Writer::new(resource.clone());
+            other_identity_providers.push((*kind, writer.as_reader()));
+            let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &namespace, resource);
+            other_follows.push(follow(
+                watcher(api, watcher::Config::default()),
+                writer,
+                changed.clone(),
+            ));
+        }
         let watched = Watched {
             federation_domains,
             identity_providers,
+            other_identity_providers,
             secrets,
             config_maps,
         };
@@ -202,6 +244,7 @@ impl Controller {
                 () = follow(watcher(idp_api, watcher::Config::default()), idp_writer, changed.clone()) => ControllerError::WatchEnded("OIDCIdentityProvider"),
                 () = follow(watcher(secrets_api, watcher::Config::default()), secrets_writer, changed.clone()) => ControllerError::WatchEnded("Secret"),
                 () = follow(watcher(config_maps_api, watcher::Config::default()), config_maps_writer, changed.clone()) => ControllerError::WatchEnded("ConfigMap"),
+                _ = futures::future::join_all(other_follows) => ControllerError::WatchEnded("an identity provider kind"),
             }
         };
         let mut leader = self.leader.clone();
@@ -265,48 +308,39 @@ impl Controller {
             .iter()
             .filter_map(|object| parse::<FederationDomain>(object))
             .collect();
-        let mut issuer_counts: HashMap<String, usize> = HashMap::new();
-        for fd in &fds {
-            *issuer_counts
-                .entry(fd.spec.issuer.to_ascii_lowercase())
-                .or_default() += 1;
-        }
+        let namespace_view = federation_domain::Namespace {
+            existing: watched
+                .identity_providers
+                .state()
+                .iter()
+                .map(|object| ("OIDCIdentityProvider".to_string(), object.name_any()))
+                .chain(watched.other_identity_providers.iter().flat_map(|(kind, store)| {
+                    store
+                        .state()
+                        .iter()
+                        .map(|object| (kind.to_string(), object.name_any()))
+                        .collect::<Vec<_>>()
+                }))
+                .collect(),
+            ready: idps.clone(),
+            idp_group: self.config.group("idp.supervisor.pinniped.dev"),
+        };
         let mut served = Vec::new();
         let mut tls_by_host: HashMap<String, rustls::sign::CertifiedKey> = HashMap::new();
         for fd in &fds {
             let name = fd.name_any();
-            let mut checks = Vec::new();
+            let (checks, fd_idps) = federation_domain::check(fd, &fds, &namespace_view);
             let issuer_ok = split_issuer(&fd.spec.issuer);
-            checks.push(match &issuer_ok {
-                Ok(_) => Check::success("IssuerURLValid", "spec.issuer is a valid URL"),
-                Err(error) => Check::failure("IssuerURLValid", "InvalidIssuerURL", error.to_string()),
-            });
-            let unique = issuer_counts
-                .get(&fd.spec.issuer.to_ascii_lowercase())
-                .copied()
-                .unwrap_or(0)
-                <= 1;
-            checks.push(if unique {
-                Check::success("IssuerIsUnique", "spec.issuer is unique among all FederationDomains")
-            } else {
-                Check::failure(
-                    "IssuerIsUnique",
-                    "DuplicateIssuer",
-                    "multiple FederationDomains have the same spec.issuer URL: these URLs can contain empty/default path, which is the same as having no path",
-                )
-            });
-            let (idp_check, fd_idps) = self.federation_domain_idps(fd, &idps);
-            checks.push(idp_check);
             if leading {
                 self.ensure_keys(fd).await;
             }
             let keys = self.read_keys(fd, watched);
-            checks.push(match &keys {
-                Ok(_) => Check::success("SecretsReady", "the generated key Secrets are ready"),
-                Err(message) => Check::failure("SecretsReady", "SecretsNotReady", message.clone()),
-            });
-            if let (Ok((host, _)), true, Ok((signing, jwks, token, state)), Some(fd_idps)) =
-                (&issuer_ok, unique, keys, fd_idps)
+            if let Err(message) = &keys {
+                // The leader creates them; until this replica sees them, it does not serve.
+                tracing::info!(federation_domain = %name, reason = %message, "not served yet");
+            }
+            if let (Ok((host, _)), Ok((signing, jwks, token, state)), Some(fd_idps)) =
+                (&issuer_ok, keys, fd_idps)
             {
                 if let Some(secret_name) = fd.spec.tls.as_ref().and_then(|tls| tls.secret_name.clone()) {
                     if let Some(key) = sources.secret(&secret_name).as_deref().and_then(serving_key) {
@@ -330,7 +364,13 @@ impl Controller {
                 }
             }
             if leading {
-                let (ready, phase) = conditions::ready::<Phase>("FederationDomain", &checks);
+                let (mut ready, phase) = conditions::ready::<Phase>("FederationDomain", &checks);
+                if ready.is_true() {
+                    ready.message = format!(
+                        "the FederationDomain is ready and its endpoints are available: the discovery endpoint is {}/.well-known/openid-configuration",
+                        fd.spec.issuer
+                    );
+                }
                 let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
                 let reference = |kind: KeySecret| {
                     Some(LocalObjectReference {
@@ -368,86 +408,6 @@ impl Controller {
             }
         }
         self.outputs.serving.set_names(tls_by_host);
-    }
-
-    /// The identity providers a FederationDomain names (or, with none named, the namespace's only
-    /// one), and the `IdentityProvidersFound` condition. `None` when one is missing.
-    fn federation_domain_idps(
-        &self,
-        fd: &FederationDomain,
-        idps: &HashMap<String, Arc<Upstream>>,
-    ) -> (Check, Option<Vec<Arc<Upstream>>>) {
-        const TYPE: &str = "IdentityProvidersFound";
-        if fd.spec.identity_providers.is_empty() {
-            return match idps.len() {
-                1 => {
-                    // Legacy mode: the identity provider's own name is its display name.
-                    let Some((name, only)) = idps.iter().next() else {
-                        return (Check::failure(TYPE, "LegacyConfigurationIdentityProviderNotFound", "no identity provider"), None);
-                    };
-                    (
-                        Check::success(
-                            TYPE,
-                            format!("no resources were specified by .spec.identityProviders[].objectRef and \"{name}\" was the only identity provider resource found (this is a legacy configuration mode)"),
-                        ),
-                        Some(vec![only.clone()]),
-                    )
-                }
-                0 => (
-                    Check::failure(
-                        TYPE,
-                        "LegacyConfigurationIdentityProviderNotFound",
-                        "no resources were specified by .spec.identityProviders[].objectRef and no identity provider resources have been found: please create an identity provider resource",
-                    ),
-                    None,
-                ),
-                _ => (
-                    Check::failure(
-                        TYPE,
-                        "IdentityProviderNotSpecified",
-                        "no resources were specified by .spec.identityProviders[].objectRef and there are multiple identity provider resources, so one must be specified",
-                    ),
-                    None,
-                ),
-            };
-        }
-        let mut found = Vec::new();
-        let mut missing = Vec::new();
-        for reference in &fd.spec.identity_providers {
-            let object = &reference.object_ref;
-            let known_kind = object.kind == "OIDCIdentityProvider"
-                && object.api_group.as_deref()
-                    == Some(self.config.group("idp.supervisor.pinniped.dev").as_str());
-            match idps.get(&object.name).filter(|_| known_kind) {
-                Some(upstream) => match upstream.as_ref() {
-                    Upstream::Oidc(oidc) => found.push(Arc::new(Upstream::Oidc(
-                        oidc.with_display_name(&reference.display_name),
-                    ))),
-                },
-                None => missing.push(format!("{} {:?}", object.kind, object.name)),
-            }
-        }
-        if missing.is_empty() {
-            (
-                Check::success(
-                    TYPE,
-                    "the resources specified by .spec.identityProviders[].objectRef were found",
-                ),
-                Some(found),
-            )
-        } else {
-            (
-                Check::failure(
-                    TYPE,
-                    "IdentityProvidersObjectRefsNotFound",
-                    format!(
-                        ".spec.identityProviders[].objectRef identifies resource(s) that cannot be found or are not ready: {}",
-                        missing.join(", ")
-                    ),
-                ),
-                None,
-            )
-        }
     }
 
     /// Builds (or reuses) the upstream of an OIDCIdentityProvider, with its conditions.

@@ -9,6 +9,8 @@
 //!
 //! * [`authorize`]: the authorization request's checks (clients, loopback redirects, PKCE S256
 //!   only, state and nonce entropy) and where a refusal goes; [`oauth`]: the error responses;
+//! * [`federation_domain`]: a FederationDomain's conditions (Pinniped's types, reasons and
+//!   messages) and the identity providers it serves; [`controller`] gathers its inputs;
 //! * [`discovery`]: the endpoint paths, the OpenID Connect discovery document and the
 //!   identity-provider discovery document, as Pinniped publishes them;
 //! * [`id_token`]: ES256 ID tokens with Pinniped's claims (`username`, `groups`,
@@ -27,6 +29,7 @@ pub mod config;
 pub mod controller;
 pub mod discovery;
 pub mod endpoints;
+pub mod federation_domain;
 pub mod id_token;
 pub mod issuer;
 pub mod keys;

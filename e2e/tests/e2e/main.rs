@@ -29,6 +29,7 @@ mod resources;
 mod supervisor_install;
 mod supervisor_login;
 mod supervisor_oauth;
+mod supervisor_rp;
 mod token_review;
 mod x509_identity;
 

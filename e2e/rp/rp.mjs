@@ -1,0 +1,42 @@
+// A relying party built on openid-client (an OpenID Certified library this project did not
+// write), driven by e2e/tests/e2e/supervisor_rp.rs against the Selkie Supervisor:
+//
+//   node rp.mjs <issuer> <redirect_uri> <idp display name>
+//
+// It discovers the issuer, prints the authorization URL it builds (PKCE S256, state, nonce) on
+// one line, reads the callback URL (with the code) from stdin, redeems the code and validates the
+// ID token the library's way (signature from jwks_uri, iss, aud, exp, nonce, at_hash), then prints
+// the ID token's claims as one JSON line. The issuer's CA comes from NODE_EXTRA_CA_CERTS.
+import * as readline from 'node:readline/promises';
+import * as client from 'openid-client';
+
+const [issuer, redirectUri, idpName] = process.argv.slice(2);
+const config = await client.discovery(
+  new URL(issuer),
+  'pinniped-cli',
+  { id_token_signed_response_alg: 'ES256' },
+  client.None(),
+);
+const verifier = client.randomPKCECodeVerifier();
+const state = client.randomState();
+const nonce = client.randomNonce();
+const url = client.buildAuthorizationUrl(config, {
+  redirect_uri: redirectUri,
+  scope: 'openid offline_access username groups',
+  code_challenge: await client.calculatePKCECodeChallenge(verifier),
+  code_challenge_method: 'S256',
+  state,
+  nonce,
+  pinniped_idp_name: idpName,
+});
+console.log(url.href);
+const lines = readline.createInterface({ input: process.stdin });
+const callback = await lines[Symbol.asyncIterator]().next();
+lines.close();
+const tokens = await client.authorizationCodeGrant(config, new URL(callback.value), {
+  pkceCodeVerifier: verifier,
+  expectedState: state,
+  expectedNonce: nonce,
+  idTokenExpected: true,
+});
+console.log(JSON.stringify({ claims: tokens.claims(), scope: tokens.scope, token_type: tokens.token_type }));

@@ -1,0 +1,132 @@
+//! An OIDC relying party this project did not write — openid-client from npm, OpenID Certified —
+//! completes discovery, the authorization code flow with PKCE, the token request and the ID token's
+//! validation (signature from `jwks_uri`, `iss`, `aud`, `exp`, `nonce`) against the Supervisor.
+//! The library builds the authorization request; the test plays the user's agent with the
+//! `cli_password` headers (Dex's password grant behind the Supervisor), and hands the redirect back.
+
+use std::{process::Stdio, time::Duration};
+
+use bytes::Bytes;
+use selkie_e2e::{
+    dex::{Dex, DexUser},
+    supervisor::Supervisor,
+    Cluster,
+};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+
+const PASSWORD: &str = "seal-of-approval";
+const REDIRECT: &str = "http://127.0.0.1:48124/callback";
+
+#[tokio::test]
+async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Result<()> {
+    let cache = std::env::var_os("SELKIE_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| std::path::PathBuf::from(home).join(".cache/selkie")))
+        .ok_or_else(|| anyhow::anyhow!("neither SELKIE_CACHE_DIR nor HOME is set"))?
+        .join("rp");
+    anyhow::ensure!(
+        cache.join("node_modules/openid-client").is_dir(),
+        "openid-client is not installed in {}: run e2e/scripts/setup.sh",
+        cache.display()
+    );
+    // ES modules resolve packages from the script's directory: the script runs from the cache.
+    let script = cache.join("rp.mjs");
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rp/rp.mjs"),
+        &script,
+    )?;
+
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-rp").await?;
+    let email = format!("{namespace}@example.com");
+    let dex = Dex::start(&[DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec!["seals".into()],
+    }])
+    .await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &dex, "Dex Users").await?;
+    let ca = tempfile::NamedTempFile::new()?;
+    std::fs::write(ca.path(), supervisor.ca_pem())?;
+
+    let mut rp = tokio::process::Command::new("node")
+        .arg(&script)
+        .args([supervisor.issuer(), REDIRECT, "Dex Users"])
+        .env("NODE_EXTRA_CA_CERTS", ca.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdout =
+        tokio::io::BufReader::new(rp.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?).lines();
+    let authorize = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+        .await??
+        .ok_or_else(|| anyhow::anyhow!("openid-client printed no authorization URL"))?;
+    anyhow::ensure!(
+        authorize.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
+        "{authorize}"
+    );
+
+    // The user's agent: the authorization request the library built, with the password headers.
+    let response = supervisor
+        .client()?
+        .send(
+            http::Method::GET,
+            &authorize,
+            &[
+                (
+                    http::HeaderName::from_static("pinniped-username"),
+                    http::HeaderValue::from_str(&email)?,
+                ),
+                (
+                    http::HeaderName::from_static("pinniped-password"),
+                    http::HeaderValue::from_static(PASSWORD),
+                ),
+            ],
+            Bytes::new(),
+            1 << 20,
+            Some(Duration::from_secs(30)),
+        )
+        .await?;
+    let location = response
+        .headers
+        .get(http::header::LOCATION)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    anyhow::ensure!(
+        location.starts_with(&format!("{REDIRECT}?code=")),
+        "{}: {location}",
+        response.status
+    );
+    let mut stdin = rp.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?;
+    stdin.write_all(format!("{location}\n").as_bytes()).await?;
+    drop(stdin);
+
+    let result = tokio::time::timeout(Duration::from_secs(30), stdout.next_line()).await??;
+    let output = rp.wait_with_output().await?;
+    let result = result.ok_or_else(|| {
+        anyhow::anyhow!(
+            "openid-client failed: {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            supervisor.log()
+        )
+    })?;
+    let result: Value = serde_json::from_str(&result)?;
+    let claims = &result["claims"];
+    anyhow::ensure!(claims["iss"] == supervisor.issuer(), "{result}");
+    anyhow::ensure!(claims["aud"] == serde_json::json!(["pinniped-cli"]), "{result}");
+    anyhow::ensure!(claims["username"] == email.as_str(), "{result}");
+    anyhow::ensure!(claims["groups"] == serde_json::json!(["seals"]), "{result}");
+    anyhow::ensure!(result["token_type"] == "bearer", "{result}");
+    anyhow::ensure!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}

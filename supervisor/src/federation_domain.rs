@@ -1,0 +1,537 @@
+//! A FederationDomain checked as Pinniped's Supervisor checks it: its conditions (types, reasons
+//! and messages of Pinniped's `federation_domain_watcher`) and the identity providers it serves,
+//! from the FederationDomains and identity providers of its namespace. Pure: the controller
+//! gathers the inputs and writes the result.
+
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    sync::Arc,
+};
+
+use selkie_api::supervisor_config::FederationDomain;
+use selkie_kube::conditions::Check;
+
+use crate::{issuer::split_issuer, upstream::Upstream};
+
+/// The identity-provider kinds a FederationDomain may name.
+pub const KINDS: [&str; 4] = [
+    "ActiveDirectoryIdentityProvider",
+    "GitHubIdentityProvider",
+    "LDAPIdentityProvider",
+    "OIDCIdentityProvider",
+];
+
+/// What the namespace holds besides FederationDomains.
+#[derive(Debug, Default)]
+pub struct Namespace {
+    /// The identity provider objects that exist, by (kind, name).
+    pub existing: HashSet<(String, String)>,
+    /// The OIDC upstreams that are ready to use, by name.
+    pub ready: HashMap<String, Arc<Upstream>>,
+    /// The identity providers' API group under the installation's suffix.
+    pub idp_group: String,
+}
+
+/// The key under which two issuers are the same: lower-case host (with port) and path.
+fn issuer_key(issuer: &str) -> Option<String> {
+    let uri: http::Uri = issuer.parse().ok()?;
+    let authority = uri.authority()?.as_str().to_ascii_lowercase();
+    Some(format!("{authority}{}", uri.path().trim_end_matches('/')))
+}
+
+/// The issuer's host, lower-case, without port.
+fn host(issuer: &str) -> Option<String> {
+    split_issuer(issuer).ok().map(|(host, _)| host)
+}
+
+/// The conditions of `fd` among `all` (its namespace's FederationDomains, itself included), and
+/// the upstreams it serves, in its order and under its display names — `None` when it cannot be
+/// served (a condition says why).
+pub fn check(
+    fd: &FederationDomain,
+    all: &[FederationDomain],
+    namespace: &Namespace,
+) -> (Vec<Check>, Option<Vec<Arc<Upstream>>>) {
+    let mut checks = Vec::new();
+    let mut servable = true;
+
+    // The issuer, and how it stands among the others.
+    match split_issuer(&fd.spec.issuer) {
+        Ok(_) => checks.push(Check::success("IssuerURLValid", "spec.issuer is a valid URL")),
+        Err(error) => {
+            servable = false;
+            checks.push(Check::failure(
+                "IssuerURLValid",
+                "InvalidIssuerURL",
+                error.to_string(),
+            ));
+        }
+    }
+    match (issuer_key(&fd.spec.issuer), host(&fd.spec.issuer)) {
+        (Some(key), Some(hostname)) => {
+            let same = all
+                .iter()
+                .filter(|other| issuer_key(&other.spec.issuer).as_deref() == Some(key.as_str()))
+                .count();
+            if same > 1 {
+                servable = false;
+                checks.push(Check::failure(
+                    "IssuerIsUnique",
+                    "DuplicateIssuer",
+                    "multiple FederationDomains have the same spec.issuer URL: these URLs must be unique (can use different hosts or paths)",
+                ));
+            } else {
+                checks.push(Check::success(
+                    "IssuerIsUnique",
+                    "spec.issuer is unique among all FederationDomains",
+                ));
+            }
+            let secrets: BTreeSet<String> = all
+                .iter()
+                .filter(|other| host(&other.spec.issuer).as_deref() == Some(hostname.as_str()))
+                .map(|other| {
+                    other
+                        .spec
+                        .tls
+                        .as_ref()
+                        .and_then(|tls| tls.secret_name.clone())
+                        .unwrap_or_default()
+                })
+                .collect();
+            if secrets.len() > 1 {
+                servable = false;
+                checks.push(Check::failure(
+                    "OneTLSSecretPerIssuerHostname",
+                    "DifferentSecretRefsFound",
+                    "when different FederationDomains are using the same hostname in the spec.issuer URL then they must also use the same TLS secretRef: different secretRefs found",
+                ));
+            } else {
+                checks.push(Check::success(
+                    "OneTLSSecretPerIssuerHostname",
+                    "all FederationDomains are using the same TLS secret when using the same hostname in the spec.issuer URL",
+                ));
+            }
+        }
+        _ => {
+            servable = false;
+            checks.push(Check::unknown(
+                "IssuerIsUnique",
+                "unable to check if spec.issuer is unique among all FederationDomains because URL cannot be parsed",
+            ));
+            checks.push(Check::unknown(
+                "OneTLSSecretPerIssuerHostname",
+                "unable to check if all FederationDomains are using the same TLS secret when using the same hostname in the spec.issuer URL because URL cannot be parsed",
+            ));
+        }
+    }
+
+    let (idp_checks, upstreams) = identity_providers(fd, namespace);
+    checks.extend(idp_checks);
+    (checks, upstreams.filter(|_| servable))
+}
+
+/// The identity-provider conditions, and the upstreams when every reference is good.
+fn identity_providers(
+    fd: &FederationDomain,
+    namespace: &Namespace,
+) -> (Vec<Check>, Option<Vec<Arc<Upstream>>>) {
+    const FOUND: &str = "IdentityProvidersFound";
+    let references = &fd.spec.identity_providers;
+    let mut checks = Vec::new();
+    if references.is_empty() {
+        // Legacy mode: the namespace's only identity provider, under its own name.
+        let count = namespace.existing.len();
+        let upstreams = match count {
+            1 => {
+                let Some((kind, name)) = namespace.existing.iter().next() else {
+                    return (checks, None);
+                };
+                checks.push(Check::success_with_reason(
+                    FOUND,
+                    "LegacyConfigurationSuccess",
+                    format!(
+                        "no resources were specified by .spec.identityProviders[].objectRef but exactly one identity provider resource has been found: using {name:?} as identity provider: please explicitly list identity providers in .spec.identityProviders (this legacy configuration mode may be removed in a future version of Pinniped)"
+                    ),
+                ));
+                (kind == "OIDCIdentityProvider")
+                    .then(|| namespace.ready.get(name).cloned())
+                    .flatten()
+                    .map(|upstream| vec![upstream])
+            }
+            0 => {
+                checks.push(Check::failure(
+                    FOUND,
+                    "LegacyConfigurationIdentityProviderNotFound",
+                    "no resources were specified by .spec.identityProviders[].objectRef and no identity provider resources have been found: please create an identity provider resource",
+                ));
+                None
+            }
+            count => {
+                checks.push(Check::failure(
+                    FOUND,
+                    "IdentityProviderNotSpecified",
+                    format!(
+                        "no resources were specified by .spec.identityProviders[].objectRef and {count} identity provider resources have been found: please update .spec.identityProviders to specify which identity providers this federation domain should use"
+                    ),
+                ));
+                None
+            }
+        };
+        checks.push(Check::success(
+            "IdentityProvidersDisplayNamesUnique",
+            "the names specified by .spec.identityProviders[].displayName are unique",
+        ));
+        checks.push(Check::success(
+            "IdentityProvidersObjectRefAPIGroupSuffixValid",
+            "the API groups specified by .spec.identityProviders[].objectRef.apiGroup are recognized",
+        ));
+        checks.push(Check::success(
+            "IdentityProvidersObjectRefKindValid",
+            "the kinds specified by .spec.identityProviders[].objectRef.kind are recognized",
+        ));
+        checks.extend(transforms_checks(fd));
+        let ok = checks.iter().all(Check::is_true);
+        return (checks, upstreams.filter(|_| ok));
+    }
+
+    let mut not_found = Vec::new();
+    let mut bad_groups = BTreeSet::new();
+    let mut bad_kinds = BTreeSet::new();
+    let mut seen = HashSet::new();
+    let mut duplicates = BTreeSet::new();
+    let mut upstreams = Vec::new();
+    for (index, reference) in references.iter().enumerate() {
+        let object = &reference.object_ref;
+        if !seen.insert(reference.display_name.clone()) {
+            duplicates.insert(reference.display_name.clone());
+        }
+        let group = object.api_group.clone().unwrap_or_default();
+        if group != namespace.idp_group {
+            bad_groups.insert(group);
+        }
+        if !KINDS.contains(&object.kind.as_str()) {
+            bad_kinds.insert(object.kind.clone());
+        }
+        let exists = namespace
+            .existing
+            .contains(&(object.kind.clone(), object.name.clone()));
+        if !exists {
+            not_found.push(format!(
+                "cannot find resource specified by .spec.identityProviders[{index}].objectRef (with name {:?})",
+                object.name
+            ));
+        } else if let Some(Upstream::Oidc(oidc)) = namespace
+            .ready
+            .get(&object.name)
+            .filter(|_| object.kind == "OIDCIdentityProvider")
+            .map(Arc::as_ref)
+        {
+            upstreams.push(Arc::new(Upstream::Oidc(
+                oidc.with_display_name(&reference.display_name),
+            )));
+        }
+    }
+    checks.push(if not_found.is_empty() {
+        Check::success(
+            FOUND,
+            "the resources specified by .spec.identityProviders[].objectRef were found",
+        )
+    } else {
+        Check::failure(
+            FOUND,
+            "IdentityProvidersObjectRefsNotFound",
+            not_found.join("\n\n"),
+        )
+    });
+    let quoted = |set: &BTreeSet<String>| {
+        set.iter()
+            .map(|item| format!("{item:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    checks.push(if duplicates.is_empty() {
+        Check::success(
+            "IdentityProvidersDisplayNamesUnique",
+            "the names specified by .spec.identityProviders[].displayName are unique",
+        )
+    } else {
+        Check::failure(
+            "IdentityProvidersDisplayNamesUnique",
+            "DuplicateDisplayNames",
+            format!(
+                "the names specified by .spec.identityProviders[].displayName contain duplicates: {}",
+                quoted(&duplicates)
+            ),
+        )
+    });
+    checks.push(if bad_groups.is_empty() {
+        Check::success(
+            "IdentityProvidersObjectRefAPIGroupSuffixValid",
+            "the API groups specified by .spec.identityProviders[].objectRef.apiGroup are recognized",
+        )
+    } else {
+        Check::failure(
+            "IdentityProvidersObjectRefAPIGroupSuffixValid",
+            "APIGroupUnrecognized",
+            format!(
+                "some API groups specified by .spec.identityProviders[].objectRef.apiGroup are not recognized (should be {:?}): {}",
+                namespace.idp_group,
+                quoted(&bad_groups)
+            ),
+        )
+    });
+    checks.push(if bad_kinds.is_empty() {
+        Check::success(
+            "IdentityProvidersObjectRefKindValid",
+            "the kinds specified by .spec.identityProviders[].objectRef.kind are recognized",
+        )
+    } else {
+        Check::failure(
+            "IdentityProvidersObjectRefKindValid",
+            "KindUnrecognized",
+            format!(
+                "some kinds specified by .spec.identityProviders[].objectRef.kind are not recognized (should be one of {}): {}",
+                KINDS.join(", "),
+                quoted(&bad_kinds)
+            ),
+        )
+    });
+    checks.extend(transforms_checks(fd));
+    let ok = checks.iter().all(Check::is_true);
+    (checks, ok.then_some(upstreams))
+}
+
+/// Identity transforms and policies are not evaluated by this Supervisor yet: a FederationDomain
+/// that has any is refused (fail closed: a policy may be there to keep users out) rather than
+/// served without them.
+fn transforms_checks(fd: &FederationDomain) -> [Check; 2] {
+    let with_expressions: Vec<String> = fd
+        .spec
+        .identity_providers
+        .iter()
+        .enumerate()
+        .filter(|(_, reference)| {
+            !reference.transforms.expressions.is_empty() || !reference.transforms.constants.is_empty()
+        })
+        .map(|(index, _)| format!(".spec.identityProviders[{index}].transforms"))
+        .collect();
+    let with_examples: Vec<String> = fd
+        .spec
+        .identity_providers
+        .iter()
+        .enumerate()
+        .filter(|(_, reference)| !reference.transforms.examples.is_empty())
+        .map(|(index, _)| format!(".spec.identityProviders[{index}].transforms.examples"))
+        .collect();
+    [
+        if with_expressions.is_empty() {
+            Check::success(
+                "TransformsExpressionsValid",
+                "the expressions specified by .spec.identityProviders[].transforms.expressions[] are valid",
+            )
+        } else {
+            Check::failure(
+                "TransformsExpressionsValid",
+                "InvalidTransformsExpressions",
+                format!(
+                    "identity transforms are not supported by this Supervisor yet, so this FederationDomain is not served: {}",
+                    with_expressions.join(", ")
+                ),
+            )
+        },
+        if with_examples.is_empty() {
+            Check::success(
+                "TransformsExamplesPassed",
+                "the examples specified by .spec.identityProviders[].transforms.examples[] had no errors",
+            )
+        } else {
+            Check::failure(
+                "TransformsExamplesPassed",
+                "TransformsExamplesFailed",
+                format!(
+                    "identity transforms are not supported by this Supervisor yet, so their examples cannot pass: {}",
+                    with_examples.join(", ")
+                ),
+            )
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use selkie_oidc::{
+        discovery::Discovery,
+        https::TlsOptions,
+        rp::{ClientConfig, Provider},
+    };
+
+    use super::*;
+    use crate::upstream::OidcUpstream;
+
+    const GROUP: &str = "idp.supervisor.pinniped.dev";
+
+    fn fd(name: &str, issuer: &str, idps: serde_json::Value) -> FederationDomain {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "config.supervisor.pinniped.dev/v1alpha1",
+            "kind": "FederationDomain",
+            "metadata": {"name": name, "namespace": "sso"},
+            "spec": {"issuer": issuer, "identityProviders": idps},
+        }))
+        .unwrap()
+    }
+
+    fn upstream(name: &str) -> Arc<Upstream> {
+        let discovery = Discovery {
+            issuer: "https://dex.example.com".into(),
+            authorization_endpoint: "https://dex.example.com/auth".into(),
+            token_endpoint: "https://dex.example.com/token".into(),
+            jwks_uri: "https://dex.example.com/keys".into(),
+            ..Discovery::default()
+        };
+        Arc::new(Upstream::Oidc(OidcUpstream {
+            display_name: name.into(),
+            provider: Arc::new(Provider::from_discovery(discovery, &TlsOptions::default()).unwrap()),
+            client: ClientConfig::public("c", Vec::new()),
+            additional_authorize_parameters: Vec::new(),
+            allow_password_grant: false,
+            username_claim: None,
+            groups_claim: None,
+            additional_claim_mappings: Default::default(),
+        }))
+    }
+
+    fn namespace(existing: &[(&str, &str)]) -> Namespace {
+        Namespace {
+            existing: existing
+                .iter()
+                .map(|(k, n)| (k.to_string(), n.to_string()))
+                .collect(),
+            ready: HashMap::from([("dex".to_string(), upstream("dex"))]),
+            idp_group: GROUP.into(),
+        }
+    }
+
+    fn reason<'a>(checks: &'a [Check], type_: &str) -> &'a str {
+        &checks.iter().find(|check| check.type_ == type_).unwrap().reason
+    }
+
+    fn reference(display: &str, kind: &str, name: &str) -> serde_json::Value {
+        serde_json::json!({"displayName": display, "objectRef": {"apiGroup": GROUP, "kind": kind, "name": name}})
+    }
+
+    #[test]
+    fn a_good_federation_domain_serves_its_providers_under_their_display_names() {
+        let one = fd(
+            "one",
+            "https://sso.example.com/a",
+            serde_json::json!([reference("Corp", "OIDCIdentityProvider", "dex")]),
+        );
+        let (checks, upstreams) = check(
+            &one,
+            std::slice::from_ref(&one),
+            &namespace(&[("OIDCIdentityProvider", "dex")]),
+        );
+        assert!(checks.iter().all(Check::is_true), "{checks:?}");
+        assert_eq!(checks.len(), 9);
+        let upstreams = upstreams.unwrap();
+        assert_eq!(upstreams[0].display_name(), "Corp");
+    }
+
+    #[test]
+    fn pinnipeds_reasons_for_what_is_wrong() {
+        let ns = namespace(&[("OIDCIdentityProvider", "dex"), ("LDAPIdentityProvider", "ldap")]);
+        let a = fd(
+            "a",
+            "https://sso.example.com/x",
+            serde_json::json!([reference("Corp", "OIDCIdentityProvider", "dex")]),
+        );
+        let b = fd(
+            "b",
+            "https://SSO.example.com/x/",
+            serde_json::json!([reference("Corp", "OIDCIdentityProvider", "dex")]),
+        );
+        let (checks, upstreams) = check(&a, &[a.clone(), b], &ns);
+        assert_eq!(reason(&checks, "IssuerIsUnique"), "DuplicateIssuer");
+        assert!(upstreams.is_none());
+
+        let bad = fd(
+            "bad",
+            "https://sso.example.com/y",
+            serde_json::json!([
+                reference("Corp", "OIDCIdentityProvider", "missing"),
+                reference("Corp", "SAMLIdentityProvider", "dex"),
+                {"displayName": "Other", "objectRef": {"apiGroup": "idp.supervisor.acme.io", "kind": "OIDCIdentityProvider", "name": "dex"}},
+            ]),
+        );
+        let (checks, upstreams) = check(&bad, std::slice::from_ref(&bad), &ns);
+        assert!(upstreams.is_none());
+        assert_eq!(
+            reason(&checks, "IdentityProvidersFound"),
+            "IdentityProvidersObjectRefsNotFound"
+        );
+        assert_eq!(
+            reason(&checks, "IdentityProvidersDisplayNamesUnique"),
+            "DuplicateDisplayNames"
+        );
+        assert_eq!(
+            reason(&checks, "IdentityProvidersObjectRefKindValid"),
+            "KindUnrecognized"
+        );
+        assert_eq!(
+            reason(&checks, "IdentityProvidersObjectRefAPIGroupSuffixValid"),
+            "APIGroupUnrecognized"
+        );
+
+        let tls_a: FederationDomain = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "t1"}, "spec": {"issuer": "https://host.example.com/1", "tls": {"secretName": "one"}}})).unwrap();
+        let tls_b: FederationDomain = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "t2"}, "spec": {"issuer": "https://host.example.com/2", "tls": {"secretName": "two"}}})).unwrap();
+        let (checks, _) = check(&tls_a, &[tls_a.clone(), tls_b], &ns);
+        assert_eq!(
+            reason(&checks, "OneTLSSecretPerIssuerHostname"),
+            "DifferentSecretRefsFound"
+        );
+
+        // Legacy mode: with two identity providers, none is chosen.
+        let legacy = fd("legacy", "https://sso.example.com/z", serde_json::json!([]));
+        let (checks, upstreams) = check(&legacy, std::slice::from_ref(&legacy), &ns);
+        assert_eq!(
+            reason(&checks, "IdentityProvidersFound"),
+            "IdentityProviderNotSpecified"
+        );
+        assert!(upstreams.is_none());
+        let (checks, upstreams) = check(
+            &legacy,
+            std::slice::from_ref(&legacy),
+            &namespace(&[("OIDCIdentityProvider", "dex")]),
+        );
+        assert_eq!(
+            reason(&checks, "IdentityProvidersFound"),
+            "LegacyConfigurationSuccess"
+        );
+        assert_eq!(upstreams.unwrap()[0].display_name(), "dex");
+    }
+
+    #[test]
+    fn transforms_are_refused_until_they_are_evaluated() {
+        let with_policy = fd(
+            "p",
+            "https://sso.example.com/p",
+            serde_json::json!([{
+                "displayName": "Corp",
+                "objectRef": {"apiGroup": GROUP, "kind": "OIDCIdentityProvider", "name": "dex"},
+                "transforms": {"expressions": [{"type": "policy/v1", "expression": "username != 'mallory'"}]},
+            }]),
+        );
+        let (checks, upstreams) = check(
+            &with_policy,
+            std::slice::from_ref(&with_policy),
+            &namespace(&[("OIDCIdentityProvider", "dex")]),
+        );
+        assert_eq!(
+            reason(&checks, "TransformsExpressionsValid"),
+            "InvalidTransformsExpressions"
+        );
+        assert!(upstreams.is_none(), "a policy must never be skipped");
+    }
+}
