@@ -9,8 +9,8 @@
 //!
 //! The request's thread never writes to stdout itself: a pingora worker that blocked on a full
 //! pipe (a slow log collector) would stall every request it serves. Lines go through a bounded
-//! queue ([`QUEUE_LINES`]) to one writer thread, which writes them in batches, resting
-//! [`BATCH_INTERVAL`] between batches so that queuing a line wakes no thread. When the queue is
+//! buffer ([`QUEUE_LINES`]) that one writer thread takes and writes every [`BATCH_INTERVAL`], so
+//! that queuing a line wakes no thread and allocates nothing. When the buffer is
 //! full the line is dropped and counted, and the writer reports how many it lost with a warning
 //! once stdout has caught up. [`flush`] waits (bounded) until the queued lines are written; the
 //! process calls it before it exits.
@@ -23,8 +23,7 @@ use std::{
     io::Write,
     sync::{
         atomic::{AtomicU64, Ordering},
-        mpsc::{self, Receiver, SyncSender, TrySendError},
-        Arc, OnceLock,
+        Arc, Condvar, Mutex, OnceLock, PoisonError,
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -61,6 +60,8 @@ pub const AUDIT_TARGET: &str = "selkie::audit";
 
 thread_local! {
     static CLOCK: RefCell<SecondCache> = RefCell::new(SecondCache::default());
+    /// The line being formatted, reused for every request of the thread.
+    static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(320));
 }
 
 /// Most audit lines waiting for stdout at once (a few MiB at most); more are dropped and counted.
@@ -68,11 +69,11 @@ pub const QUEUE_LINES: usize = 16_384;
 
 /// Bytes the writer thread gathers into one `write`.
 const BATCH_BYTES: usize = 64 * 1024;
-/// How long the writer rests after each batch. While it rests, queuing a line is a plain channel
-/// push that wakes no thread, so under load the writer wakes once per interval for a whole batch
-/// instead of once per request: per-line wake-ups (a futex and a context switch per request, on
-/// the proxy's own core) cost S0 about 15 µs of CPU per request (`perf/results/issue15-after.md`).
-/// A line reaches stdout at most this much later.
+/// How often the writer takes the waiting lines. A request thread only appends its line to a
+/// shared buffer and wakes no one, so under load the writer wakes once per interval for a whole
+/// batch: a wake-up per line (a futex and a context switch per request, on the proxy's own core)
+/// cost S0 about 15 µs of CPU per request (`perf/results/issue15-after.md`). A line reaches
+/// stdout at most this much later.
 pub const BATCH_INTERVAL: Duration = Duration::from_millis(10);
 
 /// `YYYY-MM-DDTHH:MM:SS` of one Unix second, formatted once.
@@ -94,97 +95,139 @@ impl SecondCache {
     }
 }
 
-/// What the writer thread is asked to do.
-enum Message {
-    /// Write this line.
-    Line(Vec<u8>),
-    /// Write everything queued before this, flush the sink, then answer.
-    Flush(mpsc::Sender<()>),
+/// What the request threads and the writer thread share.
+struct Shared {
+    state: Mutex<Pending>,
+    /// Wakes the writer before its interval is over (a flush, or the end).
+    wake: Condvar,
+    /// Wakes flushers once a batch is written.
+    written: Condvar,
+    /// Lines dropped because the buffer was full.
+    dropped: AtomicU64,
 }
 
-/// The queue to the writer thread.
+/// The lines waiting for the writer, and how far it has got.
+#[derive(Default)]
+struct Pending {
+    /// The waiting lines, one after the other.
+    buffer: Vec<u8>,
+    /// How many lines `buffer` holds.
+    lines: usize,
+    /// Lines accepted so far, in all.
+    accepted: u64,
+    /// Lines written (and the sink flushed) so far, in all.
+    done: u64,
+    /// A flush is waiting.
+    flush_requested: bool,
+    /// The writer is being dropped: write what is left and end.
+    closing: bool,
+}
+
+/// The handle of the writer thread.
 struct Writer {
-    queue: SyncSender<Message>,
-    /// Lines dropped because the queue was full (or the writer gone).
-    dropped: Arc<AtomicU64>,
+    shared: Arc<Shared>,
+    capacity: usize,
 }
 
 impl Writer {
-    /// Starts a writer thread that writes to `sink`, with room for `capacity` queued lines.
+    /// Starts a writer thread that writes to `sink`, with room for `capacity` waiting lines.
     fn spawn(sink: impl Write + Send + 'static, capacity: usize) -> Self {
-        let (queue, lines) = mpsc::sync_channel(capacity);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let counter = dropped.clone();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(Pending::default()),
+            wake: Condvar::new(),
+            written: Condvar::new(),
+            dropped: AtomicU64::new(0),
+        });
+        let thread_shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("selkie-audit".into())
-            .spawn(move || write_lines(sink, &lines, &counter));
+            .spawn(move || write_lines(sink, &thread_shared));
         if let Err(error) = spawned {
             tracing::error!(%error, "the audit writer thread could not start; audit lines are dropped");
         }
-        Self { queue, dropped }
+        Self { shared, capacity }
     }
 
-    /// Queues `line` without ever waiting; counts it as dropped when the queue is full.
-    fn submit(&self, line: Vec<u8>) {
-        match self.queue.try_send(Message::Line(line)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+    /// Appends `line` for the writer without ever waiting for the sink (a short lock, a copy, no
+    /// allocation once the buffer has grown, no thread woken); counts it as dropped when
+    /// `capacity` lines are already waiting.
+    fn submit(&self, line: &[u8]) {
+        let mut pending = self.shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.lines >= self.capacity {
+            drop(pending);
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        pending.buffer.extend_from_slice(line);
+        pending.lines += 1;
+        pending.accepted += 1;
     }
 
-    /// Waits until every line queued before the call is written and the sink flushed, at most
+    /// Waits until every line accepted before the call is written and the sink flushed, at most
     /// `timeout`. False when that did not happen in time.
     fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let (done, written) = mpsc::channel();
-        let mut message = Message::Flush(done);
-        loop {
-            match self.queue.try_send(message) {
-                Ok(()) => break,
-                Err(TrySendError::Disconnected(_)) => return false,
-                Err(TrySendError::Full(back)) => {
-                    if Instant::now() >= deadline {
-                        return false;
-                    }
-                    message = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+        let mut pending = self.shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let target = pending.accepted;
+        pending.flush_requested = true;
+        self.shared.wake.notify_one();
+        while pending.done < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
             }
+            pending = self
+                .shared
+                .written
+                .wait_timeout(pending, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
-        written
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .is_ok()
+        true
     }
 }
 
-/// The writer thread: gathers queued lines into batches, writes each with one `write_all`, and
-/// reports lines dropped since the last report. Ends when every sender is gone.
-fn write_lines(mut sink: impl Write, lines: &Receiver<Message>, dropped: &AtomicU64) {
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let mut pending = self.shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.closing = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+/// The writer thread: every [`BATCH_INTERVAL`] (or at once for a flush), takes every waiting
+/// line, writes them with one `write_all`, and reports lines dropped since the last report.
+/// Ends when its [`Writer`] is dropped.
+fn write_lines(mut sink: impl Write, shared: &Shared) {
     let mut batch = Vec::with_capacity(BATCH_BYTES);
     let mut reported = 0;
-    while let Ok(first) = lines.recv() {
-        let mut acks = Vec::new();
-        let mut next = Some(first);
-        while let Some(message) = next.take() {
-            match message {
-                Message::Line(line) => batch.extend_from_slice(&line),
-                Message::Flush(ack) => acks.push(ack),
-            }
-            if batch.len() < BATCH_BYTES {
-                next = lines.try_recv().ok();
-            }
+    loop {
+        let (upto, closing) = {
+            let pending = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let (mut pending, _) = shared
+                .wake
+                .wait_timeout_while(pending, BATCH_INTERVAL, |pending| {
+                    !pending.flush_requested && !pending.closing
+                })
+                .unwrap_or_else(PoisonError::into_inner);
+            std::mem::swap(&mut pending.buffer, &mut batch);
+            pending.lines = 0;
+            pending.flush_requested = false;
+            (pending.accepted, pending.closing)
+        };
+        if !batch.is_empty() {
+            // A failed write is dropped, as tracing-subscriber drops it: the requests it
+            // describes have been answered.
+            let _ = sink.write_all(&batch);
+            let _ = sink.flush();
+            batch.clear();
         }
-        // A failed write is dropped, as tracing-subscriber drops it: the requests it describes
-        // have been answered.
-        let _ = sink.write_all(&batch);
-        let _ = sink.flush();
-        batch.clear();
-        for ack in acks {
-            let _ = ack.send(());
+        {
+            let mut pending = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            pending.done = upto;
         }
-        let now_dropped = dropped.load(Ordering::Relaxed);
+        shared.written.notify_all();
+        let now_dropped = shared.dropped.load(Ordering::Relaxed);
         if now_dropped > reported {
             tracing::warn!(
                 dropped = now_dropped - reported,
@@ -192,7 +235,9 @@ fn write_lines(mut sink: impl Write, lines: &Receiver<Message>, dropped: &Atomic
             );
             reported = now_dropped;
         }
-        std::thread::sleep(BATCH_INTERVAL);
+        if closing {
+            return;
+        }
     }
 }
 
@@ -215,9 +260,18 @@ pub fn emit(record: &AuditRecord<'_>) {
         // Re-entrant (impossible today: nothing here logs): format without the cache.
         Err(_) => format_second(now.as_secs()),
     });
-    let mut line = Vec::with_capacity(320);
-    write_line(&mut line, &date, now.subsec_micros(), record);
-    writer().submit(line);
+    LINE.with(|line| match line.try_borrow_mut() {
+        Ok(mut line) => {
+            line.clear();
+            write_line(&mut line, &date, now.subsec_micros(), record);
+            writer().submit(&line);
+        }
+        Err(_) => {
+            let mut line = Vec::with_capacity(320);
+            write_line(&mut line, &date, now.subsec_micros(), record);
+            writer().submit(&line);
+        }
+    });
 }
 
 /// Waits until every audit line emitted so far is on stdout, at most `timeout`; true when it
@@ -349,6 +403,8 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::mpsc::{self, Receiver};
+
     use proptest::prelude::*;
     use serde_json::Value;
 
@@ -430,7 +486,7 @@ mod tests {
     /// A sink that takes nothing until it is opened, then keeps what it is given.
     struct Gate {
         opened: Option<Receiver<()>>,
-        written: Arc<std::sync::Mutex<Vec<u8>>>,
+        written: Arc<Mutex<Vec<u8>>>,
     }
 
     impl Write for Gate {
@@ -450,7 +506,7 @@ mod tests {
     #[test]
     fn a_stalled_stdout_never_blocks_a_request_and_lost_lines_are_counted() {
         let (open, opened) = mpsc::channel();
-        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let written = Arc::new(Mutex::new(Vec::new()));
         let writer = Writer::spawn(
             Gate {
                 opened: Some(opened),
@@ -460,14 +516,14 @@ mod tests {
         );
         let started = Instant::now();
         for n in 0..1_000 {
-            writer.submit(format!("{n}\n").into_bytes());
+            writer.submit(format!("{n}\n").as_bytes());
         }
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "submitting waited for the stalled sink: {:?}",
             started.elapsed()
         );
-        let dropped = writer.dropped.load(Ordering::Relaxed);
+        let dropped = writer.shared.dropped.load(Ordering::Relaxed);
         assert!(
             dropped >= 1_000 - 8 - 1,
             "at most the queue and one line in hand: {dropped}"
@@ -489,7 +545,7 @@ mod tests {
 
     #[test]
     fn flush_waits_for_the_lines_before_it() {
-        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let written = Arc::new(Mutex::new(Vec::new()));
         let writer = Writer::spawn(
             Gate {
                 opened: None,
@@ -498,7 +554,7 @@ mod tests {
             QUEUE_LINES,
         );
         for n in 0..100 {
-            writer.submit(format!("{n}\n").into_bytes());
+            writer.submit(format!("{n}\n").as_bytes());
         }
         assert!(writer.flush(Duration::from_secs(5)));
         assert_eq!(
