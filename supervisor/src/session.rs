@@ -59,6 +59,26 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// A new login's request ID, as fosite makes one for Pinniped: a random (version 4) UUID in its
+/// lowercase hyphenated form, so it is always a valid label value. `None` only when the system's
+/// random source fails.
+pub fn new_request_id() -> Option<String> {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    ))
+}
+
 /// One login, from the authorization code on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {
@@ -101,5 +121,36 @@ impl Session {
     /// Whether the session is over at `now`.
     pub fn expired_at(&self, now: OffsetDateTime) -> bool {
         now.unix_timestamp() >= self.expires_at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_version_4_uuids_and_valid_label_values() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..2000 {
+            let id = new_request_id().expect("random source");
+            assert_eq!(id.len(), 36, "{id}");
+            let groups: Vec<&str> = id.split('-').collect();
+            assert_eq!(
+                groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+                [8, 4, 4, 4, 12],
+                "{id}"
+            );
+            assert!(
+                id.bytes()
+                    .all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "{id}"
+            );
+            assert!(groups[2].starts_with('4'), "{id}");
+            assert!(
+                matches!(groups[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'),
+                "{id}"
+            );
+            assert!(seen.insert(id));
+        }
     }
 }

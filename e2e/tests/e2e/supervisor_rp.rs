@@ -100,8 +100,9 @@ async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Resu
         .to_string();
     anyhow::ensure!(
         location.starts_with(&format!("{REDIRECT}?code=")),
-        "{}: {location}",
-        response.status
+        "{}: {location}\n{}",
+        response.status,
+        supervisor.log()
     );
     let mut stdin = rp.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?;
     stdin.write_all(format!("{location}\n").as_bytes()).await?;

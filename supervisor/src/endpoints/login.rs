@@ -399,8 +399,10 @@ async fn issue_code(
         })
     };
     let now = OffsetDateTime::now_utc();
-    let (Ok(code), Some(request_id)) = (issuer.token_key.mint(Kind::AuthorizationCode), random_string())
-    else {
+    let (Ok(code), Some(request_id)) = (
+        issuer.token_key.mint(Kind::AuthorizationCode),
+        session::new_request_id(),
+    ) else {
         return back(OAuthError::new(Code::ServerError, ""));
     };
     let scopes = granted_scopes(request);
