@@ -214,6 +214,9 @@ spec:
             .await?;
 
         config_doc["listen"] = serde_json::json!({"https": format!("127.0.0.1:{port}")});
+        // Expired sessions go within seconds, so tests observe the collector (and every test's
+        // live sessions run beside it).
+        config_doc["sessionGarbageCollectionInterval"] = serde_json::json!("1s");
         let config = dir.path().join("supervisor.yaml");
         std::fs::write(&config, config_doc.to_string())
             .map_err(|e| HarnessError::io("writing the Supervisor's configuration", e))?;

@@ -27,6 +27,12 @@ pub struct Discovery {
     pub token_endpoint: String,
     /// `jwks_uri`.
     pub jwks_uri: String,
+    /// `userinfo_endpoint` (OIDC Core §5.3), empty when the issuer has none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub userinfo_endpoint: String,
+    /// `revocation_endpoint` (RFC 7009, announced as RFC 8414 §2 says), empty when none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub revocation_endpoint: String,
     /// `response_modes_supported`.
     #[serde(default)]
     pub response_modes_supported: Vec<String>,

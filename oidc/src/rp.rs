@@ -102,6 +102,18 @@ pub enum OidcError {
     Random,
 }
 
+impl OidcError {
+    /// Whether the same request may succeed later: the server could not be reached, timed out,
+    /// or answered 429 or a 5xx status. Refusals (4xx) and malformed answers are final.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Request { .. } | Self::Discovery { .. } => true,
+            Self::TokenEndpoint { status, .. } => *status == 429 || *status >= 500,
+            _ => false,
+        }
+    }
+}
+
 /// A discovered issuer and an HTTP client that trusts it.
 pub struct Provider {
     /// The issuer URL as given.
@@ -265,6 +277,25 @@ impl ClientConfig {
     }
 }
 
+/// What kind of token [`Provider::revoke`] revokes (RFC 7009 `token_type_hint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenTypeHint {
+    /// A refresh token.
+    RefreshToken,
+    /// An access token.
+    AccessToken,
+}
+
+impl TokenTypeHint {
+    /// The wire value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RefreshToken => "refresh_token",
+            Self::AccessToken => "access_token",
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct TokenResponse {
     #[serde(default)]
@@ -387,7 +418,9 @@ impl Provider {
             .append_pair("grant_type", "authorization_code")
             .append_pair("redirect_uri", redirect_uri)
             .finish();
-        let response = self.token_request(what, config, body).await?;
+        let response = self
+            .form_request(what, &self.discovery.token_endpoint, config, body)
+            .await?;
         self.tokens(what, config, response, Some(&params.nonce), true)
             .await
     }
@@ -400,7 +433,9 @@ impl Provider {
             .append_pair("grant_type", "refresh_token")
             .append_pair("refresh_token", refresh_token)
             .finish();
-        let response = self.token_request(what, config, body).await?;
+        let response = self
+            .form_request(what, &self.discovery.token_endpoint, config, body)
+            .await?;
         let mut tokens = self.tokens(what, config, response, None, false).await?;
         if tokens.refresh.is_none() {
             tokens.refresh = Some(RefreshToken {
@@ -424,8 +459,82 @@ impl Provider {
             .append_pair("scope", &config.scopes.join(" "))
             .append_pair("username", username)
             .finish();
-        let response = self.token_request(what, config, body).await?;
+        let response = self
+            .form_request(what, &self.discovery.token_endpoint, config, body)
+            .await?;
         self.tokens(what, config, response, None, true).await
+    }
+
+    /// RFC 7009: asks the issuer to revoke `token`, an upstream refresh or access token
+    /// (`hint`). Returns `false`, having sent nothing, when the issuer announced no
+    /// `revocation_endpoint`; `true` once it answered 200 (which RFC 7009 also answers for a token
+    /// it no longer knows). Fails with [`OidcError::Request`] when it cannot be reached and
+    /// [`OidcError::TokenEndpoint`] for any other status; [`OidcError::is_retryable`] tells
+    /// whether trying again later may help.
+    pub async fn revoke(
+        &self,
+        config: &ClientConfig,
+        token: &str,
+        hint: TokenTypeHint,
+    ) -> Result<bool, OidcError> {
+        if self.discovery.revocation_endpoint.is_empty() {
+            return Ok(false);
+        }
+        let what = match hint {
+            TokenTypeHint::RefreshToken => "revoking the upstream refresh token",
+            TokenTypeHint::AccessToken => "revoking the upstream access token",
+        };
+        let body = form_urlencoded::Serializer::new(String::new())
+            .append_pair("token", token)
+            .append_pair("token_type_hint", hint.as_str())
+            .finish();
+        self.form_request(what, &self.discovery.revocation_endpoint, config, body)
+            .await?;
+        Ok(true)
+    }
+
+    /// OIDC Core §5.3: the claims the issuer's `userinfo_endpoint` returns for `access_token`
+    /// (JSON answers only). Fails when the issuer has no userinfo endpoint, cannot be reached,
+    /// refuses the token (any status but 200), or answers something other than a JSON object
+    /// with a `sub`.
+    pub async fn userinfo(&self, access_token: &str) -> Result<Map<String, Value>, OidcError> {
+        let what = "reading the userinfo endpoint";
+        let bad = |reason: &str| OidcError::BadTokenResponse {
+            what,
+            reason: reason.to_string(),
+        };
+        if self.discovery.userinfo_endpoint.is_empty() {
+            return Err(bad("the issuer has no userinfo_endpoint"));
+        }
+        let mut bearer = http::HeaderValue::from_str(&format!("Bearer {access_token}"))
+            .map_err(|_| bad("the access token cannot be sent in an HTTP header"))?;
+        bearer.set_sensitive(true);
+        let response = self
+            .client
+            .send(
+                http::Method::GET,
+                &self.discovery.userinfo_endpoint,
+                &[(http::header::AUTHORIZATION, bearer), accept_json()],
+                bytes::Bytes::new(),
+                MAX_ANSWER_BYTES,
+                Some(HTTP_TIMEOUT),
+            )
+            .await
+            .map_err(|cause| OidcError::Request { what, cause })?;
+        if response.status != http::StatusCode::OK {
+            return Err(OidcError::TokenEndpoint {
+                what,
+                status: response.status.as_u16(),
+                error: "(the access token was not accepted)".into(),
+                description: String::new(),
+            });
+        }
+        let claims: Map<String, Value> =
+            serde_json::from_slice(&response.body).map_err(|_| bad("the answer is not a JSON object"))?;
+        if !claims.get("sub").is_some_and(Value::is_string) {
+            return Err(bad("the answer has no sub"));
+        }
+        Ok(claims)
     }
 
     /// The Supervisor's `cli_password` authorize request: credentials in headers, the code in
@@ -516,7 +625,9 @@ impl Provider {
                 "urn:ietf:params:oauth:token-type:access_token",
             )
             .finish();
-        let response = self.token_request(what, config, body).await?;
+        let response = self
+            .form_request(what, &self.discovery.token_endpoint, config, body)
+            .await?;
         let answer: TokenResponse =
             serde_json::from_slice(&response.body).map_err(|e| OidcError::BadTokenResponse {
                 what,
@@ -539,9 +650,13 @@ impl Provider {
 
     /// POSTs the form `body` to the token endpoint as `config`'s client: its `client_id` added to
     /// the form, or, with a secret, HTTP Basic authentication.
-    async fn token_request(
+    /// POSTs the form `body` to `endpoint` as `config`'s client (HTTP Basic for a confidential
+    /// client, `client_id` in the form for a public one). Returns the 200 answer; any other status
+    /// is [`OidcError::TokenEndpoint`] with the OAuth 2.0 error the answer names.
+    async fn form_request(
         &self,
         what: &'static str,
+        endpoint: &str,
         config: &ClientConfig,
         body: String,
     ) -> Result<Response, OidcError> {
@@ -577,7 +692,7 @@ impl Provider {
             .client
             .send(
                 http::Method::POST,
-                &self.discovery.token_endpoint,
+                endpoint,
                 &headers,
                 body.into(),
                 MAX_ANSWER_BYTES,
@@ -873,7 +988,7 @@ mod tests {
                 token_endpoint: format!("{issuer}/token"),
                 jwks_uri: format!("{issuer}/keys"),
                 response_modes_supported: vec!["query".into(), "form_post".into()],
-                supervisor: None,
+                ..Discovery::default()
             },
             client: HttpsClient::new(&TlsOptions::default()).unwrap(),
             jwks: ArcSwapOption::from_pointee(jwks),

@@ -41,6 +41,9 @@ pub struct SupervisorConfig {
     /// A kubeconfig to reach kube-apiserver with (outside a cluster).
     #[serde(default)]
     pub kubeconfig: Option<PathBuf>,
+    /// How often the leader deletes expired sessions (a Go duration, `1s` … `1h`; default `1m`).
+    #[serde(default)]
+    pub session_garbage_collection_interval: Option<String>,
 }
 
 /// Where the Supervisor listens.
@@ -107,7 +110,25 @@ impl SupervisorConfig {
                 )));
             }
         }
+        config.garbage_collection_interval()?;
         Ok(config)
+    }
+
+    /// How often expired sessions are collected: `sessionGarbageCollectionInterval`, whole and
+    /// between a second and an hour, or [`crate::gc::DEFAULT_INTERVAL`].
+    pub fn garbage_collection_interval(&self) -> Result<std::time::Duration, ConfigError> {
+        let Some(text) = &self.session_garbage_collection_interval else {
+            return Ok(crate::gc::DEFAULT_INTERVAL);
+        };
+        let invalid = |reason: String| {
+            ConfigError::Invalid(format!("sessionGarbageCollectionInterval {text:?}: {reason}"))
+        };
+        let parsed = selkie_api::duration::parse(text).map_err(|e| invalid(e.to_string()))?;
+        let range = std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(3600);
+        if parsed.negative || !range.contains(&parsed.magnitude) {
+            return Err(invalid("must be between 1s and 1h".into()));
+        }
+        Ok(parsed.magnitude)
     }
 
     /// `<apiGroupSuffix>`-suffixed API group of `group` (written with `pinniped.dev`).
@@ -151,5 +172,24 @@ mod tests {
         assert!(error.to_string().contains("not a loopback address"), "{error}");
         assert!(SupervisorConfig::parse("namespace: Not_A_Label\n").is_err());
         assert!(SupervisorConfig::parse("namespace: sso\nunknown: 1\n").is_err());
+        assert_eq!(
+            config.garbage_collection_interval().unwrap(),
+            crate::gc::DEFAULT_INTERVAL
+        );
+        let fast = SupervisorConfig::parse("namespace: sso\nsessionGarbageCollectionInterval: 2s\n").unwrap();
+        assert_eq!(
+            fast.garbage_collection_interval().unwrap(),
+            std::time::Duration::from_secs(2)
+        );
+        for bad in ["0s", "2h", "soon", "-5s"] {
+            let error = SupervisorConfig::parse(&format!(
+                "namespace: sso\nsessionGarbageCollectionInterval: {bad}\n"
+            ))
+            .unwrap_err();
+            assert!(
+                error.to_string().contains("sessionGarbageCollectionInterval"),
+                "{error}"
+            );
+        }
     }
 }

@@ -493,7 +493,8 @@ impl Controller {
         });
 
         let fingerprint = format!(
-            "{}|{}|{:?}|{}",
+            "{}|{}|{}|{:?}|{}",
+            idp.metadata.uid.as_deref().unwrap_or_default(),
             idp.metadata.generation.unwrap_or_default(),
             idp.spec.issuer,
             tls.ca_bundle_pem,
@@ -553,7 +554,9 @@ impl Controller {
         ));
         let authorization = &idp.spec.authorization_config;
         let upstream = Arc::new(Upstream::Oidc(OidcUpstream {
-            display_name: name,
+            display_name: name.clone(),
+            resource_name: name,
+            resource_uid: idp.metadata.uid.clone().unwrap_or_default(),
             provider: Arc::new(provider),
             client: ClientConfig {
                 client_id,
@@ -684,6 +687,8 @@ impl OidcUpstream {
     pub fn with_display_name(&self, display_name: &str) -> Self {
         Self {
             display_name: display_name.to_string(),
+            resource_name: self.resource_name.clone(),
+            resource_uid: self.resource_uid.clone(),
             provider: self.provider.clone(),
             client: self.client.clone(),
             additional_authorize_parameters: self.additional_authorize_parameters.clone(),

@@ -390,6 +390,8 @@ mod tests {
         };
         Arc::new(Upstream::Oidc(OidcUpstream {
             display_name: name.into(),
+            resource_name: name.into(),
+            resource_uid: String::new(),
             provider: Arc::new(Provider::from_discovery(discovery, &TlsOptions::default()).unwrap()),
             client: ClientConfig::public("c", Vec::new()),
             additional_authorize_parameters: Vec::new(),

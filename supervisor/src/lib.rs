@@ -30,6 +30,7 @@ pub mod controller;
 pub mod discovery;
 pub mod endpoints;
 pub mod federation_domain;
+pub mod gc;
 pub mod id_token;
 pub mod issuer;
 pub mod keys;

@@ -12,14 +12,12 @@ use selkie_supervisor::{
     config::SupervisorConfig,
     controller::{Controller, Outputs},
     endpoints::Endpoints,
+    gc,
     issuer::Issuers,
     server,
     store::Store,
 };
 use tokio::sync::watch;
-
-/// How often expired sessions are deleted.
-const GARBAGE_COLLECTION_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -75,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
         client.clone(),
         config.clone(),
         Outputs {
-            issuers,
+            issuers: issuers.clone(),
             serving: serving.clone(),
         },
         leader_receiver.clone(),
@@ -92,17 +90,25 @@ async fn main() -> anyhow::Result<()> {
     });
     tasks.spawn(async move { Ok(controller.run().await?) });
     {
-        let (store, leader) = (store.clone(), leader_receiver.clone());
+        let (store, leader, issuers) = (store.clone(), leader_receiver.clone(), issuers.clone());
+        let interval = config.garbage_collection_interval()?;
         tasks.spawn(async move {
             loop {
-                tokio::time::sleep(GARBAGE_COLLECTION_INTERVAL).await;
+                tokio::time::sleep(interval).await;
                 if !*leader.borrow() {
                     continue;
                 }
-                match store.collect_garbage(time::OffsetDateTime::now_utc()).await {
-                    Ok(0) => {}
-                    Ok(deleted) => tracing::info!(deleted, "deleted expired session Secrets"),
-                    Err(error) => tracing::warn!(%error, "collecting expired sessions failed"),
+                let issuers = issuers.load_full();
+                match gc::sweep(&store, &issuers, time::OffsetDateTime::now_utc()).await {
+                    Ok(sweep) if sweep == gc::Sweep::default() => {}
+                    Ok(sweep) => tracing::info!(
+                        deleted = sweep.deleted,
+                        revoked = sweep.revoked,
+                        retrying = sweep.retrying,
+                        failed = sweep.failed,
+                        "session garbage collection"
+                    ),
+                    Err(error) => tracing::warn!(%error, "listing expired sessions failed"),
                 }
             }
         });

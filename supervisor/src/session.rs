@@ -37,6 +37,13 @@ pub struct Upstream {
     pub idp_name: String,
     /// Its type (`oidc`, ...).
     pub idp_type: String,
+    /// The identity provider resource's name (the garbage collector finds it by name and UID to
+    /// revoke the upstream tokens).
+    #[serde(default)]
+    pub provider_name: String,
+    /// The identity provider resource's UID.
+    #[serde(default)]
+    pub provider_uid: String,
     /// The upstream issuer (OIDC).
     pub issuer: String,
     /// The upstream `sub`.

@@ -44,6 +44,20 @@ pub enum Resource {
 }
 
 impl Resource {
+    /// Every resource.
+    pub const ALL: [Self; 5] = [
+        Self::AuthCode,
+        Self::AccessToken,
+        Self::RefreshToken,
+        Self::Pkce,
+        Self::Oidc,
+    ];
+
+    /// The resource named `label` (a `storage.pinniped.dev/type` value), if it is one.
+    pub fn from_label(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|resource| resource.as_str() == label)
+    }
+
     /// Pinniped's name for it, used in the Secret's name, type and label.
     pub fn as_str(self) -> &'static str {
         match self {

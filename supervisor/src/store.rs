@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams, Preconditions},
     Api,
 };
 use time::OffsetDateTime;
@@ -168,25 +168,36 @@ impl Store {
         Ok(deleted)
     }
 
-    /// Deletes every storage Secret whose garbage-collect-after time is before `now`. Returns how
-    /// many were deleted.
-    pub async fn collect_garbage(&self, now: OffsetDateTime) -> Result<usize, StoreError> {
+    /// Every storage Secret whose garbage-collect-after time is before `now` (one list call).
+    pub async fn collectable(&self, now: OffsetDateTime) -> Result<Vec<Secret>, StoreError> {
         let found = self
             .secrets
             .list(&ListParams::default().labels(TYPE_LABEL))
             .await?;
-        let mut deleted = 0;
-        for secret in found.items {
-            let expired = garbage_collect_after(&secret).is_some_and(|after| after < now);
-            let Some(name) = secret.metadata.name.filter(|_| expired) else {
-                continue;
-            };
-            match self.secrets.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => deleted += 1,
-                Err(error) if is_status(&error, 404) => {}
-                Err(error) => return Err(error.into()),
-            }
+        Ok(found
+            .items
+            .into_iter()
+            .filter(|secret| garbage_collect_after(secret).is_some_and(|after| after < now))
+            .collect())
+    }
+
+    /// Deletes `secret` if it is still the object that was read (same UID and resourceVersion,
+    /// as preconditions of the delete). `Ok(false)` when it is gone or was changed meanwhile.
+    pub async fn delete_unchanged(&self, secret: &Secret) -> Result<bool, StoreError> {
+        let Some(name) = secret.metadata.name.as_deref() else {
+            return Ok(false);
+        };
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: secret.metadata.uid.clone(),
+                resource_version: secret.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.secrets.delete(name, &params).await {
+            Ok(_) => Ok(true),
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+            Err(error) => Err(error.into()),
         }
-        Ok(deleted)
     }
 }

@@ -8,12 +8,15 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use selkie_oidc::rp::{ClientConfig, Provider};
+use selkie_oidc::rp::{ClientConfig, Provider, Tokens};
 use serde_json::{Map, Value};
 
 use selkie_api::supervisor_oidc::{IDPFlow, IDPType};
 
-use crate::{session::Identity, subject};
+use crate::{
+    session::{self, Identity},
+    subject,
+};
 
 /// A configured upstream identity provider.
 #[derive(Debug)]
@@ -53,6 +56,10 @@ impl Upstream {
 pub struct OidcUpstream {
     /// Its display name in the FederationDomain.
     pub display_name: String,
+    /// The OIDCIdentityProvider's name (sessions record it, to find the upstream again).
+    pub resource_name: String,
+    /// The OIDCIdentityProvider's UID (a recreated resource of the same name is another upstream).
+    pub resource_uid: String,
     /// The discovered issuer (shared by the FederationDomains that list it, with its key cache).
     pub provider: Arc<Provider>,
     /// The Supervisor's client registration there, and the scopes it asks for.
@@ -70,6 +77,45 @@ pub struct OidcUpstream {
 }
 
 impl OidcUpstream {
+    /// What a successful upstream login (`tokens`, from the code or the password grant) makes of
+    /// the user: their downstream identity and what the session keeps of the upstream. The
+    /// session keeps the upstream refresh token, or, when the upstream issued none, its access
+    /// token if it has a userinfo endpoint to check it at on refresh (Pinniped's rule); with
+    /// neither the login is refused, since the session could never be checked again. The error
+    /// is the reason of an `access_denied`.
+    pub fn login(&self, tokens: Tokens) -> Result<(Identity, session::Upstream), String> {
+        let Some(id_token) = tokens.id else {
+            return Err("Reason: the upstream identity provider returned no ID token.".into());
+        };
+        let (identity, upstream_subject) = self.identity(&id_token.claims)?;
+        let (refresh_token, access_token) = match (tokens.refresh, tokens.access) {
+            (Some(refresh), _) => (Some(refresh.token), None),
+            (None, Some(access)) if !self.provider.discovery.userinfo_endpoint.is_empty() => {
+                (None, Some(access.token))
+            }
+            (None, _) => {
+                return Err(
+                    "Reason: the upstream identity provider returned no refresh token, and no access \
+                     token with a userinfo endpoint to check it at; the session could not be refreshed."
+                        .into(),
+                )
+            }
+        };
+        Ok((
+            identity,
+            session::Upstream {
+                idp_name: self.display_name.clone(),
+                idp_type: "oidc".into(),
+                provider_name: self.resource_name.clone(),
+                provider_uid: self.resource_uid.clone(),
+                issuer: self.provider.discovery.issuer.clone(),
+                subject: upstream_subject,
+                refresh_token,
+                access_token,
+            },
+        ))
+    }
+
     /// The downstream identity of a user with these (validated) upstream ID token claims, and
     /// their upstream `sub`. The error is the reason of an `access_denied`, in Pinniped's words.
     pub fn identity(&self, claims: &Map<String, Value>) -> Result<(Identity, String), String> {

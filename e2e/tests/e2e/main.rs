@@ -30,6 +30,7 @@ mod supervisor_install;
 mod supervisor_login;
 mod supervisor_oauth;
 mod supervisor_rp;
+mod supervisor_sessions;
 mod token_review;
 mod x509_identity;
 

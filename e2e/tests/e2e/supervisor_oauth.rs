@@ -17,10 +17,10 @@ use selkie_oidc::https::{HttpsClient, Response};
 use serde_json::Value;
 use sha2::Digest as _;
 
-const PASSWORD: &str = "seal-of-approval";
-const IDP_NAME: &str = "Dex Users";
-const REDIRECT: &str = "http://127.0.0.1:48123/callback";
-const VERIFIER: &str = "a-verifier-of-enough-length-0123456789-abcdefghijkl";
+pub(crate) const PASSWORD: &str = "seal-of-approval";
+pub(crate) const IDP_NAME: &str = "Dex Users";
+pub(crate) const REDIRECT: &str = "http://127.0.0.1:48123/callback";
+pub(crate) const VERIFIER: &str = "a-verifier-of-enough-length-0123456789-abcdefghijkl";
 
 fn challenge() -> String {
     URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(VERIFIER.as_bytes()))
@@ -28,7 +28,7 @@ fn challenge() -> String {
 
 /// The authorize URL of `issuer` (with `base` as scheme and authority) and the good parameters,
 /// minus `without`, plus `extra`.
-fn authorize_url(base: &str, path: &str, without: &[&str], extra: &[(&str, &str)]) -> String {
+pub(crate) fn authorize_url(base: &str, path: &str, without: &[&str], extra: &[(&str, &str)]) -> String {
     let challenge = challenge();
     let mut params: Vec<(&str, &str)> = vec![
         ("client_id", "pinniped-cli"),
@@ -52,7 +52,7 @@ fn authorize_url(base: &str, path: &str, without: &[&str], extra: &[(&str, &str)
     format!("{base}{path}/oauth2/authorize?{query}")
 }
 
-async fn get(
+pub(crate) async fn get(
     client: &HttpsClient,
     url: &str,
     password: Option<&str>,
@@ -82,7 +82,7 @@ async fn get(
 }
 
 /// The parameters of a redirect's Location, after checking it goes to `REDIRECT`.
-fn redirected(response: &Response) -> anyhow::Result<Vec<(String, String)>> {
+pub(crate) fn redirected(response: &Response) -> anyhow::Result<Vec<(String, String)>> {
     anyhow::ensure!(
         response.status == 303,
         "expected a redirect, got {}: {:?}",
@@ -96,11 +96,15 @@ fn redirected(response: &Response) -> anyhow::Result<Vec<(String, String)>> {
     Ok(form_urlencoded::parse(query.as_bytes()).into_owned().collect())
 }
 
-fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
     params.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
-async fn token(client: &HttpsClient, url: &str, form: &[(&str, &str)]) -> anyhow::Result<(u16, Value)> {
+pub(crate) async fn token(
+    client: &HttpsClient,
+    url: &str,
+    form: &[(&str, &str)],
+) -> anyhow::Result<(u16, Value)> {
     let body = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form)
         .finish();

@@ -156,23 +156,9 @@ async fn password_login(
             ));
         }
     };
-    let Some(id_token) = tokens.id else {
-        return back(OAuthError::new(
-            Code::AccessDenied,
-            "Reason: the upstream identity provider returned no ID token.",
-        ));
-    };
-    let (identity, upstream_subject) = match oidc.identity(&id_token.claims) {
+    let (identity, upstream) = match oidc.login(tokens) {
         Ok(found) => found,
         Err(reason) => return back(OAuthError::new(Code::AccessDenied, &reason)),
-    };
-    let upstream = session::Upstream {
-        idp_name: oidc.display_name.clone(),
-        idp_type: "oidc".into(),
-        issuer: oidc.provider.discovery.issuer.clone(),
-        subject: upstream_subject,
-        refresh_token: tokens.refresh.map(|refresh| refresh.token),
-        access_token: None,
     };
     let mut request = request;
     request.response_mode = ResponseMode::Query;
@@ -347,23 +333,9 @@ where
             ));
         }
     };
-    let Some(id_token) = tokens.id else {
-        return back(OAuthError::new(
-            Code::AccessDenied,
-            "Reason: the upstream identity provider returned no ID token.",
-        ));
-    };
-    let (identity, upstream_subject) = match oidc.identity(&id_token.claims) {
+    let (identity, upstream) = match oidc.login(tokens) {
         Ok(found) => found,
         Err(reason) => return back(OAuthError::new(Code::AccessDenied, &reason)),
-    };
-    let upstream = session::Upstream {
-        idp_name: oidc.display_name.clone(),
-        idp_type: "oidc".into(),
-        issuer: oidc.provider.discovery.issuer.clone(),
-        subject: upstream_subject,
-        refresh_token: tokens.refresh.map(|refresh| refresh.token),
-        access_token: None,
     };
     issue_code(endpoints, issuer, &request, identity, upstream).await
 }

@@ -290,8 +290,11 @@ async fn refresh(
     issue_tokens(endpoints, issuer, session, false, now).await
 }
 
-/// Checks the user again at the upstream: the upstream refresh grant, the same subject, the
-/// username unchanged, the groups as they are now.
+/// Checks the user again at the upstream: the upstream refresh grant when the session holds an
+/// upstream refresh token, else the upstream's userinfo endpoint with the upstream access token
+/// it holds. Either way the upstream subject must be the same and the username unchanged (an
+/// answer without the username claim leaves the identity as it was); the groups become what the
+/// upstream says now.
 async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result<(), OAuthError> {
     let denied =
         |hint: &str| OAuthError::new(Code::InvalidGrant, &format!("Upstream refresh failed. {hint}"));
@@ -302,34 +305,47 @@ async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result
     if oidc.provider.discovery.issuer != session.upstream.issuer {
         return Err(denied("The identity provider's issuer changed."));
     }
-    let Some(upstream_refresh_token) = session.upstream.refresh_token.clone() else {
-        // Without an upstream refresh token there is nothing to check the user against.
-        return Err(denied("The upstream issued no refresh token; log in again."));
+    let refused = |error: selkie_oidc::rp::OidcError| {
+        tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream refresh refused");
+        denied("The upstream identity provider refused the refresh.")
     };
-    let tokens = oidc
-        .provider
-        .refresh(&oidc.client, &upstream_refresh_token)
-        .await
-        .map_err(|error| {
-            tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream refresh refused");
-            denied("The upstream identity provider refused the refresh.")
-        })?;
-    if let Some(id_token) = &tokens.id {
-        let (identity, upstream_subject) = oidc
-            .identity(&id_token.claims)
-            .map_err(|reason| denied(&reason))?;
-        if upstream_subject != session.upstream.subject {
-            return Err(denied("The upstream subject changed."));
+    let claims = match (&session.upstream.refresh_token, &session.upstream.access_token) {
+        (Some(refresh_token), _) => {
+            let tokens = oidc
+                .provider
+                .refresh(&oidc.client, refresh_token)
+                .await
+                .map_err(refused)?;
+            if let Some(refresh) = tokens.refresh {
+                session.upstream.refresh_token = Some(refresh.token);
+            }
+            tokens.id.map(|id_token| id_token.claims)
         }
-        if identity.username != session.identity.username {
-            return Err(denied("The username changed."));
-        }
-        session.identity.groups = identity.groups;
-        session.identity.additional_claims = identity.additional_claims;
+        (None, Some(access_token)) => Some(oidc.provider.userinfo(access_token).await.map_err(refused)?),
+        // Without either there is nothing to check the user against.
+        (None, None) => return Err(denied("The session holds no upstream token; log in again.")),
+    };
+    let Some(claims) = claims else {
+        return Ok(());
+    };
+    if claims.get("sub").and_then(|sub| sub.as_str()) != Some(session.upstream.subject.as_str()) {
+        return Err(denied("The upstream subject changed."));
     }
-    if let Some(refresh) = tokens.refresh {
-        session.upstream.refresh_token = Some(refresh.token);
+    let has_username = oidc
+        .username_claim
+        .as_deref()
+        .is_none_or(|claim| claims.contains_key(claim));
+    if !has_username {
+        // A userinfo answer need not repeat every claim; what it leaves out stays as it was.
+        return Ok(());
     }
+    let (identity, _) = oidc.identity(&claims).map_err(|reason| denied(&reason))?;
+    if identity.username != session.identity.username {
+        return Err(denied("The username changed."));
+    }
+    // An absent groups claim is no groups (Dex leaves an empty one out): fail closed.
+    session.identity.groups = identity.groups;
+    session.identity.additional_claims = identity.additional_claims;
     Ok(())
 }
 

@@ -1,0 +1,400 @@
+//! The Supervisor's sessions as an operator sees them and as they end: the storage Secrets a
+//! login writes have Pinniped's names, types, labels, annotation and data keys and never hold a
+//! downstream token; the garbage collector deletes the expired ones (and only those) within
+//! seconds, after which their tokens stop working. An upstream that issues no refresh token
+//! (Dex without `offline_access`) is checked at its userinfo endpoint on every refresh, and a
+//! token it no longer accepts ends the session.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{api::ListParams, Api};
+use selkie_e2e::{
+    dex::{Dex, DexUser},
+    supervisor::Supervisor,
+    Cluster,
+};
+use serde_json::Value;
+
+use super::supervisor_oauth::{authorize_url, get, param, redirected, token, PASSWORD, REDIRECT, VERIFIER};
+
+const TYPE_LABEL: &str = "storage.pinniped.dev/type";
+const REQUEST_ID_LABEL: &str = "storage.pinniped.dev/request-id";
+const COLLECT_AFTER: &str = "storage.pinniped.dev/garbage-collect-after";
+
+/// `https://host:port` and `/path` of an issuer.
+fn split(issuer: &str) -> (String, String) {
+    let rest = issuer.strip_prefix("https://").unwrap_or_default();
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    (format!("https://{authority}"), format!("/{path}"))
+}
+
+/// Logs `email` in through `idp_name` with the cli_password flow and redeems the code: the
+/// token response.
+async fn login(supervisor: &Supervisor, idp_name: &str, email: &str) -> anyhow::Result<Value> {
+    let http = supervisor.client()?;
+    let (base, path) = split(supervisor.issuer());
+    let url = authorize_url(
+        &base,
+        &path,
+        &["pinniped_idp_name"],
+        &[("pinniped_idp_name", idp_name)],
+    );
+    let params = redirected(&get(&http, &url, Some(PASSWORD), email).await?)?;
+    let code = param(&params, "code").ok_or_else(|| anyhow::anyhow!("no code: {params:?}"))?;
+    let (status, tokens) = token(
+        &http,
+        &format!("{}/oauth2/token", supervisor.issuer()),
+        &[
+            ("grant_type", "authorization_code"),
+            ("client_id", "pinniped-cli"),
+            ("code", code),
+            ("redirect_uri", REDIRECT),
+            ("code_verifier", VERIFIER),
+        ],
+    )
+    .await?;
+    anyhow::ensure!(status == 200, "{status}: {tokens}\n{}", supervisor.log());
+    Ok(tokens)
+}
+
+/// The refresh grant with `refresh_token`: status and answer.
+async fn refresh(supervisor: &Supervisor, refresh_token: &str) -> anyhow::Result<(u16, Value)> {
+    token(
+        &supervisor.client()?,
+        &format!("{}/oauth2/token", supervisor.issuer()),
+        &[
+            ("grant_type", "refresh_token"),
+            ("client_id", "pinniped-cli"),
+            ("refresh_token", refresh_token),
+        ],
+    )
+    .await
+}
+
+/// The storage Secrets of the namespace, by name.
+async fn storage(secrets: &Api<Secret>) -> anyhow::Result<Vec<Secret>> {
+    Ok(secrets
+        .list(&ListParams::default().labels(TYPE_LABEL))
+        .await?
+        .items)
+}
+
+fn label<'a>(secret: &'a Secret, name: &str) -> &'a str {
+    secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(name))
+        .map(String::as_str)
+        .unwrap_or_default()
+}
+
+/// The one storage Secret of `kind`.
+async fn one_of(secrets: &Api<Secret>, kind: &str) -> anyhow::Result<Secret> {
+    let found: Vec<Secret> = storage(secrets)
+        .await?
+        .into_iter()
+        .filter(|secret| label(secret, TYPE_LABEL) == kind)
+        .collect();
+    anyhow::ensure!(found.len() == 1, "{} {kind} Secrets", found.len());
+    Ok(found.into_iter().next().unwrap_or_default())
+}
+
+/// The stored session JSON of a storage Secret.
+fn stored_session(secret: &Secret) -> anyhow::Result<Value> {
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get("pinniped-storage-data"))
+        .ok_or_else(|| anyhow::anyhow!("no pinniped-storage-data"))?;
+    Ok(serde_json::from_slice(&data.0)?)
+}
+
+/// Marks `name` expired as an operator could (its collection time in the past) and waits until
+/// the collector has deleted it.
+async fn expire_and_wait_for_collection(
+    cluster: &Cluster,
+    secrets: &Api<Secret>,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    cluster
+        .kubectl()
+        .run(&[
+            "annotate",
+            "secret",
+            name,
+            "-n",
+            namespace,
+            "--overwrite",
+            &format!("{COLLECT_AFTER}=2020-01-01T00:00:00Z"),
+        ])
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while secrets.get_opt(name).await?.is_some() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the garbage collector did not delete {name} within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-gc").await?;
+    let email = format!("{namespace}@example.com");
+    let dex = Dex::start(&[DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec!["seals".into()],
+    }])
+    .await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &dex, "Dex Users").await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+
+    let tokens = login(&supervisor, "Dex Users", &email).await?;
+    let access = tokens["access_token"].as_str().unwrap_or_default().to_string();
+    let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
+    anyhow::ensure!(!access.is_empty() && !refresh_token.is_empty(), "{tokens}");
+
+    // What a login leaves behind, as Pinniped's Supervisor would write it.
+    let stored = storage(&secrets).await?;
+    let kinds: BTreeSet<&str> = stored.iter().map(|secret| label(secret, TYPE_LABEL)).collect();
+    anyhow::ensure!(
+        kinds == BTreeSet::from(["authcode", "access-token", "refresh-token"]) && stored.len() == 3,
+        "{kinds:?} in {} Secrets",
+        stored.len()
+    );
+    let request_id = label(&stored[0], REQUEST_ID_LABEL).to_string();
+    anyhow::ensure!(uuid_like(&request_id), "request-id {request_id:?} is not a UUID");
+    for secret in &stored {
+        let kind = label(secret, TYPE_LABEL);
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        let encoded = name
+            .strip_prefix(&format!("pinniped-storage-{kind}-"))
+            .ok_or_else(|| anyhow::anyhow!("{name} is not pinniped-storage-{kind}-…"))?;
+        anyhow::ensure!(
+            !encoded.is_empty()
+                && encoded
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)),
+            "{name}: not lower-case base32"
+        );
+        anyhow::ensure!(
+            secret.type_.as_deref() == Some(&format!("storage.pinniped.dev/{kind}")),
+            "{name}: type {:?}",
+            secret.type_
+        );
+        anyhow::ensure!(
+            label(secret, REQUEST_ID_LABEL) == request_id,
+            "{name}: another login"
+        );
+        let after = secret
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get(COLLECT_AFTER))
+            .ok_or_else(|| anyhow::anyhow!("{name}: no {COLLECT_AFTER}"))?;
+        let after = time::OffsetDateTime::parse(after, &time::format_description::well_known::Rfc3339)?;
+        anyhow::ensure!(
+            after > time::OffsetDateTime::now_utc(),
+            "{name}: collectable already"
+        );
+        let data = secret.data.clone().unwrap_or_default();
+        anyhow::ensure!(
+            data.keys().map(String::as_str).collect::<Vec<_>>()
+                == ["pinniped-storage-data", "pinniped-storage-version"]
+                && data["pinniped-storage-version"].0 == b"1",
+            "{name}: data keys {:?}",
+            data.keys()
+        );
+        stored_session(secret)?;
+        // Only signatures name the tokens: no stored byte is a downstream token.
+        let text = String::from_utf8_lossy(&data["pinniped-storage-data"].0).to_string();
+        anyhow::ensure!(
+            !text.contains(&access) && !text.contains(&refresh_token),
+            "{name} holds a downstream token"
+        );
+    }
+
+    // An expired access token's Secret goes; the others, not expired, stay.
+    let access_secret = one_of(&secrets, "access-token").await?;
+    let access_name = access_secret.metadata.name.clone().unwrap_or_default();
+    expire_and_wait_for_collection(cluster, &secrets, &namespace, &access_name).await?;
+    let left: BTreeSet<String> = storage(&secrets)
+        .await?
+        .into_iter()
+        .map(|secret| label(&secret, TYPE_LABEL).to_string())
+        .collect();
+    anyhow::ensure!(
+        left == BTreeSet::from(["authcode".to_string(), "refresh-token".to_string()]),
+        "after collecting the access token: {left:?}"
+    );
+
+    // The session lives on: its refresh token still works (and rotates).
+    let (status, refreshed) = refresh(&supervisor, &refresh_token).await?;
+    anyhow::ensure!(status == 200, "{status}: {refreshed}");
+    let rotated = refreshed["refresh_token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    anyhow::ensure!(!rotated.is_empty() && rotated != refresh_token, "{refreshed}");
+
+    // Once the refresh token's Secret is collected, the refresh token is dead.
+    let refresh_secret = one_of(&secrets, "refresh-token").await?;
+    let refresh_name = refresh_secret.metadata.name.clone().unwrap_or_default();
+    expire_and_wait_for_collection(cluster, &secrets, &namespace, &refresh_name).await?;
+    let (status, refused) = refresh(&supervisor, &rotated).await?;
+    anyhow::ensure!(
+        status == 400 && refused["error"] == "invalid_grant",
+        "{status}: {refused}"
+    );
+
+    let log = supervisor.log();
+    anyhow::ensure!(
+        log.matches("expired session storage deleted").count() >= 2,
+        "no collection in the log:\n{log}"
+    );
+    for secret in [&access, &refresh_token, &rotated] {
+        anyhow::ensure!(
+            !log.contains(secret.as_str()),
+            "a token is in the Supervisor's log"
+        );
+    }
+    Ok(())
+}
+
+/// Whether `text` is a lower-case hyphenated UUID.
+fn uuid_like(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.iter().map(|group| group.len()).eq([8, 4, 4, 4, 12])
+        && text
+            .bytes()
+            .all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+#[tokio::test]
+async fn an_upstream_without_refresh_tokens_is_checked_at_userinfo() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-userinfo").await?;
+    let email = format!("{namespace}@example.com");
+    let users = [DexUser {
+        email: email.clone(),
+        password: PASSWORD.into(),
+        user_id: format!("id-{namespace}"),
+        groups: vec!["seals".into(), "walruses".into()],
+    }];
+    let mut dex = Dex::start(&users).await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &dex, "Dex Users").await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+
+    // A second identity provider for the same Dex that does not ask for offline_access (so Dex
+    // issues no refresh token), listed in the FederationDomain beside the first.
+    let manifests = format!(
+        r#"apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: OIDCIdentityProvider
+metadata: {{name: dex-online, namespace: {namespace}}}
+spec:
+  issuer: {issuer}
+  tls: {{certificateAuthorityData: {ca}}}
+  client: {{secretName: dex-client}}
+  authorizationConfig:
+    additionalScopes: [email, groups]
+    allowPasswordGrant: true
+  claims: {{username: email, groups: groups}}
+---
+apiVersion: config.supervisor.pinniped.dev/v1alpha1
+kind: FederationDomain
+metadata: {{name: federation-domain, namespace: {namespace}}}
+spec:
+  issuer: {fd_issuer}
+  identityProviders:
+  - displayName: Dex Users
+    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: dex}}
+  - displayName: Dex Online
+    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: dex-online}}
+"#,
+        issuer = dex.issuer(),
+        ca = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, dex.ca_pem()),
+        fd_issuer = supervisor.issuer(),
+    );
+    cluster
+        .kubectl()
+        .run_with_stdin(&["apply", "-f", "-"], Some(&manifests))
+        .await?;
+    let idps_url = format!("{}/v1alpha1/pinniped_identity_providers", supervisor.issuer());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = get(&supervisor.client()?, &idps_url, None, "").await?;
+        let idps: Value = serde_json::from_slice(&answer.body).unwrap_or_default();
+        let listed = idps["pinniped_identity_providers"]
+            .as_array()
+            .is_some_and(|all| all.iter().any(|idp| idp["name"] == "Dex Online"));
+        if listed {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "Dex Online was not served within 60 s: {idps}\n{}",
+            supervisor.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let tokens = login(&supervisor, "Dex Online", &email).await?;
+    let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
+    anyhow::ensure!(!refresh_token.is_empty(), "{tokens}");
+    // The session holds Dex's access token, as Dex issued no refresh token.
+    let session = stored_session(&one_of(&secrets, "refresh-token").await?)?;
+    anyhow::ensure!(
+        session["upstream"]["refresh_token"].is_null() && session["upstream"]["access_token"].is_string(),
+        "the stored upstream tokens are not an access token alone"
+    );
+
+    // Refresh: Dex's userinfo vouches for the user; the groups are read again.
+    let (status, refreshed) = refresh(&supervisor, &refresh_token).await?;
+    anyhow::ensure!(status == 200, "{status}: {refreshed}\n{}", supervisor.log());
+    let claims: Value = serde_json::from_slice(&base64::Engine::decode(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        refreshed["id_token"]
+            .as_str()
+            .unwrap_or_default()
+            .split('.')
+            .nth(1)
+            .unwrap_or_default(),
+    )?)?;
+    anyhow::ensure!(
+        claims["username"] == email.as_str() && claims["groups"] == serde_json::json!(["seals", "walruses"]),
+        "{claims}"
+    );
+    let rotated = refreshed["refresh_token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+
+    // Dex restarts with new keys (memory storage): it no longer accepts the access token it
+    // issued, and the refresh fails at its userinfo endpoint.
+    dex.restart_with_users(&users).await?;
+    let (status, refused) = refresh(&supervisor, &rotated).await?;
+    anyhow::ensure!(
+        status == 400
+            && refused["error"] == "invalid_grant"
+            && refused["error_description"]
+                .as_str()
+                .is_some_and(|text| text.contains("Upstream refresh failed")),
+        "{status}: {refused}"
+    );
+    let log = supervisor.log();
+    anyhow::ensure!(
+        log.contains("reading the userinfo endpoint"),
+        "the refusal is not the userinfo check:\n{log}"
+    );
+    Ok(())
+}
