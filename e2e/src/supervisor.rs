@@ -213,7 +213,10 @@ spec:
             .run_with_stdin(&["apply", "-f", "-"], Some(&manifests))
             .await?;
 
-        config_doc["listen"] = serde_json::json!({"https": format!("127.0.0.1:{port}")});
+        config_doc["listen"] = serde_json::json!({
+            "https": format!("127.0.0.1:{port}"),
+            "metrics": format!("127.0.0.1:{}", crate::free_port()?),
+        });
         // Expired sessions go within seconds, so tests observe the collector (and every test's
         // live sessions run beside it).
         config_doc["sessionGarbageCollectionInterval"] = serde_json::json!("1s");
@@ -245,6 +248,7 @@ spec:
         let index = self.replicas.len() + 2;
         let mut config = self.config.clone();
         config["listen"]["https"] = serde_json::json!(format!("127.0.0.1:{port}"));
+        config["listen"]["metrics"] = serde_json::json!(format!("127.0.0.1:{}", crate::free_port()?));
         let path = self.dir.path().join(format!("supervisor-{index}.yaml"));
         std::fs::write(&path, config.to_string())
             .map_err(|e| HarnessError::io("writing a replica's configuration", e))?;
@@ -257,6 +261,30 @@ spec:
         wait_for(&mut process, &self.ca, &discovery).await?;
         self.replicas.push(process);
         Ok(port)
+    }
+
+    /// The first replica's metrics in the OpenMetrics text format (its plain-HTTP metrics
+    /// listener's `/metrics`).
+    pub async fn metrics(&self) -> Result<String, HarnessError> {
+        let addr = self.config["listen"]["metrics"].as_str().unwrap_or_default();
+        let url = format!("http://{addr}/metrics");
+        let failed = |e: &dyn std::fmt::Display| HarnessError::NotReady(format!("{url}: {e}"));
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let uri: http::Uri = url.parse().map_err(|e| failed(&e))?;
+        let response = tokio::time::timeout(Duration::from_secs(10), client.get(uri))
+            .await
+            .map_err(|e| failed(&e))?
+            .map_err(|e| failed(&e))?;
+        let status = response.status();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .map_err(|e| failed(&e))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(failed(&status));
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
     /// An HTTPS client trusting the Supervisor's certificate.

@@ -56,6 +56,11 @@ pub struct Listen {
     /// A plain HTTP listener, loopback only.
     #[serde(default)]
     pub http: Option<SocketAddr>,
+    /// The plain-HTTP metrics listener (`/metrics`, `/healthz`); none by default. Nothing it
+    /// serves is secret, but it has no TLS or authentication: bind it to loopback or the pod
+    /// network.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for Listen {
@@ -63,6 +68,7 @@ impl Default for Listen {
         Self {
             https: default_https(),
             http: None,
+            metrics: None,
         }
     }
 }

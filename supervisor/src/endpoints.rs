@@ -14,7 +14,13 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 
-use crate::{discovery, issuer::Issuers, oauth::OAuthError, store::Store};
+use crate::{
+    discovery,
+    issuer::Issuers,
+    metrics::{Endpoint, Metrics},
+    oauth::OAuthError,
+    store::Store,
+};
 
 /// A response body.
 pub type Body = Full<Bytes>;
@@ -29,12 +35,14 @@ pub struct Endpoints {
     pub issuers: Arc<ArcSwap<Issuers>>,
     /// Where sessions live.
     pub store: Store,
+    /// What is counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Endpoints {
     /// Answers one request, and writes its audit line: one JSON log line (target `audit`) with
     /// the method, the path (never the query or the body: they carry codes, tokens and
-    /// passwords), the status and the time taken.
+    /// passwords), the status and the time taken; and counts it in [`Metrics`].
     pub async fn handle<B>(&self, request: Request<B>) -> Response<Body>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
@@ -43,7 +51,9 @@ impl Endpoints {
         let started = std::time::Instant::now();
         let method = request.method().clone();
         let path: String = request.uri().path().chars().take(256).collect();
-        let response = self.route(request).await;
+        let (endpoint, response) = self.route(request).await;
+        self.metrics
+            .request(endpoint, response.status().as_u16(), started.elapsed());
         tracing::info!(
             target: "audit",
             method = %method,
@@ -55,14 +65,14 @@ impl Endpoints {
         response
     }
 
-    async fn route<B>(&self, request: Request<B>) -> Response<Body>
+    async fn route<B>(&self, request: Request<B>) -> (Endpoint, Response<Body>)
     where
         B: hyper::body::Body<Data = Bytes> + Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let path = request.uri().path().to_string();
         if path == "/healthz" {
-            return text(StatusCode::OK, "ok");
+            return (Endpoint::healthz, text(StatusCode::OK, "ok"));
         }
         let host = request
             .uri()
@@ -77,31 +87,39 @@ impl Endpoints {
             })
             .unwrap_or_default();
         let issuers = self.issuers.load();
+        let not_found = || (Endpoint::none, text(StatusCode::NOT_FOUND, "404 page not found"));
         let Some((issuer, endpoint)) = issuers.route(&host, &path) else {
-            return text(StatusCode::NOT_FOUND, "404 page not found");
+            return not_found();
         };
         let issuer = issuer.clone();
         let method = request.method().clone();
         let get = method == Method::GET || method == Method::HEAD;
-        match endpoint {
-            discovery::WELL_KNOWN_PATH if get => json(StatusCode::OK, issuer.discovery.clone()),
-            discovery::JWKS_PATH if get => json(StatusCode::OK, issuer.jwks.clone()),
-            discovery::IDP_DISCOVERY_PATH if get => json(StatusCode::OK, issuer.idp_discovery.clone()),
-            discovery::WELL_KNOWN_PATH | discovery::JWKS_PATH | discovery::IDP_DISCOVERY_PATH => {
+        let kind = match endpoint {
+            discovery::WELL_KNOWN_PATH => Endpoint::discovery,
+            discovery::JWKS_PATH => Endpoint::jwks,
+            discovery::IDP_DISCOVERY_PATH => Endpoint::idp_discovery,
+            discovery::AUTHORIZE_PATH => Endpoint::authorize,
+            discovery::CALLBACK_PATH => Endpoint::callback,
+            discovery::TOKEN_PATH => Endpoint::token,
+            _ => return not_found(),
+        };
+        let response = match kind {
+            Endpoint::discovery if get => json(StatusCode::OK, issuer.discovery.clone()),
+            Endpoint::jwks if get => json(StatusCode::OK, issuer.jwks.clone()),
+            Endpoint::idp_discovery if get => json(StatusCode::OK, issuer.idp_discovery.clone()),
+            Endpoint::discovery | Endpoint::jwks | Endpoint::idp_discovery => {
                 text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed (try GET)")
             }
-            discovery::AUTHORIZE_PATH if get || method == Method::POST => {
+            Endpoint::authorize if get || method == Method::POST => {
                 login::authorize(self, &issuer, request).await
             }
-            discovery::CALLBACK_PATH if get || method == Method::POST => {
+            Endpoint::callback if get || method == Method::POST => {
                 login::callback(self, &issuer, request).await
             }
-            discovery::TOKEN_PATH if method == Method::POST => token::token(self, &issuer, request).await,
-            discovery::AUTHORIZE_PATH | discovery::CALLBACK_PATH | discovery::TOKEN_PATH => {
-                text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed")
-            }
-            _ => text(StatusCode::NOT_FOUND, "404 page not found"),
-        }
+            Endpoint::token if method == Method::POST => token::token(self, &issuer, request).await,
+            _ => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
+        };
+        (kind, response)
     }
 }
 

@@ -14,6 +14,7 @@ use selkie_supervisor::{
     endpoints::Endpoints,
     gc,
     issuer::Issuers,
+    metrics::Metrics,
     server,
     store::Store,
 };
@@ -47,12 +48,18 @@ async fn main() -> anyhow::Result<()> {
     let issuers = Arc::new(ArcSwap::from_pointee(Issuers::default()));
     let serving = Arc::new(ServingCert::disabled());
     let store = Store::new(kube::Api::namespaced(client.clone(), &config.namespace));
+    let metrics = Arc::new(Metrics::new());
     let endpoints = Arc::new(Endpoints {
         issuers: issuers.clone(),
         store: store.clone(),
+        metrics: metrics.clone(),
     });
     let https = server::bind(config.listen.https).await?;
     let http = match config.listen.http {
+        Some(addr) => Some(server::bind(addr).await?),
+        None => None,
+    };
+    let metrics_listener = match config.listen.metrics {
         Some(addr) => Some(server::bind(addr).await?),
         None => None,
     };
@@ -60,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         namespace = %config.namespace,
         https = %config.listen.https,
         http = ?config.listen.http,
+        metrics = ?config.listen.metrics,
         "Supervisor starting"
     );
 
@@ -90,7 +98,12 @@ async fn main() -> anyhow::Result<()> {
     });
     tasks.spawn(async move { Ok(controller.run().await?) });
     {
-        let (store, leader, issuers) = (store.clone(), leader_receiver.clone(), issuers.clone());
+        let (store, leader, issuers, metrics) = (
+            store.clone(),
+            leader_receiver.clone(),
+            issuers.clone(),
+            metrics.clone(),
+        );
         let interval = config.garbage_collection_interval()?;
         tasks.spawn(async move {
             loop {
@@ -101,25 +114,38 @@ async fn main() -> anyhow::Result<()> {
                 let issuers = issuers.load_full();
                 match gc::sweep(&store, &issuers, time::OffsetDateTime::now_utc()).await {
                     Ok(sweep) if sweep == gc::Sweep::default() => {}
-                    Ok(sweep) => tracing::info!(
-                        deleted = sweep.deleted,
-                        revoked = sweep.revoked,
-                        retrying = sweep.retrying,
-                        failed = sweep.failed,
-                        "session garbage collection"
-                    ),
+                    Ok(sweep) => {
+                        metrics.sweep(&sweep);
+                        tracing::info!(
+                            deleted = sweep.deleted,
+                            revoked = sweep.revoked,
+                            retrying = sweep.retrying,
+                            failed = sweep.failed,
+                            "session garbage collection"
+                        )
+                    }
                     Err(error) => tracing::warn!(%error, "listing expired sessions failed"),
                 }
             }
         });
     }
-    tasks
+    // The listeners drain on stop; the other tasks run until aborted.
+    let mut listeners = tokio::task::JoinSet::new();
+    listeners
         .spawn(server::serve_https(https, serving, endpoints.clone(), stopped(stop.clone())).map_ok_anyhow());
     if let Some(http) = http {
         let endpoints = endpoints.clone();
         let stop = stop.clone();
-        tasks.spawn(async move {
+        listeners.spawn(async move {
             server::serve_http(http, endpoints, stopped(stop)).await;
+            anyhow::Ok(())
+        });
+    }
+
+    if let Some(listener) = metrics_listener {
+        let stop = stop.clone();
+        listeners.spawn(async move {
+            server::serve_metrics(listener, metrics, stopped(stop)).await;
             anyhow::Ok(())
         });
     }
@@ -128,23 +154,31 @@ async fn main() -> anyhow::Result<()> {
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
-        Some(ended) = tasks.join_next() => {
-            let error = match ended {
-                Ok(Ok(())) => anyhow::anyhow!("a task ended"),
-                Ok(Err(error)) => error,
-                Err(error) => anyhow::anyhow!(error),
-            };
-            return Err(error.context("the Supervisor stopped"));
-        }
+        Some(ended) = tasks.join_next() => return Err(unexpected(ended)),
+        Some(ended) = listeners.join_next() => return Err(unexpected(ended)),
     }
     let _ = stop_sender.send(true);
-    let _ = tokio::time::timeout(server::DRAIN_TIMEOUT + Duration::from_secs(1), async {
-        // The listeners end after draining; the other tasks run forever and are aborted below.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Open connections finish (each listener gives up on them after DRAIN_TIMEOUT).
+    let drained = tokio::time::timeout(server::DRAIN_TIMEOUT + Duration::from_secs(1), async {
+        while listeners.join_next().await.is_some() {}
     })
     .await;
+    if drained.is_err() {
+        tracing::warn!("the listeners did not stop in time");
+    }
     tasks.shutdown().await;
     Ok(())
+}
+
+/// The error of a task that ended before the Supervisor was asked to stop (every task runs
+/// until then).
+fn unexpected(ended: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Error {
+    let error = match ended {
+        Ok(Ok(())) => anyhow::anyhow!("a task ended"),
+        Ok(Err(error)) => error,
+        Err(error) => anyhow::anyhow!(error),
+    };
+    error.context("the Supervisor stopped")
 }
 
 /// `Result<(), ServerError>` → `anyhow::Result<()>` for the task set.

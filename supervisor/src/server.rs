@@ -1,11 +1,12 @@
 //! The Supervisor's listeners: HTTPS (TLS 1.2 and 1.3, ALPN `h2` and `http/1.1`, the certificate
 //! chosen by SNI from [`ServingCert`]) and, optionally, plain HTTP on a loopback address for a
-//! sidecar that terminates TLS. Both answer with the same [`Endpoints`] and stop accepting when
-//! `shutdown` resolves, letting open connections finish for up to [`DRAIN_TIMEOUT`].
+//! sidecar that terminates TLS, both answering with the same [`Endpoints`]; and, optionally, the
+//! plain-HTTP metrics listener ([`serve_metrics`]). Each stops accepting when `shutdown`
+//! resolves, letting open connections finish for up to [`DRAIN_TIMEOUT`].
 
 use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
-use http::Request;
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -15,7 +16,10 @@ use selkie_kube::serving::ServingCert;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::endpoints::Endpoints;
+use crate::{
+    endpoints::{text, Body, Endpoints},
+    metrics::Metrics,
+};
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,8 +68,54 @@ pub async fn serve_https(
         .with_cert_resolver(serving);
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(tls));
-    serve(listener, Some(acceptor), endpoints, shutdown).await;
+    serve(listener, Some(acceptor), handler(endpoints), shutdown).await;
     Ok(())
+}
+
+/// The handler answering every request with `endpoints`.
+fn handler(endpoints: Arc<Endpoints>) -> impl Handler {
+    move |request: Request<Incoming>| {
+        let endpoints = endpoints.clone();
+        async move { endpoints.handle(request).await }
+    }
+}
+
+/// Serves the metrics listener (plain HTTP) until `shutdown`: `GET /metrics` answers `metrics`
+/// in the OpenMetrics text format, `/healthz` answers `ok`, anything else 404.
+pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, shutdown: impl Future<Output = ()>) {
+    let handler = move |request: Request<Incoming>| {
+        let metrics = metrics.clone();
+        async move {
+            match (request.method(), request.uri().path()) {
+                (&http::Method::GET, "/metrics") => {
+                    let mut response = text(http::StatusCode::OK, &metrics.encode());
+                    response.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static(
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
+                    );
+                    response
+                }
+                (_, "/healthz") => text(http::StatusCode::OK, "ok"),
+                _ => text(http::StatusCode::NOT_FOUND, "404 page not found"),
+            }
+        }
+    };
+    serve(listener, None, handler, shutdown).await;
+}
+
+/// What answers a listener's requests.
+trait Handler: Fn(Request<Incoming>) -> Self::Answer + Clone + Send + Sync + 'static {
+    type Answer: Future<Output = Response<Body>> + Send + 'static;
+}
+
+impl<F, A> Handler for F
+where
+    F: Fn(Request<Incoming>) -> A + Clone + Send + Sync + 'static,
+    A: Future<Output = Response<Body>> + Send + 'static,
+{
+    type Answer = A;
 }
 
 /// Serves plain HTTP on `listener` until `shutdown`.
@@ -74,13 +124,13 @@ pub async fn serve_http(
     endpoints: Arc<Endpoints>,
     shutdown: impl Future<Output = ()>,
 ) {
-    serve(listener, None, endpoints, shutdown).await;
+    serve(listener, None, handler(endpoints), shutdown).await;
 }
 
 async fn serve(
     listener: TcpListener,
     acceptor: Option<TlsAcceptor>,
-    endpoints: Arc<Endpoints>,
+    handler: impl Handler,
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
@@ -97,13 +147,13 @@ async fn serve(
             () = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let endpoints = endpoints.clone();
+        let handler = handler.clone();
         let acceptor = acceptor.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let endpoints = endpoints.clone();
-                async move { Ok::<_, Infallible>(endpoints.handle(request).await) }
+                let answer = handler(request);
+                async move { Ok::<_, Infallible>(answer.await) }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder

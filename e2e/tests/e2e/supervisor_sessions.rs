@@ -256,6 +256,19 @@ async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyho
         "{status}: {refused}"
     );
 
+    // The metrics count what happened, and nothing else.
+    let metrics = supervisor.metrics().await?;
+    for line in [
+        "selkie_supervisor_token_grants_total{grant_type=\"authorization_code\",result=\"ok\"} 1",
+        "selkie_supervisor_token_grants_total{grant_type=\"refresh_token\",result=\"ok\"} 1",
+        "selkie_supervisor_token_grants_total{grant_type=\"refresh_token\",result=\"invalid_grant\"} 1",
+        "selkie_supervisor_sessions_collected_total{outcome=\"deleted\"} 2",
+        "selkie_supervisor_requests_total{endpoint=\"token\",code=\"200\"} 2",
+        "selkie_supervisor_requests_total{endpoint=\"token\",code=\"400\"} 1",
+    ] {
+        anyhow::ensure!(metrics.lines().any(|l| l == line), "{line} is not in\n{metrics}");
+    }
+
     let log = supervisor.log();
     anyhow::ensure!(
         log.matches("expired session storage deleted").count() >= 2,

@@ -14,6 +14,7 @@ use crate::{
     authorize::{self, verifier_matches},
     id_token::{self, IdTokenClaims},
     issuer::Issuer,
+    metrics::Grant,
     oauth::{Code, OAuthError},
     session::{self, Session},
     storage::Resource,
@@ -47,6 +48,12 @@ where
             ));
         }
     }
+    let grant = match params.get("grant_type").map(String::as_str) {
+        Some("authorization_code") => Grant::authorization_code,
+        Some("refresh_token") => Grant::refresh_token,
+        Some(TOKEN_EXCHANGE) => Grant::token_exchange,
+        _ => Grant::other,
+    };
     let result = match params.get("client_id").map(String::as_str) {
         Some(authorize::PINNIPED_CLI) => match params.get("grant_type").map(String::as_str) {
             Some("authorization_code") => authorization_code(endpoints, issuer, &params).await,
@@ -66,6 +73,9 @@ where
             "The requested OAuth 2.0 Client does not exist.",
         )),
     };
+    endpoints
+        .metrics
+        .grant(grant, result.as_ref().err().map(|error| error.code));
     match result {
         Ok(body) => json(StatusCode::OK, Bytes::from(body.to_string())),
         Err(error) => oauth_error(&error),

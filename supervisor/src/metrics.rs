@@ -1,0 +1,222 @@
+//! Prometheus metrics of the Supervisor, served in the OpenMetrics text format at `/metrics` of
+//! the metrics listener (`listen.metrics`).
+//!
+//! Families, all prefixed `selkie_supervisor_`:
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `requests_total` | counter | `endpoint`, `code` (HTTP status) |
+//! | `request_duration_seconds` | histogram, 100 µs … 30 s | `endpoint` |
+//! | `token_grants_total` | counter | `grant_type`, `result` (`ok` or the OAuth 2.0 error code) |
+//! | `sessions_collected_total` | counter | `outcome` (`deleted`, `revoked`, `retrying`, `failed`) |
+//!
+//! Every label value comes from a fixed set (endpoints, grant types, OAuth error codes, status
+//! codes): no user name, client input or token reaches a label, so the number of series stays
+//! bounded and nothing secret is exported.
+
+use std::time::Duration;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue},
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+
+use crate::{gc::Sweep, oauth::Code};
+
+/// Latency bucket bounds, in seconds: 100 µs (discovery from memory) to 30 s (an upstream login).
+const DURATION_BUCKETS: [f64; 15] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// Which endpoint a request was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types, reason = "the variant names are the label values")]
+pub enum Endpoint {
+    /// `/healthz`.
+    healthz,
+    /// `/.well-known/openid-configuration`.
+    discovery,
+    /// `/jwks.json`.
+    jwks,
+    /// `/v1alpha1/pinniped_identity_providers`.
+    idp_discovery,
+    /// `/oauth2/authorize`.
+    authorize,
+    /// `/callback`.
+    callback,
+    /// `/oauth2/token`.
+    token,
+    /// No endpoint (404) or no FederationDomain for the host and path.
+    none,
+}
+
+/// A token request's grant type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types, reason = "the variant names are the label values")]
+pub enum Grant {
+    /// `authorization_code`.
+    authorization_code,
+    /// `refresh_token`.
+    refresh_token,
+    /// RFC 8693 token exchange.
+    token_exchange,
+    /// Anything else, or a request refused before its grant type counted.
+    other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: Endpoint,
+    code: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: Endpoint,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct GrantLabels {
+    grant_type: Grant,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CollectedLabels {
+    outcome: &'static str,
+}
+
+/// The Supervisor's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<EndpointLabels, Histogram>,
+    grants: Family<GrantLabels, Counter>,
+    collected: Family<CollectedLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every family, empty.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("selkie_supervisor");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "HTTP requests answered, by endpoint and status",
+            requests.clone(),
+        );
+        let durations =
+            Family::<EndpointLabels, Histogram>::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
+        registry.register_with_unit(
+            "request_duration",
+            "Time to answer a request, by endpoint",
+            Unit::Seconds,
+            durations.clone(),
+        );
+        let grants = Family::<GrantLabels, Counter>::default();
+        registry.register(
+            "token_grants",
+            "Token endpoint requests, by grant type and result (ok or the OAuth 2.0 error)",
+            grants.clone(),
+        );
+        let collected = Family::<CollectedLabels, Counter>::default();
+        registry.register(
+            "sessions_collected",
+            "Expired session Secrets handled by the garbage collector, by outcome",
+            collected.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            durations,
+            grants,
+            collected,
+        }
+    }
+
+    /// Counts a request to `endpoint` answered with `status` after `elapsed`.
+    pub fn request(&self, endpoint: Endpoint, status: u16, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint,
+                code: status,
+            })
+            .inc();
+        self.durations
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a token request of `grant` that succeeded (`None`) or failed with `error`.
+    pub fn grant(&self, grant: Grant, error: Option<Code>) {
+        let result = error.map_or("ok", Code::as_str);
+        self.grants
+            .get_or_create(&GrantLabels {
+                grant_type: grant,
+                result,
+            })
+            .inc();
+    }
+
+    /// Counts what a garbage-collection sweep did.
+    pub fn sweep(&self, sweep: &Sweep) {
+        for (outcome, count) in [
+            ("deleted", sweep.deleted),
+            ("revoked", sweep.revoked),
+            ("retrying", sweep.retrying),
+            ("failed", sweep.failed),
+        ] {
+            self.collected
+                .get_or_create(&CollectedLabels { outcome })
+                .inc_by(count as u64);
+        }
+    }
+
+    /// The registry in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_appear_under_their_labels() {
+        let metrics = Metrics::new();
+        metrics.request(Endpoint::token, 200, Duration::from_millis(3));
+        metrics.request(Endpoint::token, 200, Duration::from_millis(4));
+        metrics.request(Endpoint::none, 404, Duration::from_micros(50));
+        metrics.grant(Grant::refresh_token, None);
+        metrics.grant(Grant::authorization_code, Some(Code::InvalidGrant));
+        metrics.sweep(&Sweep {
+            deleted: 3,
+            revoked: 1,
+            ..Sweep::default()
+        });
+        let text = metrics.encode();
+        for line in [
+            "selkie_supervisor_requests_total{endpoint=\"token\",code=\"200\"} 2",
+            "selkie_supervisor_requests_total{endpoint=\"none\",code=\"404\"} 1",
+            "selkie_supervisor_request_duration_seconds_count{endpoint=\"token\"} 2",
+            "selkie_supervisor_token_grants_total{grant_type=\"refresh_token\",result=\"ok\"} 1",
+            "selkie_supervisor_token_grants_total{grant_type=\"authorization_code\",result=\"invalid_grant\"} 1",
+            "selkie_supervisor_sessions_collected_total{outcome=\"deleted\"} 3",
+            "selkie_supervisor_sessions_collected_total{outcome=\"revoked\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+    }
+}
