@@ -171,12 +171,27 @@ impl InstalledConcierge {
         audience: &str,
         ca_pem: &str,
     ) -> Result<(), HarnessError> {
+        self.apply_jwt_authenticator_with_claims(cluster, name, issuer, audience, ca_pem, "email")
+            .await
+    }
+
+    /// [`InstalledConcierge::apply_jwt_authenticator`] with the username from the claim
+    /// `username_claim` (a Supervisor's tokens carry `username`).
+    pub async fn apply_jwt_authenticator_with_claims(
+        &self,
+        cluster: &Cluster,
+        name: &str,
+        issuer: &str,
+        audience: &str,
+        ca_pem: &str,
+        username_claim: &str,
+    ) -> Result<(), HarnessError> {
         let authenticator = json!({
             "apiVersion": "authentication.concierge.pinniped.dev/v1alpha1",
             "kind": "JWTAuthenticator",
             "metadata": {"name": name},
             "spec": {"issuer": issuer, "audience": audience,
-                     "claims": {"username": "email", "groups": "groups"},
+                     "claims": {"username": username_claim, "groups": "groups"},
                      "tls": {"certificateAuthorityData": B64.encode(ca_pem)}},
         })
         .to_string();

@@ -67,12 +67,36 @@ impl Supervisor {
         idp_display_name: &str,
         port: u16,
     ) -> Result<Self, HarnessError> {
-        let config = serde_json::json!({
+        Self::start_with(
+            cluster,
+            namespace,
+            dex,
+            idp_display_name,
+            port,
+            serde_json::json!({}),
+        )
+        .await
+    }
+
+    /// [`Supervisor::start_on`] with `settings` (an object of configuration-file keys, such as
+    /// `signingKeyRotationInterval`) added to the configuration.
+    pub async fn start_with(
+        cluster: &'static Cluster,
+        namespace: &str,
+        dex: &Dex,
+        idp_display_name: &str,
+        port: u16,
+        settings: serde_json::Value,
+    ) -> Result<Self, HarnessError> {
+        let mut config = serde_json::json!({
             "namespace": namespace,
             "namePrefix": format!("supervisor-{namespace}"),
             "defaultTLSCertificateSecret": "supervisor-tls",
             "kubeconfig": cluster.admin_kubeconfig(),
         });
+        for (key, value) in settings.as_object().into_iter().flatten() {
+            config[key] = value.clone();
+        }
         Self::launch(cluster, namespace, dex, idp_display_name, port, config).await
     }
 

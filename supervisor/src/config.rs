@@ -11,6 +11,8 @@
 //!   https: 0.0.0.0:8443                 # default
 //!   http: 127.0.0.1:8080                # optional; loopback only (a sidecar terminating TLS)
 //! kubeconfig: /path/to/kubeconfig       # optional; in-cluster configuration otherwise
+//! sessionGarbageCollectionInterval: 1m  # default; 1s … 1h
+//! signingKeyRotationInterval: 720h      # default (30 days); 0s never rotates (as Pinniped)
 //! ```
 
 use std::{net::SocketAddr, path::PathBuf};
@@ -44,6 +46,10 @@ pub struct SupervisorConfig {
     /// How often the leader deletes expired sessions (a Go duration, `1s` … `1h`; default `1m`).
     #[serde(default)]
     pub session_garbage_collection_interval: Option<String>,
+    /// How long a FederationDomain's signing key signs before the leader rotates it (a Go
+    /// duration, `1s` … `8760h`, or `0s` for never; default `720h`).
+    #[serde(default)]
+    pub signing_key_rotation_interval: Option<String>,
 }
 
 /// Where the Supervisor listens.
@@ -117,6 +123,7 @@ impl SupervisorConfig {
             }
         }
         config.garbage_collection_interval()?;
+        config.signing_key_rotation_interval()?;
         Ok(config)
     }
 
@@ -135,6 +142,26 @@ impl SupervisorConfig {
             return Err(invalid("must be between 1s and 1h".into()));
         }
         Ok(parsed.magnitude)
+    }
+
+    /// How long a signing key signs before it is rotated (see [`crate::keys::rotate`]):
+    /// `signingKeyRotationInterval`, whole and between a second and a year, `None` for `0s`
+    /// (never), or [`crate::keys::DEFAULT_ROTATION_INTERVAL`].
+    pub fn signing_key_rotation_interval(&self) -> Result<Option<std::time::Duration>, ConfigError> {
+        let Some(text) = &self.signing_key_rotation_interval else {
+            return Ok(Some(crate::keys::DEFAULT_ROTATION_INTERVAL));
+        };
+        let invalid =
+            |reason: String| ConfigError::Invalid(format!("signingKeyRotationInterval {text:?}: {reason}"));
+        let parsed = selkie_api::duration::parse(text).map_err(|e| invalid(e.to_string()))?;
+        if parsed.magnitude.is_zero() {
+            return Ok(None);
+        }
+        let range = std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(8760 * 3600);
+        if parsed.negative || !range.contains(&parsed.magnitude) {
+            return Err(invalid("must be 0s (never) or between 1s and 8760h".into()));
+        }
+        Ok(Some(parsed.magnitude))
     }
 
     /// `<apiGroupSuffix>`-suffixed API group of `group` (written with `pinniped.dev`).
@@ -182,6 +209,27 @@ mod tests {
             config.garbage_collection_interval().unwrap(),
             crate::gc::DEFAULT_INTERVAL
         );
+        let default = SupervisorConfig::parse("namespace: sso\n").unwrap();
+        assert_eq!(
+            default.signing_key_rotation_interval().unwrap(),
+            Some(crate::keys::DEFAULT_ROTATION_INTERVAL)
+        );
+        let never = SupervisorConfig::parse("namespace: sso\nsigningKeyRotationInterval: 0s\n").unwrap();
+        assert_eq!(never.signing_key_rotation_interval().unwrap(), None);
+        let daily = SupervisorConfig::parse("namespace: sso\nsigningKeyRotationInterval: 24h\n").unwrap();
+        assert_eq!(
+            daily.signing_key_rotation_interval().unwrap(),
+            Some(std::time::Duration::from_secs(86400))
+        );
+        for bad in ["-1h", "9000h", "500ms", "soon"] {
+            let error =
+                SupervisorConfig::parse(&format!("namespace: sso\nsigningKeyRotationInterval: {bad}\n"))
+                    .unwrap_err();
+            assert!(
+                error.to_string().contains("signingKeyRotationInterval"),
+                "{error}"
+            );
+        }
         let fast = SupervisorConfig::parse("namespace: sso\nsessionGarbageCollectionInterval: 2s\n").unwrap();
         assert_eq!(
             fast.garbage_collection_interval().unwrap(),

@@ -85,6 +85,9 @@ pub enum ControllerError {
     /// The API group suffix cannot be used.
     #[error("{0}")]
     Resources(String),
+    /// The configuration cannot be used.
+    #[error("{0}")]
+    Config(String),
     /// A watch ended (it never does while kube-apiserver exists).
     #[error("the watch of {0} ended")]
     WatchEnded(&'static str),
@@ -151,6 +154,8 @@ pub struct Controller {
     failed_at: HashMap<String, Instant>,
     /// Statuses last written, to write only changes.
     written: HashMap<String, serde_json::Value>,
+    /// How long a signing key signs before it is rotated; `None`: never.
+    rotation_interval: Option<Duration>,
 }
 
 impl Controller {
@@ -164,7 +169,11 @@ impl Controller {
         let resource = |result: Result<ApiResource, selkie_api::crds::CrdError>| {
             result.map_err(|e| ControllerError::Resources(e.to_string()))
         };
+        let rotation_interval = config
+            .signing_key_rotation_interval()
+            .map_err(|e| ControllerError::Config(e.to_string()))?;
         Ok(Self {
+            rotation_interval,
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
                     &config.api_group_suffix,
@@ -237,12 +246,14 @@ impl Controller {
         let idp_api =
             Api::<DynamicObject>::namespaced_with(self.client.clone(), &namespace, &self.idp_resource);
         let secrets_api = Api::<Secret>::namespaced(self.client.clone(), &namespace);
+        // Not the sessions: they are many, change with every login, and nothing here reads them.
+        let secrets_config = watcher::Config::default().labels(&format!("!{}", crate::storage::TYPE_LABEL));
         let config_maps_api = Api::<ConfigMap>::namespaced(self.client.clone(), &namespace);
         let watch_all = async {
             tokio::select! {
                 () = follow(watcher(fd_api, watcher::Config::default()), fd_writer, changed.clone()) => ControllerError::WatchEnded("FederationDomain"),
                 () = follow(watcher(idp_api, watcher::Config::default()), idp_writer, changed.clone()) => ControllerError::WatchEnded("OIDCIdentityProvider"),
-                () = follow(watcher(secrets_api, watcher::Config::default()), secrets_writer, changed.clone()) => ControllerError::WatchEnded("Secret"),
+                () = follow(watcher(secrets_api, secrets_config), secrets_writer, changed.clone()) => ControllerError::WatchEnded("Secret"),
                 () = follow(watcher(config_maps_api, watcher::Config::default()), config_maps_writer, changed.clone()) => ControllerError::WatchEnded("ConfigMap"),
                 _ = futures::future::join_all(other_follows) => ControllerError::WatchEnded("an identity provider kind"),
             }
@@ -332,7 +343,7 @@ impl Controller {
             let (checks, fd_idps) = federation_domain::check(fd, &fds, &namespace_view);
             let issuer_ok = split_issuer(&fd.spec.issuer);
             if leading {
-                self.ensure_keys(fd).await;
+                self.ensure_keys(fd, watched).await;
             }
             let keys = self.read_keys(fd, watched);
             if let Err(message) = &keys {
@@ -588,8 +599,11 @@ impl Controller {
         (checks, Some(upstream))
     }
 
-    /// Creates the FederationDomain's generated key Secrets that are missing (leader only).
-    async fn ensure_keys(&self, fd: &FederationDomain) {
+    /// Creates the FederationDomain's generated key Secrets that are missing from the watched
+    /// ones, and rotates its signing key when due ([`keys::rotate`]) (leader only). A failed
+    /// write is logged and tried again at the next sync; a replace that lost a race to another
+    /// writer fails on its resourceVersion and changes nothing.
+    async fn ensure_keys(&self, fd: &FederationDomain, watched: &Watched) {
         let name = fd.name_any();
         let namespace = &self.config.namespace;
         let secrets = Api::<Secret>::namespaced(self.client.clone(), namespace);
@@ -603,21 +617,60 @@ impl Controller {
         };
         for kind in KeySecret::ALL {
             let secret_name = kind.name(&name);
-            match secrets.get_opt(&secret_name).await {
-                Ok(Some(_)) => {}
-                Ok(None) => match kind.generate(&name, namespace, owner.clone()) {
-                    Ok(secret) => {
-                        if let Err(error) = secrets.create(&PostParams::default(), &secret).await {
-                            tracing::warn!(secret = %secret_name, %error, "creating a generated key Secret failed");
-                        } else {
-                            tracing::info!(secret = %secret_name, "generated a FederationDomain key Secret");
+            let existing = watched
+                .secrets
+                .get(&ObjectRef::new(&secret_name).within(namespace));
+            match existing {
+                Some(secret) if kind == KeySecret::Jwks => {
+                    self.rotate_signing_key(&secrets, &name, &secret).await;
+                }
+                Some(_) => {}
+                None => match kind.generate(&name, namespace, owner.clone()) {
+                    Ok(secret) => match secrets.create(&PostParams::default(), &secret).await {
+                        Ok(_) => {
+                            tracing::info!(secret = %secret_name, "generated a FederationDomain key Secret")
                         }
-                    }
+                        // The watch has not shown it yet.
+                        Err(kube::Error::Api(status)) if status.code == 409 => {}
+                        Err(error) => {
+                            tracing::warn!(secret = %secret_name, %error, "creating a generated key Secret failed")
+                        }
+                    },
                     Err(error) => tracing::error!(secret = %secret_name, %error, "generating keys failed"),
                 },
-                Err(error) => {
-                    tracing::warn!(secret = %secret_name, %error, "reading a generated key Secret failed")
-                }
+            }
+        }
+    }
+
+    /// Writes the `jwks` Secret of the FederationDomain `name` back rotated, when
+    /// [`keys::rotate`] says it changes.
+    async fn rotate_signing_key(&self, secrets: &Api<Secret>, name: &str, secret: &Secret) {
+        let secret_name = KeySecret::Jwks.name(name);
+        let (updated, rotation) = match keys::rotate(
+            secret,
+            time::OffsetDateTime::now_utc(),
+            self.rotation_interval,
+        ) {
+            Ok(Some(change)) => change,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(secret = %secret_name, %error, "the signing key Secret is unusable; not rotated");
+                return;
+            }
+        };
+        // `updated` carries the watched resourceVersion: a concurrent change makes this fail.
+        match secrets
+            .replace(&secret_name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(_) => tracing::info!(
+                federation_domain = %name,
+                new_key = rotation.new_kid.as_deref().unwrap_or("-"),
+                dropped = ?rotation.dropped,
+                "rotated the signing keys"
+            ),
+            Err(error) => {
+                tracing::warn!(secret = %secret_name, %error, "rotating the signing key failed; trying again at the next sync")
             }
         }
     }

@@ -8,8 +8,17 @@
 //!   `key`, 32 random bytes.
 //!
 //! The leader creates what is missing or unusable; every replica reads them.
+//!
+//! **Signing-key rotation with overlap** (beyond Pinniped, which never rotates): the leader gives
+//! the `jwks` Secret a new active key once the old one has signed for the rotation interval
+//! ([`rotate`]); the old public key stays in `jwks` for [`RETIRED_KEY_OVERLAP`] — longer than any
+//! token it signed lives — so no token is refused because of a rotation. When a key became
+//! active and when a retired key may go are the annotations [`ACTIVE_SINCE_ANNOTATION`] and
+//! [`RETIRED_KEYS_ANNOTATION`]; a Secret without them (Pinniped's) counts from its creation.
 
 use std::collections::BTreeMap;
+
+use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 use k8s_openapi::{
     api::core::v1::Secret,
@@ -26,8 +35,21 @@ pub const ACTIVE_JWK_KEY: &str = "activeJWK";
 pub const JWKS_KEY: &str = "jwks";
 /// The data key of a symmetric key.
 pub const SYMMETRIC_KEY: &str = "key";
-/// The `kid` of generated signing keys (Pinniped's).
+/// The `kid` of the first signing key of a FederationDomain (Pinniped's); rotated keys get a
+/// random one ([`rotated_kid`]).
 pub const KEY_ID: &str = "pinniped-supervisor-key";
+/// The `jwks` Secret's annotation: when its active key became active (RFC 3339).
+pub const ACTIVE_SINCE_ANNOTATION: &str = "supervisor.selkie.dev/active-key-since";
+/// The `jwks` Secret's annotation: the retired keys still published, as a JSON object from `kid`
+/// to the time (RFC 3339) after which the key is dropped from `jwks`.
+pub const RETIRED_KEYS_ANNOTATION: &str = "supervisor.selkie.dev/retired-keys";
+/// How long a retired key stays published: the lifetime of the ID tokens it signed, plus five
+/// minutes for clocks that disagree.
+pub const RETIRED_KEY_OVERLAP: time::Duration =
+    crate::id_token::LIFETIME.saturating_add(time::Duration::minutes(5));
+/// How long a signing key signs before the leader rotates it, unless `signingKeyRotationInterval`
+/// says otherwise: 30 days.
+pub const DEFAULT_ROTATION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 
 /// One of a FederationDomain's generated Secrets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,16 +102,7 @@ impl KeySecret {
         let data = match self {
             Self::Jwks => {
                 let key = SigningKey::generate(KEY_ID).map_err(|_| KeyError::Random)?;
-                BTreeMap::from([
-                    (
-                        ACTIVE_JWK_KEY.to_string(),
-                        ByteString(key.private_jwk().to_string().into_bytes()),
-                    ),
-                    (
-                        JWKS_KEY.to_string(),
-                        ByteString(json!({"keys": [key.public_jwk()]}).to_string().into_bytes()),
-                    ),
-                ])
+                jwks_data(&key, &[])
             }
             _ => {
                 let mut key = vec![0u8; 32];
@@ -99,11 +112,18 @@ impl KeySecret {
                 BTreeMap::from([(SYMMETRIC_KEY.to_string(), ByteString(key))])
             }
         };
+        let annotations = (self == Self::Jwks).then(|| {
+            BTreeMap::from([(
+                ACTIVE_SINCE_ANNOTATION.to_string(),
+                rfc3339(OffsetDateTime::now_utc()),
+            )])
+        });
         Ok(Secret {
             metadata: ObjectMeta {
                 name: Some(self.name(federation_domain)),
                 namespace: Some(namespace.to_string()),
                 owner_references: Some(vec![owner]),
+                annotations,
                 ..ObjectMeta::default()
             },
             type_: Some(self.secret_type()),
@@ -189,6 +209,131 @@ pub fn read_jwks(secret: &Secret) -> Result<(SigningKey, Value), KeyError> {
     Ok((key, jwks))
 }
 
+/// The data of a `jwks` Secret whose active key is `active` and whose published keys are it and
+/// `retired` (public JWKs).
+fn jwks_data(active: &SigningKey, retired: &[Value]) -> BTreeMap<String, ByteString> {
+    let published: Vec<Value> = std::iter::once(active.public_jwk())
+        .chain(retired.iter().cloned())
+        .collect();
+    BTreeMap::from([
+        (
+            ACTIVE_JWK_KEY.to_string(),
+            ByteString(active.private_jwk().to_string().into_bytes()),
+        ),
+        (
+            JWKS_KEY.to_string(),
+            ByteString(json!({"keys": published}).to_string().into_bytes()),
+        ),
+    ])
+}
+
+/// A fresh random `kid` for a rotated key: `selkie-` and 16 hex digits.
+pub fn rotated_kid() -> Result<String, KeyError> {
+    let mut bytes = [0u8; 8];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| KeyError::Random)?;
+    Ok(format!(
+        "selkie-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
+}
+
+fn rfc3339(at: OffsetDateTime) -> String {
+    at.replace_nanosecond(0)
+        .unwrap_or(at)
+        .format(&Rfc3339)
+        .unwrap_or_default()
+}
+
+/// What [`rotate`] changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotation {
+    /// The `kid` of the new active key, when there is one.
+    pub new_kid: Option<String>,
+    /// The `kid`s dropped from `jwks` because their overlap is over.
+    pub dropped: Vec<String>,
+}
+
+/// The `jwks` Secret as it should be at `now` with keys rotated every `interval` (`None`: never):
+/// a new active key once the active one has been active for `interval` (the old one retired,
+/// published until `now` + [`RETIRED_KEY_OVERLAP`]), and the retired keys whose time is over
+/// dropped. Keys in `jwks` that are neither active nor retired by Selkie (an admin's) are left
+/// alone. Returns `Ok(None)` when nothing changes, and fails when the Secret is unusable (see
+/// [`read_jwks`]; the caller leaves it as it is) or no randomness is available.
+pub fn rotate(
+    secret: &Secret,
+    now: OffsetDateTime,
+    interval: Option<std::time::Duration>,
+) -> Result<Option<(Secret, Rotation)>, KeyError> {
+    let (active, published) = read_jwks(secret)?;
+    let annotations = secret.metadata.annotations.clone().unwrap_or_default();
+    let parse_time = |text: &str| OffsetDateTime::parse(text, &Rfc3339).ok();
+    let since = annotations
+        .get(ACTIVE_SINCE_ANNOTATION)
+        .and_then(|text| parse_time(text))
+        .or_else(|| {
+            let created = secret.metadata.creation_timestamp.as_ref()?;
+            OffsetDateTime::from_unix_timestamp(created.0.as_second()).ok()
+        })
+        .unwrap_or(now);
+    let mut retired: BTreeMap<String, String> = annotations
+        .get(RETIRED_KEYS_ANNOTATION)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    let mut others: Vec<Value> = published["keys"]
+        .as_array()
+        .map(|keys| {
+            keys.iter()
+                .filter(|jwk| jwk["kid"] != active.kid())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+
+    // Drop the retired keys whose overlap is over (an unreadable time counts as over).
+    let mut dropped = Vec::new();
+    retired.retain(|kid, until| {
+        let keep = parse_time(until).is_some_and(|until| until > now);
+        if !keep {
+            dropped.push(kid.clone());
+        }
+        keep
+    });
+    others.retain(|jwk| !dropped.iter().any(|kid| jwk["kid"] == kid.as_str()));
+
+    let due = interval.is_some_and(|interval| {
+        now - since >= time::Duration::try_from(interval).unwrap_or(time::Duration::MAX)
+    });
+    let (active, new_kid) = if due {
+        let next = SigningKey::generate(&rotated_kid()?).map_err(|_| KeyError::Random)?;
+        retired.insert(active.kid().to_string(), rfc3339(now + RETIRED_KEY_OVERLAP));
+        others.insert(0, active.public_jwk());
+        let kid = next.kid().to_string();
+        (next, Some(kid))
+    } else {
+        (active, None)
+    };
+    if new_kid.is_none() && dropped.is_empty() {
+        return Ok(None);
+    }
+    let mut updated = secret.clone();
+    updated.data = Some(jwks_data(&active, &others));
+    let annotations = updated.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if new_kid.is_some() {
+        annotations.insert(ACTIVE_SINCE_ANNOTATION.to_string(), rfc3339(now));
+    }
+    if retired.is_empty() {
+        annotations.remove(RETIRED_KEYS_ANNOTATION);
+    } else {
+        annotations.insert(
+            RETIRED_KEYS_ANNOTATION.to_string(),
+            serde_json::to_string(&retired).unwrap_or_default(),
+        );
+    }
+    Ok(Some((updated, Rotation { new_kid, dropped })))
+}
+
 /// The 32-byte key of a symmetric key Secret.
 pub fn read_symmetric(secret: &Secret, kind: KeySecret) -> Result<Vec<u8>, KeyError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
@@ -270,5 +415,110 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// The public keys `jwks` publishes, by `kid`.
+    fn published_kids(secret: &Secret) -> Vec<String> {
+        let (_, jwks) = read_jwks(secret).unwrap();
+        jwks["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|jwk| jwk["kid"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn keys_rotate_after_the_interval_and_retired_ones_stay_for_the_overlap() {
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let start = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+        let mut secret = KeySecret::Jwks.generate("fd", "ns", owner()).unwrap();
+        secret.metadata.annotations = Some(BTreeMap::from([(
+            ACTIVE_SINCE_ANNOTATION.to_string(),
+            rfc3339(start),
+        )]));
+        // Not yet due; rotation off.
+        assert_eq!(
+            rotate(&secret, start + time::Duration::hours(23), Some(day)).unwrap(),
+            None
+        );
+        assert_eq!(
+            rotate(&secret, start + time::Duration::days(400), None).unwrap(),
+            None
+        );
+
+        // Due: a new active key with a fresh kid; the old one still published.
+        let at = start + time::Duration::days(1);
+        let (rotated, rotation) = rotate(&secret, at, Some(day)).unwrap().unwrap();
+        let new_kid = rotation.new_kid.clone().unwrap();
+        assert!(new_kid.starts_with("selkie-") && new_kid.len() == 23, "{new_kid}");
+        assert!(rotation.dropped.is_empty());
+        let (active, _) = read_jwks(&rotated).unwrap();
+        assert_eq!(active.kid(), new_kid);
+        assert_eq!(published_kids(&rotated), [new_kid.clone(), KEY_ID.to_string()]);
+        let annotations = rotated.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations[ACTIVE_SINCE_ANNOTATION], rfc3339(at));
+        let retired: BTreeMap<String, String> =
+            serde_json::from_str(&annotations[RETIRED_KEYS_ANNOTATION]).unwrap();
+        assert_eq!(retired[KEY_ID], rfc3339(at + RETIRED_KEY_OVERLAP));
+        // A token of the old key verifies against the new jwks.
+        let old = read_jwks(&secret).unwrap().0;
+        let token = old.sign(&json!({"sub": "s"})).unwrap();
+        let (_, published) = read_jwks(&rotated).unwrap();
+        let keys = selkie_oidc::jose::parse_jwks(published.to_string().as_bytes()).unwrap();
+        assert!(selkie_oidc::jose::Jws::parse(&token)
+            .unwrap()
+            .verify(&keys)
+            .is_ok());
+
+        // During the overlap nothing changes; after it the old key goes.
+        let during = at + RETIRED_KEY_OVERLAP - time::Duration::seconds(1);
+        assert_eq!(rotate(&rotated, during, Some(day)).unwrap(), None);
+        let after = at + RETIRED_KEY_OVERLAP + time::Duration::seconds(1);
+        let (pruned, rotation) = rotate(&rotated, after, Some(day)).unwrap().unwrap();
+        assert_eq!(
+            rotation,
+            Rotation {
+                new_kid: None,
+                dropped: vec![KEY_ID.to_string()]
+            }
+        );
+        assert_eq!(published_kids(&pruned), [new_kid]);
+        assert!(!pruned
+            .metadata
+            .annotations
+            .unwrap()
+            .contains_key(RETIRED_KEYS_ANNOTATION));
+    }
+
+    #[test]
+    fn pinnipeds_secret_counts_from_its_creation_and_an_admins_extra_key_stays() {
+        let start = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+        let mut secret = KeySecret::Jwks.generate("fd", "ns", owner()).unwrap();
+        // Pinniped's Secret: no annotations, a creation time 40 days ago, and an extra public
+        // key an admin added.
+        secret.metadata.annotations = None;
+        secret.metadata.creation_timestamp =
+            serde_json::from_value(json!(rfc3339(start - time::Duration::days(40)))).unwrap();
+        let extra = SigningKey::generate("admins-key").unwrap().public_jwk();
+        let (active, _) = read_jwks(&secret).unwrap();
+        secret.data = Some(jwks_data(&active, &[extra]));
+        let (rotated, rotation) = rotate(&secret, start, Some(DEFAULT_ROTATION_INTERVAL))
+            .unwrap()
+            .unwrap();
+        let new_kid = rotation.new_kid.unwrap();
+        assert_eq!(
+            published_kids(&rotated),
+            [new_kid.clone(), KEY_ID.to_string(), "admins-key".to_string()]
+        );
+        let later = start + RETIRED_KEY_OVERLAP + time::Duration::minutes(1);
+        let (pruned, _) = rotate(&rotated, later, Some(DEFAULT_ROTATION_INTERVAL))
+            .unwrap()
+            .unwrap();
+        assert_eq!(published_kids(&pruned), [new_kid, "admins-key".to_string()]);
+        // A damaged Secret is not rotated over.
+        let mut broken = pruned;
+        broken.data.as_mut().unwrap().remove(ACTIVE_JWK_KEY);
+        assert!(rotate(&broken, later, Some(std::time::Duration::from_secs(1))).is_err());
     }
 }

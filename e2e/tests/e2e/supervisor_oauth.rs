@@ -124,6 +124,32 @@ pub(crate) async fn token(
     Ok((response.status.as_u16(), serde_json::from_slice(&response.body)?))
 }
 
+/// RFC 8693 token exchange at the token endpoint `url`: the access token `subject` for a JWT
+/// with `audience`. The status and answer.
+pub(crate) async fn exchange(
+    client: &HttpsClient,
+    url: &str,
+    audience: &str,
+    subject: &str,
+) -> anyhow::Result<(u16, Value)> {
+    token(
+        client,
+        url,
+        &[
+            ("grant_type", "urn:ietf:params:oauth:grant-type:token-exchange"),
+            ("client_id", "pinniped-cli"),
+            ("audience", audience),
+            ("subject_token", subject),
+            (
+                "subject_token_type",
+                "urn:ietf:params:oauth:token-type:access_token",
+            ),
+            ("requested_token_type", "urn:ietf:params:oauth:token-type:jwt"),
+        ],
+    )
+    .await
+}
+
 #[tokio::test]
 async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<()> {
     let cluster = Cluster::shared().await?;
@@ -200,26 +226,9 @@ async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<(
 
     // Token exchange on the first replica, with Pinniped's audience rules.
     let exchange_at = |base: String, audience: &str, subject: &str| {
-        let form: Vec<(String, String)> = [
-            ("grant_type", "urn:ietf:params:oauth:grant-type:token-exchange"),
-            ("client_id", "pinniped-cli"),
-            ("audience", audience),
-            ("subject_token", subject),
-            (
-                "subject_token_type",
-                "urn:ietf:params:oauth:token-type:access_token",
-            ),
-            ("requested_token_type", "urn:ietf:params:oauth:token-type:jwt"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let http = http.clone();
-        let url = format!("{base}{path}/oauth2/token");
-        async move {
-            let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            token(&http, &url, &pairs).await
-        }
+        let (http, url) = (http.clone(), format!("{base}{path}/oauth2/token"));
+        let (audience, subject) = (audience.to_string(), subject.to_string());
+        async move { exchange(&http, &url, &audience, &subject).await }
     };
     let (status, exchanged) = exchange_at(first.clone(), "cluster-a", &access).await?;
     anyhow::ensure!(

@@ -23,7 +23,7 @@ const REQUEST_ID_LABEL: &str = "storage.pinniped.dev/request-id";
 const COLLECT_AFTER: &str = "storage.pinniped.dev/garbage-collect-after";
 
 /// `https://host:port` and `/path` of an issuer.
-fn split(issuer: &str) -> (String, String) {
+pub(crate) fn split(issuer: &str) -> (String, String) {
     let rest = issuer.strip_prefix("https://").unwrap_or_default();
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     (format!("https://{authority}"), format!("/{path}"))
@@ -31,7 +31,7 @@ fn split(issuer: &str) -> (String, String) {
 
 /// Logs `email` in through `idp_name` with the cli_password flow and redeems the code: the
 /// token response.
-async fn login(supervisor: &Supervisor, idp_name: &str, email: &str) -> anyhow::Result<Value> {
+pub(crate) async fn login(supervisor: &Supervisor, idp_name: &str, email: &str) -> anyhow::Result<Value> {
     let http = supervisor.client()?;
     let (base, path) = split(supervisor.issuer());
     let url = authorize_url(
