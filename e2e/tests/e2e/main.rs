@@ -26,6 +26,7 @@ mod proxy_upgrades;
 mod proxy_watch;
 mod rbac_client_cert;
 mod resources;
+mod supervisor_callback;
 mod supervisor_full;
 mod supervisor_install;
 mod supervisor_keys;

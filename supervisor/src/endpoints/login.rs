@@ -118,6 +118,15 @@ where
     browser_login(issuer, idp, &request, &query, &parts.headers)
 }
 
+/// The error of a login whose upstream could not be reached, timed out or failed (5xx, 429):
+/// the user may try again later; nothing about their credentials is implied.
+fn unreachable_upstream() -> OAuthError {
+    OAuthError::new(
+        Code::TemporarilyUnavailable,
+        "Reason: the upstream identity provider could not be reached or failed; try again later.",
+    )
+}
+
 /// The `cli_password` flow.
 async fn password_login(
     endpoints: &Endpoints,
@@ -148,6 +157,10 @@ async fn password_login(
         .await
     {
         Ok(tokens) => tokens,
+        Err(error) if error.is_retryable() => {
+            tracing::warn!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "the upstream password grant failed");
+            return back(unreachable_upstream());
+        }
         Err(error) => {
             tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream password grant refused");
             return back(OAuthError::new(
@@ -327,10 +340,14 @@ where
         Ok(tokens) => tokens,
         Err(error) => {
             tracing::warn!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "redeeming the upstream code failed");
-            return back(OAuthError::new(
-                Code::AccessDenied,
-                "Reason: the upstream identity provider did not accept the authorization code.",
-            ));
+            return back(if error.is_retryable() {
+                unreachable_upstream()
+            } else {
+                OAuthError::new(
+                    Code::AccessDenied,
+                    "Reason: the upstream identity provider did not accept the authorization code.",
+                )
+            });
         }
     };
     let (identity, upstream) = match oidc.login(tokens) {
