@@ -34,6 +34,7 @@ mod supervisor_login;
 mod supervisor_oauth;
 mod supervisor_rp;
 mod supervisor_sessions;
+mod supervisor_sni;
 mod token_review;
 mod x509_identity;
 
