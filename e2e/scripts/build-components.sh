@@ -3,13 +3,16 @@
 #   kube-apiserver + kubectl  from k8s.io/kubernetes (staging modules replaced by their published tags)
 #   etcd                      from go.etcd.io/etcd/server/v3
 #   dex                       from github.com/dexidp/dex (the OIDC provider of the JWT tests)
+#   keycloak                  org.keycloak:keycloak-quarkus-dist from Maven Central (an upstream
+#                             with token revocation, which Dex lacks), run on a JDK >= 21 from
+#                             /usr/lib/jvm (printed as keycloak_java_home)
 # Each build lives in a cache outside the repository, keyed by version:
 #   ${SELKIE_CACHE_DIR:-~/.cache/selkie}/components/<name>-<version>/bin/
 # A finished build is marked by a stamp file, so a second run only checks the stamp (seconds).
 # Concurrent runs serialise on a lock file. Prints `<name>=<bin-dir>` and `<name>_version=<version>`
 # per component on stdout; progress and errors go to stderr.
 #
-# usage: build-components.sh [kubernetes|etcd|dex|all]      (default: all)
+# usage: build-components.sh [kubernetes|etcd|dex|keycloak|all]      (default: all)
 set -euo pipefail
 
 K8S_VERSION="${SELKIE_K8S_VERSION:-1.35.4}"
@@ -17,6 +20,7 @@ ETCD_VERSION="${SELKIE_ETCD_VERSION:-3.6.16}"
 # Dex's module path lacks /v2, so its v2.x tags are not valid module versions: the pseudo-version
 # of the v2.45.1 tag's commit (11d2eeb52b42, 2026-03-03) is the way to name that release.
 DEX_VERSION="${SELKIE_DEX_VERSION:-0.0.0-20260303133905-11d2eeb52b42}"
+KEYCLOAK_VERSION="${SELKIE_KEYCLOAK_VERSION:-26.4.7}"
 CACHE_DIR="${SELKIE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/selkie}/components"
 # Bump when the recipe below changes, so cached builds made by an older recipe are rebuilt.
 RECIPE=1
@@ -125,14 +129,42 @@ build_dex() {
   build_go_binary dex "$1" "github.com/dexidp/dex@v$2" github.com/dexidp/dex/cmd/dex dex
 }
 
+# Keycloak's server distribution, unpacked so that WORK/bin/kc.sh is its start script.
+build_keycloak() {
+  local work=$1 version=$2
+  command -v mvn >/dev/null || die "mvn is not on PATH; Keycloak comes from Maven Central (install Maven)"
+  run_logged keycloak "$work" mvn -q -B dependency:copy \
+    "-Dartifact=org.keycloak:keycloak-quarkus-dist:$version:tar.gz" -DoutputDirectory=.
+  run_logged keycloak "$work" tar xzf "keycloak-quarkus-dist-$version.tar.gz" --strip-components=1
+  rm -f "$work/keycloak-quarkus-dist-$version.tar.gz"
+  [[ -x "$work/bin/kc.sh" ]] || die "keycloak $version: the distribution has no bin/kc.sh"
+}
+
+# Prints keycloak_java_home=<a JDK of version 21 or newer under /usr/lib/jvm> (Keycloak 26 needs it).
+keycloak_java_home() {
+  local jdk major
+  for jdk in /usr/lib/jvm/*/; do
+    [[ -x "$jdk/bin/java" && -f "$jdk/release" ]] || continue
+    major=$(sed -n 's/^JAVA_VERSION="\([0-9]*\).*/\1/p' "$jdk/release")
+    if [[ -n "$major" ]] && ((major >= 21)); then
+      printf 'keycloak_java_home=%s\n' "${jdk%/}"
+      return
+    fi
+  done
+  die "no JDK 21 or newer under /usr/lib/jvm for Keycloak $KEYCLOAK_VERSION"
+}
+
 case "${1:-all}" in
   kubernetes) with_cache kubernetes "$K8S_VERSION" build_kubernetes ;;
   etcd) with_cache etcd "$ETCD_VERSION" build_etcd ;;
   dex) with_cache dex "$DEX_VERSION" build_dex ;;
+  keycloak) with_cache keycloak "$KEYCLOAK_VERSION" build_keycloak; keycloak_java_home ;;
   all)
     with_cache etcd "$ETCD_VERSION" build_etcd
     with_cache kubernetes "$K8S_VERSION" build_kubernetes
     with_cache dex "$DEX_VERSION" build_dex
+    with_cache keycloak "$KEYCLOAK_VERSION" build_keycloak
+    keycloak_java_home
     ;;
-  *) die "usage: $0 [kubernetes|etcd|dex|all]" ;;
+  *) die "usage: $0 [kubernetes|etcd|dex|keycloak|all]" ;;
 esac

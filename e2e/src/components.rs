@@ -18,6 +18,10 @@ pub struct Components {
     pub etcd: PathBuf,
     /// `dex`, the OIDC provider.
     pub dex: PathBuf,
+    /// Keycloak's start script `kc.sh` (an OIDC provider with token revocation).
+    pub keycloak: PathBuf,
+    /// The JDK Keycloak runs on (21 or newer).
+    pub keycloak_java_home: PathBuf,
     /// The Kubernetes version, without the leading `v` (for example `1.35.4`).
     pub kubernetes_version: String,
     /// The etcd version, without the leading `v`.
@@ -74,11 +78,14 @@ fn build() -> Result<Components, HarnessError> {
     let kube_bin = PathBuf::from(get("kubernetes")?);
     let etcd_bin = PathBuf::from(get("etcd")?);
     let dex_bin = PathBuf::from(get("dex")?);
+    let keycloak_bin = PathBuf::from(get("keycloak")?);
     let components = Components {
         kube_apiserver: kube_bin.join("kube-apiserver"),
         kubectl: kube_bin.join("kubectl"),
         etcd: etcd_bin.join("etcd"),
         dex: dex_bin.join("dex"),
+        keycloak: keycloak_bin.join("kc.sh"),
+        keycloak_java_home: PathBuf::from(get("keycloak_java_home")?),
         kubernetes_version: get("kubernetes_version")?,
         etcd_version: get("etcd_version")?,
     };
@@ -87,6 +94,8 @@ fn build() -> Result<Components, HarnessError> {
         &components.kubectl,
         &components.etcd,
         &components.dex,
+        &components.keycloak,
+        &components.keycloak_java_home.join("bin/java"),
     ] {
         if !path.is_file() {
             return Err(HarnessError::Build {

@@ -35,6 +35,7 @@ pub mod crds;
 pub mod dex;
 pub mod echo_api;
 mod error;
+pub mod keycloak;
 pub mod kubectl;
 pub mod pki;
 mod process;

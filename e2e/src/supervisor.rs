@@ -11,6 +11,7 @@ use selkie_oidc::https::{HttpsClient, TlsOptions};
 
 use crate::{
     dex::{Dex, CLIENT_ID, CLIENT_SECRET},
+    keycloak::Keycloak,
     pki::CertificateAuthority,
     process::{workspace_binary, ManagedProcess},
     Cluster, HarnessError,
@@ -39,18 +40,85 @@ impl std::fmt::Debug for Supervisor {
     }
 }
 
+/// An upstream OIDC provider of a test's Supervisor: the OIDCIdentityProvider the harness
+/// creates for it (username from `email`, groups from `groups`, password grant allowed).
+pub trait Upstream {
+    /// The OIDCIdentityProvider's name (its client Secret is `<name>-client`).
+    fn name(&self) -> &str;
+    /// The upstream's issuer.
+    fn issuer(&self) -> &str;
+    /// The CA of its serving certificate, PEM.
+    fn ca_pem(&self) -> String;
+    /// The Supervisor's confidential client at the upstream.
+    fn client_id(&self) -> &str;
+    /// Its secret.
+    fn client_secret(&self) -> &str;
+    /// The scopes the Supervisor asks for besides `openid`.
+    fn additional_scopes(&self) -> Vec<&str>;
+}
+
+impl Upstream for Dex {
+    fn name(&self) -> &str {
+        "dex"
+    }
+    fn issuer(&self) -> &str {
+        Dex::issuer(self)
+    }
+    fn ca_pem(&self) -> String {
+        Dex::ca_pem(self)
+    }
+    fn client_id(&self) -> &str {
+        CLIENT_ID
+    }
+    fn client_secret(&self) -> &str {
+        CLIENT_SECRET
+    }
+    fn additional_scopes(&self) -> Vec<&str> {
+        vec!["offline_access", "email", "groups"]
+    }
+}
+
+impl Upstream for Keycloak {
+    fn name(&self) -> &str {
+        "keycloak"
+    }
+    fn issuer(&self) -> &str {
+        Keycloak::issuer(self)
+    }
+    fn ca_pem(&self) -> String {
+        Keycloak::ca_pem(self)
+    }
+    fn client_id(&self) -> &str {
+        crate::keycloak::CLIENT_ID
+    }
+    fn client_secret(&self) -> &str {
+        crate::keycloak::CLIENT_SECRET
+    }
+    fn additional_scopes(&self) -> Vec<&str> {
+        // Keycloak refuses scopes it has no client scope for; its groups come from a mapper.
+        vec!["offline_access", "email"]
+    }
+}
+
 impl Supervisor {
     /// Sets up `namespace` (which must exist) and starts the Supervisor: the OIDCIdentityProvider
-    /// `dex` for `dex` (username from `email`, groups from `groups`, password grant allowed), and
+    /// for `upstream` ([`Upstream`]: username from `email`, groups from `groups`, password grant), and
     /// the FederationDomain `federation-domain` with issuer `https://127.0.0.1:<port>/<namespace>`
     /// listing it as `idp_display_name`. Returns once the issuer's discovery document is served.
     pub async fn start(
         cluster: &'static Cluster,
         namespace: &str,
-        dex: &Dex,
+        upstream: &dyn Upstream,
         idp_display_name: &str,
     ) -> Result<Self, HarnessError> {
-        Self::start_on(cluster, namespace, dex, idp_display_name, crate::free_port()?).await
+        Self::start_on(
+            cluster,
+            namespace,
+            upstream,
+            idp_display_name,
+            crate::free_port()?,
+        )
+        .await
     }
 
     /// The issuer a Supervisor started on `port` for `namespace` has (to register its callback at
@@ -63,14 +131,14 @@ impl Supervisor {
     pub async fn start_on(
         cluster: &'static Cluster,
         namespace: &str,
-        dex: &Dex,
+        upstream: &dyn Upstream,
         idp_display_name: &str,
         port: u16,
     ) -> Result<Self, HarnessError> {
         Self::start_with(
             cluster,
             namespace,
-            dex,
+            upstream,
             idp_display_name,
             port,
             serde_json::json!({}),
@@ -83,7 +151,7 @@ impl Supervisor {
     pub async fn start_with(
         cluster: &'static Cluster,
         namespace: &str,
-        dex: &Dex,
+        upstream: &dyn Upstream,
         idp_display_name: &str,
         port: u16,
         settings: serde_json::Value,
@@ -97,7 +165,7 @@ impl Supervisor {
         for (key, value) in settings.as_object().into_iter().flatten() {
             config[key] = value.clone();
         }
-        Self::launch(cluster, namespace, dex, idp_display_name, port, config).await
+        Self::launch(cluster, namespace, upstream, idp_display_name, port, config).await
     }
 
     /// Installs the Supervisor from its manifests (`conf/crds/`, `conf/install/supervisor.yaml`)
@@ -107,7 +175,7 @@ impl Supervisor {
     /// FederationDomain as [`Supervisor::start`] creates them (in `pinniped-supervisor`).
     pub async fn install(
         cluster: &'static Cluster,
-        dex: &Dex,
+        upstream: &dyn Upstream,
         idp_display_name: &str,
     ) -> Result<Self, HarnessError> {
         const NAMESPACE: &str = "pinniped-supervisor";
@@ -158,7 +226,7 @@ impl Supervisor {
         Self::launch(
             cluster,
             NAMESPACE,
-            dex,
+            upstream,
             idp_display_name,
             crate::free_port()?,
             config,
@@ -171,7 +239,7 @@ impl Supervisor {
     async fn launch(
         cluster: &'static Cluster,
         namespace: &str,
-        dex: &Dex,
+        upstream: &dyn Upstream,
         idp_display_name: &str,
         port: u16,
         mut config_doc: serde_json::Value,
@@ -200,19 +268,19 @@ data: {{tls.crt: {cert}, tls.key: {key}}}
 ---
 apiVersion: v1
 kind: Secret
-metadata: {{name: dex-client, namespace: {namespace}}}
+metadata: {{name: {idp}-client, namespace: {namespace}}}
 type: secrets.pinniped.dev/oidc-client
 stringData: {{clientID: {client_id}, clientSecret: {client_secret}}}
 ---
 apiVersion: idp.supervisor.pinniped.dev/v1alpha1
 kind: OIDCIdentityProvider
-metadata: {{name: dex, namespace: {namespace}}}
+metadata: {{name: {idp}, namespace: {namespace}}}
 spec:
-  issuer: {dex_issuer}
-  tls: {{certificateAuthorityData: {dex_ca}}}
-  client: {{secretName: dex-client}}
+  issuer: {upstream_issuer}
+  tls: {{certificateAuthorityData: {upstream_ca}}}
+  client: {{secretName: {idp}-client}}
   authorizationConfig:
-    additionalScopes: [offline_access, email, groups]
+    additionalScopes: {scopes:?}
     allowPasswordGrant: true
   claims: {{username: email, groups: groups}}
 ---
@@ -223,14 +291,16 @@ spec:
   issuer: {issuer}
   identityProviders:
   - displayName: {idp_display_name:?}
-    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: dex}}
+    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: {idp}}}
 "#,
             cert = B64.encode(&serving.cert_pem),
             key = B64.encode(&serving.key_pem),
-            client_id = CLIENT_ID,
-            client_secret = CLIENT_SECRET,
-            dex_issuer = dex.issuer(),
-            dex_ca = B64.encode(dex.ca_pem()),
+            idp = upstream.name(),
+            client_id = upstream.client_id(),
+            client_secret = upstream.client_secret(),
+            upstream_issuer = upstream.issuer(),
+            upstream_ca = B64.encode(upstream.ca_pem()),
+            scopes = upstream.additional_scopes(),
         );
         cluster
             .kubectl()

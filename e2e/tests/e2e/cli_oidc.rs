@@ -230,7 +230,7 @@ fn only_session(path: &Path) -> anyhow::Result<Value> {
 }
 
 /// The claims of a JWT (unverified; the proxy verified it).
-fn jwt_claims(token: &str) -> anyhow::Result<Value> {
+pub(crate) fn jwt_claims(token: &str) -> anyhow::Result<Value> {
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     let payload = token
         .split('.')

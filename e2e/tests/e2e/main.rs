@@ -32,6 +32,7 @@ mod supervisor_install;
 mod supervisor_keys;
 mod supervisor_login;
 mod supervisor_oauth;
+mod supervisor_revocation;
 mod supervisor_rp;
 mod supervisor_sessions;
 mod supervisor_sni;

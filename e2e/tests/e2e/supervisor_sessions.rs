@@ -59,7 +59,7 @@ pub(crate) async fn login(supervisor: &Supervisor, idp_name: &str, email: &str) 
 }
 
 /// The refresh grant with `refresh_token`: status and answer.
-async fn refresh(supervisor: &Supervisor, refresh_token: &str) -> anyhow::Result<(u16, Value)> {
+pub(crate) async fn refresh(supervisor: &Supervisor, refresh_token: &str) -> anyhow::Result<(u16, Value)> {
     token(
         &supervisor.client()?,
         &format!("{}/oauth2/token", supervisor.issuer()),
@@ -91,7 +91,7 @@ fn label<'a>(secret: &'a Secret, name: &str) -> &'a str {
 }
 
 /// The one storage Secret of `kind`.
-async fn one_of(secrets: &Api<Secret>, kind: &str) -> anyhow::Result<Secret> {
+pub(crate) async fn one_of(secrets: &Api<Secret>, kind: &str) -> anyhow::Result<Secret> {
     let found: Vec<Secret> = storage(secrets)
         .await?
         .into_iter()
@@ -102,7 +102,7 @@ async fn one_of(secrets: &Api<Secret>, kind: &str) -> anyhow::Result<Secret> {
 }
 
 /// The stored session JSON of a storage Secret.
-fn stored_session(secret: &Secret) -> anyhow::Result<Value> {
+pub(crate) fn stored_session(secret: &Secret) -> anyhow::Result<Value> {
     let data = secret
         .data
         .as_ref()
@@ -113,7 +113,7 @@ fn stored_session(secret: &Secret) -> anyhow::Result<Value> {
 
 /// Marks `name` expired as an operator could (its collection time in the past) and waits until
 /// the collector has deleted it.
-async fn expire_and_wait_for_collection(
+pub(crate) async fn expire_and_wait_for_collection(
     cluster: &Cluster,
     secrets: &Api<Secret>,
     namespace: &str,
