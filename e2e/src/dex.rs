@@ -75,6 +75,9 @@ pub struct Tokens {
     pub id_token: String,
     /// The access token.
     pub access_token: String,
+    /// The refresh token, when `offline_access` was granted.
+    #[serde(default)]
+    pub refresh_token: Option<String>,
 }
 
 impl Dex {
@@ -202,14 +205,49 @@ impl Dex {
         self.ca.cert_pem()
     }
 
+    /// The process id of the running Dex (for its CPU time in `/proc`), `None` while it is stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(ManagedProcess::pid)
+    }
+
     /// Logs `email` in with the password grant, asking for the `openid email profile groups`
     /// scopes. A refused login is an error carrying Dex's answer.
     pub async fn password_grant(&self, email: &str, password: &str) -> Result<Tokens, HarnessError> {
+        self.password_grant_with_scope(email, password, "openid email profile groups")
+            .await
+    }
+
+    /// [`Dex::password_grant`] asking for `scope` (space-separated; with `offline_access` Dex
+    /// also issues a refresh token).
+    pub async fn password_grant_with_scope(
+        &self,
+        email: &str,
+        password: &str,
+        scope: &str,
+    ) -> Result<Tokens, HarnessError> {
+        let form = [
+            ("grant_type", "password"),
+            ("username", email),
+            ("password", password),
+            ("scope", scope),
+        ];
+        self.token_request(&form, &format!("the password grant for {email}"))
+            .await
+    }
+
+    /// The refresh grant of the confidential client [`CLIENT_ID`] with `refresh_token` (Dex
+    /// rotates it: the answer carries the next one). A refused refresh is an error carrying Dex's
+    /// answer.
+    pub async fn refresh_grant(&self, refresh_token: &str) -> Result<Tokens, HarnessError> {
+        let form = [("grant_type", "refresh_token"), ("refresh_token", refresh_token)];
+        self.token_request(&form, "the refresh grant").await
+    }
+
+    /// POSTs `form` with the confidential client's credentials to the token endpoint; `what`
+    /// names the grant in errors.
+    async fn token_request(&self, form: &[(&str, &str)], what: &str) -> Result<Tokens, HarnessError> {
         let body = form_urlencoded::Serializer::new(String::new())
-            .append_pair("grant_type", "password")
-            .append_pair("username", email)
-            .append_pair("password", password)
-            .append_pair("scope", "openid email profile groups")
+            .extend_pairs(form)
             .append_pair("client_id", CLIENT_ID)
             .append_pair("client_secret", CLIENT_SECRET)
             .finish();
@@ -222,10 +260,7 @@ impl Dex {
             .await
             .map_err(|e| HarnessError::kube("Dex token request", e))?;
         if status != StatusCode::OK {
-            let problem = format!(
-                "refused the password grant for {email}: {status} {}",
-                String::from_utf8_lossy(&body)
-            );
+            let problem = format!("refused {what}: {status} {}", String::from_utf8_lossy(&body));
             return Err(match &self.process {
                 Some(process) => process.failure(problem),
                 None => HarnessError::kube("Dex token request", problem),

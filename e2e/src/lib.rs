@@ -19,6 +19,8 @@
 //! * [`proxy`] runs Selkie's impersonation proxy (`selkie-concierge`) in front of a cluster.
 //! * [`supervisor`] runs Selkie's Supervisor (`selkie-supervisor`) with a FederationDomain and an
 //!   OIDCIdentityProvider for a [`dex::Dex`].
+//! * [`pinniped_cli`] speaks to the Supervisor's OAuth endpoints as Pinniped's CLI does with the
+//!   `cli_password` flow: login, refresh and token exchange.
 //! * [`concierge`] installs the Concierge from `conf/` and runs it, control plane included, with
 //!   its service account's permissions.
 //! * [`watch`] observes that an object is *not* written (a watch that fails at the first write),
@@ -37,6 +39,7 @@ pub mod echo_api;
 mod error;
 pub mod keycloak;
 pub mod kubectl;
+pub mod pinniped_cli;
 pub mod pki;
 mod process;
 pub mod proxy;

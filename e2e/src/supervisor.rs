@@ -147,7 +147,8 @@ impl Supervisor {
     }
 
     /// [`Supervisor::start_on`] with `settings` (an object of configuration-file keys, such as
-    /// `signingKeyRotationInterval`) added to the configuration.
+    /// `signingKeyRotationInterval`, or `sessionGarbageCollectionInterval`, otherwise `1s`) added to
+    /// the configuration.
     pub async fn start_with(
         cluster: &'static Cluster,
         namespace: &str,
@@ -311,9 +312,12 @@ spec:
             "https": format!("127.0.0.1:{port}"),
             "metrics": format!("127.0.0.1:{}", crate::free_port()?),
         });
-        // Expired sessions go within seconds, so tests observe the collector (and every test's
-        // live sessions run beside it).
-        config_doc["sessionGarbageCollectionInterval"] = serde_json::json!("1s");
+        // Unless the caller chose otherwise (`start_with`: benchmarks keep sweeps out of their
+        // phases), expired sessions go within seconds, so tests observe the collector (and every
+        // test's live sessions run beside it).
+        if config_doc.get("sessionGarbageCollectionInterval").is_none() {
+            config_doc["sessionGarbageCollectionInterval"] = serde_json::json!("1s");
+        }
         let config = dir.path().join("supervisor.yaml");
         std::fs::write(&config, config_doc.to_string())
             .map_err(|e| HarnessError::io("writing the Supervisor's configuration", e))?;
@@ -394,6 +398,11 @@ spec:
     /// The CA of its serving certificate, PEM.
     pub fn ca_pem(&self) -> String {
         self.ca.cert_pem()
+    }
+
+    /// The first replica's process id (for its CPU time and memory in `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 
     /// Its namespace.

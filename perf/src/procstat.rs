@@ -79,6 +79,35 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
     all
 }
 
+/// `(busy, total)` jiffies of all CPUs together since boot, from `/proc/stat`: busy is user +
+/// nice + system + irq + softirq + steal, total adds idle and iowait. `(0, 0)` if unreadable.
+pub fn machine_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let get = |i: usize| fields.get(i).copied().unwrap_or(0);
+    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+    (busy, busy + get(3) + get(4))
+}
+
+/// The machine's CPU busy share (0–1, all CPUs together) over the next `over` (sleeps).
+pub fn machine_busy(over: Duration) -> f64 {
+    let (busy0, total0) = machine_jiffies();
+    std::thread::sleep(over);
+    let (busy1, total1) = machine_jiffies();
+    if total1 > total0 {
+        (busy1 - busy0) as f64 / (total1 - total0) as f64
+    } else {
+        0.0
+    }
+}
+
 /// The 1-, 5- and 15-minute load averages.
 pub fn load_average() -> anyhow::Result<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;

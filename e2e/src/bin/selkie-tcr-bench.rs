@@ -9,13 +9,14 @@
 
 use std::{path::PathBuf, sync::Arc, time::Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use clap::Parser;
 use selkie_e2e::{
     concierge::InstalledConcierge,
     dex::{Dex, DexUser, CLIENT_ID},
     Cluster,
 };
+use selkie_perf::procstat;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -44,20 +45,6 @@ async fn send(client: kube::Client, body: Vec<u8>) -> Result<()> {
         answer["status"]
     );
     Ok(())
-}
-
-/// utime + stime of `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .context("a /proc stat line")?
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
-    // Linux reports in USER_HZ, 100 on every architecture Selkie runs on.
-    Ok(ticks / 100.0)
 }
 
 #[tokio::main]
@@ -102,7 +89,7 @@ async fn main() -> Result<()> {
     }
 
     let pid = concierge.process().pid();
-    let cpu_before = cpu_seconds(pid)?;
+    let cpu_before = procstat::cpu_time(pid)?;
     let started = Instant::now();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = tokio::task::JoinSet::new();
@@ -119,7 +106,7 @@ async fn main() -> Result<()> {
         result??;
     }
     let wall = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(pid)? - cpu_before;
+    let cpu = procstat::cpu_time(pid)?.saturating_sub(cpu_before).as_secs_f64();
     let report = format!(
         "# TokenCredentialRequest through kube-apiserver's aggregation layer\n\n\
          PERF.md target: **≥ 3,000 issued credentials per second per core**.\n\n\

@@ -4,151 +4,21 @@
 //! rules, and bad authorization requests answered with OAuth errors — never a panic, never a
 //! secret in the log.
 
-use std::time::Duration;
-
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
-use bytes::Bytes;
+// The CLI's side of the OAuth endpoints lives in the harness; the other Supervisor tests import
+// it from here as well.
+pub(crate) use selkie_e2e::pinniped_cli::{
+    authorize_url, exchange, get, param, redirected, token, IDP_DISPLAY_NAME as IDP_NAME, REDIRECT, VERIFIER,
+};
 use selkie_e2e::{
     dex::{Dex, DexUser},
+    pinniped_cli,
     supervisor::Supervisor,
     Cluster,
 };
-use selkie_oidc::https::{HttpsClient, Response};
 use serde_json::Value;
-use sha2::Digest as _;
 
 pub(crate) const PASSWORD: &str = "seal-of-approval";
-pub(crate) const IDP_NAME: &str = "Dex Users";
-pub(crate) const REDIRECT: &str = "http://127.0.0.1:48123/callback";
-pub(crate) const VERIFIER: &str = "a-verifier-of-enough-length-0123456789-abcdefghijkl";
-
-fn challenge() -> String {
-    URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(VERIFIER.as_bytes()))
-}
-
-/// The authorize URL of `issuer` (with `base` as scheme and authority) and the good parameters,
-/// minus `without`, plus `extra`.
-pub(crate) fn authorize_url(base: &str, path: &str, without: &[&str], extra: &[(&str, &str)]) -> String {
-    let challenge = challenge();
-    let mut params: Vec<(&str, &str)> = vec![
-        ("client_id", "pinniped-cli"),
-        ("redirect_uri", REDIRECT),
-        ("response_type", "code"),
-        (
-            "scope",
-            "openid offline_access pinniped:request-audience username groups",
-        ),
-        ("state", "state-0123456789"),
-        ("nonce", "nonce-0123456789"),
-        ("code_challenge", &challenge),
-        ("code_challenge_method", "S256"),
-        ("pinniped_idp_name", IDP_NAME),
-    ];
-    params.retain(|(name, _)| !without.contains(name));
-    params.extend_from_slice(extra);
-    let query = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(params)
-        .finish();
-    format!("{base}{path}/oauth2/authorize?{query}")
-}
-
-pub(crate) async fn get(
-    client: &HttpsClient,
-    url: &str,
-    password: Option<&str>,
-    email: &str,
-) -> anyhow::Result<Response> {
-    let mut headers = Vec::new();
-    if let Some(password) = password {
-        headers.push((
-            http::HeaderName::from_static("pinniped-username"),
-            http::HeaderValue::from_str(email)?,
-        ));
-        headers.push((
-            http::HeaderName::from_static("pinniped-password"),
-            http::HeaderValue::from_str(password)?,
-        ));
-    }
-    Ok(client
-        .send(
-            http::Method::GET,
-            url,
-            &headers,
-            Bytes::new(),
-            1 << 20,
-            Some(Duration::from_secs(30)),
-        )
-        .await?)
-}
-
-/// The parameters of a redirect's Location, after checking it goes to `REDIRECT`.
-pub(crate) fn redirected(response: &Response) -> anyhow::Result<Vec<(String, String)>> {
-    anyhow::ensure!(
-        response.status == 303,
-        "expected a redirect, got {}: {:?}",
-        response.status,
-        response.body
-    );
-    let location = response.headers[http::header::LOCATION].to_str()?;
-    let query = location
-        .strip_prefix(&format!("{REDIRECT}?"))
-        .ok_or_else(|| anyhow::anyhow!("redirected elsewhere: {location}"))?;
-    Ok(form_urlencoded::parse(query.as_bytes()).into_owned().collect())
-}
-
-pub(crate) fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    params.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
-}
-
-pub(crate) async fn token(
-    client: &HttpsClient,
-    url: &str,
-    form: &[(&str, &str)],
-) -> anyhow::Result<(u16, Value)> {
-    let body = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(form)
-        .finish();
-    let response = client
-        .send(
-            http::Method::POST,
-            url,
-            &[(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/x-www-form-urlencoded"),
-            )],
-            Bytes::from(body),
-            1 << 20,
-            Some(Duration::from_secs(30)),
-        )
-        .await?;
-    Ok((response.status.as_u16(), serde_json::from_slice(&response.body)?))
-}
-
-/// RFC 8693 token exchange at the token endpoint `url`: the access token `subject` for a JWT
-/// with `audience`. The status and answer.
-pub(crate) async fn exchange(
-    client: &HttpsClient,
-    url: &str,
-    audience: &str,
-    subject: &str,
-) -> anyhow::Result<(u16, Value)> {
-    token(
-        client,
-        url,
-        &[
-            ("grant_type", "urn:ietf:params:oauth:grant-type:token-exchange"),
-            ("client_id", "pinniped-cli"),
-            ("audience", audience),
-            ("subject_token", subject),
-            (
-                "subject_token_type",
-                "urn:ietf:params:oauth:token-type:access_token",
-            ),
-            ("requested_token_type", "urn:ietf:params:oauth:token-type:jwt"),
-        ],
-    )
-    .await
-}
 
 #[tokio::test]
 async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<()> {
@@ -166,12 +36,7 @@ async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<(
     let mut supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
     let second_port = supervisor.add_replica().await?;
     let http = supervisor.client()?;
-    let issuer = supervisor.issuer().to_string();
-    let (first, path) = {
-        let rest = issuer.strip_prefix("https://").unwrap_or_default();
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        (format!("https://{authority}"), format!("/{path}"))
-    };
+    let (first, path) = pinniped_cli::split_issuer(supervisor.issuer());
     let second = format!("https://127.0.0.1:{second_port}");
 
     // Authorize on the first replica (cli_password), redeem on the second.
@@ -265,22 +130,12 @@ async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<(
         status == 400 && error["error"] == "invalid_grant",
         "revoked access token: {status} {error}"
     );
-    let refresh_form = |token: &str| {
-        vec![
-            ("grant_type".to_string(), "refresh_token".to_string()),
-            ("client_id".to_string(), "pinniped-cli".to_string()),
-            ("refresh_token".to_string(), token.to_string()),
-        ]
-    };
-    let refreshed = |form: Vec<(String, String)>, base: String| {
-        let http = http.clone();
+    let refreshed = |token: &str, base: String| {
+        let (http, token) = (http.clone(), token.to_string());
         let url = format!("{base}{path}/oauth2/token");
-        async move {
-            let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            token(&http, &url, &pairs).await
-        }
+        async move { pinniped_cli::refresh(&http, &url, &token).await }
     };
-    let (status, error) = refreshed(refresh_form(&refresh), second.clone()).await?;
+    let (status, error) = refreshed(&refresh, second.clone()).await?;
     anyhow::ensure!(
         status == 400 && error["error"] == "invalid_grant",
         "revoked refresh token: {status} {error}"
@@ -307,19 +162,19 @@ async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<(
     let (status, tokens) = token(&http, &format!("{first}{path}/oauth2/token"), &redeem).await?;
     anyhow::ensure!(status == 200, "{status}: {tokens}");
     let old_refresh = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
-    let (status, rotated) = refreshed(refresh_form(&old_refresh), second.clone()).await?;
+    let (status, rotated) = refreshed(&old_refresh, second.clone()).await?;
     anyhow::ensure!(status == 200, "refresh: {status} {rotated}");
     let new_refresh = rotated["refresh_token"].as_str().unwrap_or_default().to_string();
     anyhow::ensure!(
         new_refresh.starts_with("pin_rt_") && new_refresh != old_refresh,
         "{rotated}"
     );
-    let (status, error) = refreshed(refresh_form(&old_refresh), first.clone()).await?;
+    let (status, error) = refreshed(&old_refresh, first.clone()).await?;
     anyhow::ensure!(
         status == 400 && error["error"] == "invalid_grant",
         "reused refresh token: {status} {error}"
     );
-    let (status, _) = refreshed(refresh_form(&new_refresh), first.clone()).await?;
+    let (status, _) = refreshed(&new_refresh, first.clone()).await?;
     anyhow::ensure!(status == 200, "the rotated refresh token works");
 
     // A wrong PKCE verifier.

@@ -11,65 +11,39 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{api::ListParams, Api};
 use selkie_e2e::{
     dex::{Dex, DexUser},
+    pinniped_cli,
     supervisor::Supervisor,
     Cluster,
 };
 use serde_json::Value;
 
-use super::supervisor_oauth::{authorize_url, get, param, redirected, token, PASSWORD, REDIRECT, VERIFIER};
+use super::supervisor_oauth::{get, PASSWORD};
 
 const TYPE_LABEL: &str = "storage.pinniped.dev/type";
 const REQUEST_ID_LABEL: &str = "storage.pinniped.dev/request-id";
 const COLLECT_AFTER: &str = "storage.pinniped.dev/garbage-collect-after";
 
 /// `https://host:port` and `/path` of an issuer.
-pub(crate) fn split(issuer: &str) -> (String, String) {
-    let rest = issuer.strip_prefix("https://").unwrap_or_default();
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    (format!("https://{authority}"), format!("/{path}"))
-}
+pub(crate) use selkie_e2e::pinniped_cli::split_issuer as split;
 
 /// Logs `email` in through `idp_name` with the cli_password flow and redeems the code: the
-/// token response.
+/// token response (an error carries the Supervisor's log).
 pub(crate) async fn login(supervisor: &Supervisor, idp_name: &str, email: &str) -> anyhow::Result<Value> {
-    let http = supervisor.client()?;
-    let (base, path) = split(supervisor.issuer());
-    let url = authorize_url(
-        &base,
-        &path,
-        &["pinniped_idp_name"],
-        &[("pinniped_idp_name", idp_name)],
-    );
-    let params = redirected(&get(&http, &url, Some(PASSWORD), email).await?)?;
-    let code = param(&params, "code").ok_or_else(|| anyhow::anyhow!("no code: {params:?}"))?;
-    let (status, tokens) = token(
-        &http,
-        &format!("{}/oauth2/token", supervisor.issuer()),
-        &[
-            ("grant_type", "authorization_code"),
-            ("client_id", "pinniped-cli"),
-            ("code", code),
-            ("redirect_uri", REDIRECT),
-            ("code_verifier", VERIFIER),
-        ],
+    pinniped_cli::login(
+        &supervisor.client()?,
+        supervisor.issuer(),
+        idp_name,
+        email,
+        PASSWORD,
     )
-    .await?;
-    anyhow::ensure!(status == 200, "{status}: {tokens}\n{}", supervisor.log());
-    Ok(tokens)
+    .await
+    .map_err(|e| e.context(supervisor.log()))
 }
 
 /// The refresh grant with `refresh_token`: status and answer.
 pub(crate) async fn refresh(supervisor: &Supervisor, refresh_token: &str) -> anyhow::Result<(u16, Value)> {
-    token(
-        &supervisor.client()?,
-        &format!("{}/oauth2/token", supervisor.issuer()),
-        &[
-            ("grant_type", "refresh_token"),
-            ("client_id", "pinniped-cli"),
-            ("refresh_token", refresh_token),
-        ],
-    )
-    .await
+    let token_url = format!("{}/oauth2/token", supervisor.issuer());
+    pinniped_cli::refresh(&supervisor.client()?, &token_url, refresh_token).await
 }
 
 /// The storage Secrets of the namespace, by name.

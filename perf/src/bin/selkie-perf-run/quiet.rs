@@ -3,40 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use selkie_perf::procstat::{load_average, process_tree, processes_named};
+use selkie_perf::procstat::{load_average, machine_busy, process_tree, processes_named};
 
 use crate::{cli::Args, Runner};
 
 /// Processes that mean someone else is busy on the machine.
 const BUSY: [&str; 3] = ["rustc", "kube-apiserver", "cc1"];
-
-/// `(user + nice + system + irq + softirq + steal, total)` jiffies of all CPUs.
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let get = |i: usize| fields.get(i).copied().unwrap_or(0);
-    let busy = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
-    (busy, busy + get(3) + get(4))
-}
-
-/// The machine's CPU busy share over the next `over`.
-fn cpu_busy(over: Duration) -> f64 {
-    let (busy0, total0) = cpu_jiffies();
-    std::thread::sleep(over);
-    let (busy1, total1) = cpu_jiffies();
-    if total1 > total0 {
-        (busy1 - busy0) as f64 / (total1 - total0) as f64
-    } else {
-        0.0
-    }
-}
 
 /// Compilers and kube-apiservers running, except `ignore` (the K rows' own cluster).
 fn busy_processes(ignore: &[u32]) -> Vec<(u32, String)> {
@@ -53,7 +25,7 @@ pub(crate) fn wait_for_quiet(args: &Args, budget: &mut Duration, ignore: &[u32])
     let limit = args.quiet_wait.min(*budget);
     loop {
         let busy_procs = busy_processes(ignore);
-        let busy = cpu_busy(Duration::from_secs(5));
+        let busy = machine_busy(Duration::from_secs(5));
         let load = load_average().map(|l| l[0]).unwrap_or(f64::NAN);
         let quiet = busy_procs.is_empty() && busy < args.quiet_busy;
         let waited = start.elapsed();
