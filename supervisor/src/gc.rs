@@ -205,6 +205,7 @@ mod tests {
                 refresh_token: refresh.map(str::to_string),
                 access_token: access.map(str::to_string),
             },
+            access_token_signature: None,
         }
     }
 

@@ -117,6 +117,11 @@ pub struct Session {
     pub identity: Identity,
     /// Through which upstream.
     pub upstream: Upstream,
+    /// The signature of the access token issued with this copy's refresh token, so that a
+    /// refresh deletes that token by name; absent in sessions stored before (a refresh then
+    /// deletes the login's access tokens by label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token_signature: Option<String>,
 }
 
 impl Session {

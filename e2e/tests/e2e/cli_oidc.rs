@@ -229,16 +229,6 @@ fn only_session(path: &Path) -> anyhow::Result<Value> {
     Ok(sessions[0].clone())
 }
 
-/// The claims of a JWT (unverified; the proxy verified it).
-pub(crate) fn jwt_claims(token: &str) -> anyhow::Result<Value> {
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let payload = token
-        .split('.')
-        .nth(1)
-        .ok_or_else(|| anyhow::anyhow!("not a JWT"))?;
-    Ok(serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload)?)?)
-}
-
 #[tokio::test]
 async fn the_first_kubectl_call_logs_in_with_the_browser_and_the_next_ones_use_the_caches(
 ) -> anyhow::Result<()> {
@@ -301,7 +291,7 @@ async fn the_first_kubectl_call_logs_in_with_the_browser_and_the_next_ones_use_t
     );
     let id_token = session["tokens"]["id"]["token"].as_str().unwrap_or_default();
     anyhow::ensure!(
-        jwt_claims(id_token)?["email"] == setup.email.as_str(),
+        selkie_e2e::pinniped_cli::jwt_claims(id_token)?["email"] == setup.email.as_str(),
         "{session}"
     );
     anyhow::ensure!(session["tokens"]["refresh"]["token"]
@@ -355,7 +345,7 @@ async fn the_password_flow_from_environment_variables_needs_no_browser_and_refre
     anyhow::ensure!(ok, "{stderr}");
     let credential: Value = serde_json::from_str(&stdout)?;
     let token = credential["status"]["token"].as_str().unwrap_or_default();
-    let claims = jwt_claims(token)?;
+    let claims = selkie_e2e::pinniped_cli::jwt_claims(token)?;
     anyhow::ensure!(
         claims["aud"] == "pinniped-cli" && claims["email"] == setup.email.as_str(),
         "{claims}"
@@ -584,7 +574,8 @@ async fn with_skip_listen_the_code_is_pasted_into_the_terminal() -> anyhow::Resu
     let screen = pane().await?;
     anyhow::ensure!(exit.trim() == "0", "exit {exit}; the terminal shows:\n{screen}");
     let credential: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
-    let claims = jwt_claims(credential["status"]["token"].as_str().unwrap_or_default())?;
+    let claims =
+        selkie_e2e::pinniped_cli::jwt_claims(credential["status"]["token"].as_str().unwrap_or_default())?;
     anyhow::ensure!(claims["email"] == setup.email.as_str(), "{claims}");
     anyhow::ensure!(!screen.contains("eyJ"), "a token reached the terminal:\n{screen}");
     Ok(())

@@ -174,8 +174,18 @@ async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<(
         status == 400 && error["error"] == "invalid_grant",
         "reused refresh token: {status} {error}"
     );
-    let (status, _) = refreshed(&new_refresh, first.clone()).await?;
+    let (status, again) = refreshed(&new_refresh, first.clone()).await?;
     anyhow::ensure!(status == 200, "the rotated refresh token works");
+    // Each refresh ended the access token issued before it; the newest one works.
+    let token_url = format!("{first}{path}/oauth2/token");
+    for (revoked, what) in [(&tokens, "the login's"), (&rotated, "the first refresh's")] {
+        let access = revoked["access_token"].as_str().unwrap_or_default();
+        let (status, error) = exchange(&http, &token_url, "cluster-a", access).await?;
+        anyhow::ensure!(status == 400, "{what} access token still works: {status} {error}");
+    }
+    let access = again["access_token"].as_str().unwrap_or_default();
+    let (status, answer) = exchange(&http, &token_url, "cluster-a", access).await?;
+    anyhow::ensure!(status == 200, "the newest access token: {status} {answer}");
 
     // A wrong PKCE verifier.
     let response = get(

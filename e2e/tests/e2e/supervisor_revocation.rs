@@ -50,7 +50,7 @@ async fn collecting_an_expired_session_revokes_its_upstream_refresh_token() -> a
         .map_err(|e| e.context(supervisor.log()))?;
     let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
     anyhow::ensure!(!refresh_token.is_empty(), "{tokens}");
-    let id_claims = crate::cli_oidc::jwt_claims(tokens["id_token"].as_str().unwrap_or_default())?;
+    let id_claims = selkie_e2e::pinniped_cli::jwt_claims(tokens["id_token"].as_str().unwrap_or_default())?;
     anyhow::ensure!(
         id_claims["username"] == email.as_str() && id_claims["groups"] == serde_json::json!(["seals"]),
         "{id_claims}"

@@ -409,6 +409,7 @@ async fn issue_code(
         token_expires_at: (now + session::AUTHORIZATION_CODE_LIFETIME).unix_timestamp(),
         identity,
         upstream,
+        access_token_signature: None,
     };
     if let Err(error) = endpoints
         .store

@@ -223,6 +223,7 @@ async fn issue_tokens(
     let mut stored = session.clone();
     stored.code_active = false;
     stored.token_expires_at = (now + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();
+    stored.access_token_signature = Some(access.signature.clone());
     endpoints
         .store
         .create(Resource::AccessToken, &access.signature, &stored, remaining, now)
@@ -289,13 +290,15 @@ async fn refresh(
         .delete(Resource::RefreshToken, &signature)
         .await
         .map_err(|e| store_failed(&e))?;
-    if let Err(error) = endpoints
-        .store
-        .delete_login(Resource::AccessToken, &session.request_id)
-        .await
-    {
-        return Err(store_failed(&error));
-    }
+    let revoked = match session.access_token_signature.take() {
+        Some(access) => endpoints.store.delete(Resource::AccessToken, &access).await,
+        None => endpoints
+            .store
+            .delete_login(Resource::AccessToken, &session.request_id)
+            .await
+            .map(|_| ()),
+    };
+    revoked.map_err(|e| store_failed(&e))?;
     upstream_refresh(issuer, &mut session).await?;
     issue_tokens(endpoints, issuer, session, false, now).await
 }
