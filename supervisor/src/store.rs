@@ -2,9 +2,10 @@
 //! and shapes them): written when a code is issued, read and rewritten by the token endpoint on
 //! any replica, deleted when revoked or expired.
 //!
-//! A login costs three writes (the code's Secret, then the access and refresh tokens' Secrets)
-//! and one read and update (redeeming the code); a refresh one read, two writes and the deletion
-//! of the old tokens. Pinniped also writes `pkce` and `oidc` Secrets per code; Selkie keeps the
+//! A login costs five requests: three writes (the code's Secret, then the access and refresh
+//! tokens' Secrets) and one read and one conditional replace (redeeming the code); a refresh
+//! five: one read, two writes and the deletions of the old refresh token and of the access token
+//! issued with it. Pinniped also writes `pkce` and `oidc` Secrets per code; Selkie keeps the
 //! PKCE challenge and the nonce in the code's own Secret, saving two writes and two deletes per
 //! login.
 
@@ -81,12 +82,13 @@ impl Store {
         Ok(())
     }
 
-    /// The session stored under `signature` and the Secret's resourceVersion, or `None`.
+    /// The session stored under `signature` and the Secret it was read from (to [`Store::update`]
+    /// it), or `None`.
     pub async fn get(
         &self,
         resource: Resource,
         signature: &str,
-    ) -> Result<Option<(Session, String)>, StoreError> {
+    ) -> Result<Option<(Session, Secret)>, StoreError> {
         let secret = match self.secrets.get(&resource.secret_name(signature)).await {
             Ok(secret) => secret,
             Err(error) if is_status(&error, 404) => return Ok(None),
@@ -95,26 +97,21 @@ impl Store {
         let data = resource.from_secret(&secret)?;
         let session: Session = serde_json::from_value(data)
             .map_err(|e| StoreError::Session(selkie_api::json::error_without_values(&e)))?;
-        Ok(Some((
-            session,
-            secret.metadata.resource_version.unwrap_or_default(),
-        )))
+        Ok(Some((session, secret)))
     }
 
-    /// Rewrites the session under `signature`, only if the Secret is still at
-    /// `resource_version`; [`StoreError::Conflict`] otherwise (someone else got there first).
+    /// Rewrites `stored` (a Secret [`Store::get`] returned for `resource` and `signature`) to
+    /// hold `session`, only if it is unchanged since it was read (its resourceVersion is the
+    /// replace's precondition): [`StoreError::Conflict`] otherwise (someone else got there
+    /// first). One request.
     pub async fn update(
         &self,
         resource: Resource,
         signature: &str,
-        resource_version: &str,
+        mut stored: Secret,
         session: &Session,
     ) -> Result<(), StoreError> {
         let name = resource.secret_name(signature);
-        let mut secret = self.secrets.get(&name).await?;
-        if secret.metadata.resource_version.as_deref() != Some(resource_version) {
-            return Err(StoreError::Conflict);
-        }
         let data = serde_json::to_value(session).map_err(|e| StoreError::Session(e.to_string()))?;
         let fresh = resource.to_secret(
             signature,
@@ -123,8 +120,8 @@ impl Store {
             time::Duration::ZERO,
             OffsetDateTime::now_utc(),
         );
-        secret.data = fresh.data;
-        match self.secrets.replace(&name, &PostParams::default(), &secret).await {
+        stored.data = fresh.data;
+        match self.secrets.replace(&name, &PostParams::default(), &stored).await {
             Ok(_) => Ok(()),
             Err(error) if is_status(&error, 409) => Err(StoreError::Conflict),
             Err(error) => Err(error.into()),

@@ -118,7 +118,7 @@ async fn authorization_code(
             invalid("The authorization code is malformed or was not issued by this FederationDomain.")
         })?;
     let now = OffsetDateTime::now_utc();
-    let Some((mut session, version)) = endpoints
+    let Some((mut session, stored)) = endpoints
         .store
         .get(Resource::AuthCode, &signature)
         .await
@@ -147,7 +147,7 @@ async fn authorization_code(
     session.code_active = false;
     match endpoints
         .store
-        .update(Resource::AuthCode, &signature, &version, &session)
+        .update(Resource::AuthCode, &signature, stored, &session)
         .await
     {
         Ok(()) => {}
