@@ -10,7 +10,7 @@
 //! Concierge (TokenCredentialRequest). Cluster B is then reached **without another browser login**:
 //! the same session is exchanged for cluster B's audience.
 
-use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
+use std::path::Path;
 
 use selkie_e2e::{
     concierge::InstalledConcierge,
@@ -20,7 +20,10 @@ use selkie_e2e::{
 };
 use serde_json::{json, Value};
 
-use crate::supervisor_oauth::{IDP_NAME, PASSWORD};
+use crate::{
+    supervisor_login::{browser_login, recording_browser},
+    supervisor_oauth::{IDP_NAME, PASSWORD},
+};
 
 /// A cluster of the test: a private kube-apiserver with the Concierge installed and trusting the
 /// Supervisor's tokens for `audience`, exposing its impersonation proxy, where the group `seals`
@@ -144,17 +147,6 @@ async fn whoami(cluster: &Cluster, kubeconfig: &Path) -> anyhow::Result<Value> {
     Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
 }
 
-/// A `$BROWSER` that appends the URL it is given to `urls`.
-fn recording_browser(dir: &Path, name: &str, urls: &Path) -> anyhow::Result<std::path::PathBuf> {
-    let script = dir.join(name);
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\necho \"$1\" >> '{}'\n", urls.display()),
-    )?;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    Ok(script)
-}
-
 #[tokio::test]
 async fn full_integration_one_browser_login_reaches_two_clusters_with_their_own_concierges(
 ) -> anyhow::Result<()> {
@@ -194,30 +186,7 @@ async fn full_integration_one_browser_login_reaches_two_clusters_with_their_own_
 
     // Cluster A: kubectl's first call logs in through the browser.
     let browser = selkie_e2e::browser::Browser::start().await?;
-    let login = async {
-        let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
-            std::fs::read_to_string(&urls_a)
-                .ok()
-                .and_then(|text| text.lines().next().map(str::to_string))
-                .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
-        })
-        .await?;
-        anyhow::ensure!(
-            url.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
-            "{url}"
-        );
-        browser.dex_login(&url, &email, PASSWORD).await?;
-        selkie_e2e::eventually(Duration::from_secs(30), || async {
-            let at = browser.current_url().await?;
-            let text = browser.body_text().await?;
-            anyhow::ensure!(
-                at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
-                "at {at}: {text}"
-            );
-            Ok(())
-        })
-        .await
-    };
+    let login = browser_login(&browser, &urls_a, &supervisor, &email);
     let context = |e: anyhow::Error| {
         e.context(format!(
             "--- Supervisor log ---\n{}\n--- Concierge A log ---\n{}",

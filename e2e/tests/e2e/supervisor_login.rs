@@ -259,13 +259,59 @@ async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> any
     Ok(())
 }
 
+/// A `$BROWSER` script in `dir` that appends the URL it is given to `urls`.
+pub(crate) fn recording_browser(dir: &Path, name: &str, urls: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let script = dir.join(name);
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$1\" >> '{}'\n", urls.display()),
+    )?;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    Ok(script)
+}
+
+/// The user's part of a browser login through the Supervisor, while the exec plugin waits: once
+/// the plugin has opened the browser (the first URL [`recording_browser`] wrote to `urls`, within
+/// 60 s) at `supervisor`'s authorize endpoint, `browser` goes there, through Dex's form as
+/// `email`, back to the Supervisor's callback, whose form_post page hands the code to the CLI's
+/// listener; returns the authorize URL once the CLI's page says "logged in" (within 30 s).
+pub(crate) async fn browser_login(
+    browser: &selkie_e2e::browser::Browser,
+    urls: &Path,
+    supervisor: &Supervisor,
+    email: &str,
+) -> anyhow::Result<String> {
+    let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
+        std::fs::read_to_string(urls)
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_string))
+            .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
+    })
+    .await?;
+    anyhow::ensure!(
+        url.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
+        "{url}"
+    );
+    browser.dex_login(&url, email, PASSWORD).await?;
+    selkie_e2e::eventually(Duration::from_secs(30), || async {
+        let at = browser.current_url().await?;
+        let text = browser.body_text().await?;
+        anyhow::ensure!(
+            at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
+            "at {at}: {text}"
+        );
+        Ok(())
+    })
+    .await?;
+    Ok(url)
+}
+
 /// The browser flow: kubectl runs `selkie login oidc`, which opens the browser (Chromium) at the
 /// Supervisor; the Supervisor sends it to Dex's login form, takes it back at its callback, and
 /// hands the code to the CLI's loopback listener with its form_post page.
 #[tokio::test]
 async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
     let cluster = Cluster::shared().await?;
     let client = cluster.client().await?;
@@ -290,12 +336,7 @@ async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result
         .prefix("selkie-supervisor-browser-")
         .tempdir()?;
     let urls = dir.path().join("browser-urls");
-    let script = dir.path().join("browser.sh");
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\necho \"$1\" >> '{}'\n", urls.display()),
-    )?;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    let script = recording_browser(dir.path(), "browser.sh", &urls)?;
 
     let path = kubeconfig(
         dir.path(),
@@ -317,17 +358,7 @@ async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result
 
     let browser = selkie_e2e::browser::Browser::start().await?;
     let login = async {
-        let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
-            std::fs::read_to_string(&urls)
-                .ok()
-                .and_then(|text| text.lines().next().map(str::to_string))
-                .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
-        })
-        .await?;
-        anyhow::ensure!(
-            url.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
-            "{url}"
-        );
+        let url = browser_login(&browser, &urls, &supervisor, &email).await?;
         for parameter in [
             "code_challenge_method=S256",
             "client_id=pinniped-cli",
@@ -336,19 +367,7 @@ async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result
         ] {
             anyhow::ensure!(url.contains(parameter), "{parameter} missing from {url}");
         }
-        // The Supervisor sends Chromium to Dex; Dex's form; back to the Supervisor's callback,
-        // whose form_post page posts the code to the CLI's listener.
-        browser.dex_login(&url, &email, PASSWORD).await?;
-        selkie_e2e::eventually(Duration::from_secs(30), || async {
-            let at = browser.current_url().await?;
-            let text = browser.body_text().await?;
-            anyhow::ensure!(
-                at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
-                "at {at}: {text}"
-            );
-            Ok(())
-        })
-        .await
+        Ok(())
     };
     let (user, logged_in) = tokio::join!(whoami(&proxy, &path), login);
     logged_in.map_err(|e| e.context(supervisor.log()))?;
