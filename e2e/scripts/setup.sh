@@ -3,7 +3,9 @@
 # (in about a second) on a machine that already has it:
 #   * Debian packages: util-linux (setpriv), cmake (pingora's zlib-ng), pkg-config, g++ (libFuzzer,
 #     which the fuzz targets link); chromium, chromium-driver and tmux (the browser and the terminal
-#     of the OIDC login tests, e2e/tests/e2e/cli_oidc.rs);
+#     of the OIDC login tests, e2e/tests/e2e/cli_oidc.rs); slapd and ldap-utils (OpenLDAP, the
+#     directory of the LDAP tests, run from a temporary directory by e2e/src/ldap.rs, not as a
+#     system service);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
 #     (build-components.sh);
@@ -26,6 +28,8 @@ command -v c++ >/dev/null || missing+=(g++)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 command -v tmux >/dev/null || missing+=(tmux)
+command -v slapd >/dev/null || missing+=(slapd)
+command -v ldapadd >/dev/null || missing+=(ldap-utils)
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   sudo=""

@@ -39,6 +39,7 @@ pub mod echo_api;
 mod error;
 pub mod keycloak;
 pub mod kubectl;
+pub mod ldap;
 pub mod pinniped_cli;
 pub mod pki;
 mod process;

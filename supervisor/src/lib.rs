@@ -34,6 +34,7 @@ pub mod gc;
 pub mod id_token;
 pub mod issuer;
 pub mod keys;
+pub mod ldap;
 pub mod metrics;
 pub mod oauth;
 pub mod sealed;

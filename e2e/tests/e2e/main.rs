@@ -15,6 +15,7 @@ mod crds;
 mod harness_failures;
 mod harness_lifecycle;
 mod jwt_dex;
+mod ldap_directory;
 mod proxy_bad_input;
 mod proxy_certificates;
 mod proxy_kubectl;

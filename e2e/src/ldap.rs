@@ -1,0 +1,212 @@
+//! OpenLDAP (Debian's `slapd`), the real directory of the LDAP tests: run from a temporary
+//! directory (not as a system service) with an in-directory MDB database, the `memberof` and
+//! `refint` overlays as Pinniped's test directory has them, TLS on an `ldaps://` port and StartTLS
+//! on an `ldap://` port, and users and groups seeded online with `ldapadd`:
+//!
+//! * `ou=users,<BASE>`: one `inetOrgPerson` + `posixAccount` per [`LdapUser`] (`uid` = login
+//!   name, `mail`, `uidNumber`, `userPassword`), and the Supervisor's bind account
+//!   [`BIND_DN`];
+//! * `ou=groups,<BASE>`: one `groupOfNames` per group name, its `member`s the users in it.
+//!
+//! Stopped on drop.
+
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use crate::{pki::CertificateAuthority, process::ManagedProcess, HarnessError};
+
+/// The directory's suffix.
+pub const BASE: &str = "dc=selkie,dc=test";
+/// Where the users are.
+pub const USERS_BASE: &str = "ou=users,dc=selkie,dc=test";
+/// Where the groups are.
+pub const GROUPS_BASE: &str = "ou=groups,dc=selkie,dc=test";
+/// The Supervisor's bind account (a plain entry; the default access rules let it read).
+pub const BIND_DN: &str = "cn=supervisor,ou=users,dc=selkie,dc=test";
+/// Its password.
+pub const BIND_PASSWORD: &str = "supervisor-bind-password";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A user of the directory.
+#[derive(Debug, Clone)]
+pub struct LdapUser {
+    /// The login name (`uid`); `mail` is `<uid>@selkie.test`.
+    pub uid: String,
+    /// The password.
+    pub password: String,
+    /// The POSIX `uidNumber` (the user's stable id).
+    pub uid_number: u32,
+    /// The names of the groups the user is a member of.
+    pub groups: Vec<String>,
+}
+
+/// A running slapd.
+pub struct Slapd {
+    process: ManagedProcess,
+    dir: tempfile::TempDir,
+    ldap_port: u16,
+    ldaps_port: u16,
+    ca: CertificateAuthority,
+}
+
+impl std::fmt::Debug for Slapd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slapd")
+            .field("ldaps_port", &self.ldaps_port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Slapd {
+    /// Starts slapd on two free loopback ports and seeds it with `users` and their groups.
+    /// Returns once the entries are in. Fails with slapd's log when it does not start, or with
+    /// `ldapadd`'s output when seeding fails.
+    pub async fn start(users: &[LdapUser]) -> Result<Self, HarnessError> {
+        let dir = tempfile::Builder::new()
+            .prefix("slapd-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("creating slapd's directory", e))?;
+        let d = dir.path();
+        let ca = CertificateAuthority::new("selkie-test-ldap-ca")?;
+        let serving = ca.issue_serving("ldap", &["127.0.0.1", "localhost"])?;
+        let write = |path: PathBuf, contents: &str| {
+            std::fs::write(&path, contents)
+                .map_err(|e| HarnessError::io(format!("writing {}", path.display()), e))
+        };
+        write(d.join("tls.crt"), &serving.cert_pem)?;
+        write(d.join("tls.key"), &serving.key_pem)?;
+        std::fs::create_dir(d.join("data"))
+            .map_err(|e| HarnessError::io("creating slapd's data directory", e))?;
+        let admin_password = format!("admin-{}", std::process::id());
+        write(d.join("admin.password"), &admin_password)?;
+        write(
+            d.join("slapd.conf"),
+            &format!(
+                "include /etc/ldap/schema/core.schema\n\
+                 include /etc/ldap/schema/cosine.schema\n\
+                 include /etc/ldap/schema/inetorgperson.schema\n\
+                 include /etc/ldap/schema/nis.schema\n\
+                 modulepath /usr/lib/ldap\n\
+                 moduleload back_mdb\nmoduleload memberof\nmoduleload refint\n\
+                 pidfile {dir}/slapd.pid\nargsfile {dir}/slapd.args\n\
+                 TLSCertificateFile {dir}/tls.crt\nTLSCertificateKeyFile {dir}/tls.key\n\
+                 database mdb\nmaxsize 104857600\n\
+                 suffix \"{BASE}\"\nrootdn \"cn=admin,{BASE}\"\nrootpw {admin_password}\n\
+                 directory {dir}/data\n\
+                 overlay memberof\noverlay refint\nrefint_attributes memberof member\n",
+                dir = d.display(),
+            ),
+        )?;
+        let ldap_port = crate::free_port()?;
+        let ldaps_port = crate::free_port()?;
+        let args = [
+            OsString::from("-f"),
+            d.join("slapd.conf").into_os_string(),
+            OsString::from("-h"),
+            OsString::from(format!(
+                "ldap://127.0.0.1:{ldap_port}/ ldaps://127.0.0.1:{ldaps_port}/"
+            )),
+            // Stay in the foreground (the harness owns the process), logging nothing extra.
+            OsString::from("-d"),
+            OsString::from("0"),
+        ];
+        let mut process =
+            ManagedProcess::spawn("slapd", Path::new("/usr/sbin/slapd"), &args, d.join("slapd.log"))?;
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        while tokio::net::TcpStream::connect(("127.0.0.1", ldap_port))
+            .await
+            .is_err()
+        {
+            process.check_running("during start-up")?;
+            if tokio::time::Instant::now() >= deadline {
+                return Err(
+                    process.failure(format!("did not listen on {ldap_port} within {READY_TIMEOUT:?}"))
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let slapd = Self {
+            process,
+            dir,
+            ldap_port,
+            ldaps_port,
+            ca,
+        };
+        slapd.seed(users).await?;
+        Ok(slapd)
+    }
+
+    /// Adds the base entries, the bind account, `users`, then their groups (so `memberOf` is
+    /// maintained), with `ldapadd` as the directory's administrator.
+    async fn seed(&self, users: &[LdapUser]) -> Result<(), HarnessError> {
+        let mut ldif = format!(
+            "dn: {BASE}\nobjectClass: dcObject\nobjectClass: organization\ndc: selkie\no: Selkie\n\n\
+             dn: {USERS_BASE}\nobjectClass: organizationalUnit\nou: users\n\n\
+             dn: {GROUPS_BASE}\nobjectClass: organizationalUnit\nou: groups\n\n\
+             dn: {BIND_DN}\nobjectClass: person\ncn: supervisor\nsn: Supervisor\nuserPassword: {BIND_PASSWORD}\n\n"
+        );
+        for user in users {
+            ldif.push_str(&format!(
+                "dn: uid={uid},{USERS_BASE}\nobjectClass: inetOrgPerson\nobjectClass: posixAccount\n\
+                 uid: {uid}\ncn: {uid}\nsn: {uid}\nmail: {uid}@selkie.test\nuidNumber: {number}\n\
+                 gidNumber: 1000\nhomeDirectory: /home/{uid}\nuserPassword: {password}\n\n",
+                uid = user.uid,
+                number = user.uid_number,
+                password = user.password,
+            ));
+        }
+        let groups: std::collections::BTreeSet<&str> = users
+            .iter()
+            .flat_map(|user| user.groups.iter().map(String::as_str))
+            .collect();
+        for group in groups {
+            ldif.push_str(&format!(
+                "dn: cn={group},{GROUPS_BASE}\nobjectClass: groupOfNames\ncn: {group}\n"
+            ));
+            for user in users.iter().filter(|user| user.groups.iter().any(|g| g == group)) {
+                ldif.push_str(&format!("member: uid={},{USERS_BASE}\n", user.uid));
+            }
+            ldif.push('\n');
+        }
+        let seed = self.dir.path().join("seed.ldif");
+        std::fs::write(&seed, ldif).map_err(|e| HarnessError::io("writing the seed LDIF", e))?;
+        let output = tokio::process::Command::new("ldapadd")
+            .args(["-x", "-H"])
+            .arg(format!("ldap://127.0.0.1:{}", self.ldap_port))
+            .args(["-D", &format!("cn=admin,{BASE}"), "-y"])
+            .arg(self.dir.path().join("admin.password"))
+            .arg("-f")
+            .arg(&seed)
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| HarnessError::io("running ldapadd (is ldap-utils installed?)", e))?;
+        if !output.status.success() {
+            return Err(self.process.failure(format!(
+                "seeding failed: ldapadd {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        Ok(())
+    }
+
+    /// `127.0.0.1:<port>` of the `ldaps://` listener (TLS from the first byte).
+    pub fn ldaps_host(&self) -> String {
+        format!("127.0.0.1:{}", self.ldaps_port)
+    }
+
+    /// `127.0.0.1:<port>` of the `ldap://` listener (StartTLS).
+    pub fn starttls_host(&self) -> String {
+        format!("127.0.0.1:{}", self.ldap_port)
+    }
+
+    /// The CA of slapd's serving certificate, PEM.
+    pub fn ca_pem(&self) -> String {
+        self.ca.cert_pem()
+    }
+}

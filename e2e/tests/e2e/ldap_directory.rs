@@ -1,0 +1,118 @@
+//! The Supervisor's LDAP client (`selkie_supervisor::ldap`, issue 17's base) against the real
+//! OpenLDAP: a login over TLS or, when the port speaks no TLS, StartTLS; the user found by an
+//! escaped filter and checked by binding as them; groups by `member` DN, by another attribute of
+//! the user, or as whole DNs; wrong, unknown, empty and injected credentials refused alike; an
+//! untrusted certificate and a wrong service password named as such.
+
+use std::{sync::Arc, time::Duration};
+
+use rustls_pki_types::{pem::PemObject as _, CertificateDer};
+use selkie_e2e::ldap::{LdapUser, Slapd, BIND_DN, BIND_PASSWORD, GROUPS_BASE, USERS_BASE};
+use selkie_supervisor::ldap::{GroupSearch, LdapError, LdapUpstream, UserSearch};
+
+fn tls_trusting(ca_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes())?)?;
+    Ok(Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
+fn upstream(host: String, tls: Arc<rustls::ClientConfig>) -> LdapUpstream {
+    LdapUpstream {
+        host,
+        tls,
+        bind_dn: BIND_DN.into(),
+        bind_password: BIND_PASSWORD.into(),
+        user_search: UserSearch {
+            base: USERS_BASE.into(),
+            filter: String::new(),
+            username_attribute: "uid".into(),
+            uid_attribute: "uidNumber".into(),
+        },
+        group_search: GroupSearch {
+            base: GROUPS_BASE.into(),
+            filter: String::new(),
+            user_attribute_for_filter: None,
+            group_name_attribute: "cn".into(),
+        },
+        timeout: Duration::from_secs(10),
+    }
+}
+
+#[tokio::test]
+async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> {
+    selkie_e2e::install_crypto_provider();
+    let slapd = Slapd::start(&[
+        LdapUser {
+            uid: "pinny".into(),
+            password: "seal-of-approval".into(),
+            uid_number: 1001,
+            groups: vec!["seals".into(), "ops".into()],
+        },
+        LdapUser {
+            uid: "walrus".into(),
+            password: "tusks-and-all".into(),
+            uid_number: 1002,
+            groups: vec!["ops".into()],
+        },
+    ])
+    .await?;
+    let tls = tls_trusting(&slapd.ca_pem())?;
+
+    // TLS from the first byte; the identity and the groups by member DN.
+    let ldaps = upstream(slapd.ldaps_host(), tls.clone());
+    let identity = ldaps.authenticate("pinny", "seal-of-approval").await?;
+    anyhow::ensure!(
+        identity.dn == format!("uid=pinny,{USERS_BASE}")
+            && identity.username == "pinny"
+            && identity.uid == "MTAwMQ"
+            && identity.groups == ["ops", "seals"],
+        "{identity:?}"
+    );
+
+    // A port without TLS: StartTLS, the same identity.
+    let starttls = upstream(slapd.starttls_host(), tls.clone());
+    anyhow::ensure!(
+        starttls.authenticate("pinny", "seal-of-approval").await? == identity,
+        "StartTLS found someone else"
+    );
+
+    // Wrong, unknown, empty and injected credentials: refused alike. Unescaped, `*` would
+    // match both users (ambiguous) and `*)(uid=*` would widen the filter.
+    for (username, password) in [
+        ("pinny", "wrong"),
+        ("pinny", ""),
+        ("nobody", "seal-of-approval"),
+        ("*", "seal-of-approval"),
+        ("*)(uid=*", "seal-of-approval"),
+        ("", "seal-of-approval"),
+    ] {
+        let refused = ldaps.authenticate(username, password).await;
+        anyhow::ensure!(
+            refused == Err(LdapError::InvalidCredentials),
+            "{username:?}/{password:?}: {refused:?}"
+        );
+    }
+
+    // Groups by another attribute of the user, and as whole DNs.
+    let mut by_uid = upstream(slapd.ldaps_host(), tls.clone());
+    by_uid.group_search.filter = format!("(&(objectClass=groupOfNames)(member=uid={{}},{USERS_BASE}))");
+    by_uid.group_search.user_attribute_for_filter = Some("uid".into());
+    by_uid.group_search.group_name_attribute = "dn".into();
+    let walrus = by_uid.authenticate("walrus", "tusks-and-all").await?;
+    anyhow::ensure!(walrus.groups == [format!("cn=ops,{GROUPS_BASE}")], "{walrus:?}");
+
+    // An untrusted server certificate, and a wrong service password, say so.
+    let other_ca = selkie_e2e::pki::CertificateAuthority::new("not-the-ldap-ca")?;
+    let untrusted = upstream(slapd.ldaps_host(), tls_trusting(&other_ca.cert_pem())?);
+    let error = untrusted.authenticate("pinny", "seal-of-approval").await;
+    anyhow::ensure!(matches!(error, Err(LdapError::Unreachable { .. })), "{error:?}");
+    let mut wrong_bind = upstream(slapd.ldaps_host(), tls);
+    wrong_bind.bind_password = "not-it".into();
+    let error = wrong_bind.authenticate("pinny", "seal-of-approval").await;
+    anyhow::ensure!(error == Err(LdapError::ServiceBind(BIND_DN.into())), "{error:?}");
+    Ok(())
+}
