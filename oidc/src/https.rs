@@ -350,7 +350,9 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn client_config(tls: &TlsOptions) -> Result<ClientConfig, TlsError> {
+/// The rustls client configuration `tls` describes — the one [`HttpsClient::new`] uses — for
+/// Selkie's other TLS clients (LDAP). Fails when the CA bundle or client certificate is unusable.
+pub fn client_config(tls: &TlsOptions) -> Result<ClientConfig, TlsError> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -33,8 +33,8 @@ use kube::{
 use selkie_api::{
     supervisor_config::{FederationDomain, FederationDomainSecrets, FederationDomainStatus},
     supervisor_idp::{
-        ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider, OIDCIdentityProvider,
-        OIDCIdentityProviderStatus, Phase,
+        ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider,
+        LDAPIdentityProviderStatus, OIDCIdentityProvider, OIDCIdentityProviderStatus, Phase,
     },
 };
 use selkie_kube::{
@@ -156,6 +156,9 @@ pub struct Controller {
     written: HashMap<String, serde_json::Value>,
     /// How long a signing key signs before it is rotated; `None`: never.
     rotation_interval: Option<Duration>,
+    /// The connection checks of LDAPIdentityProviders, by `namespace/name`, with what they were
+    /// made from: made again only when that changes.
+    ldap_checks: HashMap<String, (String, Vec<Check>)>,
 }
 
 impl Controller {
@@ -174,6 +177,7 @@ impl Controller {
             .map_err(|e| ControllerError::Config(e.to_string()))?;
         Ok(Self {
             rotation_interval,
+            ldap_checks: HashMap::new(),
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
                     &config.api_group_suffix,
@@ -309,6 +313,40 @@ impl Controller {
                 };
                 self.write_status(&self.idp_resource.clone(), &name, &idp.status, status)
                     .await;
+            }
+        }
+
+        // LDAPIdentityProviders: validated and their status written (not served yet).
+        if let Some((_, store)) = watched
+            .other_identity_providers
+            .iter()
+            .find(|(kind, _)| *kind == "LDAPIdentityProvider")
+        {
+            let resource = self
+                .other_idp_resources
+                .iter()
+                .find(|(kind, _)| *kind == "LDAPIdentityProvider")
+                .map(|(_, resource)| resource.clone());
+            for object in store.state() {
+                let (Some(idp), Some(resource)) = (parse::<LDAPIdentityProvider>(&object), &resource) else {
+                    continue;
+                };
+                let checks = self.ldap_checks(&idp, &sources).await;
+                if leading {
+                    let (ready, phase) = conditions::ready::<Phase>("LDAPIdentityProvider", &checks);
+                    let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
+                    let status = LDAPIdentityProviderStatus {
+                        phase,
+                        conditions: conditions::merge(
+                            &idp.status.clone().unwrap_or_default().conditions,
+                            &all,
+                            idp.metadata.generation,
+                            &conditions::now(),
+                        ),
+                    };
+                    self.write_status(resource, &object.name_any(), &idp.status, status)
+                        .await;
+                }
             }
         }
 
@@ -597,6 +635,146 @@ impl Controller {
             },
         );
         (checks, Some(upstream))
+    }
+
+    /// The conditions of an LDAPIdentityProvider, as Pinniped's: `BindSecretValid` (a
+    /// `kubernetes.io/basic-auth` Secret with `username` and `password`), `TLSConfigurationValid`,
+    /// `LDAPConnectionValid` (a connection and the service account's bind, made again only when
+    /// the spec, the Secret or the CA bundle changed) and `SearchBaseFound`.
+    async fn ldap_checks(&mut self, idp: &LDAPIdentityProvider, sources: &Sources<'_>) -> Vec<Check> {
+        const BIND: &str = "BindSecretValid";
+        const CONNECTION: &str = "LDAPConnectionValid";
+        let key = format!("{}/{}", sources.namespace, idp.name_any());
+        let mut checks = Vec::new();
+        let secret_name = idp
+            .spec
+            .bind
+            .as_ref()
+            .map(|bind| bind.secret_name.clone())
+            .unwrap_or_default();
+        let bind = match sources.secret(&secret_name) {
+            None => Err(Check::failure(BIND, "SecretNotFound", format!("secret \"{secret_name}\" not found"))),
+            Some(secret) if secret.type_.as_deref() != Some("kubernetes.io/basic-auth") => Err(Check::failure(
+                BIND,
+                "SecretWrongType",
+                format!(
+                    "referenced Secret \"{secret_name}\" has wrong type \"{}\" (should be \"kubernetes.io/basic-auth\")",
+                    secret.type_.clone().unwrap_or_default()
+                ),
+            )),
+            Some(secret) => {
+                let value = |key: &str| {
+                    secret
+                        .data
+                        .as_ref()
+                        .and_then(|data| data.get(key))
+                        .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
+                        .filter(|value| !value.is_empty())
+                };
+                match (value("username"), value("password")) {
+                    (Some(dn), Some(password)) => Ok((dn, password, secret.metadata.resource_version.clone().unwrap_or_default())),
+                    _ => Err(Check::failure(
+                        BIND,
+                        "SecretMissingKeys",
+                        format!("referenced Secret \"{secret_name}\" is missing required keys [\"username\" \"password\"]"),
+                    )),
+                }
+            }
+        };
+        checks.push(match &bind {
+            Ok(_) => Check::success(BIND, "loaded bind secret"),
+            Err(check) => check.clone(),
+        });
+        let tls = tls_spec::validate(idp.spec.tls.as_ref(), sources.namespace, sources);
+        checks.push(tls.check.clone());
+        let user_base = idp.spec.user_search.base.clone().unwrap_or_default();
+        checks.push(if user_base.is_empty() {
+            Check::failure(
+                "SearchBaseFound",
+                "SearchBaseNotFound",
+                "spec.userSearch.base is required",
+            )
+        } else {
+            Check::success_with_reason(
+                "SearchBaseFound",
+                "UsingConfigurationFromSpec",
+                "Using search base from LDAPIdentityProvider config.",
+            )
+        });
+        let (Ok((dn, password, version)), true) = (bind, tls.ok()) else {
+            checks.push(Check::unable_to_validate(CONNECTION));
+            return checks;
+        };
+        let fingerprint = format!(
+            "{}|{}|{}|{version}|{:?}",
+            idp.metadata.uid.as_deref().unwrap_or_default(),
+            idp.metadata.generation.unwrap_or_default(),
+            secret_fingerprint(&password),
+            tls.ca_bundle_pem,
+        );
+        if let Some((_, cached)) = self
+            .ldap_checks
+            .get(&key)
+            .filter(|(made_from, _)| *made_from == fingerprint)
+        {
+            checks.push(cached[0].clone());
+            return checks;
+        }
+        let options = TlsOptions {
+            ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
+            ..TlsOptions::default()
+        };
+        let connection = match selkie_oidc::https::client_config(&options) {
+            Err(error) => Check::failure(
+                CONNECTION,
+                "LDAPConnectionError",
+                format!("the TLS configuration cannot be used: {error}"),
+            ),
+            Ok(config) => {
+                let upstream = crate::ldap::LdapUpstream {
+                    host: idp.spec.host.clone(),
+                    tls: Arc::new(config),
+                    bind_dn: dn.clone(),
+                    bind_password: password,
+                    user_search: crate::ldap::UserSearch {
+                        base: user_base,
+                        filter: String::new(),
+                        username_attribute: String::new(),
+                        uid_attribute: String::new(),
+                    },
+                    group_search: crate::ldap::GroupSearch {
+                        base: String::new(),
+                        filter: String::new(),
+                        user_attribute_for_filter: None,
+                        group_name_attribute: String::new(),
+                    },
+                    timeout: Duration::from_secs(60),
+                };
+                match upstream.probe().await {
+                    Ok(()) => Check::success(
+                        CONNECTION,
+                        format!(
+                            "successfully able to connect to \"{}\" and bind as user \"{dn}\" [validated with Secret \"{secret_name}\" at version \"{version}\"]",
+                            idp.spec.host
+                        ),
+                    ),
+                    Err(error) => Check::failure(
+                        CONNECTION,
+                        "LDAPConnectionError",
+                        format!("error dialing or binding: {error}"),
+                    ),
+                }
+            }
+        };
+        // A failure is tried again at the next sync; a success holds until an input changes.
+        if connection.is_true() {
+            self.ldap_checks
+                .insert(key, (fingerprint, vec![connection.clone()]));
+        } else {
+            self.ldap_checks.remove(&key);
+        }
+        checks.push(connection);
+        checks
     }
 
     /// Creates the FederationDomain's generated key Secrets that are missing from the watched

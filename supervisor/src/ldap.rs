@@ -146,6 +146,15 @@ impl LdapUpstream {
         result
     }
 
+    /// Connects and binds as the service account, as the reconciler's connection check: `Ok`
+    /// when both work.
+    pub async fn probe(&self) -> Result<(), LdapError> {
+        let mut ldap = self.connect().await?;
+        let result = self.bind_service(&mut ldap).await;
+        let _ = ldap.unbind().await;
+        result
+    }
+
     async fn login(
         &self,
         ldap: &mut ldap3::Ldap,

@@ -116,3 +116,125 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
     anyhow::ensure!(error == Err(LdapError::ServiceBind(BIND_DN.into())), "{error:?}");
     Ok(())
 }
+
+/// The condition `type_` of the LDAPIdentityProvider `name` once `check` accepts the object
+/// (within 60 s): the object.
+async fn ldap_idp_when(
+    cluster: &selkie_e2e::Cluster,
+    namespace: &str,
+    name: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) -> anyhow::Result<serde_json::Value> {
+    selkie_e2e::eventually(Duration::from_secs(60), || async {
+        let idp: serde_json::Value = serde_json::from_str(
+            &cluster
+                .kubectl()
+                .run(&["get", "ldapidentityprovider", name, "-n", namespace, "-o", "json"])
+                .await?,
+        )?;
+        anyhow::ensure!(check(&idp), "{}", idp["status"]);
+        Ok(idp)
+    })
+    .await
+}
+
+fn condition<'a>(idp: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
+    idp["status"]["conditions"]
+        .as_array()
+        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+#[tokio::test]
+async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> anyhow::Result<()> {
+    use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+    let cluster = selkie_e2e::Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-ldap").await?;
+    let slapd = Slapd::start(&[LdapUser {
+        uid: "pinny".into(),
+        password: "seal-of-approval".into(),
+        uid_number: 1001,
+        groups: vec!["seals".into()],
+    }])
+    .await?;
+    let dex = selkie_e2e::dex::Dex::start(&[]).await?;
+    let supervisor =
+        selkie_e2e::supervisor::Supervisor::start(cluster, &namespace, &dex, "Dex Users").await?;
+    let apply = |yaml: String| async move {
+        cluster
+            .kubectl()
+            .run_with_stdin(&["apply", "-f", "-"], Some(&yaml))
+            .await
+    };
+    let bind_secret = |password: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: ldap-bind, namespace: {namespace}}}\n\
+             type: kubernetes.io/basic-auth\nstringData: {{username: \"{BIND_DN}\", password: {password}}}\n"
+        )
+    };
+    apply(bind_secret(BIND_PASSWORD)).await?;
+    apply(format!(
+        "apiVersion: idp.supervisor.pinniped.dev/v1alpha1\nkind: LDAPIdentityProvider\n\
+         metadata: {{name: openldap, namespace: {namespace}}}\n\
+         spec:\n  host: \"{host}\"\n  tls: {{certificateAuthorityData: {ca}}}\n\
+         \x20 bind: {{secretName: ldap-bind}}\n\
+         \x20 userSearch: {{base: \"{USERS_BASE}\", filter: \"uid={{}}\", attributes: {{username: uid, uid: uidNumber}}}}\n\
+         \x20 groupSearch: {{base: \"{GROUPS_BASE}\", attributes: {{groupName: cn}}}}\n",
+        host = slapd.ldaps_host(),
+        ca = B64.encode(slapd.ca_pem()),
+    ))
+    .await?;
+
+    // Ready: the Secret loaded, TLS valid, connected and bound, the search base from the spec.
+    let idp = ldap_idp_when(cluster, &namespace, "openldap", |idp| {
+        idp["status"]["phase"] == "Ready"
+    })
+    .await
+    .map_err(|e| e.context(supervisor.log()))?;
+    for (type_, reason) in [
+        ("BindSecretValid", "Success"),
+        ("TLSConfigurationValid", "Success"),
+        ("LDAPConnectionValid", "Success"),
+        ("SearchBaseFound", "UsingConfigurationFromSpec"),
+        ("Ready", "Success"),
+    ] {
+        let found = condition(&idp, type_);
+        anyhow::ensure!(
+            found["status"] == "True" && found["reason"] == reason,
+            "{type_}: {found}"
+        );
+    }
+    anyhow::ensure!(
+        condition(&idp, "LDAPConnectionValid")["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&slapd.ldaps_host()) && m.contains(BIND_DN)),
+        "{idp}"
+    );
+
+    // A wrong bind password: the connection check fails and says so.
+    apply(bind_secret("not-the-password")).await?;
+    let idp = ldap_idp_when(cluster, &namespace, "openldap", |idp| {
+        condition(idp, "LDAPConnectionValid")["reason"] == "LDAPConnectionError"
+    })
+    .await?;
+    anyhow::ensure!(idp["status"]["phase"] == "Error", "{}", idp["status"]);
+
+    // The Secret gone: named as such.
+    cluster
+        .kubectl()
+        .run(&["delete", "secret", "ldap-bind", "-n", &namespace])
+        .await?;
+    ldap_idp_when(cluster, &namespace, "openldap", |idp| {
+        condition(idp, "BindSecretValid")["reason"] == "SecretNotFound"
+    })
+    .await?;
+    let log = supervisor.log();
+    for secret in [BIND_PASSWORD, "not-the-password"] {
+        anyhow::ensure!(
+            !log.contains(secret),
+            "a bind password is in the Supervisor's log"
+        );
+    }
+    Ok(())
+}
