@@ -156,9 +156,9 @@ pub struct Controller {
     written: HashMap<String, serde_json::Value>,
     /// How long a signing key signs before it is rotated; `None`: never.
     rotation_interval: Option<Duration>,
-    /// The connection checks of LDAPIdentityProviders, by `namespace/name`, with what they were
+    /// The connection check of LDAPIdentityProviders, by `namespace/name`, with what it was
     /// made from: made again only when that changes.
-    ldap_checks: HashMap<String, (String, Vec<Check>)>,
+    ldap_checks: HashMap<String, (String, Check)>,
 }
 
 impl Controller {
@@ -471,42 +471,17 @@ impl Controller {
 
         // The client credentials.
         let secret_name = &idp.spec.client.secret_name;
-        let credentials = match sources.secret(secret_name) {
-            None => Err(Check::failure(
-                "ClientCredentialsSecretValid",
-                "SecretNotFound",
-                format!("secret \"{secret_name}\" not found"),
-            )),
-            Some(secret) if secret.type_.as_deref() != Some(OIDC_CLIENT_SECRET_TYPE) => Err(Check::failure(
-                "ClientCredentialsSecretValid",
-                "SecretWrongType",
-                format!(
-                    "referenced Secret \"{secret_name}\" has wrong type \"{}\" (should be \"{OIDC_CLIENT_SECRET_TYPE}\")",
-                    secret.type_.clone().unwrap_or_default()
-                ),
-            )),
-            Some(secret) => {
-                let value = |key: &str| {
-                    secret
-                        .data
-                        .as_ref()
-                        .and_then(|data| data.get(key))
-                        .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
-                        .filter(|value| !value.is_empty())
-                };
-                match (value("clientID"), value("clientSecret")) {
-                    (Some(id), Some(secret)) => {
-                        let mark = secret_fingerprint(&secret);
-                        Ok((id, secret, mark))
-                    }
-                    _ => Err(Check::failure(
-                        "ClientCredentialsSecretValid",
-                        "SecretMissingKeys",
-                        format!("referenced Secret \"{secret_name}\" is missing required keys [\"clientID\" \"clientSecret\"]"),
-                    )),
-                }
-            }
-        };
+        let credentials = secret_pair(
+            sources,
+            "ClientCredentialsSecretValid",
+            secret_name,
+            OIDC_CLIENT_SECRET_TYPE,
+            ["clientID", "clientSecret"],
+        )
+        .map(|(id, secret, _)| {
+            let mark = secret_fingerprint(&secret);
+            (id, secret, mark)
+        });
         checks.push(match &credentials {
             Ok(_) => Check::success("ClientCredentialsSecretValid", "loaded client credentials"),
             Err(check) => check.clone(),
@@ -652,35 +627,13 @@ impl Controller {
             .as_ref()
             .map(|bind| bind.secret_name.clone())
             .unwrap_or_default();
-        let bind = match sources.secret(&secret_name) {
-            None => Err(Check::failure(BIND, "SecretNotFound", format!("secret \"{secret_name}\" not found"))),
-            Some(secret) if secret.type_.as_deref() != Some("kubernetes.io/basic-auth") => Err(Check::failure(
-                BIND,
-                "SecretWrongType",
-                format!(
-                    "referenced Secret \"{secret_name}\" has wrong type \"{}\" (should be \"kubernetes.io/basic-auth\")",
-                    secret.type_.clone().unwrap_or_default()
-                ),
-            )),
-            Some(secret) => {
-                let value = |key: &str| {
-                    secret
-                        .data
-                        .as_ref()
-                        .and_then(|data| data.get(key))
-                        .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
-                        .filter(|value| !value.is_empty())
-                };
-                match (value("username"), value("password")) {
-                    (Some(dn), Some(password)) => Ok((dn, password, secret.metadata.resource_version.clone().unwrap_or_default())),
-                    _ => Err(Check::failure(
-                        BIND,
-                        "SecretMissingKeys",
-                        format!("referenced Secret \"{secret_name}\" is missing required keys [\"username\" \"password\"]"),
-                    )),
-                }
-            }
-        };
+        let bind = secret_pair(
+            sources,
+            BIND,
+            &secret_name,
+            "kubernetes.io/basic-auth",
+            ["username", "password"],
+        );
         checks.push(match &bind {
             Ok(_) => Check::success(BIND, "loaded bind secret"),
             Err(check) => check.clone(),
@@ -717,7 +670,7 @@ impl Controller {
             .get(&key)
             .filter(|(made_from, _)| *made_from == fingerprint)
         {
-            checks.push(cached[0].clone());
+            checks.push(cached.clone());
             return checks;
         }
         let options = TlsOptions {
@@ -768,8 +721,7 @@ impl Controller {
         };
         // A failure is tried again at the next sync; a success holds until an input changes.
         if connection.is_true() {
-            self.ldap_checks
-                .insert(key, (fingerprint, vec![connection.clone()]));
+            self.ldap_checks.insert(key, (fingerprint, connection.clone()));
         } else {
             self.ldap_checks.remove(&key);
         }
@@ -942,6 +894,58 @@ pub fn compute_scopes(additional: &[String]) -> Vec<String> {
     let mut set: std::collections::BTreeSet<String> = additional.iter().cloned().collect();
     set.insert("openid".into());
     set.into_iter().collect()
+}
+
+/// The two non-empty text values `keys` of the Secret `name`, which must be of type
+/// `secret_type`, and its resourceVersion; or the failed `condition` as Pinniped words it
+/// (`SecretNotFound`, `SecretWrongType`, `SecretMissingKeys`).
+fn secret_pair(
+    sources: &Sources<'_>,
+    condition: &'static str,
+    name: &str,
+    secret_type: &str,
+    keys: [&str; 2],
+) -> Result<(String, String, String), Check> {
+    let Some(secret) = sources.secret(name) else {
+        return Err(Check::failure(
+            condition,
+            "SecretNotFound",
+            format!("secret \"{name}\" not found"),
+        ));
+    };
+    if secret.type_.as_deref() != Some(secret_type) {
+        return Err(Check::failure(
+            condition,
+            "SecretWrongType",
+            format!(
+                "referenced Secret \"{name}\" has wrong type \"{}\" (should be \"{secret_type}\")",
+                secret.type_.clone().unwrap_or_default()
+            ),
+        ));
+    }
+    let value = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
+            .filter(|value| !value.is_empty())
+    };
+    match (value(keys[0]), value(keys[1])) {
+        (Some(first), Some(second)) => Ok((
+            first,
+            second,
+            secret.metadata.resource_version.clone().unwrap_or_default(),
+        )),
+        _ => Err(Check::failure(
+            condition,
+            "SecretMissingKeys",
+            format!(
+                "referenced Secret \"{name}\" is missing required keys [\"{}\" \"{}\"]",
+                keys[0], keys[1]
+            ),
+        )),
+    }
 }
 
 /// A short, non-reversible mark of a secret value, to notice when it changes.
