@@ -7,15 +7,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use selkie_e2e::{
-    dex::{Dex, DexUser},
-    supervisor::Supervisor,
-    Cluster,
-};
+use selkie_e2e::{dex::Dex, supervisor::Supervisor};
 use selkie_oidc::https::{HttpsClient, Response};
 
 use crate::{
-    supervisor_oauth::{authorize_url, get, param, redirected, IDP_NAME, PASSWORD},
+    supervisor_oauth::{
+        authorize_url, dex_user_namespace, get, param, redirected, DexUserNamespace, IDP_NAME, PASSWORD,
+    },
     supervisor_sessions::split,
 };
 
@@ -68,22 +66,15 @@ async fn start_login(http: &HttpsClient, url: &str, dex: &Dex) -> anyhow::Result
 
 #[tokio::test]
 async fn the_callback_refuses_foreign_csrf_cookies_and_reports_upstream_failures() -> anyhow::Result<()> {
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-callback").await?;
-    let email = format!("{namespace}@example.com");
     let port = selkie_e2e::free_port()?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-callback", &[], Some(port)).await?;
     let callback_url = format!("{}/callback", Supervisor::issuer_for(port, &namespace));
-    let dex = Dex::start_with_redirects(
-        &[DexUser {
-            email: email.clone(),
-            password: PASSWORD.into(),
-            user_id: format!("id-{namespace}"),
-            groups: vec![],
-        }],
-        std::slice::from_ref(&callback_url),
-    )
-    .await?;
     let supervisor = Supervisor::start_on(cluster, &namespace, &dex, IDP_NAME, port).await?;
     let http = supervisor.client()?;
     let (base, path) = split(supervisor.issuer());

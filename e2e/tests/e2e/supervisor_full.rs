@@ -12,17 +12,12 @@
 
 use std::path::Path;
 
-use selkie_e2e::{
-    concierge::InstalledConcierge,
-    dex::{Dex, DexUser},
-    supervisor::Supervisor,
-    Cluster,
-};
+use selkie_e2e::{concierge::InstalledConcierge, supervisor::Supervisor, Cluster};
 use serde_json::{json, Value};
 
 use crate::{
     supervisor_login::{browser_login, recording_browser},
-    supervisor_oauth::{IDP_NAME, PASSWORD},
+    supervisor_oauth::{dex_user_namespace, DexUserNamespace, IDP_NAME},
 };
 
 /// A cluster of the test: a private kube-apiserver with the Concierge installed and trusting the
@@ -152,22 +147,14 @@ async fn full_integration_one_browser_login_reaches_two_clusters_with_their_own_
 ) -> anyhow::Result<()> {
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
     // The Supervisor runs on the shared cluster; the clusters users reach are two others.
-    let home = Cluster::shared().await?;
-    let client = home.client().await?;
-    let namespace = home.create_namespace(&client, "supervisor-full").await?;
-    let email = format!("{namespace}@example.com");
     let port = selkie_e2e::free_port()?;
-    let callback = format!("{}/callback", Supervisor::issuer_for(port, &namespace));
-    let dex = Dex::start_with_redirects(
-        &[DexUser {
-            email: email.clone(),
-            password: PASSWORD.into(),
-            user_id: format!("id-{namespace}"),
-            groups: vec!["seals".into(), "ops".into()],
-        }],
-        &[callback],
-    )
-    .await?;
+    let DexUserNamespace {
+        cluster: home,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-full", &["seals", "ops"], Some(port)).await?;
     let supervisor = Supervisor::start_on(home, &namespace, &dex, IDP_NAME, port).await?;
     let ((cluster_a, concierge_a), (cluster_b, concierge_b)) = &tokio::try_join!(
         member_cluster(&supervisor, "cluster-a"),

@@ -8,15 +8,13 @@ use std::time::Duration;
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use selkie_e2e::{
     cluster::write_kubeconfig_for_user,
-    dex::{Dex, DexUser},
     proxy::{JwtSpec, Proxy},
     supervisor::Supervisor,
-    Cluster,
 };
 use serde_json::{json, Value};
 
 use crate::{
-    supervisor_oauth::{exchange, IDP_NAME, PASSWORD},
+    supervisor_oauth::{dex_user_namespace, exchange, DexUserNamespace, IDP_NAME},
     supervisor_sessions::login,
 };
 
@@ -52,17 +50,13 @@ async fn whoami(proxy: &Proxy, dir: &std::path::Path, name: &str, token: &str) -
 
 #[tokio::test]
 async fn signing_keys_rotate_and_tokens_of_the_retired_key_stay_valid() -> anyhow::Result<()> {
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-keys").await?;
-    let email = format!("{namespace}@example.com");
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec!["seals".into()],
-    }])
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-keys", &["seals"], None).await?;
     let supervisor = Supervisor::start_with(
         cluster,
         &namespace,

@@ -5,15 +5,10 @@
 
 use std::time::Duration;
 
-use selkie_e2e::{
-    dex::{Dex, DexUser},
-    pinniped_cli,
-    supervisor::Supervisor,
-    Cluster,
-};
+use selkie_e2e::{pinniped_cli, supervisor::Supervisor, Cluster};
 use serde_json::Value;
 
-use crate::supervisor_oauth::{IDP_NAME, PASSWORD};
+use crate::supervisor_oauth::{dex_user_namespace, DexUserNamespace, IDP_NAME, PASSWORD};
 
 /// The `IdentityProvidersFound` condition of the FederationDomain `name`, once its reason is
 /// `reason` (within 30 s).
@@ -45,17 +40,13 @@ async fn found_condition(
 
 #[tokio::test]
 async fn a_federation_domain_without_identity_providers_uses_the_only_one() -> anyhow::Result<()> {
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-legacy").await?;
-    let email = format!("{namespace}@example.com");
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec!["seals".into()],
-    }])
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-legacy", &["seals"], None).await?;
     let supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
     let http = supervisor.client()?;
 

@@ -23,7 +23,10 @@ use selkie_e2e::{
 };
 use serde_json::{json, Value};
 
-use crate::proxy_kubectl::grant_configmaps;
+use crate::{
+    proxy_kubectl::grant_configmaps,
+    supervisor_oauth::{dex_user_namespace, DexUserNamespace},
+};
 
 const PASSWORD: &str = "seal-of-approval";
 const IDP_NAME: &str = "Dex Users";
@@ -104,17 +107,13 @@ async fn whoami(proxy: &Proxy, kubeconfig: &Path) -> anyhow::Result<Value> {
 #[tokio::test]
 async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> anyhow::Result<()> {
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor").await?;
-    let email = format!("{namespace}@example.com");
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec!["seals".into(), "ops".into()],
-    }])
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor", &["seals", "ops"], None).await?;
     grant_configmaps(cluster, &namespace, "User", &email).await?;
     let mut supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
     let cluster_a = Proxy::start(cluster, &[supervisor_jwt(&supervisor, "cluster-a")]).await?;
@@ -313,22 +312,14 @@ pub(crate) async fn browser_login(
 #[tokio::test]
 async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result<()> {
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-browser").await?;
-    let email = format!("{namespace}@example.com");
     let port = selkie_e2e::free_port()?;
-    let callback = format!("{}/callback", Supervisor::issuer_for(port, &namespace));
-    let dex = Dex::start_with_redirects(
-        &[DexUser {
-            email: email.clone(),
-            password: PASSWORD.into(),
-            user_id: format!("id-{namespace}"),
-            groups: vec!["seals".into()],
-        }],
-        &[callback],
-    )
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-browser", &["seals"], Some(port)).await?;
     grant_configmaps(cluster, &namespace, "User", &email).await?;
     let supervisor = Supervisor::start_on(cluster, &namespace, &dex, IDP_NAME, port).await?;
     let proxy = Proxy::start(cluster, &[supervisor_jwt(&supervisor, "cluster-a")]).await?;
@@ -508,17 +499,13 @@ async fn sessions_refresh_silently_until_the_user_is_gone_upstream() -> anyhow::
 #[tokio::test]
 async fn a_cluster_configured_with_the_supervisor_as_jwt_issuer_accepts_its_tokens() -> anyhow::Result<()> {
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-static").await?;
-    let email = format!("{namespace}@example.com");
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec!["seals".into()],
-    }])
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-static", &["seals"], None).await?;
     let supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
     let dir = tempfile::Builder::new()
         .prefix("selkie-supervisor-static-")

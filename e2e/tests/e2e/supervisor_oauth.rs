@@ -20,19 +20,60 @@ use serde_json::Value;
 
 pub(crate) const PASSWORD: &str = "seal-of-approval";
 
-#[tokio::test]
-async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<()> {
+/// What most Supervisor tests start from: a fresh namespace `<prefix>-…` of the shared cluster,
+/// its user `<namespace>@example.com` (password [`PASSWORD`], id `id-<namespace>`, in `groups`)
+/// and a Dex holding that user — which, given `browser_port`, also accepts the callback of a
+/// Supervisor started on that port ([`Supervisor::start_on`]) for browser logins.
+pub(crate) struct DexUserNamespace {
+    pub(crate) cluster: &'static Cluster,
+    pub(crate) client: kube::Client,
+    pub(crate) namespace: String,
+    pub(crate) email: String,
+    pub(crate) dex: Dex,
+}
+
+/// Sets up a [`DexUserNamespace`].
+pub(crate) async fn dex_user_namespace(
+    prefix: &str,
+    groups: &[&str],
+    browser_port: Option<u16>,
+) -> anyhow::Result<DexUserNamespace> {
     let cluster = Cluster::shared().await?;
     let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-oauth").await?;
+    let namespace = cluster.create_namespace(&client, prefix).await?;
     let email = format!("{namespace}@example.com");
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec!["seals".into()],
-    }])
+    let callbacks: Vec<String> = browser_port
+        .map(|port| format!("{}/callback", Supervisor::issuer_for(port, &namespace)))
+        .into_iter()
+        .collect();
+    let dex = Dex::start_with_redirects(
+        &[DexUser {
+            email: email.clone(),
+            password: PASSWORD.into(),
+            user_id: format!("id-{namespace}"),
+            groups: groups.iter().map(|group| group.to_string()).collect(),
+        }],
+        &callbacks,
+    )
     .await?;
+    Ok(DexUserNamespace {
+        cluster,
+        client,
+        namespace,
+        email,
+        dex,
+    })
+}
+
+#[tokio::test]
+async fn codes_tokens_and_bad_requests_across_two_replicas() -> anyhow::Result<()> {
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-oauth", &["seals"], None).await?;
     let mut supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
     let second_port = supervisor.add_replica().await?;
     let http = supervisor.client()?;

@@ -7,15 +7,12 @@
 use std::{process::Stdio, time::Duration};
 
 use bytes::Bytes;
-use selkie_e2e::{
-    dex::{Dex, DexUser},
-    supervisor::Supervisor,
-    Cluster,
-};
+use selkie_e2e::supervisor::Supervisor;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
-const PASSWORD: &str = "seal-of-approval";
+use crate::supervisor_oauth::{dex_user_namespace, DexUserNamespace, PASSWORD};
+
 const REDIRECT: &str = "http://127.0.0.1:48124/callback";
 
 #[tokio::test]
@@ -37,17 +34,13 @@ async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Resu
         &script,
     )?;
 
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-rp").await?;
-    let email = format!("{namespace}@example.com");
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec!["seals".into()],
-    }])
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-rp", &["seals"], None).await?;
     let supervisor = Supervisor::start(cluster, &namespace, &dex, "Dex Users").await?;
     let ca = tempfile::NamedTempFile::new()?;
     std::fs::write(ca.path(), supervisor.ca_pem())?;

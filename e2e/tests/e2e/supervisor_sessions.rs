@@ -17,7 +17,7 @@ use selkie_e2e::{
 };
 use serde_json::Value;
 
-use super::supervisor_oauth::{get, PASSWORD};
+use super::supervisor_oauth::{dex_user_namespace, get, DexUserNamespace, PASSWORD};
 
 const TYPE_LABEL: &str = "storage.pinniped.dev/type";
 const REQUEST_ID_LABEL: &str = "storage.pinniped.dev/request-id";
@@ -118,17 +118,13 @@ pub(crate) async fn expire_and_wait_for_collection(
 
 #[tokio::test]
 async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyhow::Result<()> {
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-gc").await?;
-    let email = format!("{namespace}@example.com");
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec!["seals".into()],
-    }])
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        client,
+        namespace,
+        email,
+        dex,
+    } = dex_user_namespace("supervisor-gc", &["seals"], None).await?;
     let supervisor = Supervisor::start(cluster, &namespace, &dex, "Dex Users").await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
 

@@ -7,16 +7,11 @@ use std::{sync::Arc, time::Duration};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use rustls_pki_types::{pem::PemObject as _, CertificateDer, ServerName};
-use selkie_e2e::{
-    dex::{Dex, DexUser},
-    pki::CertificateAuthority,
-    supervisor::Supervisor,
-    Cluster,
-};
+use selkie_e2e::{pki::CertificateAuthority, supervisor::Supervisor};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::supervisor_oauth::{IDP_NAME, PASSWORD};
+use crate::supervisor_oauth::{dex_user_namespace, DexUserNamespace, IDP_NAME};
 
 /// GET `path` from `port` on loopback over TLS, naming `server_name` (SNI, and `Host`) and
 /// trusting only `ca_pem`: the status line and body. Fails when the handshake does (for
@@ -51,16 +46,12 @@ async fn get_as(port: u16, server_name: &str, ca_pem: &str, path: &str) -> anyho
 #[tokio::test]
 async fn each_host_is_served_with_its_own_certificate_and_issuer() -> anyhow::Result<()> {
     selkie_e2e::install_crypto_provider();
-    let cluster = Cluster::shared().await?;
-    let client = cluster.client().await?;
-    let namespace = cluster.create_namespace(&client, "supervisor-sni").await?;
-    let dex = Dex::start(&[DexUser {
-        email: format!("{namespace}@example.com"),
-        password: PASSWORD.into(),
-        user_id: format!("id-{namespace}"),
-        groups: vec![],
-    }])
-    .await?;
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-sni", &[], None).await?;
     let supervisor = Supervisor::start(cluster, &namespace, &dex, IDP_NAME).await?;
     let port: u16 = supervisor
         .issuer()
