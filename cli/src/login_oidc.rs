@@ -77,6 +77,14 @@ impl Flow {
             _ => None,
         }
     }
+
+    /// Pinniped's name of the flow.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BrowserAuthcode => "browser_authcode",
+            Self::CliPassword => "cli_password",
+        }
+    }
 }
 
 /// The command's options, as the flags give them.
@@ -138,13 +146,13 @@ pub async fn run(
         .filter(|value| !value.is_empty())
         .unwrap_or_else(|| options.upstream_identity_provider_flow.clone());
     let flow = if flow_name.is_empty() {
-        Flow::BrowserAuthcode
+        None
     } else {
-        Flow::parse(&flow_name).ok_or_else(|| {
+        Some(Flow::parse(&flow_name).ok_or_else(|| {
             anyhow::anyhow!(
                 "--upstream-identity-provider-flow (or {FLOW_ENV}) is {flow_name:?}: use browser_authcode or cli_password"
             )
-        })?
+        })?)
     };
     if !matches!(
         options.upstream_identity_provider_type.as_str(),
@@ -217,7 +225,9 @@ fn warn_all(warnings: &mut Vec<String>) {
 
 struct Login<'a> {
     options: &'a OidcLoginOptions,
-    flow: Flow,
+    /// The flow asked for; `None`: the Supervisor's first for the identity provider, else the
+    /// browser.
+    flow: Option<Flow>,
     tls: TlsOptions,
     lookup_env: &'a (dyn Fn(&str) -> Option<String> + Sync),
     debug: bool,
@@ -357,6 +367,86 @@ impl Login<'_> {
         Ok((id.token, id.expiry))
     }
 
+    /// The flow of a fresh login, as the pinniped CLI chooses it: without
+    /// `--upstream-identity-provider-name`, the one asked for or the browser; with it, the issuer
+    /// must be a Supervisor whose identity-provider discovery lists a provider of that name and
+    /// type (offering the flow asked for, if any), and without a flow asked for, that provider's
+    /// first flow is used (LDAP and Active Directory: `cli_password`). Fails with pinniped's
+    /// messages.
+    async fn resolve_flow(&self, provider: &Provider) -> anyhow::Result<Flow> {
+        let options = self.options;
+        let name = options.upstream_identity_provider_name.as_str();
+        if name.is_empty() {
+            return Ok(self.flow.unwrap_or(Flow::BrowserAuthcode));
+        }
+        if !provider.discovery.is_supervisor() {
+            anyhow::bail!(
+                "upstream identity provider name {name:?} was specified, but OIDC issuer {:?} does not offer Pinniped-style IDP discovery, so it does not appear to be a Pinniped Supervisor; specifying an upstream identity provider name is only meant to be used with Pinniped Supervisors",
+                options.issuer
+            );
+        }
+        let kind = idp_type(options);
+        let discovery = provider
+            .identity_providers()
+            .await
+            .map_err(|e| anyhow::anyhow!("while fetching IDP discovery data from issuer: {e}"))?;
+        let mut supported: Vec<&str> = discovery["pinniped_supported_identity_provider_types"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry["type"].as_str())
+            .collect();
+        supported.sort_unstable();
+        if !supported.is_empty() && !supported.contains(&kind) {
+            let quoted: Vec<String> = supported.iter().map(|kind| format!("{kind:?}")).collect();
+            anyhow::bail!(
+                "unable to find upstream identity provider with type {kind:?}, this Pinniped Supervisor supports IDP types [{}]",
+                quoted.join(", ")
+            );
+        }
+        let idps = discovery
+            .get("pinniped_identity_providers")
+            .cloned()
+            .unwrap_or(serde_json::Value::Array(Vec::new()));
+        let flows_of = |idp: &serde_json::Value| -> Vec<String> {
+            idp["flows"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|flow| flow.as_str().map(String::from))
+                .collect()
+        };
+        let found = idps.as_array().into_iter().flatten().find(|idp| {
+            idp["name"] == name
+                && idp["type"] == kind
+                && self
+                    .flow
+                    .is_none_or(|flow| flows_of(idp).iter().any(|offered| offered == flow.as_str()))
+        });
+        let Some(found) = found else {
+            return Err(match self.flow {
+                None => anyhow::anyhow!(
+                    "unable to find upstream identity provider with name {name:?} and type {kind:?}. Found these providers: {idps}"
+                ),
+                Some(flow) => anyhow::anyhow!(
+                    "unable to find upstream identity provider with name {name:?} and type {kind:?} and flow {:?}. Found these providers: {idps}",
+                    flow.as_str()
+                ),
+            });
+        };
+        if let Some(flow) = self.flow {
+            return Ok(flow);
+        }
+        flows_of(found)
+            .first()
+            .and_then(|first| Flow::parse(first))
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unable to infer flow for upstream identity provider with name {name:?} and type {kind:?} because there were no flows discovered for that provider"
+                )
+            })
+    }
+
     /// A fresh login in the chosen flow.
     async fn login(&mut self, provider: &Provider, config: &ClientConfig) -> anyhow::Result<Tokens> {
         let params = LoginParams::generate()?;
@@ -367,7 +457,7 @@ impl Login<'_> {
             extra.push(("pinniped_idp_name", &options.upstream_identity_provider_name));
             extra.push(("pinniped_idp_type", idp_type(options)));
         }
-        match self.flow {
+        match self.resolve_flow(provider).await? {
             Flow::CliPassword => {
                 let (username, password) = self.credentials()?;
                 if provider.discovery.is_supervisor() {

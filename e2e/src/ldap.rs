@@ -83,6 +83,11 @@ impl Slapd {
             .map_err(|e| HarnessError::io("creating slapd's data directory", e))?;
         let admin_password = format!("admin-{}", std::process::id());
         write(d.join("admin.password"), &admin_password)?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(d.join("admin.password"), std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| HarnessError::io("restricting the admin password file", e))?;
+        }
         write(
             d.join("slapd.conf"),
             &format!(
@@ -172,22 +177,34 @@ impl Slapd {
             }
             ldif.push('\n');
         }
-        let seed = self.dir.path().join("seed.ldif");
-        std::fs::write(&seed, ldif).map_err(|e| HarnessError::io("writing the seed LDIF", e))?;
-        let output = tokio::process::Command::new("ldapadd")
+        self.ldap_tool("ldapadd", &ldif).await
+    }
+
+    /// Changes the directory with `ldif` (`changetype:` records: `modify`, `delete`, ...) as its
+    /// administrator, with `ldapmodify`. Fails with the tool's output.
+    pub async fn modify(&self, ldif: &str) -> Result<(), HarnessError> {
+        self.ldap_tool("ldapmodify", ldif).await
+    }
+
+    /// Runs `program` (`ldapadd`, `ldapmodify`) on `ldif` as the directory's administrator.
+    async fn ldap_tool(&self, program: &str, ldif: &str) -> Result<(), HarnessError> {
+        let file = tempfile::NamedTempFile::new_in(self.dir.path())
+            .map_err(|e| HarnessError::io("creating an LDIF file", e))?;
+        std::fs::write(file.path(), ldif).map_err(|e| HarnessError::io("writing an LDIF file", e))?;
+        let output = tokio::process::Command::new(program)
             .args(["-x", "-H"])
             .arg(format!("ldap://127.0.0.1:{}", self.ldap_port))
             .args(["-D", &format!("cn=admin,{BASE}"), "-y"])
             .arg(self.dir.path().join("admin.password"))
             .arg("-f")
-            .arg(&seed)
+            .arg(file.path())
             .kill_on_drop(true)
             .output()
             .await
-            .map_err(|e| HarnessError::io("running ldapadd (is ldap-utils installed?)", e))?;
+            .map_err(|e| HarnessError::io(format!("running {program} (is ldap-utils installed?)"), e))?;
         if !output.status.success() {
             return Err(self.process.failure(format!(
-                "seeding failed: ldapadd {}: {}",
+                "{program} {}: {}",
                 output.status,
                 String::from_utf8_lossy(&output.stderr)
             )));

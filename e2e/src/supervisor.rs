@@ -1,6 +1,7 @@
 //! The Selkie Supervisor as a test runs it: its CRDs installed, a namespace with a serving
-//! certificate Secret, an OIDCIdentityProvider for a [`Dex`] (the Supervisor is a confidential
-//! client of Dex's, and may use the password grant), a FederationDomain naming it, and the
+//! certificate Secret, an identity provider ([`Upstream`]: an OIDCIdentityProvider for a [`Dex`]
+//! or [`Keycloak`] — the Supervisor is a confidential client there and may use the password grant
+//! — or an LDAPIdentityProvider for a [`crate::ldap::Slapd`]), a FederationDomain naming it, and the
 //! `selkie-supervisor` process (a workspace binary) with a kubeconfig for the cluster, serving
 //! HTTPS on a loopback port. Stopped on drop.
 
@@ -40,41 +41,67 @@ impl std::fmt::Debug for Supervisor {
     }
 }
 
-/// An upstream OIDC provider of a test's Supervisor: the OIDCIdentityProvider the harness
-/// creates for it (username from `email`, groups from `groups`, password grant allowed).
+/// An upstream identity provider of a test's Supervisor: the identity provider resource (and
+/// its Secret) the harness creates for it.
 pub trait Upstream {
-    /// The OIDCIdentityProvider's name (its client Secret is `<name>-client`).
+    /// The resource's name.
     fn name(&self) -> &str;
-    /// The upstream's issuer.
-    fn issuer(&self) -> &str;
-    /// The CA of its serving certificate, PEM.
-    fn ca_pem(&self) -> String;
-    /// The Supervisor's confidential client at the upstream.
-    fn client_id(&self) -> &str;
-    /// Its secret.
-    fn client_secret(&self) -> &str;
-    /// The scopes the Supervisor asks for besides `openid`.
-    fn additional_scopes(&self) -> Vec<&str>;
+    /// The resource's kind (`OIDCIdentityProvider`, `LDAPIdentityProvider`, ...).
+    fn kind(&self) -> &str {
+        "OIDCIdentityProvider"
+    }
+    /// The YAML of the resource and its Secrets in `namespace`.
+    fn manifests(&self, namespace: &str) -> String;
+}
+
+/// An OIDCIdentityProvider `name` for an upstream at `issuer` (its serving CA `ca_pem`) where the
+/// Supervisor is the confidential client `client_id`/`client_secret` (the Secret
+/// `<name>-client`), asking for `scopes` besides `openid`; username from `email`, groups from
+/// `groups`, the password grant allowed.
+fn oidc_manifests(
+    namespace: &str,
+    name: &str,
+    issuer: &str,
+    ca_pem: &str,
+    (client_id, client_secret): (&str, &str),
+    scopes: &[&str],
+) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-client, namespace: {namespace}}}
+type: secrets.pinniped.dev/oidc-client
+stringData: {{clientID: {client_id}, clientSecret: {client_secret}}}
+---
+apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: OIDCIdentityProvider
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  issuer: {issuer}
+  tls: {{certificateAuthorityData: {ca}}}
+  client: {{secretName: {name}-client}}
+  authorizationConfig:
+    additionalScopes: {scopes:?}
+    allowPasswordGrant: true
+  claims: {{username: email, groups: groups}}
+"#,
+        ca = B64.encode(ca_pem),
+    )
 }
 
 impl Upstream for Dex {
     fn name(&self) -> &str {
         "dex"
     }
-    fn issuer(&self) -> &str {
-        Dex::issuer(self)
-    }
-    fn ca_pem(&self) -> String {
-        Dex::ca_pem(self)
-    }
-    fn client_id(&self) -> &str {
-        CLIENT_ID
-    }
-    fn client_secret(&self) -> &str {
-        CLIENT_SECRET
-    }
-    fn additional_scopes(&self) -> Vec<&str> {
-        vec!["offline_access", "email", "groups"]
+    fn manifests(&self, namespace: &str) -> String {
+        oidc_manifests(
+            namespace,
+            self.name(),
+            self.issuer(),
+            &self.ca_pem(),
+            (CLIENT_ID, CLIENT_SECRET),
+            &["offline_access", "email", "groups"],
+        )
     }
 }
 
@@ -82,27 +109,58 @@ impl Upstream for Keycloak {
     fn name(&self) -> &str {
         "keycloak"
     }
-    fn issuer(&self) -> &str {
-        Keycloak::issuer(self)
-    }
-    fn ca_pem(&self) -> String {
-        Keycloak::ca_pem(self)
-    }
-    fn client_id(&self) -> &str {
-        crate::keycloak::CLIENT_ID
-    }
-    fn client_secret(&self) -> &str {
-        crate::keycloak::CLIENT_SECRET
-    }
-    fn additional_scopes(&self) -> Vec<&str> {
+    fn manifests(&self, namespace: &str) -> String {
         // Keycloak refuses scopes it has no client scope for; its groups come from a mapper.
-        vec!["offline_access", "email"]
+        oidc_manifests(
+            namespace,
+            self.name(),
+            self.issuer(),
+            &self.ca_pem(),
+            (crate::keycloak::CLIENT_ID, crate::keycloak::CLIENT_SECRET),
+            &["offline_access", "email"],
+        )
+    }
+}
+
+/// An LDAPIdentityProvider `openldap` for slapd's `ldaps://` port: users by `uid` under
+/// [`crate::ldap::USERS_BASE`] (username `uid`, UID `uidNumber`), groups by `member` DN under
+/// [`crate::ldap::GROUPS_BASE`] named by `cn`; bound as [`crate::ldap::BIND_DN`] (the Secret
+/// `openldap-bind`).
+impl Upstream for crate::ldap::Slapd {
+    fn name(&self) -> &str {
+        "openldap"
+    }
+    fn kind(&self) -> &str {
+        "LDAPIdentityProvider"
+    }
+    fn manifests(&self, namespace: &str) -> String {
+        use crate::ldap::{BIND_DN, BIND_PASSWORD, GROUPS_BASE, USERS_BASE};
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: openldap-bind, namespace: {namespace}}}
+type: kubernetes.io/basic-auth
+stringData: {{username: "{BIND_DN}", password: {BIND_PASSWORD}}}
+---
+apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: LDAPIdentityProvider
+metadata: {{name: openldap, namespace: {namespace}}}
+spec:
+  host: "{host}"
+  tls: {{certificateAuthorityData: {ca}}}
+  bind: {{secretName: openldap-bind}}
+  userSearch: {{base: "{USERS_BASE}", filter: "uid={{}}", attributes: {{username: uid, uid: uidNumber}}}}
+  groupSearch: {{base: "{GROUPS_BASE}", attributes: {{groupName: cn}}}}
+"#,
+            host = self.ldaps_host(),
+            ca = B64.encode(self.ca_pem()),
+        )
     }
 }
 
 impl Supervisor {
-    /// Sets up `namespace` (which must exist) and starts the Supervisor: the OIDCIdentityProvider
-    /// for `upstream` ([`Upstream`]: username from `email`, groups from `groups`, password grant), and
+    /// Sets up `namespace` (which must exist) and starts the Supervisor: the identity provider
+    /// for `upstream` ([`Upstream`]), and
     /// the FederationDomain `federation-domain` with issuer `https://127.0.0.1:<port>/<namespace>`
     /// listing it as `idp_display_name`. Returns once the issuer's discovery document is served.
     pub async fn start(
@@ -267,24 +325,7 @@ metadata: {{name: {tls_secret}, namespace: {namespace}}}
 type: kubernetes.io/tls
 data: {{tls.crt: {cert}, tls.key: {key}}}
 ---
-apiVersion: v1
-kind: Secret
-metadata: {{name: {idp}-client, namespace: {namespace}}}
-type: secrets.pinniped.dev/oidc-client
-stringData: {{clientID: {client_id}, clientSecret: {client_secret}}}
----
-apiVersion: idp.supervisor.pinniped.dev/v1alpha1
-kind: OIDCIdentityProvider
-metadata: {{name: {idp}, namespace: {namespace}}}
-spec:
-  issuer: {upstream_issuer}
-  tls: {{certificateAuthorityData: {upstream_ca}}}
-  client: {{secretName: {idp}-client}}
-  authorizationConfig:
-    additionalScopes: {scopes:?}
-    allowPasswordGrant: true
-  claims: {{username: email, groups: groups}}
----
+{upstream_manifests}---
 apiVersion: config.supervisor.pinniped.dev/v1alpha1
 kind: FederationDomain
 metadata: {{name: federation-domain, namespace: {namespace}}}
@@ -292,16 +333,13 @@ spec:
   issuer: {issuer}
   identityProviders:
   - displayName: {idp_display_name:?}
-    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: {idp}}}
+    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: {kind}, name: {idp}}}
 "#,
             cert = B64.encode(&serving.cert_pem),
             key = B64.encode(&serving.key_pem),
             idp = upstream.name(),
-            client_id = upstream.client_id(),
-            client_secret = upstream.client_secret(),
-            upstream_issuer = upstream.issuer(),
-            upstream_ca = B64.encode(upstream.ca_pem()),
-            scopes = upstream.additional_scopes(),
+            kind = upstream.kind(),
+            upstream_manifests = upstream.manifests(namespace),
         );
         cluster
             .kubectl()

@@ -537,6 +537,45 @@ impl Provider {
         Ok(claims)
     }
 
+    /// A Pinniped Supervisor's identity-provider discovery document (the JSON at the
+    /// `pinniped_identity_providers_endpoint` its discovery names). Fails when the issuer
+    /// publishes no such endpoint, cannot be reached, answers other than 200, or answers
+    /// something other than a JSON object.
+    pub async fn identity_providers(&self) -> Result<Map<String, Value>, OidcError> {
+        let what = "reading the identity-provider discovery";
+        let bad = |reason: &str| OidcError::BadTokenResponse {
+            what,
+            reason: reason.to_string(),
+        };
+        let Some(endpoint) = self
+            .discovery
+            .supervisor
+            .as_ref()
+            .and_then(|supervisor| supervisor["pinniped_identity_providers_endpoint"].as_str())
+            .filter(|endpoint| !endpoint.is_empty())
+        else {
+            return Err(bad(
+                "the issuer publishes no pinniped_identity_providers_endpoint",
+            ));
+        };
+        let response = self
+            .client
+            .send(
+                http::Method::GET,
+                endpoint,
+                &[accept_json()],
+                bytes::Bytes::new(),
+                MAX_ANSWER_BYTES,
+                Some(HTTP_TIMEOUT),
+            )
+            .await
+            .map_err(|cause| OidcError::Request { what, cause })?;
+        if response.status != http::StatusCode::OK {
+            return Err(bad(&format!("the endpoint answered {}", response.status)));
+        }
+        serde_json::from_slice(&response.body).map_err(|_| bad("the answer is not a JSON object"))
+    }
+
     /// The Supervisor's `cli_password` authorize request: credentials in headers, the code in
     /// the `Location` of the redirect to `redirect_uri`. Returns the code.
     pub async fn supervisor_password_authorize(

@@ -33,8 +33,9 @@ use kube::{
 use selkie_api::{
     supervisor_config::{FederationDomain, FederationDomainSecrets, FederationDomainStatus},
     supervisor_idp::{
-        ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider,
-        LDAPIdentityProviderStatus, OIDCIdentityProvider, OIDCIdentityProviderStatus, Phase,
+        ActiveDirectoryIdentityProvider, ActiveDirectoryIdentityProviderStatus, GitHubIdentityProvider,
+        LDAPIdentityProvider, LDAPIdentityProviderStatus, OIDCIdentityProvider, OIDCIdentityProviderStatus,
+        Phase, TLSSpec,
     },
 };
 use selkie_kube::{
@@ -54,13 +55,16 @@ use crate::{
     federation_domain,
     issuer::{split_issuer, Issuer, Issuers},
     keys::{self, KeySecret},
+    ldap::{self, Directory, DirectoryConfig, Flavor, GroupSearch, UserSearch},
     sealed::Sealer,
     tokens::TokenKey,
-    upstream::{OidcUpstream, Upstream},
+    upstream::{LdapUpstream, OidcUpstream, Upstream},
 };
 
 /// How often everything is computed again without a change (to retry discovery and key reads).
 const RESYNC: Duration = Duration::from_secs(10);
+/// The bound of every connect, bind and search at an LDAP or Active Directory server.
+const LDAP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long after a change the computation waits for more changes.
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// The Secret type of an OIDC upstream's client credentials.
@@ -156,9 +160,123 @@ pub struct Controller {
     written: HashMap<String, serde_json::Value>,
     /// How long a signing key signs before it is rotated; `None`: never.
     rotation_interval: Option<Duration>,
-    /// The connection check of LDAPIdentityProviders, by `namespace/name`, with what it was
-    /// made from: made again only when that changes.
-    ldap_checks: HashMap<String, (String, Check)>,
+    /// The directories of LDAP and Active Directory identity providers, by `kind/namespace/name`,
+    /// with what they were made from and their connection and search-base checks: probed again
+    /// only when that changes, kept serving while a change does not work yet.
+    directories: HashMap<String, BuiltDirectory>,
+}
+
+/// A directory that passed its checks, and what it was made from.
+struct BuiltDirectory {
+    fingerprint: String,
+    checks: Vec<Check>,
+    upstream: Arc<Upstream>,
+}
+
+/// An LDAPIdentityProvider's or ActiveDirectoryIdentityProvider's spec, as one shape.
+struct DirectorySpec<'a> {
+    flavor: Flavor,
+    name: String,
+    uid: String,
+    generation: i64,
+    host: &'a str,
+    tls: Option<&'a TLSSpec>,
+    bind_secret: String,
+    user_search: UserSearch,
+    group_search: GroupSearch,
+}
+
+impl<'a> DirectorySpec<'a> {
+    fn of_ldap(idp: &'a LDAPIdentityProvider) -> Self {
+        let spec = &idp.spec;
+        Self {
+            flavor: Flavor::Ldap,
+            name: idp.name_any(),
+            uid: idp.metadata.uid.clone().unwrap_or_default(),
+            generation: idp.metadata.generation.unwrap_or_default(),
+            host: &spec.host,
+            tls: spec.tls.as_ref(),
+            bind_secret: spec
+                .bind
+                .as_ref()
+                .map(|bind| bind.secret_name.clone())
+                .unwrap_or_default(),
+            user_search: UserSearch {
+                base: spec.user_search.base.clone().unwrap_or_default(),
+                filter: spec.user_search.filter.clone().unwrap_or_default(),
+                username_attribute: spec.user_search.attributes.username.clone().unwrap_or_default(),
+                uid_attribute: spec.user_search.attributes.uid.clone().unwrap_or_default(),
+            },
+            group_search: GroupSearch {
+                base: spec.group_search.base.clone().unwrap_or_default(),
+                filter: spec.group_search.filter.clone().unwrap_or_default(),
+                user_attribute_for_filter: spec.group_search.user_attribute_for_filter.clone(),
+                group_name_attribute: spec
+                    .group_search
+                    .attributes
+                    .group_name
+                    .clone()
+                    .unwrap_or_default(),
+                skip_group_refresh: spec.group_search.skip_group_refresh,
+            },
+        }
+    }
+
+    /// Active Directory's spec with Pinniped's defaults filled in (not the search bases: they
+    /// come from the directory).
+    fn of_active_directory(idp: &'a ActiveDirectoryIdentityProvider) -> Self {
+        let spec = &idp.spec;
+        let or = |value: &Option<String>, default: &str| {
+            value
+                .clone()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| default.to_string())
+        };
+        Self {
+            flavor: Flavor::ActiveDirectory,
+            name: idp.name_any(),
+            uid: idp.metadata.uid.clone().unwrap_or_default(),
+            generation: idp.metadata.generation.unwrap_or_default(),
+            host: &spec.host,
+            tls: spec.tls.as_ref(),
+            bind_secret: spec
+                .bind
+                .as_ref()
+                .map(|bind| bind.secret_name.clone())
+                .unwrap_or_default(),
+            user_search: UserSearch {
+                base: spec.user_search.base.clone().unwrap_or_default(),
+                filter: or(&spec.user_search.filter, ldap::active_directory::USER_FILTER),
+                username_attribute: or(
+                    &spec.user_search.attributes.username,
+                    ldap::active_directory::USERNAME_ATTRIBUTE,
+                ),
+                uid_attribute: or(
+                    &spec.user_search.attributes.uid,
+                    ldap::active_directory::UID_ATTRIBUTE,
+                ),
+            },
+            group_search: GroupSearch {
+                base: spec.group_search.base.clone().unwrap_or_default(),
+                filter: or(&spec.group_search.filter, ldap::active_directory::GROUP_FILTER),
+                user_attribute_for_filter: spec.group_search.user_attribute_for_filter.clone(),
+                group_name_attribute: spec
+                    .group_search
+                    .attributes
+                    .group_name
+                    .clone()
+                    .unwrap_or_default(),
+                skip_group_refresh: spec.group_search.skip_group_refresh,
+            },
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.flavor {
+            Flavor::Ldap => "LDAPIdentityProvider",
+            Flavor::ActiveDirectory => "ActiveDirectoryIdentityProvider",
+        }
+    }
 }
 
 impl Controller {
@@ -177,7 +295,7 @@ impl Controller {
             .map_err(|e| ControllerError::Config(e.to_string()))?;
         Ok(Self {
             rotation_interval,
-            ldap_checks: HashMap::new(),
+            directories: HashMap::new(),
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
                     &config.api_group_suffix,
@@ -289,7 +407,7 @@ impl Controller {
         };
 
         // Identity providers.
-        let mut idps: HashMap<String, Arc<Upstream>> = HashMap::new();
+        let mut idps: HashMap<(String, String), Arc<Upstream>> = HashMap::new();
         for object in watched.identity_providers.state() {
             let name = object.name_any();
             let Some(idp) = parse::<OIDCIdentityProvider>(&object) else {
@@ -297,7 +415,7 @@ impl Controller {
             };
             let (checks, upstream) = self.oidc_upstream(&idp, &sources).await;
             if let Some(upstream) = upstream {
-                idps.insert(name.clone(), upstream);
+                idps.insert(("OIDCIdentityProvider".to_string(), name.clone()), upstream);
             }
             if leading {
                 let (ready, phase) = conditions::ready::<Phase>("OIDCIdentityProvider", &checks);
@@ -316,36 +434,70 @@ impl Controller {
             }
         }
 
-        // LDAPIdentityProviders: validated and their status written (not served yet).
-        if let Some((_, store)) = watched
-            .other_identity_providers
-            .iter()
-            .find(|(kind, _)| *kind == "LDAPIdentityProvider")
-        {
-            let resource = self
+        // LDAP and Active Directory identity providers.
+        for (kind, store) in &watched.other_identity_providers {
+            let Some(resource) = self
                 .other_idp_resources
                 .iter()
-                .find(|(kind, _)| *kind == "LDAPIdentityProvider")
-                .map(|(_, resource)| resource.clone());
+                .find(|(other, _)| other == kind)
+                .map(|(_, resource)| resource.clone())
+            else {
+                continue;
+            };
             for object in store.state() {
-                let (Some(idp), Some(resource)) = (parse::<LDAPIdentityProvider>(&object), &resource) else {
-                    continue;
-                };
-                let checks = self.ldap_checks(&idp, &sources).await;
-                if leading {
-                    let (ready, phase) = conditions::ready::<Phase>("LDAPIdentityProvider", &checks);
-                    let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
-                    let status = LDAPIdentityProviderStatus {
-                        phase,
-                        conditions: conditions::merge(
-                            &idp.status.clone().unwrap_or_default().conditions,
-                            &all,
-                            idp.metadata.generation,
-                            &conditions::now(),
-                        ),
-                    };
-                    self.write_status(resource, &object.name_any(), &idp.status, status)
-                        .await;
+                let name = object.name_any();
+                match *kind {
+                    "LDAPIdentityProvider" => {
+                        let Some(idp) = parse::<LDAPIdentityProvider>(&object) else {
+                            continue;
+                        };
+                        let (checks, upstream) = self
+                            .directory_upstream(&DirectorySpec::of_ldap(&idp), &sources)
+                            .await;
+                        if let Some(upstream) = upstream {
+                            idps.insert((kind.to_string(), name.clone()), upstream);
+                        }
+                        if leading {
+                            let (ready, phase) = conditions::ready::<Phase>(kind, &checks);
+                            let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
+                            let status = LDAPIdentityProviderStatus {
+                                phase,
+                                conditions: conditions::merge(
+                                    &idp.status.clone().unwrap_or_default().conditions,
+                                    &all,
+                                    idp.metadata.generation,
+                                    &conditions::now(),
+                                ),
+                            };
+                            self.write_status(&resource, &name, &idp.status, status).await;
+                        }
+                    }
+                    "ActiveDirectoryIdentityProvider" => {
+                        let Some(idp) = parse::<ActiveDirectoryIdentityProvider>(&object) else {
+                            continue;
+                        };
+                        let (checks, upstream) = self
+                            .directory_upstream(&DirectorySpec::of_active_directory(&idp), &sources)
+                            .await;
+                        if let Some(upstream) = upstream {
+                            idps.insert((kind.to_string(), name.clone()), upstream);
+                        }
+                        if leading {
+                            let (ready, phase) = conditions::ready::<Phase>(kind, &checks);
+                            let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
+                            let status = ActiveDirectoryIdentityProviderStatus {
+                                phase,
+                                conditions: conditions::merge(
+                                    &idp.status.clone().unwrap_or_default().conditions,
+                                    &all,
+                                    idp.metadata.generation,
+                                    &conditions::now(),
+                                ),
+                            };
+                            self.write_status(&resource, &name, &idp.status, status).await;
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -612,25 +764,29 @@ impl Controller {
         (checks, Some(upstream))
     }
 
-    /// The conditions of an LDAPIdentityProvider, as Pinniped's: `BindSecretValid` (a
-    /// `kubernetes.io/basic-auth` Secret with `username` and `password`), `TLSConfigurationValid`,
-    /// `LDAPConnectionValid` (a connection and the service account's bind, made again only when
-    /// the spec, the Secret or the CA bundle changed) and `SearchBaseFound`.
-    async fn ldap_checks(&mut self, idp: &LDAPIdentityProvider, sources: &Sources<'_>) -> Vec<Check> {
+    /// The conditions of an LDAP or Active Directory identity provider, as Pinniped's, and its
+    /// upstream when they pass: `BindSecretValid` (a `kubernetes.io/basic-auth` Secret with
+    /// `username` and `password`), `TLSConfigurationValid`, `LDAPConnectionValid` (a connection
+    /// and the service account's bind) and, for Active Directory, `SearchBaseFound` (from the
+    /// spec, else the directory's `defaultNamingContext`). The directory is probed again only
+    /// when the spec, the Secret or the CA bundle changed; until a changed one passes, the last
+    /// one that did keeps serving.
+    async fn directory_upstream(
+        &mut self,
+        spec: &DirectorySpec<'_>,
+        sources: &Sources<'_>,
+    ) -> (Vec<Check>, Option<Arc<Upstream>>) {
         const BIND: &str = "BindSecretValid";
         const CONNECTION: &str = "LDAPConnectionValid";
-        let key = format!("{}/{}", sources.namespace, idp.name_any());
+        const SEARCH_BASE: &str = "SearchBaseFound";
+        let kind = spec.kind();
+        let key = format!("{kind}/{}/{}", sources.namespace, spec.name);
+        let previous = self.directories.get(&key).map(|built| built.upstream.clone());
         let mut checks = Vec::new();
-        let secret_name = idp
-            .spec
-            .bind
-            .as_ref()
-            .map(|bind| bind.secret_name.clone())
-            .unwrap_or_default();
         let bind = secret_pair(
             sources,
             BIND,
-            &secret_name,
+            &spec.bind_secret,
             "kubernetes.io/basic-auth",
             ["username", "password"],
         );
@@ -638,95 +794,134 @@ impl Controller {
             Ok(_) => Check::success(BIND, "loaded bind secret"),
             Err(check) => check.clone(),
         });
-        let tls = tls_spec::validate(idp.spec.tls.as_ref(), sources.namespace, sources);
+        let tls = tls_spec::validate(spec.tls, sources.namespace, sources);
         checks.push(tls.check.clone());
-        let user_base = idp.spec.user_search.base.clone().unwrap_or_default();
-        checks.push(if user_base.is_empty() {
-            Check::failure(
-                "SearchBaseFound",
-                "SearchBaseNotFound",
-                "spec.userSearch.base is required",
-            )
-        } else {
-            Check::success_with_reason(
-                "SearchBaseFound",
-                "UsingConfigurationFromSpec",
-                "Using search base from LDAPIdentityProvider config.",
-            )
-        });
+        let active_directory = spec.flavor == Flavor::ActiveDirectory;
         let (Ok((dn, password, version)), true) = (bind, tls.ok()) else {
             checks.push(Check::unable_to_validate(CONNECTION));
-            return checks;
+            if active_directory {
+                checks.push(Check::unable_to_validate(SEARCH_BASE));
+            }
+            return (checks, previous);
         };
         let fingerprint = format!(
-            "{}|{}|{}|{version}|{:?}",
-            idp.metadata.uid.as_deref().unwrap_or_default(),
-            idp.metadata.generation.unwrap_or_default(),
+            "{}|{}|{}|{dn}|{version}|{}|{:?}",
+            spec.uid,
+            spec.generation,
+            spec.host,
             secret_fingerprint(&password),
             tls.ca_bundle_pem,
         );
-        if let Some((_, cached)) = self
-            .ldap_checks
+        if let Some(built) = self
+            .directories
             .get(&key)
-            .filter(|(made_from, _)| *made_from == fingerprint)
+            .filter(|built| built.fingerprint == fingerprint)
         {
-            checks.push(cached.clone());
-            return checks;
+            checks.extend(built.checks.iter().cloned());
+            return (checks, Some(built.upstream.clone()));
         }
         let options = TlsOptions {
             ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
             ..TlsOptions::default()
         };
-        let connection = match selkie_oidc::https::client_config(&options) {
+        let tls_config = match selkie_oidc::https::client_config(&options) {
+            Ok(config) => Arc::new(config),
+            Err(error) => {
+                checks.push(Check::failure(
+                    CONNECTION,
+                    "LDAPConnectionError",
+                    format!("the TLS configuration cannot be used: {error}"),
+                ));
+                if active_directory {
+                    checks.push(Check::unable_to_validate(SEARCH_BASE));
+                }
+                return (checks, previous);
+            }
+        };
+        let mut config = DirectoryConfig {
+            host: spec.host.to_string(),
+            tls: tls_config,
+            bind_dn: dn.clone(),
+            bind_password: password,
+            user_search: spec.user_search.clone(),
+            group_search: spec.group_search.clone(),
+            timeout: LDAP_TIMEOUT,
+            flavor: spec.flavor,
+        };
+        let probe = Directory::new(config.clone());
+        let mut found = Vec::new();
+        let connected = match probe.probe().await {
+            Ok(()) => Check::success(
+                CONNECTION,
+                format!(
+                    "successfully able to connect to \"{}\" and bind as user \"{dn}\" [validated with Secret \"{}\" at version \"{version}\"]",
+                    spec.host, spec.bind_secret
+                ),
+            ),
             Err(error) => Check::failure(
                 CONNECTION,
                 "LDAPConnectionError",
-                format!("the TLS configuration cannot be used: {error}"),
+                format!("error dialing or binding: {error}"),
             ),
-            Ok(config) => {
-                let upstream = crate::ldap::LdapUpstream {
-                    host: idp.spec.host.clone(),
-                    tls: Arc::new(config),
-                    bind_dn: dn.clone(),
-                    bind_password: password,
-                    user_search: crate::ldap::UserSearch {
-                        base: user_base,
-                        filter: String::new(),
-                        username_attribute: String::new(),
-                        uid_attribute: String::new(),
-                    },
-                    group_search: crate::ldap::GroupSearch {
-                        base: String::new(),
-                        filter: String::new(),
-                        user_attribute_for_filter: None,
-                        group_name_attribute: String::new(),
-                    },
-                    timeout: Duration::from_secs(60),
-                };
-                match upstream.probe().await {
-                    Ok(()) => Check::success(
-                        CONNECTION,
-                        format!(
-                            "successfully able to connect to \"{}\" and bind as user \"{dn}\" [validated with Secret \"{secret_name}\" at version \"{version}\"]",
-                            idp.spec.host
-                        ),
-                    ),
+        };
+        let connected_ok = connected.is_true();
+        found.push(connected);
+        if active_directory {
+            let from_spec = !config.user_search.base.is_empty() && !config.group_search.base.is_empty();
+            found.push(if from_spec {
+                Check::success_with_reason(
+                    SEARCH_BASE,
+                    "UsingConfigurationFromSpec",
+                    "Using search base from ActiveDirectoryIdentityProvider config.",
+                )
+            } else if !connected_ok {
+                Check::unable_to_validate(SEARCH_BASE)
+            } else {
+                match probe.default_naming_context().await {
+                    Ok(context) => {
+                        for base in [&mut config.user_search.base, &mut config.group_search.base] {
+                            if base.is_empty() {
+                                base.clone_from(&context);
+                            }
+                        }
+                        Check::success(
+                            SEARCH_BASE,
+                            "Successfully fetched defaultNamingContext to use as default search base from RootDSE.",
+                        )
+                    }
                     Err(error) => Check::failure(
-                        CONNECTION,
-                        "LDAPConnectionError",
-                        format!("error dialing or binding: {error}"),
+                        SEARCH_BASE,
+                        "ErrorFetchingSearchBase",
+                        format!("Error finding search base: {error}"),
                     ),
                 }
-            }
-        };
-        // A failure is tried again at the next sync; a success holds until an input changes.
-        if connection.is_true() {
-            self.ldap_checks.insert(key, (fingerprint, connection.clone()));
-        } else {
-            self.ldap_checks.remove(&key);
+            });
         }
-        checks.push(connection);
-        checks
+        let passed = found.iter().all(Check::is_true);
+        checks.extend(found.iter().cloned());
+        if !passed {
+            // Probed again at the next sync; the last working form keeps serving meanwhile.
+            return (checks, previous);
+        }
+        let upstream = Arc::new(Upstream::Ldap(LdapUpstream {
+            display_name: spec.name.clone(),
+            resource_name: spec.name.clone(),
+            resource_uid: spec.uid.clone(),
+            kind: match spec.flavor {
+                Flavor::Ldap => selkie_api::supervisor_oidc::IDPType::LDAP,
+                Flavor::ActiveDirectory => selkie_api::supervisor_oidc::IDPType::ActiveDirectory,
+            },
+            directory: Arc::new(Directory::new(config)),
+        }));
+        self.directories.insert(
+            key,
+            BuiltDirectory {
+                fingerprint,
+                checks: found,
+                upstream: upstream.clone(),
+            },
+        );
+        (checks, Some(upstream))
     }
 
     /// Creates the FederationDomain's generated key Secrets that are missing from the watched
@@ -861,24 +1056,6 @@ impl Controller {
                 self.written.insert(key, value);
             }
             Err(error) => tracing::warn!(kind = %resource.kind, %name, %error, "writing the status failed"),
-        }
-    }
-}
-
-impl OidcUpstream {
-    /// The same upstream under another display name (a FederationDomain's).
-    pub fn with_display_name(&self, display_name: &str) -> Self {
-        Self {
-            display_name: display_name.to_string(),
-            resource_name: self.resource_name.clone(),
-            resource_uid: self.resource_uid.clone(),
-            provider: self.provider.clone(),
-            client: self.client.clone(),
-            additional_authorize_parameters: self.additional_authorize_parameters.clone(),
-            allow_password_grant: self.allow_password_grant,
-            username_claim: self.username_claim.clone(),
-            groups_claim: self.groups_claim.clone(),
-            additional_claim_mappings: self.additional_claim_mappings.clone(),
         }
     }
 }

@@ -100,6 +100,7 @@ impl Endpoints {
             discovery::IDP_DISCOVERY_PATH => Endpoint::idp_discovery,
             discovery::AUTHORIZE_PATH => Endpoint::authorize,
             discovery::CALLBACK_PATH => Endpoint::callback,
+            discovery::LOGIN_PATH => Endpoint::login,
             discovery::TOKEN_PATH => Endpoint::token,
             _ => return not_found(),
         };
@@ -115,6 +116,9 @@ impl Endpoints {
             }
             Endpoint::callback if get || method == Method::POST => {
                 login::callback(self, &issuer, request).await
+            }
+            Endpoint::login if get || method == Method::POST => {
+                login::login_page(self, &issuer, request).await
             }
             Endpoint::token if method == Method::POST => token::token(self, &issuer, request).await,
             _ => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),

@@ -26,8 +26,8 @@ pub const KINDS: [&str; 4] = [
 pub struct Namespace {
     /// The identity provider objects that exist, by (kind, name).
     pub existing: HashSet<(String, String)>,
-    /// The OIDC upstreams that are ready to use, by name.
-    pub ready: HashMap<String, Arc<Upstream>>,
+    /// The upstreams that are ready to use, by kind (`OIDCIdentityProvider`, ...) and name.
+    pub ready: HashMap<(String, String), Arc<Upstream>>,
     /// The identity providers' API group under the installation's suffix.
     pub idp_group: String,
 }
@@ -153,9 +153,10 @@ fn identity_providers(
                         "no resources were specified by .spec.identityProviders[].objectRef but exactly one identity provider resource has been found: using {name:?} as identity provider: please explicitly list identity providers in .spec.identityProviders (this legacy configuration mode may be removed in a future version of Pinniped)"
                     ),
                 ));
-                (kind == "OIDCIdentityProvider")
-                    .then(|| namespace.ready.get(name).cloned())
-                    .flatten()
+                namespace
+                    .ready
+                    .get(&(kind.clone(), name.clone()))
+                    .cloned()
                     .map(|upstream| vec![upstream])
             }
             0 => {
@@ -220,15 +221,8 @@ fn identity_providers(
                 "cannot find resource specified by .spec.identityProviders[{index}].objectRef (with name {:?})",
                 object.name
             ));
-        } else if let Some(Upstream::Oidc(oidc)) = namespace
-            .ready
-            .get(&object.name)
-            .filter(|_| object.kind == "OIDCIdentityProvider")
-            .map(Arc::as_ref)
-        {
-            upstreams.push(Arc::new(Upstream::Oidc(
-                oidc.with_display_name(&reference.display_name),
-            )));
+        } else if let Some(upstream) = namespace.ready.get(&(object.kind.clone(), object.name.clone())) {
+            upstreams.push(Arc::new(upstream.with_display_name(&reference.display_name)));
         }
     }
     checks.push(if not_found.is_empty() {
@@ -408,7 +402,10 @@ mod tests {
                 .iter()
                 .map(|(k, n)| (k.to_string(), n.to_string()))
                 .collect(),
-            ready: HashMap::from([("dex".to_string(), upstream("dex"))]),
+            ready: HashMap::from([(
+                ("OIDCIdentityProvider".to_string(), "dex".to_string()),
+                upstream("dex"),
+            )]),
             idp_group: GROUP.into(),
         }
     }

@@ -1,21 +1,73 @@
-//! The LDAP side of an LDAPIdentityProvider (REFERENCE.md §1.3, §4): authenticating a user with
-//! a username and password, and finding them again at refresh, the way Pinniped's upstream LDAP
-//! client does it.
+//! The directory side of LDAPIdentityProviders and ActiveDirectoryIdentityProviders
+//! (REFERENCE.md §1.3, §4): authenticating a user with a username and password, and checking
+//! them again at every refresh, the way Pinniped's upstream LDAP client does.
 //!
-//! A login opens one connection (TLS from the first byte, else StartTLS — Pinniped's order),
-//! binds as the service account, searches `userSearch.base` for exactly one entry matching the
-//! user filter (the username escaped per RFC 4515 in place of every `{}`), binds as that entry's
-//! DN with the password to check it, binds as the service account again and searches
-//! `groupSearch.base` for the user's groups. Every step is bounded by [`LdapUpstream::timeout`].
-//! An empty password is refused before any bind: an unauthenticated simple bind "succeeds".
+//! **A login** searches `userSearch.base` for exactly one entry matching the user filter (the
+//! username escaped per RFC 4515 in place of every `{}`), searches `groupSearch.base` for the
+//! user's groups (paged, so a huge group list is no error), and last checks the password by
+//! binding as the entry's DN. An empty password is refused before any bind: an unauthenticated
+//! simple bind "succeeds". Unknown users and wrong passwords are the same error.
 //!
-//! Not wired into the FederationDomains yet (issue 17): the reconciler, the login flows and the
-//! refresh checks come next; this module is what they call.
+//! **A refresh** reads the stored DN again (a base-object search) and requires the same username
+//! and UID; Active Directory also requires `pwdLastSet` unchanged since the login, the account
+//! not disabled (`userAccountControl`) and not locked (`msDS-User-Account-Control-Computed`). The
+//! groups are searched again unless `skipGroupRefresh`.
+//!
+//! **Connections** (TLS from the first byte, else StartTLS — Pinniped's order) are kept: searches
+//! share one connection bound as the service account (LDAP multiplexes operations on it), and
+//! users' binds go over a small pool of connections used for nothing else, so a login costs no
+//! TLS handshake once the pool is warm. A connection found broken is replaced once. At most
+//! [`MAX_IN_FLIGHT`] logins and refreshes run against one directory; more wait up to the timeout
+//! and then fail as [`LdapError::Busy`], so a slow directory cannot exhaust the Supervisor. Every
+//! connect, bind and search is bounded by [`DirectoryConfig::timeout`].
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
-use ldap3::{LdapConnAsync, LdapConnSettings, Scope, SearchEntry};
+use ldap3::{
+    adapters::{Adapter, EntriesOnly, PagedResults},
+    DerefAliases, LdapConnAsync, LdapConnSettings, Scope, SearchEntry, SearchOptions,
+};
+
+/// How many logins and refreshes may be in flight against one directory.
+pub const MAX_IN_FLIGHT: usize = 64;
+/// How many idle connections for users' binds are kept.
+const MAX_IDLE_BINDERS: usize = 8;
+/// The page size of group searches.
+const GROUP_PAGE_SIZE: i32 = 500;
+/// The attribute name that stands for the entry's DN.
+const DN: &str = "dn";
+
+/// Which kind of directory: it decides the UID encoding of `objectGUID`, the default group
+/// names and the refresh checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// An LDAPIdentityProvider.
+    Ldap,
+    /// An ActiveDirectoryIdentityProvider.
+    ActiveDirectory,
+}
+
+/// Active Directory's defaults, Pinniped's.
+pub mod active_directory {
+    /// The username attribute.
+    pub const USERNAME_ATTRIBUTE: &str = "userPrincipalName";
+    /// The UID attribute.
+    pub const UID_ATTRIBUTE: &str = "objectGUID";
+    /// The group name attribute (as `<sAMAccountName>@<domain>`).
+    pub const GROUP_NAME_ATTRIBUTE: &str = "sAMAccountName";
+    /// The user filter: a person, not a computer, not an advanced-view-only account, whose
+    /// `sAMAccountName`, `mail` or `userPrincipalName` is the username, of a normal account type.
+    pub const USER_FILTER: &str = "(&(objectClass=person)(!(objectClass=computer))(!(showInAdvancedViewOnly=TRUE))(|(sAMAccountName={})(mail={})(userPrincipalName={}))(sAMAccountType=805306368))";
+    /// The group filter: groups with the user as a member, nested groups included.
+    pub const GROUP_FILTER: &str = "(&(objectClass=group)(member:1.2.840.113556.1.4.1941:={}))";
+    /// The attributes a refresh checks against the login's values.
+    pub const PWD_LAST_SET: &str = "pwdLastSet";
+    /// The account's flags; bit 0x2 is "disabled".
+    pub const USER_ACCOUNT_CONTROL: &str = "userAccountControl";
+    /// The account's computed flags; bit 0x10 is "locked out".
+    pub const USER_ACCOUNT_CONTROL_COMPUTED: &str = "msDS-User-Account-Control-Computed";
+}
 
 /// Where and how to search for users.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,14 +76,14 @@ pub struct UserSearch {
     pub base: String,
     /// The filter, `{}` standing for the username; empty: `<username attribute>={}`.
     pub filter: String,
-    /// The attribute whose value is the downstream username.
+    /// The attribute whose value is the downstream username (`dn`: the entry's DN).
     pub username_attribute: String,
-    /// The attribute whose value is the user's stable id (the `sub`).
+    /// The attribute whose value is the user's stable id, the `sub` (`dn`: the entry's DN).
     pub uid_attribute: String,
 }
 
 /// Where and how to search for a user's groups.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GroupSearch {
     /// The base DN; empty: no group search (no groups).
     pub base: String,
@@ -40,14 +92,17 @@ pub struct GroupSearch {
     pub filter: String,
     /// The user attribute whose value replaces `{}` instead of the DN (posix `memberUid`: `uid`).
     pub user_attribute_for_filter: Option<String>,
-    /// The attribute whose value is a group's name; `dn`: the whole DN.
+    /// The attribute whose value is a group's name; `dn` the whole DN; empty: `dn` (LDAP), or
+    /// `<sAMAccountName>@<domain>` (Active Directory).
     pub group_name_attribute: String,
+    /// Whether refreshes keep the login's groups instead of searching again.
+    pub skip_group_refresh: bool,
 }
 
-/// An LDAP upstream, as an LDAPIdentityProvider describes it.
+/// A directory, as an identity provider resource describes it.
 #[derive(Clone)]
-pub struct LdapUpstream {
-    /// `host:port` of the directory.
+pub struct DirectoryConfig {
+    /// `host[:port]` of the directory.
     pub host: String,
     /// The TLS client configuration (trusting the provider's CA bundle, or the system roots).
     pub tls: Arc<rustls::ClientConfig>,
@@ -59,20 +114,25 @@ pub struct LdapUpstream {
     pub user_search: UserSearch,
     /// The group search.
     pub group_search: GroupSearch,
-    /// The bound of every connect, bind and search.
+    /// The bound of every connect, bind and search, and of the wait for a turn.
     pub timeout: Duration,
+    /// LDAP or Active Directory.
+    pub flavor: Flavor,
 }
 
-impl std::fmt::Debug for LdapUpstream {
+impl std::fmt::Debug for DirectoryConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LdapUpstream")
+        f.debug_struct("DirectoryConfig")
             .field("host", &self.host)
             .field("bind_dn", &self.bind_dn)
+            .field("user_search", &self.user_search)
+            .field("group_search", &self.group_search)
+            .field("flavor", &self.flavor)
             .finish_non_exhaustive()
     }
 }
 
-/// Who an LDAP login found.
+/// Who a login found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LdapIdentity {
     /// The user's entry.
@@ -80,13 +140,15 @@ pub struct LdapIdentity {
     /// The downstream username (the username attribute's value).
     pub username: String,
     /// The user's stable id: the uid attribute's value, base64url without padding (binary ids
-    /// such as `objectGUID` included).
+    /// included); Active Directory's `objectGUID` as a GUID string.
     pub uid: String,
-    /// The group names.
+    /// The group names, sorted, without duplicates.
     pub groups: Vec<String>,
+    /// What a refresh compares with (Active Directory: `pwdLastSet`, base64url).
+    pub refresh_attributes: BTreeMap<String, String>,
 }
 
-/// Why an LDAP login failed. Never quotes a password.
+/// Why a login or refresh failed. Never quotes a password.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LdapError {
@@ -97,8 +159,8 @@ pub enum LdapError {
     /// More than one entry matched the user search.
     #[error("the user search found more than one entry for the username")]
     Ambiguous,
-    /// The user's entry lacks the username or uid attribute.
-    #[error("the user's entry has no single value of the attribute {0:?}")]
+    /// The user's entry lacks the username or uid attribute, or has several values of it.
+    #[error("the user's entry has no single non-empty value of the attribute {0:?}")]
     MissingAttribute(String),
     /// The directory could not be reached over TLS or StartTLS, or timed out.
     #[error("the LDAP server {host} could not be reached: {reason}")]
@@ -108,6 +170,9 @@ pub enum LdapError {
         /// What failed.
         reason: String,
     },
+    /// Too many logins are waiting for the directory.
+    #[error("too many logins are waiting for the LDAP server {0}")]
+    Busy(String),
     /// The service account's bind failed.
     #[error("binding as the service account {0} failed")]
     ServiceBind(String),
@@ -119,6 +184,52 @@ pub enum LdapError {
         /// What the server said.
         reason: String,
     },
+    /// A refresh found the user changed: gone, renamed, disabled, locked, new password.
+    #[error("{0}")]
+    Changed(String),
+}
+
+impl LdapError {
+    /// Whether the failure is the directory's (unreachable, busy, a failing search or service
+    /// bind) rather than the user's: a login may be tried again later.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Self::Unreachable { .. } | Self::Busy(_) | Self::ServiceBind(_) | Self::Search { .. }
+        )
+    }
+}
+
+/// What a login stored for its refreshes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredLogin<'a> {
+    /// The user's DN.
+    pub dn: &'a str,
+    /// The username at login.
+    pub username: &'a str,
+    /// The UID at login.
+    pub uid: &'a str,
+    /// The groups at login (kept when `skipGroupRefresh`).
+    pub groups: &'a [String],
+    /// [`LdapIdentity::refresh_attributes`] at login.
+    pub refresh_attributes: &'a BTreeMap<String, String>,
+}
+
+/// A directory to log users in at. Cheap to share ([`Arc`]); its connections are kept.
+pub struct Directory {
+    config: DirectoryConfig,
+    /// The shared connection for searches, bound as the service account.
+    searcher: tokio::sync::Mutex<Option<ldap3::Ldap>>,
+    /// Idle connections for users' binds.
+    binders: std::sync::Mutex<Vec<ldap3::Ldap>>,
+    /// Bounds the logins and refreshes in flight.
+    permits: tokio::sync::Semaphore,
+}
+
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.config.fmt(f)
+    }
 }
 
 /// `filter` with every `{}` replaced by `value` escaped for a filter (RFC 4515), wrapped in
@@ -132,7 +243,31 @@ pub fn fill_filter(filter: &str, value: &str) -> String {
     }
 }
 
-impl LdapUpstream {
+impl Directory {
+    /// A directory with no connection yet (the first login makes them).
+    pub fn new(config: DirectoryConfig) -> Self {
+        Self {
+            config,
+            searcher: tokio::sync::Mutex::new(None),
+            binders: std::sync::Mutex::new(Vec::new()),
+            permits: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+        }
+    }
+
+    /// What it was made from.
+    pub fn config(&self) -> &DirectoryConfig {
+        &self.config
+    }
+
+    /// The URL that names this directory in users' `sub`: `ldaps://<host>?base=<user search
+    /// base>` (Pinniped's, whatever the connection actually uses).
+    pub fn url(&self) -> String {
+        let query = form_urlencoded::Serializer::new(String::new())
+            .append_pair("base", &self.config.user_search.base)
+            .finish();
+        format!("ldaps://{}?{query}", self.config.host)
+    }
+
     /// Checks `username` and `password` at the directory and returns who they are; see the
     /// module documentation for the steps. Wrong credentials and unknown users are both
     /// [`LdapError::InvalidCredentials`].
@@ -140,29 +275,8 @@ impl LdapUpstream {
         if password.is_empty() || username.is_empty() {
             return Err(LdapError::InvalidCredentials);
         }
-        let mut ldap = self.connect().await?;
-        let result = self.login(&mut ldap, username, password).await;
-        let _ = ldap.unbind().await;
-        result
-    }
-
-    /// Connects and binds as the service account, as the reconciler's connection check: `Ok`
-    /// when both work.
-    pub async fn probe(&self) -> Result<(), LdapError> {
-        let mut ldap = self.connect().await?;
-        let result = self.bind_service(&mut ldap).await;
-        let _ = ldap.unbind().await;
-        result
-    }
-
-    async fn login(
-        &self,
-        ldap: &mut ldap3::Ldap,
-        username: &str,
-        password: &str,
-    ) -> Result<LdapIdentity, LdapError> {
-        self.bind_service(ldap).await?;
-        let search = &self.user_search;
+        let _turn = self.turn().await?;
+        let search = &self.config.user_search;
         let template = if search.filter.is_empty() {
             format!("{}={{}}", search.username_attribute)
         } else {
@@ -170,10 +284,10 @@ impl LdapUpstream {
         };
         let mut entries = self
             .search(
-                ldap,
                 &search.base,
+                Scope::Subtree,
                 &fill_filter(&template, username),
-                vec![search.username_attribute.as_str(), search.uid_attribute.as_str()],
+                self.user_attributes(),
             )
             .await?;
         let entry = match entries.len() {
@@ -181,66 +295,193 @@ impl LdapUpstream {
             1 => entries.remove(0),
             _ => return Err(LdapError::Ambiguous),
         };
-        // The password is checked by binding as the user.
-        ldap.with_timeout(self.timeout);
-        match ldap.simple_bind(&entry.dn, password).await {
-            Ok(result) if result.rc == 0 => {}
-            Ok(_) => return Err(LdapError::InvalidCredentials),
-            Err(error) => {
-                return Err(LdapError::Unreachable {
-                    host: self.host.clone(),
-                    reason: error.to_string(),
-                })
-            }
+        let identity = self.identity_of(&entry)?;
+        let groups = self.groups(&entry).await?;
+        self.bind_user(&entry.dn, password).await?;
+        Ok(LdapIdentity { groups, ..identity })
+    }
+
+    /// Checks the user of a login again (see the module documentation) and returns their
+    /// groups now. [`LdapError::Changed`] says what changed.
+    pub async fn refresh(&self, stored: &StoredLogin<'_>) -> Result<Vec<String>, LdapError> {
+        let _turn = self.turn().await?;
+        let entries = self
+            .search(stored.dn, Scope::Base, "(objectClass=*)", self.user_attributes())
+            .await
+            .map_err(|error| match error {
+                // The entry is gone: noSuchObject.
+                LdapError::Search { reason, .. } if reason.contains("rc=32") => LdapError::Changed(format!(
+                    "searching for user {:?} resulted in 0 search results, but expected 1 result",
+                    stored.dn
+                )),
+                other => other,
+            })?;
+        let [entry] = entries.as_slice() else {
+            return Err(LdapError::Changed(format!(
+                "searching for user {:?} resulted in {} search results, but expected 1 result",
+                stored.dn,
+                entries.len()
+            )));
+        };
+        let now = self.identity_of(entry)?;
+        if now.username != stored.username {
+            return Err(LdapError::Changed(format!(
+                "searching for user {:?} returned a different username than the previous value",
+                stored.dn
+            )));
         }
-        let username = single_text(&entry, &search.username_attribute)?;
-        let uid = single_value(&entry, &search.uid_attribute)
-            .map(|bytes| B64URL.encode(bytes))
-            .ok_or_else(|| LdapError::MissingAttribute(search.uid_attribute.clone()))?;
-        self.bind_service(ldap).await?;
-        let groups = self.groups(ldap, &entry).await?;
+        if now.uid != stored.uid {
+            return Err(LdapError::Changed(format!(
+                "searching for user {:?} produced a different subject than the previous value",
+                stored.dn
+            )));
+        }
+        if self.config.flavor == Flavor::ActiveDirectory {
+            active_directory_checks(entry, stored.refresh_attributes)?;
+        }
+        if self.config.group_search.skip_group_refresh {
+            return Ok(stored.groups.to_vec());
+        }
+        self.groups(entry).await
+    }
+
+    /// Connects and binds as the service account, as the reconciler's connection check: `Ok`
+    /// when both work. Uses a connection of its own.
+    pub async fn probe(&self) -> Result<(), LdapError> {
+        let mut ldap = self.connect().await?;
+        let result = self.bind_service(&mut ldap).await;
+        let _ = ldap.unbind().await;
+        result
+    }
+
+    /// The root DSE's `defaultNamingContext` (Active Directory's default search base).
+    pub async fn default_naming_context(&self) -> Result<String, LdapError> {
+        let entries = self
+            .search(
+                "",
+                Scope::Base,
+                "(objectClass=*)",
+                vec!["defaultNamingContext".into()],
+            )
+            .await?;
+        entries
+            .first()
+            .and_then(|entry| text_value(entry, "defaultNamingContext").ok())
+            .ok_or_else(|| LdapError::MissingAttribute("defaultNamingContext".into()))
+    }
+
+    /// A turn among the [`MAX_IN_FLIGHT`], waited for at most the timeout.
+    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, LdapError> {
+        match tokio::time::timeout(self.config.timeout, self.permits.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(LdapError::Busy(self.config.host.clone())),
+        }
+    }
+
+    /// The attributes a user search asks for.
+    fn user_attributes(&self) -> Vec<String> {
+        let search = &self.config.user_search;
+        let mut attributes: Vec<String> = [
+            Some(search.username_attribute.as_str()),
+            Some(search.uid_attribute.as_str()),
+            self.config.group_search.user_attribute_for_filter.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|name| !name.is_empty() && *name != DN)
+        .map(String::from)
+        .collect();
+        if self.config.flavor == Flavor::ActiveDirectory {
+            attributes.extend(
+                [
+                    active_directory::PWD_LAST_SET,
+                    active_directory::USER_ACCOUNT_CONTROL,
+                    active_directory::USER_ACCOUNT_CONTROL_COMPUTED,
+                ]
+                .map(String::from),
+            );
+        }
+        if attributes.is_empty() {
+            attributes.push("1.1".into());
+        }
+        attributes
+    }
+
+    /// The username, UID and refresh attributes of the user `entry` (no groups yet).
+    fn identity_of(&self, entry: &SearchEntry) -> Result<LdapIdentity, LdapError> {
+        let search = &self.config.user_search;
+        let username = text_value(entry, &search.username_attribute)?;
+        let uid = if search.uid_attribute == DN {
+            B64URL.encode(entry.dn.as_bytes())
+        } else {
+            let raw = raw_value(entry, &search.uid_attribute)?;
+            if self.config.flavor == Flavor::ActiveDirectory
+                && search
+                    .uid_attribute
+                    .eq_ignore_ascii_case(active_directory::UID_ATTRIBUTE)
+            {
+                microsoft_guid(&raw)
+                    .ok_or_else(|| LdapError::MissingAttribute(search.uid_attribute.clone()))?
+            } else {
+                B64URL.encode(raw)
+            }
+        };
+        let mut refresh_attributes = BTreeMap::new();
+        if self.config.flavor == Flavor::ActiveDirectory {
+            let attribute = active_directory::PWD_LAST_SET;
+            refresh_attributes.insert(attribute.to_string(), B64URL.encode(raw_value(entry, attribute)?));
+        }
         Ok(LdapIdentity {
-            dn: entry.dn,
+            dn: entry.dn.clone(),
             username,
             uid,
-            groups,
+            groups: Vec::new(),
+            refresh_attributes,
         })
     }
 
-    /// The names of the groups of the user `entry` ([`GroupSearch`]), sorted.
-    async fn groups(&self, ldap: &mut ldap3::Ldap, entry: &SearchEntry) -> Result<Vec<String>, LdapError> {
-        let search = &self.group_search;
+    /// The names of the groups of the user `entry` ([`GroupSearch`]), sorted, de-duplicated.
+    async fn groups(&self, entry: &SearchEntry) -> Result<Vec<String>, LdapError> {
+        let search = &self.config.group_search;
         if search.base.is_empty() {
             return Ok(Vec::new());
         }
-        let value = match &search.user_attribute_for_filter {
-            Some(attribute) => single_text(entry, attribute)?,
-            None => entry.dn.clone(),
+        let value = match search.user_attribute_for_filter.as_deref() {
+            Some(attribute) if !attribute.is_empty() && attribute != DN => text_value(entry, attribute)?,
+            _ => entry.dn.clone(),
         };
         let template = if search.filter.is_empty() {
             "member={}".to_string()
         } else {
             search.filter.clone()
         };
-        let by_dn = search.group_name_attribute.eq_ignore_ascii_case("dn");
-        let attributes = if by_dn {
-            vec!["1.1"]
-        } else {
-            vec![search.group_name_attribute.as_str()]
+        let with_domain =
+            self.config.flavor == Flavor::ActiveDirectory && search.group_name_attribute.is_empty();
+        let name_attribute = match search.group_name_attribute.as_str() {
+            "" if with_domain => active_directory::GROUP_NAME_ATTRIBUTE,
+            "" => DN,
+            other => other,
         };
-        let entries = self
-            .search(ldap, &search.base, &fill_filter(&template, &value), attributes)
-            .await?;
-        let mut names: Vec<String> = entries
-            .iter()
-            .filter_map(|group| {
-                if by_dn {
-                    Some(group.dn.clone())
-                } else {
-                    single_text(group, &search.group_name_attribute).ok()
-                }
-            })
-            .collect();
+        let attributes = if name_attribute == DN {
+            vec!["1.1".to_string()]
+        } else {
+            vec![name_attribute.to_string()]
+        };
+        let filter = fill_filter(&template, &value);
+        let entries = self.paged_search(&search.base, &filter, attributes).await?;
+        let mut names = Vec::with_capacity(entries.len());
+        for group in &entries {
+            let name = if name_attribute == DN {
+                group.dn.clone()
+            } else {
+                text_value(group, name_attribute)?
+            };
+            names.push(if with_domain {
+                format!("{name}@{}", domain_of(&group.dn))
+            } else {
+                name
+            });
+        }
         names.sort();
         names.dedup();
         Ok(names)
@@ -248,86 +489,293 @@ impl LdapUpstream {
 
     /// Connects over TLS, else with StartTLS, within the timeout.
     async fn connect(&self) -> Result<ldap3::Ldap, LdapError> {
-        let unreachable = |reason: String| LdapError::Unreachable {
-            host: self.host.clone(),
-            reason,
-        };
+        let host = &self.config.host;
         let settings = |starttls: bool| {
             LdapConnSettings::new()
-                .set_config(self.tls.clone())
+                .set_config(self.config.tls.clone())
                 .set_starttls(starttls)
-                .set_conn_timeout(self.timeout)
+                .set_conn_timeout(self.config.timeout)
         };
-        let tls = LdapConnAsync::with_settings(settings(false), &format!("ldaps://{}", self.host)).await;
+        let tls = LdapConnAsync::with_settings(settings(false), &format!("ldaps://{host}")).await;
         let (conn, ldap) = match tls {
             Ok(connected) => connected,
-            Err(tls_error) => LdapConnAsync::with_settings(settings(true), &format!("ldap://{}", self.host))
+            Err(tls_error) => LdapConnAsync::with_settings(settings(true), &format!("ldap://{host}"))
                 .await
-                .map_err(|starttls_error| {
-                    unreachable(format!("TLS: {tls_error}; StartTLS: {starttls_error}"))
+                .map_err(|starttls_error| LdapError::Unreachable {
+                    host: host.clone(),
+                    reason: format!("TLS: {tls_error}; StartTLS: {starttls_error}"),
                 })?,
         };
         ldap3::drive!(conn);
-        let mut ldap = ldap;
-        ldap.with_timeout(self.timeout);
         Ok(ldap)
     }
 
     async fn bind_service(&self, ldap: &mut ldap3::Ldap) -> Result<(), LdapError> {
-        if self.bind_password.is_empty() {
-            return Err(LdapError::ServiceBind(self.bind_dn.clone()));
+        if self.config.bind_password.is_empty() {
+            return Err(LdapError::ServiceBind(self.config.bind_dn.clone()));
         }
-        ldap.with_timeout(self.timeout);
-        match ldap.simple_bind(&self.bind_dn, &self.bind_password).await {
+        ldap.with_timeout(self.config.timeout);
+        match ldap
+            .simple_bind(&self.config.bind_dn, &self.config.bind_password)
+            .await
+        {
             Ok(result) if result.rc == 0 => Ok(()),
-            _ => Err(LdapError::ServiceBind(self.bind_dn.clone())),
+            Ok(_) => Err(LdapError::ServiceBind(self.config.bind_dn.clone())),
+            Err(error) => Err(self.unreachable(&error)),
         }
     }
 
+    fn unreachable(&self, error: &ldap3::LdapError) -> LdapError {
+        LdapError::Unreachable {
+            host: self.config.host.clone(),
+            reason: error.to_string(),
+        }
+    }
+
+    /// A handle on the shared search connection, and whether it was made before this call.
+    async fn searcher(&self) -> Result<(ldap3::Ldap, bool), LdapError> {
+        let mut shared = self.searcher.lock().await;
+        if let Some(ldap) = shared.as_mut() {
+            if !ldap.is_closed() {
+                return Ok((ldap.clone(), true));
+            }
+        }
+        let mut ldap = self.connect().await?;
+        self.bind_service(&mut ldap).await?;
+        *shared = Some(ldap.clone());
+        Ok((ldap, false))
+    }
+
+    /// Forgets the shared search connection (it broke).
+    async fn drop_searcher(&self) {
+        *self.searcher.lock().await = None;
+    }
+
+    /// A search of at most two entries (the user searches want exactly one), on the shared
+    /// connection; a broken kept connection is replaced once.
     async fn search(
         &self,
-        ldap: &mut ldap3::Ldap,
+        base: &str,
+        scope: Scope,
+        filter: &str,
+        attributes: Vec<String>,
+    ) -> Result<Vec<SearchEntry>, LdapError> {
+        let mut retried = false;
+        loop {
+            let (mut ldap, reused) = self.searcher().await?;
+            ldap.with_timeout(self.config.timeout).with_search_options(
+                SearchOptions::new()
+                    .deref(DerefAliases::Never)
+                    .sizelimit(2)
+                    .timelimit(90),
+            );
+            match ldap.search(base, scope, filter, attributes.clone()).await {
+                Ok(result) => {
+                    let (entries, done) = (result.0, result.1);
+                    let entries: Vec<SearchEntry> = entries
+                        .into_iter()
+                        .filter(|entry| !entry.is_ref() && !entry.is_intermediate())
+                        .map(SearchEntry::construct)
+                        .collect();
+                    // sizeLimitExceeded with two entries is an ambiguous username, not a failure.
+                    if done.rc == 0 || (done.rc == 4 && entries.len() > 1) {
+                        return Ok(entries);
+                    }
+                    return Err(LdapError::Search {
+                        base: base.to_string(),
+                        reason: format!("rc={}: {}", done.rc, done.text),
+                    });
+                }
+                Err(error) if reused && !retried && !matches!(error, ldap3::LdapError::Timeout { .. }) => {
+                    self.drop_searcher().await;
+                    retried = true;
+                }
+                Err(error) => {
+                    self.drop_searcher().await;
+                    return Err(self.unreachable(&error));
+                }
+            }
+        }
+    }
+
+    /// A paged search of any number of entries (group searches), on the shared connection.
+    async fn paged_search(
+        &self,
         base: &str,
         filter: &str,
-        attributes: Vec<&str>,
+        attributes: Vec<String>,
     ) -> Result<Vec<SearchEntry>, LdapError> {
         let failed = |reason: String| LdapError::Search {
             base: base.to_string(),
             reason,
         };
-        ldap.with_timeout(self.timeout);
-        let (entries, _) = ldap
-            .search(base, Scope::Subtree, filter, attributes)
-            .await
-            .and_then(|result| result.success())
-            .map_err(|e| failed(e.to_string()))?;
-        Ok(entries.into_iter().map(SearchEntry::construct).collect())
+        let mut retried = false;
+        loop {
+            let (mut ldap, reused) = self.searcher().await?;
+            ldap.with_timeout(self.config.timeout)
+                .with_search_options(SearchOptions::new().deref(DerefAliases::Never).timelimit(90));
+            let adapters: Vec<Box<dyn Adapter<String, Vec<String>>>> = vec![
+                Box::new(EntriesOnly::new()),
+                Box::new(PagedResults::new(GROUP_PAGE_SIZE)),
+            ];
+            let mut stream = match ldap
+                .streaming_search_with(adapters, base, Scope::Subtree, filter, attributes.clone())
+                .await
+            {
+                Ok(stream) => stream,
+                Err(error) if reused && !retried && !matches!(error, ldap3::LdapError::Timeout { .. }) => {
+                    self.drop_searcher().await;
+                    retried = true;
+                    continue;
+                }
+                Err(error) => return Err(failed(error.to_string())),
+            };
+            let mut entries = Vec::new();
+            loop {
+                match stream.next().await {
+                    Ok(Some(entry)) => entries.push(SearchEntry::construct(entry)),
+                    Ok(None) => break,
+                    Err(error) => return Err(failed(error.to_string())),
+                }
+            }
+            let done = stream.finish().await;
+            if done.rc != 0 {
+                return Err(failed(format!("rc={}: {}", done.rc, done.text)));
+            }
+            return Ok(entries);
+        }
+    }
+
+    /// Checks `password` by binding as `dn` on a connection of the bind pool.
+    async fn bind_user(&self, dn: &str, password: &str) -> Result<(), LdapError> {
+        let idle = self.binders.lock().map(|mut idle| idle.pop()).unwrap_or_default();
+        let (mut ldap, reused) = match idle {
+            Some(ldap) => (ldap, true),
+            None => (self.connect().await?, false),
+        };
+        ldap.with_timeout(self.config.timeout);
+        let outcome = match ldap.simple_bind(dn, password).await {
+            Err(error) if reused && !matches!(error, ldap3::LdapError::Timeout { .. }) => {
+                ldap = self.connect().await?;
+                ldap.with_timeout(self.config.timeout);
+                ldap.simple_bind(dn, password).await
+            }
+            other => other,
+        };
+        match outcome {
+            Ok(result) => {
+                if let Ok(mut idle) = self.binders.lock() {
+                    if idle.len() < MAX_IDLE_BINDERS {
+                        idle.push(ldap);
+                    }
+                }
+                match result.rc {
+                    0 => Ok(()),
+                    // invalidCredentials; anything else (e.g. a locked account) is no login either.
+                    _ => Err(LdapError::InvalidCredentials),
+                }
+            }
+            Err(error) => Err(self.unreachable(&error)),
+        }
     }
 }
 
-/// The one value of `attribute` in `entry`, as bytes (text or binary).
-fn single_value(entry: &SearchEntry, attribute: &str) -> Option<Vec<u8>> {
-    let find = |map: &HashMap<String, Vec<Vec<u8>>>| {
-        map.iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(attribute))
-            .and_then(|(_, values)| (values.len() == 1).then(|| values[0].clone()))
+/// Active Directory's refresh checks: `pwdLastSet` as at login, the account neither disabled nor
+/// locked.
+fn active_directory_checks(
+    entry: &SearchEntry,
+    at_login: &BTreeMap<String, String>,
+) -> Result<(), LdapError> {
+    let changed = |what: &str| {
+        LdapError::Changed(format!(
+            "validation for attribute {what} failed during upstream refresh"
+        ))
     };
-    let text: HashMap<String, Vec<Vec<u8>>> = entry
-        .attrs
-        .iter()
-        .map(|(name, values)| {
-            (
-                name.clone(),
-                values.iter().map(|v| v.as_bytes().to_vec()).collect(),
-            )
-        })
-        .collect();
-    find(&text).or_else(|| find(&entry.bin_attrs))
+    let pwd = active_directory::PWD_LAST_SET;
+    let now = raw_value(entry, pwd).map(|raw| B64URL.encode(raw)).ok();
+    if now.is_none() || now.as_ref() != at_login.get(pwd) {
+        return Err(changed(&format!("{pwd:?}: the password changed since the login")));
+    }
+    let flags = |attribute: &str| -> Result<u64, LdapError> {
+        text_value(entry, attribute)?
+            .trim()
+            .parse::<i64>()
+            .map(|value| value as u64)
+            .map_err(|_| changed(&format!("{attribute:?}: not a number")))
+    };
+    if flags(active_directory::USER_ACCOUNT_CONTROL)? & 0x2 != 0 {
+        return Err(changed("\"userAccountControl\": user has been deactivated"));
+    }
+    if flags(active_directory::USER_ACCOUNT_CONTROL_COMPUTED)? & 0x10 != 0 {
+        return Err(changed(
+            "\"msDS-User-Account-Control-Computed\": user has been locked",
+        ));
+    }
+    Ok(())
 }
 
-/// The one text value of `attribute` in `entry`.
-fn single_text(entry: &SearchEntry, attribute: &str) -> Result<String, LdapError> {
-    single_value(entry, attribute)
+/// Active Directory's `objectGUID` bytes as a GUID string: the first three fields are stored
+/// little-endian. `None` unless 16 bytes.
+pub fn microsoft_guid(raw: &[u8]) -> Option<String> {
+    let b: [u8; 16] = raw.try_into().ok()?;
+    let ordered = [
+        b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15],
+    ];
+    let hex: String = ordered.iter().map(|byte| format!("{byte:02x}")).collect();
+    Some(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    ))
+}
+
+/// The DNS domain of a DN: its `DC=` components joined with dots, after the first `,DC=`
+/// (Pinniped's split).
+fn domain_of(dn: &str) -> String {
+    let mut parts = Vec::new();
+    let mut rest = dn;
+    while let Some(at) = rest.find(",DC=").or_else(|| rest.find(",dc=")) {
+        rest = &rest[at + 4..];
+        let end = rest
+            .find(",DC=")
+            .or_else(|| rest.find(",dc="))
+            .unwrap_or(rest.len());
+        parts.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    parts.join(".")
+}
+
+/// The one non-empty value of `attribute` in `entry`, as bytes (text or binary); `dn` is the DN.
+fn raw_value(entry: &SearchEntry, attribute: &str) -> Result<Vec<u8>, LdapError> {
+    if attribute == DN {
+        return Ok(entry.dn.as_bytes().to_vec());
+    }
+    let text = entry
+        .attrs
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(attribute))
+        .map(|(_, values)| values.iter().map(|v| v.as_bytes().to_vec()).collect::<Vec<_>>());
+    let values = text.or_else(|| {
+        entry
+            .bin_attrs
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(attribute))
+            .map(|(_, values)| values.clone())
+    });
+    match values.as_deref() {
+        Some([value]) if !value.is_empty() => Ok(value.clone()),
+        _ => Err(LdapError::MissingAttribute(attribute.to_string())),
+    }
+}
+
+/// The one non-empty text value of `attribute` in `entry`; `dn` is the DN.
+fn text_value(entry: &SearchEntry, attribute: &str) -> Result<String, LdapError> {
+    raw_value(entry, attribute)
+        .ok()
         .and_then(|bytes| String::from_utf8(bytes).ok())
         .ok_or_else(|| LdapError::MissingAttribute(attribute.to_string()))
 }
@@ -350,5 +798,59 @@ mod tests {
             "(member=cn=a\\5c,b,dc=x)"
         );
         assert_eq!(fill_filter("uid={}", "nul\0"), "(uid=nul\\00)");
+    }
+
+    #[test]
+    fn object_guids_read_as_pinniped_reads_them() {
+        // The first three fields are swapped, as Pinniped swaps them after uuid.FromBytes.
+        let raw = [
+            0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10,
+        ];
+        assert_eq!(
+            microsoft_guid(&raw).as_deref(),
+            Some("04030201-0605-0807-090a-0b0c0d0e0f10")
+        );
+        assert_eq!(microsoft_guid(&raw[..15]), None);
+    }
+
+    #[test]
+    fn group_domains_come_from_the_dc_components() {
+        assert_eq!(
+            domain_of("CN=Mammals,OU=Groups,DC=activedirectory,DC=example,DC=com"),
+            "activedirectory.example.com"
+        );
+        assert_eq!(domain_of("cn=seals,dc=selkie,dc=test"), "selkie.test");
+        assert_eq!(domain_of("CN=no-domain"), "");
+    }
+
+    #[test]
+    fn active_directory_refresh_refuses_changed_disabled_and_locked_accounts() {
+        let entry = |pwd: &str, uac: &str, computed: &str| SearchEntry {
+            dn: "CN=pinny,CN=Users,DC=selkie,DC=test".into(),
+            attrs: [
+                ("pwdLastSet", pwd),
+                ("userAccountControl", uac),
+                ("msDS-User-Account-Control-Computed", computed),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), vec![value.to_string()]))
+            .collect(),
+            bin_attrs: Default::default(),
+        };
+        let at_login: BTreeMap<String, String> =
+            [("pwdLastSet".to_string(), B64URL.encode("133000000000000000"))].into();
+        assert_eq!(
+            active_directory_checks(&entry("133000000000000000", "512", "0"), &at_login),
+            Ok(())
+        );
+        for (changed, says) in [
+            (entry("133999999999999999", "512", "0"), "password changed"),
+            (entry("133000000000000000", "514", "0"), "deactivated"),
+            (entry("133000000000000000", "512", "16"), "locked"),
+            (entry("133000000000000000", "junk", "0"), "not a number"),
+        ] {
+            let error = active_directory_checks(&changed, &at_login).unwrap_err();
+            assert!(error.to_string().contains(says), "{error}");
+        }
     }
 }

@@ -45,6 +45,8 @@ pub enum Endpoint {
     authorize,
     /// `/callback`.
     callback,
+    /// `/login` (the LDAP and Active Directory login page).
+    login,
     /// `/oauth2/token`.
     token,
     /// No endpoint (404) or no FederationDomain for the host and path.

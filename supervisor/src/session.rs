@@ -54,6 +54,25 @@ pub struct Upstream {
     /// The upstream access token, when there is no refresh token (checked at userinfo instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_token: Option<String>,
+    /// LDAP and Active Directory: what a refresh checks the user against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ldap: Option<LdapSession>,
+}
+
+/// What an LDAP or Active Directory login keeps for its refreshes (`issuer` is the directory's
+/// URL and `subject` the user's UID).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LdapSession {
+    /// The user's entry.
+    pub dn: String,
+    /// The upstream username at login.
+    pub username: String,
+    /// The upstream groups at login (kept by refreshes when `skipGroupRefresh`).
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Attributes a refresh compares (Active Directory: `pwdLastSet`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refresh_attributes: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Upstream {

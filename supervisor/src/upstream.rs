@@ -1,5 +1,5 @@
-//! The upstream identity providers of a FederationDomain as logins use them. Only OIDC for now;
-//! LDAP, Active Directory and GitHub join as variants of [`Upstream`].
+//! The upstream identity providers of a FederationDomain as logins use them: OIDC, and LDAP and
+//! Active Directory (GitHub joins as another variant of [`Upstream`]).
 //!
 //! An OIDC upstream is a discovered [`Provider`] the Supervisor is a confidential client of, and
 //! the rules that turn its ID token into a downstream identity (Pinniped's): the username claim
@@ -14,7 +14,8 @@ use serde_json::{Map, Value};
 use selkie_api::supervisor_oidc::{IDPFlow, IDPType};
 
 use crate::{
-    session::{self, Identity},
+    ldap::{Directory, LdapError, StoredLogin},
+    session::{self, Identity, LdapSession},
     subject,
 };
 
@@ -23,6 +24,8 @@ use crate::{
 pub enum Upstream {
     /// An OIDCIdentityProvider.
     Oidc(OidcUpstream),
+    /// An LDAPIdentityProvider or ActiveDirectoryIdentityProvider.
+    Ldap(LdapUpstream),
 }
 
 impl Upstream {
@@ -30,6 +33,21 @@ impl Upstream {
     pub fn display_name(&self) -> &str {
         match self {
             Self::Oidc(oidc) => &oidc.display_name,
+            Self::Ldap(ldap) => &ldap.display_name,
+        }
+    }
+
+    /// The same upstream under another display name (a FederationDomain's).
+    pub fn with_display_name(&self, display_name: &str) -> Self {
+        match self {
+            Self::Oidc(oidc) => Self::Oidc(OidcUpstream {
+                display_name: display_name.to_string(),
+                ..oidc.clone()
+            }),
+            Self::Ldap(ldap) => Self::Ldap(LdapUpstream {
+                display_name: display_name.to_string(),
+                ..ldap.clone()
+            }),
         }
     }
 
@@ -37,6 +55,7 @@ impl Upstream {
     pub fn kind(&self) -> IDPType {
         match self {
             Self::Oidc(_) => IDPType::OIDC,
+            Self::Ldap(ldap) => ldap.kind,
         }
     }
 
@@ -47,12 +66,13 @@ impl Upstream {
                 vec![IDPFlow::BrowserAuthcode, IDPFlow::CliPassword]
             }
             Self::Oidc(_) => vec![IDPFlow::BrowserAuthcode],
+            Self::Ldap(_) => vec![IDPFlow::CliPassword, IDPFlow::BrowserAuthcode],
         }
     }
 }
 
 /// An OIDCIdentityProvider ready to use.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct OidcUpstream {
     /// Its display name in the FederationDomain.
     pub display_name: String,
@@ -112,6 +132,7 @@ impl OidcUpstream {
                 subject: upstream_subject,
                 refresh_token,
                 access_token,
+                ldap: None,
             },
         ))
     }
@@ -185,5 +206,86 @@ impl OidcUpstream {
             },
             upstream_subject,
         ))
+    }
+}
+
+/// An LDAPIdentityProvider or ActiveDirectoryIdentityProvider ready to use.
+#[derive(Debug, Clone)]
+pub struct LdapUpstream {
+    /// Its display name in the FederationDomain.
+    pub display_name: String,
+    /// The resource's name.
+    pub resource_name: String,
+    /// The resource's UID.
+    pub resource_uid: String,
+    /// `ldap` or `activedirectory`.
+    pub kind: IDPType,
+    /// The directory (shared by the FederationDomains that list it, with its connections).
+    pub directory: Arc<Directory>,
+}
+
+impl LdapUpstream {
+    /// Logs `username` in with `password`: their downstream identity (username and groups as
+    /// the directory has them, `sub` from the directory's URL and their UID) and what the
+    /// session keeps for refreshes. Fails as [`Directory::authenticate`] does.
+    pub async fn login(
+        &self,
+        username: &str,
+        password: &str,
+    ) -> Result<(Identity, session::Upstream), LdapError> {
+        let found = self.directory.authenticate(username, password).await?;
+        let url = self.directory.url();
+        Ok((
+            Identity {
+                subject: subject::ldap(&url, &self.display_name, &found.uid),
+                username: found.username.clone(),
+                groups: found.groups.clone(),
+                additional_claims: BTreeMap::new(),
+            },
+            session::Upstream {
+                idp_name: self.display_name.clone(),
+                idp_type: self.kind.as_str().to_string(),
+                provider_name: self.resource_name.clone(),
+                provider_uid: self.resource_uid.clone(),
+                issuer: url,
+                subject: found.uid,
+                refresh_token: None,
+                access_token: None,
+                ldap: Some(LdapSession {
+                    dn: found.dn,
+                    username: found.username,
+                    groups: found.groups,
+                    refresh_attributes: found.refresh_attributes,
+                }),
+            },
+        ))
+    }
+
+    /// Checks the user of `session` again at the directory ([`Directory::refresh`]) and sets
+    /// their groups to what it says now. The session must be of this directory (same URL); the
+    /// error is the reason of the refused refresh.
+    pub async fn refresh(&self, identity: &mut Identity, upstream: &session::Upstream) -> Result<(), String> {
+        let Some(stored) = upstream.ldap.as_ref() else {
+            return Err("The session holds no LDAP entry; log in again.".into());
+        };
+        if upstream.issuer != self.directory.url() {
+            return Err("The identity provider's host or user search base changed.".into());
+        }
+        let groups = self
+            .directory
+            .refresh(&StoredLogin {
+                dn: &stored.dn,
+                username: &stored.username,
+                uid: &upstream.subject,
+                groups: &stored.groups,
+                refresh_attributes: &stored.refresh_attributes,
+            })
+            .await
+            .map_err(|error| match error {
+                LdapError::Changed(what) => what,
+                other => format!("The directory could not be asked: {other}"),
+            })?;
+        identity.groups = groups;
+        Ok(())
     }
 }

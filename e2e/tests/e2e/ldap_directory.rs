@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 
 use rustls_pki_types::{pem::PemObject as _, CertificateDer};
 use selkie_e2e::ldap::{LdapUser, Slapd, BIND_DN, BIND_PASSWORD, GROUPS_BASE, USERS_BASE};
-use selkie_supervisor::ldap::{GroupSearch, LdapError, LdapUpstream, UserSearch};
+use selkie_supervisor::ldap::{Directory, DirectoryConfig, Flavor, GroupSearch, LdapError, UserSearch};
 
 fn tls_trusting(ca_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     let mut roots = rustls::RootCertStore::empty();
@@ -20,8 +20,8 @@ fn tls_trusting(ca_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     ))
 }
 
-fn upstream(host: String, tls: Arc<rustls::ClientConfig>) -> LdapUpstream {
-    LdapUpstream {
+fn config(host: String, tls: Arc<rustls::ClientConfig>) -> DirectoryConfig {
+    DirectoryConfig {
         host,
         tls,
         bind_dn: BIND_DN.into(),
@@ -37,9 +37,15 @@ fn upstream(host: String, tls: Arc<rustls::ClientConfig>) -> LdapUpstream {
             filter: String::new(),
             user_attribute_for_filter: None,
             group_name_attribute: "cn".into(),
+            skip_group_refresh: false,
         },
         timeout: Duration::from_secs(10),
+        flavor: Flavor::Ldap,
     }
+}
+
+fn upstream(host: String, tls: Arc<rustls::ClientConfig>) -> Directory {
+    Directory::new(config(host, tls))
 }
 
 #[tokio::test]
@@ -98,11 +104,13 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
     }
 
     // Groups by another attribute of the user, and as whole DNs.
-    let mut by_uid = upstream(slapd.ldaps_host(), tls.clone());
+    let mut by_uid = config(slapd.ldaps_host(), tls.clone());
     by_uid.group_search.filter = format!("(&(objectClass=groupOfNames)(member=uid={{}},{USERS_BASE}))");
     by_uid.group_search.user_attribute_for_filter = Some("uid".into());
     by_uid.group_search.group_name_attribute = "dn".into();
-    let walrus = by_uid.authenticate("walrus", "tusks-and-all").await?;
+    let walrus = Directory::new(by_uid)
+        .authenticate("walrus", "tusks-and-all")
+        .await?;
     anyhow::ensure!(walrus.groups == [format!("cn=ops,{GROUPS_BASE}")], "{walrus:?}");
 
     // An untrusted server certificate, and a wrong service password, say so.
@@ -110,9 +118,11 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
     let untrusted = upstream(slapd.ldaps_host(), tls_trusting(&other_ca.cert_pem())?);
     let error = untrusted.authenticate("pinny", "seal-of-approval").await;
     anyhow::ensure!(matches!(error, Err(LdapError::Unreachable { .. })), "{error:?}");
-    let mut wrong_bind = upstream(slapd.ldaps_host(), tls);
+    let mut wrong_bind = config(slapd.ldaps_host(), tls);
     wrong_bind.bind_password = "not-it".into();
-    let error = wrong_bind.authenticate("pinny", "seal-of-approval").await;
+    let error = Directory::new(wrong_bind)
+        .authenticate("pinny", "seal-of-approval")
+        .await;
     anyhow::ensure!(error == Err(LdapError::ServiceBind(BIND_DN.into())), "{error:?}");
     Ok(())
 }
@@ -186,7 +196,8 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
     ))
     .await?;
 
-    // Ready: the Secret loaded, TLS valid, connected and bound, the search base from the spec.
+    // Ready: the Secret loaded, TLS valid, connected and bound (an LDAPIdentityProvider has no
+    // SearchBaseFound condition: only Active Directory's do).
     let idp = ldap_idp_when(cluster, &namespace, "openldap", |idp| {
         idp["status"]["phase"] == "Ready"
     })
@@ -196,7 +207,6 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
         ("BindSecretValid", "Success"),
         ("TLSConfigurationValid", "Success"),
         ("LDAPConnectionValid", "Success"),
-        ("SearchBaseFound", "UsingConfigurationFromSpec"),
         ("Ready", "Success"),
     ] {
         let found = condition(&idp, type_);
@@ -205,6 +215,7 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
             "{type_}: {found}"
         );
     }
+    anyhow::ensure!(condition(&idp, "SearchBaseFound").is_null(), "{idp}");
     anyhow::ensure!(
         condition(&idp, "LDAPConnectionValid")["message"]
             .as_str()

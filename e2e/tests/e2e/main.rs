@@ -31,6 +31,7 @@ mod supervisor_callback;
 mod supervisor_full;
 mod supervisor_install;
 mod supervisor_keys;
+mod supervisor_ldap;
 mod supervisor_legacy;
 mod supervisor_login;
 mod supervisor_oauth;

@@ -47,14 +47,48 @@ fn kubeconfig(
     email: &str,
     password: &str,
 ) -> anyhow::Result<PathBuf> {
+    plugin_kubeconfig(
+        dir,
+        name,
+        selkie,
+        supervisor,
+        proxy,
+        audience,
+        (IDP_NAME, "oidc"),
+        &[
+            ("PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "cli_password"),
+            ("PINNIPED_USERNAME", email),
+            ("PINNIPED_PASSWORD", password),
+        ],
+    )
+}
+
+/// A kubeconfig `<dir>/<name>.kubeconfig` for `proxy` whose user runs `selkie login oidc`
+/// against the Supervisor for `audience` through the Concierge's JWTAuthenticator `supervisor`,
+/// with the identity provider `idp` (display name, type), the caches in `dir` and the plugin's
+/// environment `env` (flow, username, password, `BROWSER`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one value per part of the exec plugin's configuration"
+)]
+pub(crate) fn plugin_kubeconfig(
+    dir: &Path,
+    name: &str,
+    selkie: &Path,
+    supervisor: &Supervisor,
+    proxy: &Proxy,
+    audience: &str,
+    (idp_name, idp_type): (&str, &str),
+    env: &[(&str, &str)],
+) -> anyhow::Result<PathBuf> {
     let args = [
         "login".to_string(),
         "oidc".into(),
         format!("--issuer={}", supervisor.issuer()),
         format!("--ca-bundle-data={}", B64.encode(supervisor.ca_pem())),
         format!("--request-audience={audience}"),
-        format!("--upstream-identity-provider-name={IDP_NAME}"),
-        "--upstream-identity-provider-type=oidc".into(),
+        format!("--upstream-identity-provider-name={idp_name}"),
+        format!("--upstream-identity-provider-type={idp_type}"),
         format!("--session-cache={}", dir.join("sessions.yaml").display()),
         format!("--credential-cache={}", dir.join("credentials.yaml").display()),
         "--enable-concierge".into(),
@@ -67,15 +101,15 @@ fn kubeconfig(
             B64.encode(proxy.serving_ca().cert_pem())
         ),
     ];
+    let env: Vec<Value> = env
+        .iter()
+        .map(|(name, value)| json!({"name": name, "value": value}))
+        .collect();
     let exec = json!({"exec": {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
         "command": selkie,
         "args": args,
-        "env": [
-            {"name": "PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "value": "cli_password"},
-            {"name": "PINNIPED_USERNAME", "value": email},
-            {"name": "PINNIPED_PASSWORD", "value": password},
-        ],
+        "env": env,
         "provideClusterInfo": true,
         "interactiveMode": "Never",
     }});
@@ -85,7 +119,7 @@ fn kubeconfig(
 }
 
 /// The JWTAuthenticator of a cluster trusting the Supervisor's tokens for `audience`.
-fn supervisor_jwt(supervisor: &Supervisor, audience: &str) -> JwtSpec {
+pub(crate) fn supervisor_jwt(supervisor: &Supervisor, audience: &str) -> JwtSpec {
     JwtSpec {
         name: "supervisor".into(),
         issuer: supervisor.issuer().into(),
@@ -96,7 +130,8 @@ fn supervisor_jwt(supervisor: &Supervisor, audience: &str) -> JwtSpec {
     }
 }
 
-async fn whoami(proxy: &Proxy, kubeconfig: &Path) -> anyhow::Result<Value> {
+/// `kubectl auth whoami` through `proxy` with `kubeconfig`: the user info.
+pub(crate) async fn whoami(proxy: &Proxy, kubeconfig: &Path) -> anyhow::Result<Value> {
     let out = proxy
         .kubectl(kubeconfig)
         .run(&["auth", "whoami", "-o", "json"])

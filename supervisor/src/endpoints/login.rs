@@ -4,11 +4,14 @@
 //! * With `Pinniped-Username` / `Pinniped-Password` headers (the CLI's `cli_password` flow), the
 //!   Supervisor logs in at the upstream itself (OIDC: the password grant, when the upstream allows
 //!   it) and redirects straight back to the client with the code.
+//!   LDAP and Active Directory: the directory checks them.
 //! * Otherwise the browser goes to the upstream with the Supervisor's own PKCE, nonce and a
 //!   `state` that seals the whole authorization request (nothing is stored until the user comes
 //!   back, so any replica can take the callback), and a CSRF cookie ties the callback to the
 //!   browser that started it. At `callback` the upstream code is redeemed, the ID token checked
 //!   and mapped, and the client gets its code by redirect or by `form_post` page.
+//! * LDAP and Active Directory in a browser: the Supervisor's own page, `/login`, with the same
+//!   sealed `state` and CSRF cookie; its form posts the username and password back to `/login`.
 
 use std::sync::Arc;
 
@@ -22,13 +25,14 @@ use time::OffsetDateTime;
 use super::{oauth_error, read_form, text, Body, Endpoints};
 use crate::{
     authorize::{self, AuthorizeRequest, Client, Refusal, ResponseMode},
-    discovery::CALLBACK_PATH,
+    discovery::{CALLBACK_PATH, LOGIN_PATH},
     issuer::Issuer,
+    ldap::LdapError,
     oauth::{Code, OAuthError},
     session::{self, Identity, Session},
     storage::Resource,
     tokens::Kind,
-    upstream::Upstream,
+    upstream::{LdapUpstream, OidcUpstream, Upstream},
 };
 
 /// The CSRF cookie (the `__Host-` prefix: Secure, Path=/, no Domain).
@@ -144,9 +148,30 @@ async fn password_login(
             state: Some(request.state.clone()),
         })
     };
-    let Upstream::Oidc(oidc) = idp.as_ref();
+    let (identity, upstream) = match idp.as_ref() {
+        Upstream::Oidc(oidc) => match oidc_password_login(issuer, oidc, username, password).await {
+            Ok(found) => found,
+            Err(error) => return back(error),
+        },
+        Upstream::Ldap(ldap) => match ldap.login(username, password).await {
+            Ok(found) => found,
+            Err(error) => return back(ldap_refusal(issuer, ldap, &error)),
+        },
+    };
+    let mut request = request;
+    request.response_mode = ResponseMode::Query;
+    issue_code(endpoints, issuer, &request, identity, upstream).await
+}
+
+/// The OIDC `cli_password` flow: the upstream's password grant, when it is allowed.
+async fn oidc_password_login(
+    issuer: &Arc<Issuer>,
+    oidc: &OidcUpstream,
+    username: &str,
+    password: &str,
+) -> Result<(Identity, session::Upstream), OAuthError> {
     if !oidc.allow_password_grant {
-        return back(OAuthError::new(
+        return Err(OAuthError::new(
             Code::AccessDenied,
             "Resource owner password credentials grant is not allowed for this upstream provider according to its configuration.",
         ));
@@ -159,26 +184,37 @@ async fn password_login(
         Ok(tokens) => tokens,
         Err(error) if error.is_retryable() => {
             tracing::warn!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "the upstream password grant failed");
-            return back(unreachable_upstream());
+            return Err(unreachable_upstream());
         }
         Err(error) => {
             tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream password grant refused");
-            return back(OAuthError::new(
+            return Err(OAuthError::new(
                 Code::AccessDenied,
                 "Reason: the upstream identity provider did not accept the username or password.",
             ));
         }
     };
-    let (identity, upstream) = match oidc.login(tokens) {
-        Ok(found) => found,
-        Err(reason) => return back(OAuthError::new(Code::AccessDenied, &reason)),
-    };
-    let mut request = request;
-    request.response_mode = ResponseMode::Query;
-    issue_code(endpoints, issuer, &request, identity, upstream).await
+    oidc.login(tokens)
+        .map_err(|reason| OAuthError::new(Code::AccessDenied, &reason))
 }
 
-/// Sends the browser to the upstream, with a sealed state and the CSRF cookie.
+/// The OAuth error of a failed LDAP login (logged, without the password): the directory's
+/// failures are `temporarily_unavailable`, the user's are `access_denied` in Pinniped's words,
+/// the same for an unknown user and a wrong password.
+fn ldap_refusal(issuer: &Arc<Issuer>, ldap: &LdapUpstream, error: &LdapError) -> OAuthError {
+    if error.is_unavailable() {
+        tracing::warn!(issuer = %issuer.issuer, idp = %ldap.display_name, %error, "the LDAP login could not be checked");
+        return unreachable_upstream();
+    }
+    tracing::info!(issuer = %issuer.issuer, idp = %ldap.display_name, %error, "LDAP login refused");
+    OAuthError::new(
+        Code::AccessDenied,
+        "Username/password not accepted by LDAP provider.",
+    )
+}
+
+/// Sends the browser to the upstream (OIDC) or to the login page (LDAP, Active Directory), with
+/// a sealed state and the CSRF cookie.
 fn browser_login(
     issuer: &Arc<Issuer>,
     idp: &Arc<Upstream>,
@@ -212,10 +248,9 @@ fn browser_login(
     let Ok(upstream_params) = LoginParams::generate() else {
         return back(OAuthError::new(Code::ServerError, ""));
     };
-    let Upstream::Oidc(oidc) = idp.as_ref();
     let state = UpstreamState {
         authorize_query: query.to_string(),
-        idp_name: oidc.display_name.clone(),
+        idp_name: idp.display_name().to_string(),
         nonce: upstream_params.nonce.clone(),
         verifier: upstream_params.verifier.clone(),
         csrf,
@@ -226,21 +261,26 @@ fn browser_login(
     else {
         return back(OAuthError::new(Code::ServerError, ""));
     };
-    let params = LoginParams {
-        state: sealed_state,
-        ..upstream_params
+    let url = match idp.as_ref() {
+        Upstream::Oidc(oidc) => {
+            let params = LoginParams {
+                state: sealed_state,
+                ..upstream_params
+            };
+            let extra: Vec<(&str, &str)> = oidc
+                .additional_authorize_parameters
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect();
+            oidc.provider.authorize_url(
+                &oidc.client,
+                &params,
+                &format!("{}{CALLBACK_PATH}", issuer.issuer),
+                &extra,
+            )
+        }
+        Upstream::Ldap(_) => login_page_url(issuer, &sealed_state, None),
     };
-    let extra: Vec<(&str, &str)> = oidc
-        .additional_authorize_parameters
-        .iter()
-        .map(|(name, value)| (name.as_str(), value.as_str()))
-        .collect();
-    let url = oidc.provider.authorize_url(
-        &oidc.client,
-        &params,
-        &format!("{}{CALLBACK_PATH}", issuer.issuer),
-        &extra,
-    );
     let mut response = redirect(&url);
     if let Some(sealed) = set_cookie {
         let value = format!(
@@ -281,21 +321,10 @@ where
     let Some(sealed) = params.state.as_deref() else {
         return text(StatusCode::BAD_REQUEST, "Bad Request: state param not found");
     };
-    let state: UpstreamState = match issuer.sealer.open(STATE_PURPOSE, sealed, now) {
+    let state = match open_state(issuer, sealed, &parts.headers, now) {
         Ok(state) => state,
-        Err(error) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                &format!("Bad Request: error reading state: {error}"),
-            )
-        }
+        Err((status, message)) => return text(status, &message),
     };
-    let csrf_matches = cookie(&parts.headers, CSRF_COOKIE)
-        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok())
-        .is_some_and(|csrf| constant_time_eq(csrf.as_bytes(), state.csrf.as_bytes()));
-    if !csrf_matches {
-        return text(StatusCode::FORBIDDEN, "Forbidden: CSRF value does not match");
-    }
     let request = match authorize::parse(&state.authorize_query, &clients) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
@@ -321,7 +350,12 @@ where
             return back(OAuthError::new(Code::AccessDenied, &format!("Reason: {reason}.")));
         }
     };
-    let Upstream::Oidc(oidc) = idp.as_ref();
+    let Upstream::Oidc(oidc) = idp.as_ref() else {
+        return back(OAuthError::new(
+            Code::AccessDenied,
+            "Reason: this identity provider does not log in through the callback.",
+        ));
+    };
     let upstream_params = LoginParams {
         state: String::new(),
         nonce: state.nonce,
@@ -355,6 +389,187 @@ where
         Err(reason) => return back(OAuthError::new(Code::AccessDenied, &reason)),
     };
     issue_code(endpoints, issuer, &request, identity, upstream).await
+}
+
+/// The login's sealed `state`, opened, and checked against the browser's CSRF cookie; else the
+/// answer's status and text: 400 when it is not one of this FederationDomain's or has expired,
+/// 403 when the cookie is missing or from another login.
+fn open_state(
+    issuer: &Arc<Issuer>,
+    sealed: &str,
+    headers: &HeaderMap,
+    now: OffsetDateTime,
+) -> Result<UpstreamState, (StatusCode, String)> {
+    let state: UpstreamState = issuer.sealer.open(STATE_PURPOSE, sealed, now).map_err(|error| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("Bad Request: error reading state: {error}"),
+        )
+    })?;
+    let csrf_matches = cookie(headers, CSRF_COOKIE)
+        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok())
+        .is_some_and(|csrf| constant_time_eq(csrf.as_bytes(), state.csrf.as_bytes()));
+    if !csrf_matches {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "Forbidden: CSRF value does not match".into(),
+        ));
+    }
+    Ok(state)
+}
+
+/// What the login page says above its form (`err` of its URL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LoginAlert {
+    /// `incorrect_username_or_password`: the same for an unknown user and a wrong password.
+    Incorrect,
+    /// `internal_error`: the directory could not be asked, or something else failed.
+    Internal,
+}
+
+impl LoginAlert {
+    fn param(self) -> &'static str {
+        match self {
+            Self::Incorrect => "incorrect_username_or_password",
+            Self::Internal => "internal_error",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Self::Incorrect => "Incorrect username or password.",
+            Self::Internal => "An internal error occurred. Please contact your administrator for help.",
+        }
+    }
+}
+
+/// `<issuer>/login?state=…[&err=…]`.
+fn login_page_url(issuer: &Issuer, sealed_state: &str, alert: Option<LoginAlert>) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("state", sealed_state);
+    if let Some(alert) = alert {
+        query.append_pair("err", alert.param());
+    }
+    format!("{}{LOGIN_PATH}?{}", issuer.issuer, query.finish())
+}
+
+/// `GET|POST /login`: the LDAP and Active Directory login page, and its form's submission.
+///
+/// GET shows the form (with the message `err` names). POST checks the username and password at
+/// the directory: a wrong one (or an unknown user, alike) comes back to the page with
+/// "Incorrect username or password."; a directory that cannot be asked, with the internal error;
+/// a good one ends like every login, with the client's code. Both need the login's `state` and
+/// its CSRF cookie (400 / 403 otherwise).
+pub async fn login_page<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let post = parts.method == http::Method::POST;
+    let form: Vec<(String, String)> = if post {
+        match read_form(body).await {
+            Some(form) => form,
+            None => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request: the form is too large or unreadable",
+                )
+            }
+        }
+    } else {
+        form_urlencoded::parse(parts.uri.query().unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect()
+    };
+    let field = |name: &str| {
+        form.iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    };
+    let Some(sealed) = field("state").filter(|state| !state.is_empty()) else {
+        return text(StatusCode::BAD_REQUEST, "Bad Request: state param not found");
+    };
+    let now = OffsetDateTime::now_utc();
+    let state = match open_state(issuer, sealed, &parts.headers, now) {
+        Ok(state) => state,
+        Err((status, message)) => return text(status, &message),
+    };
+    let Some(idp) = issuer.idp(Some(&state.idp_name), None) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: the identity provider of this login no longer exists",
+        );
+    };
+    let Upstream::Ldap(ldap) = idp.as_ref() else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "Bad Request: this identity provider does not log in with a password form",
+        );
+    };
+    if !post {
+        let alert = match field("err") {
+            None | Some("") => None,
+            Some("incorrect_username_or_password") => Some(LoginAlert::Incorrect),
+            Some(_) => Some(LoginAlert::Internal),
+        };
+        return login_form(&ldap.display_name, sealed, alert);
+    }
+    let request = match authorize::parse(&state.authorize_query, &clients) {
+        Ok(request) => request,
+        Err(refusal) => return refused(refusal),
+    };
+    let (username, password) = (
+        field("username").unwrap_or_default(),
+        field("password").unwrap_or_default(),
+    );
+    if username.is_empty() || password.is_empty() {
+        return redirect(&login_page_url(issuer, sealed, Some(LoginAlert::Incorrect)));
+    }
+    match ldap.login(username, password).await {
+        Ok((identity, upstream)) => issue_code(endpoints, issuer, &request, identity, upstream).await,
+        Err(error) => {
+            let alert = if error.is_unavailable() {
+                LoginAlert::Internal
+            } else {
+                LoginAlert::Incorrect
+            };
+            // Logged as the CLI flow logs it; the page says no more than the alert.
+            let _ = ldap_refusal(issuer, ldap, &error);
+            redirect(&login_page_url(issuer, sealed, Some(alert)))
+        }
+    }
+}
+
+/// The login page: a plain form (no script), labelled fields with the browser's autocomplete
+/// hints, the alert announced to screen readers, the form posting back to the page itself.
+fn login_form(idp_name: &str, sealed_state: &str, alert: Option<LoginAlert>) -> Response<Body> {
+    let alert = alert
+        .map(|alert| {
+            format!(
+                r#"<p id="alert" role="alert" class="alert">{}</p>"#,
+                html_escape(alert.message())
+            )
+        })
+        .unwrap_or_default();
+    let name = html_escape(idp_name);
+    let page = format!(
+        r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>Log in to {name}</title><style>body{{font-family:system-ui,sans-serif;max-width:24rem;margin:4rem auto;padding:0 1rem;line-height:1.5}}label{{display:block;margin-top:1rem;font-weight:600}}input{{width:100%;padding:.5rem;font-size:1rem;box-sizing:border-box}}button{{margin-top:1.5rem;padding:.6rem 1.2rem;font-size:1rem}}.alert{{border:2px solid #b00020;color:#b00020;padding:.5rem .75rem}}</style></head><body><main><h1>Log in to {name}</h1>{alert}<form method="post" action="login"><input type="hidden" name="state" value="{state}"><label for="username">Username</label><input type="text" id="username" name="username" autocomplete="username" autocapitalize="none" spellcheck="false" required autofocus><label for="password">Password</label><input type="password" id="password" name="password" autocomplete="current-password" required><button type="submit" id="submit">Log in</button></form></main></body></html>"#,
+        state = html_escape(sealed_state),
+    );
+    let mut response = Response::new(Body::new(Bytes::from(page)));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; form-action 'self' http: https:; frame-ancestors 'none'"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    response
 }
 
 /// The scopes a client is granted: what it asked for, and for the CLI always `username` and

@@ -303,9 +303,9 @@ async fn refresh(
     issue_tokens(endpoints, issuer, session, false, now).await
 }
 
-/// Checks the user again at the upstream: the upstream refresh grant when the session holds an
-/// upstream refresh token, else the upstream's userinfo endpoint with the upstream access token
-/// it holds. Either way the upstream subject must be the same and the username unchanged (an
+/// Checks the user again at the upstream. LDAP and Active Directory: [`crate::upstream::LdapUpstream::refresh`].
+/// OIDC: the upstream refresh grant when the session holds an upstream refresh token, else the
+/// upstream's userinfo endpoint with the upstream access token it holds. Either way the upstream subject must be the same and the username unchanged (an
 /// answer without the username claim leaves the identity as it was); the groups become what the
 /// upstream says now.
 async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result<(), OAuthError> {
@@ -314,7 +314,18 @@ async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result
     let Some(idp) = issuer.idp(Some(&session.upstream.idp_name), Some(&session.upstream.idp_type)) else {
         return Err(denied("The identity provider of this session no longer exists."));
     };
-    let Upstream::Oidc(oidc) = idp.as_ref();
+    let oidc = match idp.as_ref() {
+        Upstream::Oidc(oidc) => oidc,
+        Upstream::Ldap(ldap) => {
+            return ldap
+                .refresh(&mut session.identity, &session.upstream)
+                .await
+                .map_err(|reason| {
+                    tracing::info!(issuer = %issuer.issuer, idp = %ldap.display_name, %reason, "upstream refresh refused");
+                    denied(&reason)
+                });
+        }
+    };
     if oidc.provider.discovery.issuer != session.upstream.issuer {
         return Err(denied("The identity provider's issuer changed."));
     }

@@ -1,0 +1,305 @@
+//! LDAP logins through the Selkie Supervisor, on real components: OpenLDAP (slapd) → the
+//! Supervisor (a FederationDomain with an LDAPIdentityProvider) → an impersonation proxy with a
+//! JWTAuthenticator for the FederationDomain → the real kube-apiserver, with the real kubectl
+//! running `selkie login oidc` as its exec credential plugin.
+//!
+//! * `cli_password`: the plugin picks it for an `ldap` identity provider by itself and reads the
+//!   username and password from `PINNIPED_USERNAME` / `PINNIPED_PASSWORD`;
+//! * the browser: headless Chromium on the Supervisor's own login page (no script on it), where a
+//!   wrong password and an unknown user get the same message;
+//! * refresh: a user moved out of a group loses it at the next refresh, a deleted user's refresh
+//!   is refused.
+
+use std::{path::Path, time::Duration};
+
+use selkie_e2e::{
+    ldap::{LdapUser, Slapd, GROUPS_BASE, USERS_BASE},
+    proxy::Proxy,
+    supervisor::Supervisor,
+    Cluster,
+};
+use serde_json::Value;
+
+use crate::{
+    proxy_kubectl::grant_configmaps,
+    supervisor_login::{plugin_kubeconfig, recording_browser, supervisor_jwt, whoami},
+};
+
+const IDP_NAME: &str = "Corp LDAP";
+const PINNY_PASSWORD: &str = "seal-of-approval";
+const WALRUS_PASSWORD: &str = "tusks and (all)*";
+
+/// Marks the session cache's ID and access tokens expired and drops the credential cache, so
+/// the plugin's next run must refresh at the Supervisor.
+fn expire_cached_tokens(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join("sessions.yaml");
+    let mut file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
+    file["sessions"][0]["tokens"]["id"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
+    file["sessions"][0]["tokens"]["access"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
+    std::fs::write(&path, serde_yaml::to_string(&file)?)?;
+    match std::fs::remove_file(dir.join("credentials.yaml")) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error.into()),
+        _ => Ok(()),
+    }
+}
+
+/// The groups of `kubectl auth whoami`'s user, without the `system:authenticated` every
+/// authenticated user has.
+fn groups(user: &Value) -> Vec<&str> {
+    user["groups"]
+        .as_array()
+        .map(|groups| {
+            groups
+                .iter()
+                .filter_map(Value::as_str)
+                .filter(|group| *group != "system:authenticated")
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_every_refresh(
+) -> anyhow::Result<()> {
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "supervisor-ldap-login").await?;
+    let slapd = Slapd::start(&[
+        LdapUser {
+            uid: "pinny".into(),
+            password: PINNY_PASSWORD.into(),
+            uid_number: 1001,
+            groups: vec!["seals".into(), "ops".into()],
+        },
+        LdapUser {
+            uid: "walrus".into(),
+            password: WALRUS_PASSWORD.into(),
+            uid_number: 1002,
+            groups: vec!["ops".into()],
+        },
+    ])
+    .await?;
+    grant_configmaps(cluster, &namespace, "Group", "ops").await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &slapd, IDP_NAME).await?;
+    let proxy = Proxy::start(cluster, &[supervisor_jwt(&supervisor, "cluster-a")]).await?;
+    selkie_e2e::eventually(Duration::from_secs(60), || async {
+        let phase = cluster
+            .kubectl()
+            .run(&[
+                "get",
+                "ldapidentityprovider",
+                "openldap",
+                "-n",
+                &namespace,
+                "-o",
+                "jsonpath={.status.phase}",
+            ])
+            .await?;
+        anyhow::ensure!(phase == "Ready", "phase {phase:?}");
+        Ok(())
+    })
+    .await
+    .map_err(|e| e.context(supervisor.log()))?;
+
+    // The identity-provider discovery offers the password flow first, then the browser.
+    let discovery: Value = serde_json::from_slice(
+        &supervisor
+            .client()?
+            .get_json(
+                &format!("{}/v1alpha1/pinniped_identity_providers", supervisor.issuer()),
+                64 * 1024,
+                None,
+            )
+            .await?,
+    )?;
+    anyhow::ensure!(
+        discovery["pinniped_identity_providers"]
+            == serde_json::json!([{"name": IDP_NAME, "type": "ldap", "flows": ["cli_password", "browser_authcode"]}]),
+        "{discovery}"
+    );
+
+    // cli_password, chosen by the plugin for an `ldap` provider, from the environment.
+    let dir = tempfile::Builder::new().prefix("selkie-ldap-cli-").tempdir()?;
+    let pinny = plugin_kubeconfig(
+        dir.path(),
+        "pinny",
+        &selkie,
+        &supervisor,
+        &proxy,
+        "cluster-a",
+        (IDP_NAME, "ldap"),
+        &[
+            ("PINNIPED_USERNAME", "pinny"),
+            ("PINNIPED_PASSWORD", PINNY_PASSWORD),
+        ],
+    )?;
+    let user = whoami(&proxy, &pinny)
+        .await
+        .map_err(|e| e.context(supervisor.log()))?;
+    anyhow::ensure!(user["username"] == "pinny", "{user}");
+    anyhow::ensure!(groups(&user) == ["ops", "seals"], "{user}");
+    proxy
+        .kubectl(&pinny)
+        .run(&["get", "configmaps", "-n", &namespace])
+        .await?;
+
+    // A wrong password: the plugin fails with the Supervisor's reason.
+    let wrong_dir = tempfile::Builder::new().prefix("selkie-ldap-wrong-").tempdir()?;
+    let wrong = plugin_kubeconfig(
+        wrong_dir.path(),
+        "wrong",
+        &selkie,
+        &supervisor,
+        &proxy,
+        "cluster-a",
+        (IDP_NAME, "ldap"),
+        &[
+            ("PINNIPED_USERNAME", "pinny"),
+            ("PINNIPED_PASSWORD", "not-the-password"),
+        ],
+    )?;
+    let refused = whoami(&proxy, &wrong).await;
+    anyhow::ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("Username/password not accepted by LDAP provider")),
+        "{refused:?}"
+    );
+
+    // Refresh: moved out of "ops", pinny loses the group (and the access it gave) at the next
+    // refresh, without logging in again.
+    slapd
+        .modify(&format!(
+            "dn: cn=ops,{GROUPS_BASE}\nchangetype: modify\ndelete: member\nmember: uid=pinny,{USERS_BASE}\n"
+        ))
+        .await?;
+    expire_cached_tokens(dir.path())?;
+    let user = whoami(&proxy, &pinny)
+        .await
+        .map_err(|e| e.context(supervisor.log()))?;
+    anyhow::ensure!(groups(&user) == ["seals"], "after the refresh: {user}");
+    let forbidden = proxy
+        .kubectl(&pinny)
+        .run(&["get", "configmaps", "-n", &namespace])
+        .await;
+    anyhow::ensure!(
+        forbidden
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("Forbidden") || e.to_string().contains("forbidden")),
+        "{forbidden:?}"
+    );
+
+    // The browser: the Supervisor's login page, in Chromium.
+    let browser_dir = tempfile::Builder::new()
+        .prefix("selkie-ldap-browser-")
+        .tempdir()?;
+    let urls = browser_dir.path().join("browser-urls");
+    let script = recording_browser(browser_dir.path(), "browser.sh", &urls)?;
+    let script = script.display().to_string();
+    let walrus = plugin_kubeconfig(
+        browser_dir.path(),
+        "walrus",
+        &selkie,
+        &supervisor,
+        &proxy,
+        "cluster-a",
+        (IDP_NAME, "ldap"),
+        &[
+            ("PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "browser_authcode"),
+            ("BROWSER", &script),
+        ],
+    )?;
+    let browser = selkie_e2e::browser::Browser::start().await?;
+    let login = async {
+        let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
+            std::fs::read_to_string(&urls)
+                .ok()
+                .and_then(|text| text.lines().next().map(str::to_string))
+                .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
+        })
+        .await?;
+        browser.goto(&url).await?;
+        let page = browser.current_url().await?;
+        anyhow::ensure!(
+            page.starts_with(&format!("{}/login?state=", supervisor.issuer())),
+            "not on the login page: {page}"
+        );
+        anyhow::ensure!(
+            browser
+                .body_text()
+                .await?
+                .contains(&format!("Log in to {IDP_NAME}")),
+            "{}",
+            browser.body_text().await?
+        );
+        // A wrong password, an unknown user and a filter pattern: the same page, the same
+        // message, nothing more.
+        let mut pages = Vec::new();
+        for (username, password) in [
+            ("walrus", "wrong"),
+            ("nobody", WALRUS_PASSWORD),
+            ("*", WALRUS_PASSWORD),
+        ] {
+            browser.goto(&page).await?;
+            browser.type_into("#username", username).await?;
+            browser.type_into("#password", password).await?;
+            browser.click("#submit").await?;
+            let text = selkie_e2e::eventually(Duration::from_secs(20), || async {
+                let at = browser.current_url().await?;
+                anyhow::ensure!(
+                    at.contains("err=incorrect_username_or_password"),
+                    "{username}: at {at}"
+                );
+                Ok(browser.body_text().await?)
+            })
+            .await?;
+            anyhow::ensure!(
+                text.contains("Incorrect username or password."),
+                "{username}: {text}"
+            );
+            pages.push(text);
+        }
+        anyhow::ensure!(pages.iter().all(|text| *text == pages[0]), "{pages:?}");
+        browser.type_into("#username", "walrus").await?;
+        browser.type_into("#password", WALRUS_PASSWORD).await?;
+        browser.click("#submit").await?;
+        selkie_e2e::eventually(Duration::from_secs(30), || async {
+            let at = browser.current_url().await?;
+            let text = browser.body_text().await?;
+            anyhow::ensure!(
+                at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
+                "at {at}: {text}"
+            );
+            Ok(())
+        })
+        .await
+    };
+    let (user, logged_in) = tokio::join!(whoami(&proxy, &walrus), login);
+    logged_in.map_err(|e| e.context(supervisor.log()))?;
+    let user = user.map_err(|e| e.context(supervisor.log()))?;
+    anyhow::ensure!(user["username"] == "walrus", "{user}");
+    anyhow::ensure!(groups(&user) == ["ops"], "{user}");
+
+    // Deleted from the directory: pinny's next refresh is refused, and the password no longer
+    // logs in.
+    slapd
+        .modify(&format!("dn: uid=pinny,{USERS_BASE}\nchangetype: delete\n"))
+        .await?;
+    expire_cached_tokens(dir.path())?;
+    let gone = whoami(&proxy, &pinny).await;
+    anyhow::ensure!(
+        gone.as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("Username/password not accepted by LDAP provider")),
+        "{gone:?}"
+    );
+    let log = supervisor.log();
+    anyhow::ensure!(
+        log.contains("upstream refresh refused"),
+        "the refresh was not refused: {log}"
+    );
+    for secret in [PINNY_PASSWORD, WALRUS_PASSWORD, "not-the-password"] {
+        anyhow::ensure!(!log.contains(secret), "the Supervisor logged {secret:?}");
+    }
+    Ok(())
+}
