@@ -5,7 +5,8 @@
 #     which the fuzz targets link); chromium, chromium-driver and tmux (the browser and the terminal
 #     of the OIDC login tests, e2e/tests/e2e/cli_oidc.rs); slapd and ldap-utils (OpenLDAP, the
 #     directory of the LDAP tests, run from a temporary directory by e2e/src/ldap.rs, not as a
-#     system service);
+#     system service); samba, samba-ad-dc and samba-ad-provision (the Active Directory domain
+#     controller of the AD tests, provisioned into a temporary directory by e2e/src/samba.rs);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
 #     (build-components.sh);
@@ -30,6 +31,9 @@ command -v chromedriver >/dev/null || missing+=(chromium-driver)
 command -v tmux >/dev/null || missing+=(tmux)
 command -v slapd >/dev/null || missing+=(slapd)
 command -v ldapadd >/dev/null || missing+=(ldap-utils)
+command -v samba >/dev/null || missing+=(samba samba-ad-dc)
+[[ -d /usr/share/samba/setup/ad-schema ]] || missing+=(samba-ad-provision)
+command -v samba-tool >/dev/null || missing+=(samba-common-bin)
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   sudo=""

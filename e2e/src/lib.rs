@@ -44,6 +44,7 @@ pub mod pinniped_cli;
 pub mod pki;
 mod process;
 pub mod proxy;
+pub mod samba;
 pub mod supervisor;
 pub mod watch;
 

@@ -158,6 +158,40 @@ spec:
     }
 }
 
+/// An ActiveDirectoryIdentityProvider `samba` for the domain controller, with Pinniped's Active
+/// Directory defaults (search bases from `defaultNamingContext`, users by `sAMAccountName`,
+/// `mail` or `userPrincipalName`, nested groups); bound as the domain administrator (the Secret
+/// `samba-bind`).
+impl Upstream for crate::samba::SambaDc {
+    fn name(&self) -> &str {
+        "samba"
+    }
+    fn kind(&self) -> &str {
+        "ActiveDirectoryIdentityProvider"
+    }
+    fn manifests(&self, namespace: &str) -> String {
+        use crate::samba::{ADMIN_DN, ADMIN_PASSWORD};
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: samba-bind, namespace: {namespace}}}
+type: kubernetes.io/basic-auth
+stringData: {{username: "{ADMIN_DN}", password: "{ADMIN_PASSWORD}"}}
+---
+apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: ActiveDirectoryIdentityProvider
+metadata: {{name: samba, namespace: {namespace}}}
+spec:
+  host: "{host}"
+  tls: {{certificateAuthorityData: {ca}}}
+  bind: {{secretName: samba-bind}}
+"#,
+            host = self.ldaps_host(),
+            ca = B64.encode(self.ca_pem()),
+        )
+    }
+}
+
 impl Supervisor {
     /// Sets up `namespace` (which must exist) and starts the Supervisor: the identity provider
     /// for `upstream` ([`Upstream`]), and

@@ -27,6 +27,7 @@ mod proxy_upgrades;
 mod proxy_watch;
 mod rbac_client_cert;
 mod resources;
+mod supervisor_active_directory;
 mod supervisor_callback;
 mod supervisor_full;
 mod supervisor_install;

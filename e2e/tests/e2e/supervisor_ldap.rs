@@ -31,7 +31,7 @@ const WALRUS_PASSWORD: &str = "tusks and (all)*";
 
 /// Marks the session cache's ID and access tokens expired and drops the credential cache, so
 /// the plugin's next run must refresh at the Supervisor.
-fn expire_cached_tokens(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn expire_cached_tokens(dir: &Path) -> anyhow::Result<()> {
     let path = dir.join("sessions.yaml");
     let mut file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
     file["sessions"][0]["tokens"]["id"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
@@ -45,7 +45,7 @@ fn expire_cached_tokens(dir: &Path) -> anyhow::Result<()> {
 
 /// The groups of `kubectl auth whoami`'s user, without the `system:authenticated` every
 /// authenticated user has.
-fn groups(user: &Value) -> Vec<&str> {
+pub(crate) fn groups(user: &Value) -> Vec<&str> {
     user["groups"]
         .as_array()
         .map(|groups| {
