@@ -8,6 +8,9 @@
 //!   [`BIND_DN`];
 //! * `ou=groups,<BASE>`: one `groupOfNames` per group name, its `member`s the users in it.
 //!
+//! The bind account gets at most 500 entries from a search (slapd's default) but any number from
+//! a paged one, as directories are commonly set up: a client must page to read long group lists.
+//!
 //! Stopped on drop.
 
 use std::{
@@ -34,7 +37,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// A user of the directory.
 #[derive(Debug, Clone)]
 pub struct LdapUser {
-    /// The login name (`uid`); `mail` is `<uid>@selkie.test`.
+    /// The login name (`uid`, any text: escaped in its DN); `mail` is `user<uid_number>@selkie.test`.
     pub uid: String,
     /// The password.
     pub password: String,
@@ -42,6 +45,40 @@ pub struct LdapUser {
     pub uid_number: u32,
     /// The names of the groups the user is a member of.
     pub groups: Vec<String>,
+}
+
+/// The DN of the user whose `uid` is `uid` (its value escaped as RFC 4514 requires).
+pub fn user_dn(uid: &str) -> String {
+    format!("uid={},{USERS_BASE}", escape_rdn_value(uid))
+}
+
+/// An attribute value escaped for a DN (RFC 4514): `,+"\<>;` and `=` with a backslash, as are a
+/// leading `#` or space and a trailing space.
+fn escape_rdn_value(value: &str) -> String {
+    let last = value.chars().count().saturating_sub(1);
+    value
+        .chars()
+        .enumerate()
+        .map(|(index, c)| match c {
+            ',' | '+' | '"' | '\\' | '<' | '>' | ';' | '=' => format!("\\{c}"),
+            '#' if index == 0 => "\\#".into(),
+            ' ' if index == 0 || index == last => "\\ ".into(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+/// One LDIF line `name: value`, base64 (`name:: …`) when the value is not plain ASCII text.
+fn ldif_line(name: &str, value: &str) -> String {
+    use base64::{engine::general_purpose::STANDARD, Engine as _};
+    let safe = value.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && !value.starts_with([' ', ':', '<'])
+        && !value.ends_with(' ');
+    if safe {
+        format!("{name}: {value}\n")
+    } else {
+        format!("{name}:: {}\n", STANDARD.encode(value))
+    }
 }
 
 /// A running slapd.
@@ -102,7 +139,8 @@ impl Slapd {
                  database mdb\nmaxsize 104857600\n\
                  suffix \"{BASE}\"\nrootdn \"cn=admin,{BASE}\"\nrootpw {admin_password}\n\
                  directory {dir}/data\n\
-                 overlay memberof\noverlay refint\nrefint_attributes memberof member\n",
+                 overlay memberof\noverlay refint\nrefint_attributes memberof member\n\
+                 limits dn.exact=\"{BIND_DN}\" size.soft=500 size.hard=500 size.prtotal=unlimited\n",
                 dir = d.display(),
             ),
         )?;
@@ -155,25 +193,32 @@ impl Slapd {
              dn: {BIND_DN}\nobjectClass: person\ncn: supervisor\nsn: Supervisor\nuserPassword: {BIND_PASSWORD}\n\n"
         );
         for user in users {
+            let number = user.uid_number;
+            ldif.push_str(&ldif_line("dn", &user_dn(&user.uid)));
+            ldif.push_str("objectClass: inetOrgPerson\nobjectClass: posixAccount\n");
+            for attribute in ["uid", "cn", "sn"] {
+                ldif.push_str(&ldif_line(attribute, &user.uid));
+            }
             ldif.push_str(&format!(
-                "dn: uid={uid},{USERS_BASE}\nobjectClass: inetOrgPerson\nobjectClass: posixAccount\n\
-                 uid: {uid}\ncn: {uid}\nsn: {uid}\nmail: {uid}@selkie.test\nuidNumber: {number}\n\
-                 gidNumber: 1000\nhomeDirectory: /home/{uid}\nuserPassword: {password}\n\n",
-                uid = user.uid,
-                number = user.uid_number,
-                password = user.password,
+                "mail: user{number}@selkie.test\nuidNumber: {number}\ngidNumber: 1000\n\
+                 homeDirectory: /home/user{number}\n"
             ));
+            ldif.push_str(&ldif_line("userPassword", &user.password));
+            ldif.push('\n');
         }
         let groups: std::collections::BTreeSet<&str> = users
             .iter()
             .flat_map(|user| user.groups.iter().map(String::as_str))
             .collect();
         for group in groups {
-            ldif.push_str(&format!(
-                "dn: cn={group},{GROUPS_BASE}\nobjectClass: groupOfNames\ncn: {group}\n"
+            ldif.push_str(&ldif_line(
+                "dn",
+                &format!("cn={},{GROUPS_BASE}", escape_rdn_value(group)),
             ));
+            ldif.push_str("objectClass: groupOfNames\n");
+            ldif.push_str(&ldif_line("cn", group));
             for user in users.iter().filter(|user| user.groups.iter().any(|g| g == group)) {
-                ldif.push_str(&format!("member: uid={},{USERS_BASE}\n", user.uid));
+                ldif.push_str(&ldif_line("member", &user_dn(&user.uid)));
             }
             ldif.push('\n');
         }

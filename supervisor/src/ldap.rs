@@ -310,10 +310,12 @@ impl Directory {
             .await
             .map_err(|error| match error {
                 // The entry is gone: noSuchObject.
-                LdapError::Search { reason, .. } if reason.contains("rc=32") => LdapError::Changed(format!(
-                    "searching for user {:?} resulted in 0 search results, but expected 1 result",
-                    stored.dn
-                )),
+                LdapError::Search { reason, .. } if reason.starts_with("rc=32 ") => {
+                    LdapError::Changed(format!(
+                        "searching for user {:?} resulted in 0 search results, but expected 1 result",
+                        stored.dn
+                    ))
+                }
                 other => other,
             })?;
         let [entry] = entries.as_slice() else {
@@ -583,7 +585,7 @@ impl Directory {
                     }
                     return Err(LdapError::Search {
                         base: base.to_string(),
-                        reason: format!("rc={}: {}", done.rc, done.text),
+                        reason: result_text(done.rc, &done.text),
                     });
                 }
                 Err(error) if reused && !retried && !matches!(error, ldap3::LdapError::Timeout { .. }) => {
@@ -640,7 +642,7 @@ impl Directory {
             }
             let done = stream.finish().await;
             if done.rc != 0 {
-                return Err(failed(format!("rc={}: {}", done.rc, done.text)));
+                return Err(failed(result_text(done.rc, &done.text)));
             }
             return Ok(entries);
         }
@@ -678,6 +680,32 @@ impl Directory {
             Err(error) => Err(self.unreachable(&error)),
         }
     }
+}
+
+/// An LDAP result code with its name and the server's text, e.g. `rc=4 (sizeLimitExceeded)`.
+fn result_text(rc: u32, text: &str) -> String {
+    let name = match rc {
+        1 => "operationsError",
+        3 => "timeLimitExceeded",
+        4 => "sizeLimitExceeded: the directory limits how many entries the bind account may read",
+        10 => "referral",
+        11 => "adminLimitExceeded",
+        32 => "noSuchObject",
+        34 => "invalidDNSyntax",
+        50 => "insufficientAccessRights",
+        51 => "busy",
+        52 => "unavailable",
+        53 => "unwillingToPerform",
+        _ => "",
+    };
+    let mut out = format!("rc={rc}");
+    if !name.is_empty() {
+        out.push_str(&format!(" ({name})"));
+    }
+    if !text.is_empty() {
+        out.push_str(&format!(": {text}"));
+    }
+    out
 }
 
 /// Active Directory's refresh checks: `pwdLastSet` as at login, the account neither disabled nor

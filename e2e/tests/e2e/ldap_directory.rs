@@ -48,6 +48,11 @@ fn upstream(host: String, tls: Arc<rustls::ClientConfig>) -> Directory {
     Directory::new(config(host, tls))
 }
 
+/// A username with Unicode, DN specials (`,`) and filter specials (`(`, `)`, `*`).
+const SPECIAL: &str = "Zoë O'Brien, Jr. (ops)*";
+/// More groups than one search page (and than slapd's default size limit of 500).
+const CROWD_GROUPS: usize = 600;
+
 #[tokio::test]
 async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> {
     selkie_e2e::install_crypto_provider();
@@ -63,6 +68,18 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
             password: "tusks-and-all".into(),
             uid_number: 1002,
             groups: vec!["ops".into()],
+        },
+        LdapUser {
+            uid: SPECIAL.into(),
+            password: "pässwörd, too".into(),
+            uid_number: 1003,
+            groups: vec!["ops".into(), "Ünïcode (group), #1".into()],
+        },
+        LdapUser {
+            uid: "crowd".into(),
+            password: "in-many-groups".into(),
+            uid_number: 1004,
+            groups: (0..CROWD_GROUPS).map(|n| format!("g{n:04}")).collect(),
         },
     ])
     .await?;
@@ -112,6 +129,36 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
         .authenticate("walrus", "tusks-and-all")
         .await?;
     anyhow::ensure!(walrus.groups == [format!("cn=ops,{GROUPS_BASE}")], "{walrus:?}");
+
+    // Unicode and DN and filter special characters in the username and in the group names.
+    let special = ldaps.authenticate(SPECIAL, "pässwörd, too").await?;
+    anyhow::ensure!(
+        special.username == SPECIAL && special.groups == ["ops", "Ünïcode (group), #1"],
+        "{special:?}"
+    );
+    // More groups than a page: all of them.
+    let crowd = ldaps.authenticate("crowd", "in-many-groups").await?;
+    anyhow::ensure!(
+        crowd.groups.len() == CROWD_GROUPS,
+        "{} groups",
+        crowd.groups.len()
+    );
+    // A user filter that matches several entries: refused as ambiguous, not a login.
+    let mut loose = config(slapd.ldaps_host(), tls.clone());
+    loose.user_search.filter = "(|(uid={})(objectClass=posixAccount))".into();
+    let ambiguous = Directory::new(loose)
+        .authenticate("pinny", "seal-of-approval")
+        .await;
+    anyhow::ensure!(ambiguous == Err(LdapError::Ambiguous), "{ambiguous:?}");
+    // Nobody listening: unreachable, which a login reports as "try again later".
+    let closed = selkie_e2e::free_port()?;
+    let unreachable = upstream(format!("127.0.0.1:{closed}"), tls.clone())
+        .authenticate("pinny", "seal-of-approval")
+        .await;
+    anyhow::ensure!(
+        unreachable.as_ref().is_err_and(LdapError::is_unavailable),
+        "{unreachable:?}"
+    );
 
     // An untrusted server certificate, and a wrong service password, say so.
     let other_ca = selkie_e2e::pki::CertificateAuthority::new("not-the-ldap-ca")?;
