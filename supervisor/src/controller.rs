@@ -1,5 +1,6 @@
-//! The Supervisor's controller: it watches FederationDomains, OIDCIdentityProviders, Secrets and
-//! ConfigMaps in its namespace and, after every change (and every ten seconds, to retry what
+//! The Supervisor's controller: it watches FederationDomains, the identity providers (OIDC, LDAP,
+//! Active Directory; GitHub only so FederationDomains see it exists), Secrets and ConfigMaps in its
+//! namespace and, after every change (and every ten seconds, to retry what
 //! failed), computes what to serve as a whole — the issuers table and the serving certificates —
 //! and swaps it in. Every replica serves; only the leader writes: the FederationDomains' generated
 //! key Secrets and the statuses (phase and Pinniped's conditions).
@@ -65,6 +66,10 @@ use crate::{
 const RESYNC: Duration = Duration::from_secs(10);
 /// The bound of every connect, bind and search at an LDAP or Active Directory server.
 const LDAP_TIMEOUT: Duration = Duration::from_secs(30);
+/// The bound of the controller's connection check of a directory (it holds up the sync).
+const LDAP_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a failed connection check stands before the directory is probed again.
+const LDAP_RETRY: Duration = Duration::from_secs(30);
 /// How long after a change the computation waits for more changes.
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// The Secret type of an OIDC upstream's client credentials.
@@ -115,8 +120,8 @@ struct BuiltUpstream {
 struct Watched {
     federation_domains: Store<DynamicObject>,
     identity_providers: Store<DynamicObject>,
-    /// LDAP, Active Directory and GitHub identity providers: watched so FederationDomains can
-    /// tell they exist (they are not served yet).
+    /// LDAP, Active Directory and GitHub identity providers (GitHub's only so FederationDomains
+    /// can tell they exist: not served yet).
     other_identity_providers: Vec<(&'static str, Store<DynamicObject>)>,
     secrets: Store<Secret>,
     config_maps: Store<ConfigMap>,
@@ -164,6 +169,10 @@ pub struct Controller {
     /// with what they were made from and their connection and search-base checks: probed again
     /// only when that changes, kept serving while a change does not work yet.
     directories: HashMap<String, BuiltDirectory>,
+    /// The directories whose last probe failed, with what they were made from, when, and the
+    /// checks it gave: not probed again for [`LDAP_RETRY`] (a directory that does not answer
+    /// must not hold up every sync).
+    failed_directories: HashMap<String, (String, Instant, Vec<Check>)>,
 }
 
 /// A directory that passed its checks, and what it was made from.
@@ -296,6 +305,7 @@ impl Controller {
         Ok(Self {
             rotation_interval,
             directories: HashMap::new(),
+            failed_directories: HashMap::new(),
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
                     &config.api_group_suffix,
@@ -769,8 +779,8 @@ impl Controller {
     /// `username` and `password`), `TLSConfigurationValid`, `LDAPConnectionValid` (a connection
     /// and the service account's bind) and, for Active Directory, `SearchBaseFound` (from the
     /// spec, else the directory's `defaultNamingContext`). The directory is probed again only
-    /// when the spec, the Secret or the CA bundle changed; until a changed one passes, the last
-    /// one that did keeps serving.
+    /// when the spec, the Secret or the CA bundle changed, or [`LDAP_RETRY`] after a failed
+    /// probe; until a changed one passes, the last one that did keeps serving.
     async fn directory_upstream(
         &mut self,
         spec: &DirectorySpec<'_>,
@@ -820,6 +830,14 @@ impl Controller {
             checks.extend(built.checks.iter().cloned());
             return (checks, Some(built.upstream.clone()));
         }
+        if let Some((_, _, failed)) = self
+            .failed_directories
+            .get(&key)
+            .filter(|(made_from, at, _)| *made_from == fingerprint && at.elapsed() < LDAP_RETRY)
+        {
+            checks.extend(failed.iter().cloned());
+            return (checks, previous);
+        }
         let options = TlsOptions {
             ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
             ..TlsOptions::default()
@@ -848,7 +866,10 @@ impl Controller {
             timeout: LDAP_TIMEOUT,
             flavor: spec.flavor,
         };
-        let probe = Directory::new(config.clone());
+        let probe = Directory::new(DirectoryConfig {
+            timeout: LDAP_PROBE_TIMEOUT,
+            ..config.clone()
+        });
         let mut found = Vec::new();
         let connected = match probe.probe().await {
             Ok(()) => Check::success(
@@ -900,9 +921,12 @@ impl Controller {
         let passed = found.iter().all(Check::is_true);
         checks.extend(found.iter().cloned());
         if !passed {
-            // Probed again at the next sync; the last working form keeps serving meanwhile.
+            // Probed again after LDAP_RETRY; the last working form keeps serving meanwhile.
+            self.failed_directories
+                .insert(key, (fingerprint, Instant::now(), found));
             return (checks, previous);
         }
+        self.failed_directories.remove(&key);
         let upstream = Arc::new(Upstream::Ldap(LdapUpstream {
             display_name: spec.name.clone(),
             resource_name: spec.name.clone(),

@@ -119,6 +119,38 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         "{discovery}"
     );
 
+    // `selkie get kubeconfig` finds the provider and writes its type and first flow.
+    let ca_file = tempfile::NamedTempFile::new()?;
+    std::fs::write(ca_file.path(), supervisor.ca_pem())?;
+    let output = tokio::process::Command::new(&selkie)
+        .args([
+            "get".to_string(),
+            "kubeconfig".into(),
+            format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
+            "--no-concierge".into(),
+            format!("--oidc-issuer={}", supervisor.issuer()),
+            format!("--oidc-ca-bundle={}", ca_file.path().display()),
+        ])
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "selkie get kubeconfig: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let generated: serde_yaml::Value = serde_yaml::from_slice(&output.stdout)?;
+    let args = serde_json::to_value(&generated["users"][0]["user"]["exec"]["args"])?.to_string();
+    for expected in [
+        format!("--upstream-identity-provider-name={IDP_NAME}"),
+        "--upstream-identity-provider-type=ldap".into(),
+        "--upstream-identity-provider-flow=cli_password".into(),
+    ] {
+        anyhow::ensure!(args.contains(&expected), "{expected} missing from {args}");
+    }
+
     // cli_password, chosen by the plugin for an `ldap` provider, from the environment.
     let dir = tempfile::Builder::new().prefix("selkie-ldap-cli-").tempdir()?;
     let pinny = plugin_kubeconfig(
