@@ -818,17 +818,48 @@ mod tests {
             "http://127.0.0.1:1234/callback",
             &[("code", "pin_ac_a.b"), ("state", "\"><script>")],
         );
-        let page = String::from_utf8(
+        let page = body_text(response);
+        assert!(page.contains(r#"action="http://127.0.0.1:1234/callback""#));
+        assert!(page.contains(r#"<input type="hidden" name="code" value="pin_ac_a.b">"#));
+        assert!(page.contains("&quot;&gt;&lt;script&gt;"));
+        assert!(!page.contains("\"><script>"));
+    }
+
+    fn body_text(response: Response<Body>) -> String {
+        String::from_utf8(
             futures::executor::block_on(http_body_util::BodyExt::collect(response.into_body()))
                 .unwrap()
                 .to_bytes()
                 .to_vec(),
         )
-        .unwrap();
-        assert!(page.contains(r#"action="http://127.0.0.1:1234/callback""#));
-        assert!(page.contains(r#"<input type="hidden" name="code" value="pin_ac_a.b">"#));
-        assert!(page.contains("&quot;&gt;&lt;script&gt;"));
-        assert!(!page.contains("\"><script>"));
+        .unwrap()
+    }
+
+    #[test]
+    fn the_login_page_is_a_plain_form_that_escapes_what_it_shows() {
+        let response = login_form("Corp <LDAP>", "sealed\"><b>", Some(LoginAlert::Incorrect));
+        assert_eq!(response.status(), StatusCode::OK);
+        let csp = response.headers()[header::CONTENT_SECURITY_POLICY].to_str().unwrap().to_string();
+        assert!(csp.starts_with("default-src 'none'"), "{csp}");
+        assert!(!csp.contains("script-src"), "{csp}");
+        let page = body_text(response);
+        assert!(page.contains("<title>Log in to Corp &lt;LDAP&gt;</title>"), "{page}");
+        assert!(page.contains(r#"name="state" value="sealed&quot;&gt;&lt;b&gt;""#), "{page}");
+        assert!(page.contains(r#"<p id="alert" role="alert" class="alert">Incorrect username or password.</p>"#));
+        assert!(page.contains(r#"<label for="username">"#) && page.contains(r#"autocomplete="current-password""#));
+        assert!(!page.contains("<script"), "{page}");
+        // Without an alert there is no alert element.
+        assert!(!body_text(login_form("Corp", "s", None)).contains("role=\"alert\""));
+    }
+
+    #[test]
+    fn the_alerts_use_pinnipeds_error_values_and_messages() {
+        assert_eq!(LoginAlert::Incorrect.param(), "incorrect_username_or_password");
+        assert_eq!(LoginAlert::Internal.param(), "internal_error");
+        assert_eq!(
+            LoginAlert::Internal.message(),
+            "An internal error occurred. Please contact your administrator for help."
+        );
     }
 
     #[test]
