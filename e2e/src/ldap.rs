@@ -6,7 +6,9 @@
 //! * `ou=users,<BASE>`: one `inetOrgPerson` + `posixAccount` per [`LdapUser`] (`uid` = login
 //!   name, `mail`, `uidNumber`, `userPassword`), and the Supervisor's bind account
 //!   [`BIND_DN`];
-//! * `ou=groups,<BASE>`: one `groupOfNames` per group name, its `member`s the users in it.
+//! * `ou=groups,<BASE>`: one `groupOfNames` per group name, its `member`s the users in it;
+//! * `ou=posixgroups,<BASE>`: the same groups as `posixGroup`s, their `memberUid`s the users' `uid`s
+//!   (ASCII ones only: the attribute allows no other).
 //!
 //! The bind account gets at most 500 entries from a search (slapd's default) but any number from
 //! a paged one, as directories are commonly set up: a client must page to read long group lists.
@@ -27,6 +29,8 @@ pub const BASE: &str = "dc=selkie,dc=test";
 pub const USERS_BASE: &str = "ou=users,dc=selkie,dc=test";
 /// Where the groups are.
 pub const GROUPS_BASE: &str = "ou=groups,dc=selkie,dc=test";
+/// Where the same groups are as `posixGroup`s, their members by `memberUid` (the user's `uid`).
+pub const POSIX_GROUPS_BASE: &str = "ou=posixgroups,dc=selkie,dc=test";
 /// The Supervisor's bind account (a plain entry; the default access rules let it read).
 pub const BIND_DN: &str = "cn=supervisor,ou=users,dc=selkie,dc=test";
 /// Its password.
@@ -190,6 +194,7 @@ impl Slapd {
             "dn: {BASE}\nobjectClass: dcObject\nobjectClass: organization\ndc: selkie\no: Selkie\n\n\
              dn: {USERS_BASE}\nobjectClass: organizationalUnit\nou: users\n\n\
              dn: {GROUPS_BASE}\nobjectClass: organizationalUnit\nou: groups\n\n\
+             dn: {POSIX_GROUPS_BASE}\nobjectClass: organizationalUnit\nou: posixgroups\n\n\
              dn: {BIND_DN}\nobjectClass: person\ncn: supervisor\nsn: Supervisor\nuserPassword: {BIND_PASSWORD}\n\n"
         );
         for user in users {
@@ -210,15 +215,37 @@ impl Slapd {
             .iter()
             .flat_map(|user| user.groups.iter().map(String::as_str))
             .collect();
-        for group in groups {
+        for group in &groups {
             ldif.push_str(&ldif_line(
                 "dn",
                 &format!("cn={},{GROUPS_BASE}", escape_rdn_value(group)),
             ));
             ldif.push_str("objectClass: groupOfNames\n");
             ldif.push_str(&ldif_line("cn", group));
-            for user in users.iter().filter(|user| user.groups.iter().any(|g| g == group)) {
+            for user in users
+                .iter()
+                .filter(|user| user.groups.iter().any(|g| g == *group))
+            {
                 ldif.push_str(&ldif_line("member", &user_dn(&user.uid)));
+            }
+            ldif.push('\n');
+        }
+        for (number, group) in groups.iter().enumerate() {
+            ldif.push_str(&ldif_line(
+                "dn",
+                &format!("cn={},{POSIX_GROUPS_BASE}", escape_rdn_value(group)),
+            ));
+            ldif.push_str(&format!(
+                "objectClass: posixGroup\ngidNumber: {}\n",
+                5000 + number
+            ));
+            ldif.push_str(&ldif_line("cn", group));
+            // memberUid is ASCII (IA5String): users with other names are in no posix group.
+            for user in users
+                .iter()
+                .filter(|user| user.uid.is_ascii() && user.groups.iter().any(|g| g == *group))
+            {
+                ldif.push_str(&ldif_line("memberUid", &user.uid));
             }
             ldif.push('\n');
         }
@@ -270,5 +297,10 @@ impl Slapd {
     /// The CA of slapd's serving certificate, PEM.
     pub fn ca_pem(&self) -> String {
         self.ca.cert_pem()
+    }
+
+    /// slapd's process id (for its CPU time in `/proc`).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 }

@@ -7,7 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use rustls_pki_types::{pem::PemObject as _, CertificateDer};
-use selkie_e2e::ldap::{LdapUser, Slapd, BIND_DN, BIND_PASSWORD, GROUPS_BASE, USERS_BASE};
+use selkie_e2e::ldap::{LdapUser, Slapd, BIND_DN, BIND_PASSWORD, GROUPS_BASE, POSIX_GROUPS_BASE, USERS_BASE};
 use selkie_supervisor::ldap::{Directory, DirectoryConfig, Flavor, GroupSearch, LdapError, UserSearch};
 
 fn tls_trusting(ca_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
@@ -129,6 +129,14 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
         .authenticate("walrus", "tusks-and-all")
         .await?;
     anyhow::ensure!(walrus.groups == [format!("cn=ops,{GROUPS_BASE}")], "{walrus:?}");
+    // Posix groups: members by memberUid, the user's uid (userAttributeForFilter).
+    let mut posix = config(slapd.ldaps_host(), tls.clone());
+    posix.group_search.base = POSIX_GROUPS_BASE.into();
+    posix.group_search.filter = "(&(objectClass=posixGroup)(memberUid={}))".into();
+    posix.group_search.user_attribute_for_filter = Some("uid".into());
+    let posix = Directory::new(posix);
+    let pinny = posix.authenticate("pinny", "seal-of-approval").await?;
+    anyhow::ensure!(pinny.groups == ["ops", "seals"], "{pinny:?}");
 
     // Unicode and DN and filter special characters in the username and in the group names.
     let special = ldaps.authenticate(SPECIAL, "pässwörd, too").await?;
