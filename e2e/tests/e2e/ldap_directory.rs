@@ -168,6 +168,34 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
         "{unreachable:?}"
     );
 
+    // A directory that accepts connections and never answers: every login ends within the
+    // timeout (TLS, then StartTLS), several at once, instead of hanging.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let silent_host = silent.local_addr()?.to_string();
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            connections.push(connection);
+        }
+    });
+    let mut slow = config(silent_host, tls.clone());
+    slow.timeout = Duration::from_secs(1);
+    let slow = Directory::new(slow);
+    let started = std::time::Instant::now();
+    let attempts = (0..4).map(|_| slow.authenticate("pinny", "seal-of-approval"));
+    for outcome in futures::future::join_all(attempts).await {
+        anyhow::ensure!(
+            outcome.as_ref().is_err_and(LdapError::is_unavailable),
+            "{outcome:?}"
+        );
+    }
+    anyhow::ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "a silent directory held logins for {:?}",
+        started.elapsed()
+    );
+    held.abort();
+
     // An untrusted server certificate, and a wrong service password, say so.
     let other_ca = selkie_e2e::pki::CertificateAuthority::new("not-the-ldap-ca")?;
     let untrusted = upstream(slapd.ldaps_host(), tls_trusting(&other_ca.cert_pem())?);

@@ -176,6 +176,16 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         .run(&["get", "configmaps", "-n", &namespace])
         .await?;
 
+    // Many logins at once (more than the directory's connection pool holds): every one works.
+    let http = supervisor.client()?;
+    let logins = (0..48).map(|_| {
+        selkie_e2e::pinniped_cli::login(&http, supervisor.issuer(), IDP_NAME, "pinny", PINNY_PASSWORD)
+    });
+    for tokens in futures::future::try_join_all(logins).await? {
+        let claims = selkie_e2e::pinniped_cli::jwt_claims(tokens["id_token"].as_str().unwrap_or_default())?;
+        anyhow::ensure!(claims["username"] == "pinny", "{claims}");
+    }
+
     // A wrong password: the plugin fails with the Supervisor's reason.
     let wrong_dir = tempfile::Builder::new().prefix("selkie-ldap-wrong-").tempdir()?;
     let wrong = plugin_kubeconfig(
