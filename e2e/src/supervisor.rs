@@ -249,6 +249,25 @@ impl Supervisor {
         port: u16,
         settings: serde_json::Value,
     ) -> Result<Self, HarnessError> {
+        Self::start_many(
+            cluster,
+            namespace,
+            &[(upstream, idp_display_name)],
+            port,
+            settings,
+        )
+        .await
+    }
+
+    /// [`Supervisor::start_with`] with several identity providers, each `(upstream, display name)`,
+    /// listed in the FederationDomain in that order.
+    pub async fn start_many(
+        cluster: &'static Cluster,
+        namespace: &str,
+        upstreams: &[(&dyn Upstream, &str)],
+        port: u16,
+        settings: serde_json::Value,
+    ) -> Result<Self, HarnessError> {
         let mut config = serde_json::json!({
             "namespace": namespace,
             "namePrefix": format!("supervisor-{namespace}"),
@@ -258,7 +277,7 @@ impl Supervisor {
         for (key, value) in settings.as_object().into_iter().flatten() {
             config[key] = value.clone();
         }
-        Self::launch(cluster, namespace, upstream, idp_display_name, port, config).await
+        Self::launch(cluster, namespace, upstreams, port, config).await
     }
 
     /// Installs the Supervisor from its manifests (`conf/crds/`, `conf/install/supervisor.yaml`)
@@ -319,8 +338,7 @@ impl Supervisor {
         Self::launch(
             cluster,
             NAMESPACE,
-            upstream,
-            idp_display_name,
+            &[(upstream, idp_display_name)],
             crate::free_port()?,
             config,
         )
@@ -332,8 +350,7 @@ impl Supervisor {
     async fn launch(
         cluster: &'static Cluster,
         namespace: &str,
-        upstream: &dyn Upstream,
-        idp_display_name: &str,
+        upstreams: &[(&dyn Upstream, &str)],
         port: u16,
         mut config_doc: serde_json::Value,
     ) -> Result<Self, HarnessError> {
@@ -366,14 +383,22 @@ metadata: {{name: federation-domain, namespace: {namespace}}}
 spec:
   issuer: {issuer}
   identityProviders:
-  - displayName: {idp_display_name:?}
-    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: {kind}, name: {idp}}}
-"#,
+{references}"#,
             cert = B64.encode(&serving.cert_pem),
             key = B64.encode(&serving.key_pem),
-            idp = upstream.name(),
-            kind = upstream.kind(),
-            upstream_manifests = upstream.manifests(namespace),
+            upstream_manifests = upstreams
+                .iter()
+                .map(|(upstream, _)| upstream.manifests(namespace))
+                .collect::<Vec<_>>()
+                .join("---\n"),
+            references = upstreams
+                .iter()
+                .map(|(upstream, display_name)| format!(
+                    "  - displayName: {display_name:?}\n    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: {}, name: {}}}\n",
+                    upstream.kind(),
+                    upstream.name()
+                ))
+                .collect::<String>(),
         );
         cluster
             .kubectl()

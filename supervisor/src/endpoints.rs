@@ -1,9 +1,11 @@
 //! The HTTP endpoints of every FederationDomain (REFERENCE.md §4): discovery, `jwks.json`,
-//! identity-provider discovery, `oauth2/authorize` and `callback` ([`login`]), `oauth2/token`
+//! identity-provider discovery, `oauth2/authorize`, `callback` and `login` ([`login`]), the
+//! identity-provider chooser ([`chooser`]), `oauth2/token`
 //! ([`token`]), and `healthz`. One [`Endpoints::handle`] answers every request of the listener:
 //! it finds the FederationDomain by host and path, and never fails — errors are OAuth error
 //! responses (or a plain 404/405 for what is no endpoint).
 
+pub mod chooser;
 pub mod login;
 pub mod token;
 
@@ -101,6 +103,7 @@ impl Endpoints {
             discovery::AUTHORIZE_PATH => Endpoint::authorize,
             discovery::CALLBACK_PATH => Endpoint::callback,
             discovery::LOGIN_PATH => Endpoint::login,
+            discovery::CHOOSE_IDP_PATH => Endpoint::choose_idp,
             discovery::TOKEN_PATH => Endpoint::token,
             _ => return not_found(),
         };
@@ -117,6 +120,10 @@ impl Endpoints {
             Endpoint::callback if get || method == Method::POST => {
                 login::callback(self, &issuer, request).await
             }
+            Endpoint::choose_idp if get => {
+                chooser::choose(&issuer, request.uri().query().unwrap_or_default())
+            }
+            Endpoint::choose_idp => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed (try GET)"),
             Endpoint::login if get || method == Method::POST => {
                 login::login_page(self, &issuer, request).await
             }

@@ -70,7 +70,7 @@ pub mod active_directory {
 }
 
 /// Where and how to search for users.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UserSearch {
     /// The base DN.
     pub base: String,

@@ -47,6 +47,8 @@ pub enum Endpoint {
     callback,
     /// `/login` (the LDAP and Active Directory login page).
     login,
+    /// `/choose_identity_provider`.
+    choose_idp,
     /// `/oauth2/token`.
     token,
     /// No endpoint (404) or no FederationDomain for the host and path.

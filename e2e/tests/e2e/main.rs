@@ -35,6 +35,7 @@ mod supervisor_keys;
 mod supervisor_ldap;
 mod supervisor_legacy;
 mod supervisor_login;
+mod supervisor_multi_idp;
 mod supervisor_oauth;
 mod supervisor_revocation;
 mod supervisor_rp;

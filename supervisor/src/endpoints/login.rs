@@ -25,7 +25,7 @@ use time::OffsetDateTime;
 use super::{oauth_error, read_form, text, Body, Endpoints};
 use crate::{
     authorize::{self, AuthorizeRequest, Client, Refusal, ResponseMode},
-    discovery::{CALLBACK_PATH, LOGIN_PATH},
+    discovery::{CALLBACK_PATH, CHOOSE_IDP_PATH, LOGIN_PATH},
     issuer::Issuer,
     ldap::LdapError,
     oauth::{Code, OAuthError},
@@ -98,6 +98,12 @@ where
             state: Some(request.state.clone()),
         })
     };
+    let header = |name: &str| parts.headers.get(name).and_then(|value| value.to_str().ok());
+    let (username, password) = (header("pinniped-username"), header("pinniped-password"));
+    // A browser that named no identity provider of several chooses one (Pinniped's chooser).
+    if request.idp_name.is_none() && issuer.idps.len() > 1 && username.is_none() && password.is_none() {
+        return redirect(&format!("{}{CHOOSE_IDP_PATH}?{query}", issuer.issuer));
+    }
     let Some(idp) = issuer.idp(request.idp_name.as_deref(), request.idp_type.as_deref()) else {
         let hint = match &request.idp_name {
             Some(name) => format!("\"pinniped_idp_name\" param error: did not find an identity provider named {name:?}."),
@@ -105,8 +111,6 @@ where
         };
         return back(OAuthError::new(Code::InvalidRequest, &hint));
     };
-    let header = |name: &str| parts.headers.get(name).and_then(|value| value.to_str().ok());
-    let (username, password) = (header("pinniped-username"), header("pinniped-password"));
     if username.is_some() || password.is_some() {
         let (Some(username), Some(password)) = (
             username.filter(|u| !u.is_empty()),
@@ -747,7 +751,8 @@ fn form_post(redirect_uri: &str, params: &[(&str, &str)]) -> Response<Body> {
     response
 }
 
-fn html_escape(text: &str) -> String {
+/// `text` with HTML's special characters escaped, for element text and quoted attributes.
+pub(super) fn html_escape(text: &str) -> String {
     text.chars()
         .map(|c| match c {
             '&' => "&amp;".to_string(),
@@ -839,14 +844,27 @@ mod tests {
     fn the_login_page_is_a_plain_form_that_escapes_what_it_shows() {
         let response = login_form("Corp <LDAP>", "sealed\"><b>", Some(LoginAlert::Incorrect));
         assert_eq!(response.status(), StatusCode::OK);
-        let csp = response.headers()[header::CONTENT_SECURITY_POLICY].to_str().unwrap().to_string();
+        let csp = response.headers()[header::CONTENT_SECURITY_POLICY]
+            .to_str()
+            .unwrap()
+            .to_string();
         assert!(csp.starts_with("default-src 'none'"), "{csp}");
         assert!(!csp.contains("script-src"), "{csp}");
         let page = body_text(response);
-        assert!(page.contains("<title>Log in to Corp &lt;LDAP&gt;</title>"), "{page}");
-        assert!(page.contains(r#"name="state" value="sealed&quot;&gt;&lt;b&gt;""#), "{page}");
-        assert!(page.contains(r#"<p id="alert" role="alert" class="alert">Incorrect username or password.</p>"#));
-        assert!(page.contains(r#"<label for="username">"#) && page.contains(r#"autocomplete="current-password""#));
+        assert!(
+            page.contains("<title>Log in to Corp &lt;LDAP&gt;</title>"),
+            "{page}"
+        );
+        assert!(
+            page.contains(r#"name="state" value="sealed&quot;&gt;&lt;b&gt;""#),
+            "{page}"
+        );
+        assert!(
+            page.contains(r#"<p id="alert" role="alert" class="alert">Incorrect username or password.</p>"#)
+        );
+        assert!(
+            page.contains(r#"<label for="username">"#) && page.contains(r#"autocomplete="current-password""#)
+        );
         assert!(!page.contains("<script"), "{page}");
         // Without an alert there is no alert element.
         assert!(!body_text(login_form("Corp", "s", None)).contains("role=\"alert\""));
