@@ -52,14 +52,24 @@ pub enum ExpressionError {
         reason: String,
     },
     /// The expression names a variable it cannot see.
-    #[error("CEL expression {expression:?} refers to {name:?}, but only {allowed:?} is available here")]
+    #[error("CEL expression {expression:?} refers to {name:?}, but only {allowed} may be used here")]
     UnknownVariable {
         /// The expression as configured.
         expression: String,
         /// The unknown name.
         name: String,
-        /// The one variable it may use.
-        allowed: &'static str,
+        /// The variables it may use, quoted and comma-separated.
+        allowed: String,
+    },
+    /// The expression could cost too much to evaluate: it nests comprehensions (`map`, `all`,
+    /// `exists`, `filter`) deeper than [`MAX_COMPREHENSION_DEPTH`], or is longer than
+    /// [`MAX_EXPRESSION_BYTES`].
+    #[error("CEL expression {expression:?} exceeds the cost budget: {reason}")]
+    TooCostly {
+        /// The expression as configured (cut to its first 200 bytes).
+        expression: String,
+        /// What is over the budget.
+        reason: String,
     },
     /// The expression calls a function that does not exist.
     #[error("CEL expression {expression:?} calls {name}(), which is not a known function")]
@@ -84,6 +94,12 @@ pub enum EvaluationError {
     #[error("the expression must return {0}")]
     WrongType(&'static str),
 }
+
+/// How deeply comprehensions may nest in an expression compiled with a budget: two loops over
+/// inputs of n items cost at most n² steps.
+pub const MAX_COMPREHENSION_DEPTH: usize = 2;
+/// The longest expression compiled with a budget.
+pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
 
 /// A compiled expression. Cheap to clone.
 #[derive(Clone)]
@@ -118,6 +134,26 @@ impl Expression {
     /// Compiles `source` for expressions that see only `variable`. Fails on a syntax error, any
     /// other free variable, or a call of an unknown function.
     pub fn compile(source: &str, variable: Variable) -> Result<Self, ExpressionError> {
+        Self::compile_for(source, &[variable.name()], false)
+    }
+
+    /// Compiles `source` for expressions that see the variables `variables` (bound at
+    /// evaluation by [`Expression::evaluate_with`]). With `budget`, an expression that is longer
+    /// than [`MAX_EXPRESSION_BYTES`] or nests comprehensions deeper than
+    /// [`MAX_COMPREHENSION_DEPTH`] is refused ([`ExpressionError::TooCostly`]), so no accepted
+    /// expression can stall its caller on inputs of bounded size. Fails as
+    /// [`Expression::compile`] does otherwise.
+    pub fn compile_for(source: &str, variables: &[&str], budget: bool) -> Result<Self, ExpressionError> {
+        let too_costly = |reason: String| ExpressionError::TooCostly {
+            expression: source.chars().take(200).collect(),
+            reason,
+        };
+        if budget && source.len() > MAX_EXPRESSION_BYTES {
+            return Err(too_costly(format!(
+                "it is {} bytes long (at most {MAX_EXPRESSION_BYTES})",
+                source.len()
+            )));
+        }
         let env = environment()?;
         let program = env.compile(source).map_err(|errors| ExpressionError::Syntax {
             expression: source.to_string(),
@@ -125,15 +161,25 @@ impl Expression {
         })?;
         let mut names = Names::default();
         names.walk(program.expression(), &mut Vec::new());
+        if budget && names.deepest > MAX_COMPREHENSION_DEPTH {
+            return Err(too_costly(format!(
+                "it nests {} comprehensions (at most {MAX_COMPREHENSION_DEPTH})",
+                names.deepest
+            )));
+        }
         if let Some(name) = names
             .free
             .iter()
-            .find(|name| name.as_str() != variable.name() && !TYPE_NAMES.contains(&name.as_str()))
+            .find(|name| !variables.contains(&name.as_str()) && !TYPE_NAMES.contains(&name.as_str()))
         {
             return Err(ExpressionError::UnknownVariable {
                 expression: source.to_string(),
                 name: name.clone(),
-                allowed: variable.name(),
+                allowed: variables
+                    .iter()
+                    .map(|variable| format!("{variable:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             });
         }
         for (name, member) in &names.calls {
@@ -163,9 +209,16 @@ impl Expression {
 
     /// Evaluates against `value` bound to `variable`.
     pub fn evaluate(&self, variable: Variable, value: &Value) -> Result<Value, ExecutionError> {
+        self.evaluate_with(&[(variable.name(), value.clone())])
+    }
+
+    /// Evaluates with each `(name, value)` of `bindings` bound.
+    pub fn evaluate_with(&self, bindings: &[(&str, Value)]) -> Result<Value, ExecutionError> {
         let env = environment().map_err(|e| ExecutionError::function_error("environment", e))?;
         let mut context = Context::with_env(env.clone());
-        context.add_variable_from_value(variable.name(), value.clone());
+        for (name, value) in bindings {
+            context.add_variable_from_value(*name, value.clone());
+        }
         self.program.execute(&context)
     }
 
@@ -249,6 +302,10 @@ struct Names {
     free: BTreeSet<String>,
     calls: BTreeSet<(String, bool)>,
     claims_selected: BTreeSet<String>,
+    /// The deepest nesting of comprehensions seen.
+    deepest: usize,
+    /// The comprehensions around the node being walked.
+    depth: usize,
 }
 
 impl Names {
@@ -286,8 +343,11 @@ impl Names {
                 bound.push(comprehension.iter_var.clone());
                 bound.extend(comprehension.iter_var2.clone());
                 bound.push(comprehension.accu_var.clone());
+                self.depth += 1;
+                self.deepest = self.deepest.max(self.depth);
                 self.walk(&comprehension.loop_cond, bound);
                 self.walk(&comprehension.loop_step, bound);
+                self.depth -= 1;
                 self.walk(&comprehension.result, bound);
                 bound.truncate(scope);
             }

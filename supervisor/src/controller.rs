@@ -567,6 +567,7 @@ impl Controller {
                         Arc::new(TokenKey::new(&token)),
                         Arc::new(sealer),
                         fd_idps,
+                        federation_domain::transforms(fd),
                     ) {
                         Ok(issuer) => served.push(Arc::new(issuer)),
                         Err(error) => tracing::warn!(federation_domain = %name, %error, "not served"),

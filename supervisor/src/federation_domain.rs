@@ -11,7 +11,7 @@ use std::{
 use selkie_api::supervisor_config::FederationDomain;
 use selkie_kube::conditions::Check;
 
-use crate::{issuer::split_issuer, upstream::Upstream};
+use crate::{issuer::split_issuer, transforms::Transforms, upstream::Upstream};
 
 /// The identity-provider kinds a FederationDomain may name.
 pub const KINDS: [&str; 4] = [
@@ -299,26 +299,23 @@ fn identity_providers(
 /// that has any is refused (fail closed: a policy may be there to keep users out) rather than
 /// served without them.
 fn transforms_checks(fd: &FederationDomain) -> [Check; 2] {
-    let with_expressions: Vec<String> = fd
-        .spec
-        .identity_providers
-        .iter()
-        .enumerate()
-        .filter(|(_, reference)| {
-            !reference.transforms.expressions.is_empty() || !reference.transforms.constants.is_empty()
-        })
-        .map(|(index, _)| format!(".spec.identityProviders[{index}].transforms"))
-        .collect();
-    let with_examples: Vec<String> = fd
-        .spec
-        .identity_providers
-        .iter()
-        .enumerate()
-        .filter(|(_, reference)| !reference.transforms.examples.is_empty())
-        .map(|(index, _)| format!(".spec.identityProviders[{index}].transforms.examples"))
-        .collect();
+    let mut invalid = Vec::new();
+    let mut failed = Vec::new();
+    for (index, reference) in fd.spec.identity_providers.iter().enumerate() {
+        match Transforms::compile(&reference.transforms, index) {
+            Ok(transforms) => failed.extend(transforms.check_examples(&reference.transforms.examples, index)),
+            Err(errors) => {
+                invalid.extend(errors);
+                if !reference.transforms.examples.is_empty() {
+                    failed.push(format!(
+                        "unable to check if the examples specified by .spec.identityProviders[{index}].transforms.examples[] had errors because an expression was invalid"
+                    ));
+                }
+            }
+        }
+    }
     [
-        if with_expressions.is_empty() {
+        if invalid.is_empty() {
             Check::success(
                 "TransformsExpressionsValid",
                 "the expressions specified by .spec.identityProviders[].transforms.expressions[] are valid",
@@ -327,13 +324,10 @@ fn transforms_checks(fd: &FederationDomain) -> [Check; 2] {
             Check::failure(
                 "TransformsExpressionsValid",
                 "InvalidTransformsExpressions",
-                format!(
-                    "identity transforms are not supported by this Supervisor yet, so this FederationDomain is not served: {}",
-                    with_expressions.join(", ")
-                ),
+                invalid.join("\n\n"),
             )
         },
-        if with_examples.is_empty() {
+        if failed.is_empty() {
             Check::success(
                 "TransformsExamplesPassed",
                 "the examples specified by .spec.identityProviders[].transforms.examples[] had no errors",
@@ -342,13 +336,26 @@ fn transforms_checks(fd: &FederationDomain) -> [Check; 2] {
             Check::failure(
                 "TransformsExamplesPassed",
                 "TransformsExamplesFailed",
-                format!(
-                    "identity transforms are not supported by this Supervisor yet, so their examples cannot pass: {}",
-                    with_examples.join(", ")
-                ),
+                failed.join("\n\n"),
             )
         },
     ]
+}
+
+/// The compiled transforms of a FederationDomain's identity providers, by display name (only
+/// those that compile: a FederationDomain with an invalid one is not served, [`check`]).
+pub fn transforms(fd: &FederationDomain) -> HashMap<String, Arc<Transforms>> {
+    fd.spec
+        .identity_providers
+        .iter()
+        .enumerate()
+        .filter_map(|(index, reference)| {
+            Transforms::compile(&reference.transforms, index)
+                .ok()
+                .filter(|transforms| !transforms.is_empty())
+                .map(|transforms| (reference.display_name.clone(), Arc::new(transforms)))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -512,21 +519,45 @@ mod tests {
     }
 
     #[test]
-    fn transforms_are_refused_until_they_are_evaluated() {
-        let with_policy = fd(
-            "p",
-            "https://sso.example.com/p",
-            serde_json::json!([{
-                "displayName": "Corp",
-                "objectRef": {"apiGroup": GROUP, "kind": "OIDCIdentityProvider", "name": "dex"},
-                "transforms": {"expressions": [{"type": "policy/v1", "expression": "username != 'mallory'"}]},
-            }]),
+    fn transforms_are_checked_and_a_failing_example_keeps_the_federation_domain_from_serving() {
+        let with = |examples: serde_json::Value, expression: &str| {
+            fd(
+                "p",
+                "https://sso.example.com/p",
+                serde_json::json!([{
+                    "displayName": "Corp",
+                    "objectRef": {"apiGroup": GROUP, "kind": "OIDCIdentityProvider", "name": "dex"},
+                    "transforms": {
+                        "expressions": [{"type": "policy/v1", "expression": expression}],
+                        "examples": examples,
+                    },
+                }]),
+            )
+        };
+        let ns = namespace(&[("OIDCIdentityProvider", "dex")]);
+        let passing = with(
+            serde_json::json!([{"username": "mallory", "expects": {"rejected": true}}]),
+            "username != 'mallory'",
         );
-        let (checks, upstreams) = check(
-            &with_policy,
-            std::slice::from_ref(&with_policy),
-            &namespace(&[("OIDCIdentityProvider", "dex")]),
+        let (checks, upstreams) = check(&passing, std::slice::from_ref(&passing), &ns);
+        assert_eq!(reason(&checks, "TransformsExpressionsValid"), "Success");
+        assert_eq!(reason(&checks, "TransformsExamplesPassed"), "Success");
+        assert!(upstreams.is_some());
+        assert!(transforms(&passing).contains_key("Corp"));
+
+        let failing = with(
+            serde_json::json!([{"username": "pinny", "expects": {"rejected": true}}]),
+            "username != 'mallory'",
         );
+        let (checks, upstreams) = check(&failing, std::slice::from_ref(&failing), &ns);
+        assert_eq!(
+            reason(&checks, "TransformsExamplesPassed"),
+            "TransformsExamplesFailed"
+        );
+        assert!(upstreams.is_none(), "a failing example keeps it from serving");
+
+        let invalid = with(serde_json::json!([]), "username !=");
+        let (checks, upstreams) = check(&invalid, std::slice::from_ref(&invalid), &ns);
         assert_eq!(
             reason(&checks, "TransformsExpressionsValid"),
             "InvalidTransformsExpressions"

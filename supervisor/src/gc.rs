@@ -205,6 +205,8 @@ mod tests {
                 refresh_token: refresh.map(str::to_string),
                 access_token: access.map(str::to_string),
                 ldap: None,
+                username: None,
+                groups: None,
             },
             access_token_signature: None,
         }

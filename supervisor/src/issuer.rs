@@ -9,7 +9,13 @@ use bytes::Bytes;
 use selkie_api::supervisor_oidc::PinnipedIDP;
 use selkie_oidc::jose::sign::SigningKey;
 
-use crate::{discovery, sealed::Sealer, tokens::TokenKey, upstream::Upstream};
+use crate::{
+    discovery,
+    sealed::Sealer,
+    tokens::TokenKey,
+    transforms::{Outcome, Transforms},
+    upstream::Upstream,
+};
 
 /// A FederationDomain ready to serve.
 #[derive(Debug)]
@@ -32,6 +38,8 @@ pub struct Issuer {
     pub sealer: Arc<Sealer>,
     /// Its identity providers, in the FederationDomain's order.
     pub idps: Vec<Arc<Upstream>>,
+    /// The identity transforms of those that have any, by display name.
+    pub transforms: HashMap<String, Arc<Transforms>>,
     /// The discovery document, rendered once.
     pub discovery: Bytes,
     /// The identity-provider discovery document, rendered once.
@@ -65,6 +73,10 @@ pub fn split_issuer(issuer: &str) -> Result<(String, String), IssuerError> {
 
 impl Issuer {
     /// Builds an issuer, rendering its discovery documents.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one argument per part of a served FederationDomain, each from the reconciler"
+    )]
     pub fn new(
         name: String,
         issuer: String,
@@ -73,6 +85,7 @@ impl Issuer {
         token_key: Arc<TokenKey>,
         sealer: Arc<Sealer>,
         idps: Vec<Arc<Upstream>>,
+        transforms: HashMap<String, Arc<Transforms>>,
     ) -> Result<Self, IssuerError> {
         let (host, path) = split_issuer(&issuer)?;
         let issuer = issuer.trim_end_matches('/').to_string();
@@ -98,7 +111,25 @@ impl Issuer {
             token_key,
             sealer,
             idps,
+            transforms,
         })
+    }
+
+    /// What the identity transforms of the identity provider `idp_name` make of `username` and
+    /// `groups` (unchanged, sorted, when it has none). The error names the failing expression.
+    pub fn transform(&self, idp_name: &str, username: &str, groups: &[String]) -> Result<Outcome, String> {
+        match self.transforms.get(idp_name) {
+            Some(transforms) => transforms.apply(username, groups),
+            None => {
+                let mut groups = groups.to_vec();
+                groups.sort();
+                groups.dedup();
+                Ok(Outcome::Allowed {
+                    username: username.to_string(),
+                    groups,
+                })
+            }
+        }
     }
 
     /// The identity provider a login asks for by name (and type, when given), or the only one when
@@ -172,6 +203,7 @@ mod tests {
                 Arc::new(TokenKey::new(&[1; 32])),
                 Arc::new(Sealer::new(&[2; 32], url).unwrap()),
                 Vec::new(),
+                Default::default(),
             )
             .unwrap(),
         )

@@ -44,4 +44,5 @@ pub mod storage;
 pub mod store;
 pub mod subject;
 pub mod tokens;
+pub mod transforms;
 pub mod upstream;

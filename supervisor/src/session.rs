@@ -57,6 +57,13 @@ pub struct Upstream {
     /// LDAP and Active Directory: what a refresh checks the user against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ldap: Option<LdapSession>,
+    /// The upstream username, before the FederationDomain's identity transforms (absent in
+    /// sessions stored before them: the downstream username then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// The upstream groups at the login or the last refresh, before the transforms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<String>>,
 }
 
 /// What an LDAP or Active Directory login keeps for its refreshes (`issuer` is the directory's
@@ -67,9 +74,6 @@ pub struct LdapSession {
     pub dn: String,
     /// The upstream username at login.
     pub username: String,
-    /// The upstream groups at login (kept by refreshes when `skipGroupRefresh`).
-    #[serde(default)]
-    pub groups: Vec<String>,
     /// Attributes a refresh compares (Active Directory: `pwdLastSet`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub refresh_attributes: BTreeMap<String, String>,

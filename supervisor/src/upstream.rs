@@ -133,6 +133,8 @@ impl OidcUpstream {
                 refresh_token,
                 access_token,
                 ldap: None,
+                username: None,
+                groups: None,
             },
         ))
     }
@@ -251,41 +253,39 @@ impl LdapUpstream {
                 subject: found.uid,
                 refresh_token: None,
                 access_token: None,
+                username: Some(found.username.clone()),
+                groups: Some(found.groups),
                 ldap: Some(LdapSession {
                     dn: found.dn,
                     username: found.username,
-                    groups: found.groups,
                     refresh_attributes: found.refresh_attributes,
                 }),
             },
         ))
     }
 
-    /// Checks the user of `session` again at the directory ([`Directory::refresh`]) and sets
-    /// their groups to what it says now. The session must be of this directory (same URL); the
-    /// error is the reason of the refused refresh.
-    pub async fn refresh(&self, identity: &mut Identity, upstream: &session::Upstream) -> Result<(), String> {
+    /// Checks the user of a session (what it keeps of the login, `upstream`) again at the
+    /// directory ([`Directory::refresh`]) and returns their groups there now. The session must
+    /// be of this directory (same URL); the error is the reason of the refused refresh.
+    pub async fn refresh(&self, upstream: &session::Upstream) -> Result<Vec<String>, String> {
         let Some(stored) = upstream.ldap.as_ref() else {
             return Err("The session holds no LDAP entry; log in again.".into());
         };
         if upstream.issuer != self.directory.url() {
             return Err("The identity provider's host or user search base changed.".into());
         }
-        let groups = self
-            .directory
+        self.directory
             .refresh(&StoredLogin {
                 dn: &stored.dn,
                 username: &stored.username,
                 uid: &upstream.subject,
-                groups: &stored.groups,
+                groups: upstream.groups.as_deref().unwrap_or_default(),
                 refresh_attributes: &stored.refresh_attributes,
             })
             .await
             .map_err(|error| match error {
                 LdapError::Changed(what) => what,
                 other => format!("The directory could not be asked: {other}"),
-            })?;
-        identity.groups = groups;
-        Ok(())
+            })
     }
 }

@@ -41,6 +41,7 @@ mod supervisor_revocation;
 mod supervisor_rp;
 mod supervisor_sessions;
 mod supervisor_sni;
+mod supervisor_transforms;
 mod token_review;
 mod x509_identity;
 

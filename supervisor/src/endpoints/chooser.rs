@@ -117,6 +117,7 @@ mod tests {
             Arc::new(TokenKey::new(&[1; 32])),
             Arc::new(Sealer::new(&[2; 32], url).unwrap()),
             idps,
+            Default::default(),
         )
         .unwrap()
     }

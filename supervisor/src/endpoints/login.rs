@@ -32,6 +32,7 @@ use crate::{
     session::{self, Identity, Session},
     storage::Resource,
     tokens::Kind,
+    transforms::Outcome,
     upstream::{LdapUpstream, OidcUpstream, Upstream},
 };
 
@@ -590,6 +591,38 @@ pub fn granted_scopes(request: &AuthorizeRequest) -> Vec<String> {
     scopes
 }
 
+/// The FederationDomain's identity transforms for the login's identity provider run on the
+/// upstream's identity: the downstream identity, the session keeping the upstream username and
+/// groups for refreshes. A policy's refusal (with its message) or a failing expression is an
+/// `access_denied`.
+fn transformed(
+    issuer: &Issuer,
+    mut identity: Identity,
+    mut upstream: session::Upstream,
+) -> Result<(Identity, session::Upstream), OAuthError> {
+    match issuer.transform(&upstream.idp_name, &identity.username, &identity.groups) {
+        Ok(Outcome::Allowed { username, groups }) => {
+            upstream.username = Some(std::mem::replace(&mut identity.username, username));
+            upstream.groups = Some(std::mem::replace(&mut identity.groups, groups));
+            Ok((identity, upstream))
+        }
+        Ok(Outcome::Rejected(message)) => {
+            tracing::info!(issuer = %issuer.issuer, idp = %upstream.idp_name, "a configured identity policy refused a login");
+            Err(OAuthError::new(
+                Code::AccessDenied,
+                &format!("Reason: configured identity policy rejected this authentication: {message}."),
+            ))
+        }
+        Err(error) => {
+            tracing::warn!(issuer = %issuer.issuer, idp = %upstream.idp_name, %error, "the identity transforms failed at a login");
+            Err(OAuthError::new(
+                Code::AccessDenied,
+                "Reason: the identity transformations failed; the Supervisor's log says why.",
+            ))
+        }
+    }
+}
+
 /// Stores the login under a fresh authorization code and sends the code to the client.
 async fn issue_code(
     endpoints: &Endpoints,
@@ -605,6 +638,10 @@ async fn issue_code(
             response_mode: request.response_mode,
             state: Some(request.state.clone()),
         })
+    };
+    let (identity, upstream) = match transformed(issuer, identity, upstream) {
+        Ok(transformed) => transformed,
+        Err(error) => return back(error),
     };
     let now = OffsetDateTime::now_utc();
     let (Ok(code), Some(request_id)) = (

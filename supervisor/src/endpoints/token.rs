@@ -20,6 +20,7 @@ use crate::{
     storage::Resource,
     store::StoreError,
     tokens::Kind,
+    transforms::Outcome,
     upstream::Upstream,
 };
 
@@ -303,27 +304,73 @@ async fn refresh(
     issue_tokens(endpoints, issuer, session, false, now).await
 }
 
-/// Checks the user again at the upstream. LDAP and Active Directory: [`crate::upstream::LdapUpstream::refresh`].
-/// OIDC: the upstream refresh grant when the session holds an upstream refresh token, else the
-/// upstream's userinfo endpoint with the upstream access token it holds. Either way the upstream subject must be the same and the username unchanged (an
-/// answer without the username claim leaves the identity as it was); the groups become what the
-/// upstream says now.
+/// Checks the user again at the upstream (see [`upstream_identity`]), then runs the
+/// FederationDomain's identity transforms on what it says now: a policy may refuse the refresh,
+/// the downstream username must not change, the downstream groups become what the transforms make
+/// of the upstream's groups now.
 async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result<(), OAuthError> {
+    let denied =
+        |hint: &str| OAuthError::new(Code::InvalidGrant, &format!("Upstream refresh failed. {hint}"));
+    let Some((username, groups)) = upstream_identity(issuer, session).await? else {
+        return Ok(());
+    };
+    let idp_name = session.upstream.idp_name.clone();
+    match issuer.transform(&idp_name, &username, &groups) {
+        Ok(Outcome::Allowed {
+            username: downstream,
+            groups: downstream_groups,
+        }) => {
+            if downstream != session.identity.username {
+                return Err(denied("The username changed."));
+            }
+            session.identity.groups = downstream_groups;
+        }
+        Ok(Outcome::Rejected(message)) => {
+            tracing::info!(issuer = %issuer.issuer, idp = %idp_name, "a configured identity policy refused the refresh");
+            return Err(denied(&format!(
+                "Configured identity policy rejected this authentication: {message}."
+            )));
+        }
+        Err(error) => {
+            tracing::warn!(issuer = %issuer.issuer, idp = %idp_name, %error, "the identity transforms failed at a refresh");
+            return Err(denied("The identity transformations failed."));
+        }
+    }
+    session.upstream.username = Some(username);
+    session.upstream.groups = Some(groups);
+    Ok(())
+}
+
+/// Checks the user again at the upstream and returns their upstream username and groups now, or
+/// `None` when the upstream said nothing new (a userinfo answer without the username claim).
+/// LDAP and Active Directory: [`crate::upstream::LdapUpstream::refresh`]. OIDC: the upstream
+/// refresh grant when the session holds an upstream refresh token, else the upstream's userinfo
+/// endpoint with the upstream access token it holds; the upstream subject must be the same and
+/// the upstream username unchanged; the additional claims become what the upstream says now.
+async fn upstream_identity(
+    issuer: &Arc<Issuer>,
+    session: &mut Session,
+) -> Result<Option<(String, Vec<String>)>, OAuthError> {
     let denied =
         |hint: &str| OAuthError::new(Code::InvalidGrant, &format!("Upstream refresh failed. {hint}"));
     let Some(idp) = issuer.idp(Some(&session.upstream.idp_name), Some(&session.upstream.idp_type)) else {
         return Err(denied("The identity provider of this session no longer exists."));
     };
+    // The upstream username of the login (sessions stored before transforms existed kept only
+    // the downstream one, which was the same).
+    let upstream_username = session
+        .upstream
+        .username
+        .clone()
+        .unwrap_or_else(|| session.identity.username.clone());
     let oidc = match idp.as_ref() {
         Upstream::Oidc(oidc) => oidc,
         Upstream::Ldap(ldap) => {
-            return ldap
-                .refresh(&mut session.identity, &session.upstream)
-                .await
-                .map_err(|reason| {
-                    tracing::info!(issuer = %issuer.issuer, idp = %ldap.display_name, %reason, "upstream refresh refused");
-                    denied(&reason)
-                });
+            let groups = ldap.refresh(&session.upstream).await.map_err(|reason| {
+                tracing::info!(issuer = %issuer.issuer, idp = %ldap.display_name, %reason, "upstream refresh refused");
+                denied(&reason)
+            })?;
+            return Ok(Some((upstream_username, groups)));
         }
     };
     if oidc.provider.discovery.issuer != session.upstream.issuer {
@@ -350,7 +397,7 @@ async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result
         (None, None) => return Err(denied("The session holds no upstream token; log in again.")),
     };
     let Some(claims) = claims else {
-        return Ok(());
+        return Ok(None);
     };
     if claims.get("sub").and_then(|sub| sub.as_str()) != Some(session.upstream.subject.as_str()) {
         return Err(denied("The upstream subject changed."));
@@ -361,16 +408,15 @@ async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result
         .is_none_or(|claim| claims.contains_key(claim));
     if !has_username {
         // A userinfo answer need not repeat every claim; what it leaves out stays as it was.
-        return Ok(());
+        return Ok(None);
     }
     let (identity, _) = oidc.identity(&claims).map_err(|reason| denied(&reason))?;
-    if identity.username != session.identity.username {
+    if identity.username != upstream_username {
         return Err(denied("The username changed."));
     }
-    // An absent groups claim is no groups (Dex leaves an empty one out): fail closed.
-    session.identity.groups = identity.groups;
     session.identity.additional_claims = identity.additional_claims;
-    Ok(())
+    // An absent groups claim is no groups (Dex leaves an empty one out): fail closed.
+    Ok(Some((identity.username, identity.groups)))
 }
 
 /// RFC 8693 token exchange: a Supervisor access token for an ID token of another audience.
