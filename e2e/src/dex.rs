@@ -1,5 +1,7 @@
 //! Dex, the real OIDC provider of the JWT tests: TLS on loopback, in-memory storage (so every
-//! start has fresh signing keys), static users with groups, and the password grant.
+//! start has fresh signing keys), static users with groups, and the password grant. Or, started
+//! with [`Dex::start_ldap`], Dex whose users are those of a [`Slapd`], through Dex's own LDAP
+//! connector (the password grant logs them in there).
 
 use std::{
     ffi::OsString,
@@ -18,7 +20,13 @@ use hyper_util::{
 };
 use serde::Deserialize;
 
-use crate::{components::Components, pki::CertificateAuthority, process::ManagedProcess, HarnessError};
+use crate::{
+    components::Components,
+    ldap::{Slapd, BIND_DN, BIND_PASSWORD, GROUPS_BASE, USERS_BASE},
+    pki::CertificateAuthority,
+    process::ManagedProcess,
+    HarnessError,
+};
 
 /// The OAuth client the tests use for the password grant.
 pub const CLIENT_ID: &str = "selkie-e2e";
@@ -93,6 +101,50 @@ impl Dex {
         users: &[DexUser],
         redirect_uris: &[String],
     ) -> Result<Dex, HarnessError> {
+        let logins = serde_json::json!({
+            "enablePasswordDB": true,
+            "staticPasswords": static_passwords(users)?,
+        });
+        Self::start_configured(redirect_uris, "local", logins).await
+    }
+
+    /// Dex whose only users are `slapd`'s, through its LDAP connector `ldap` (the password
+    /// grant's connector): over `ldaps://`, trusting slapd's CA, bound as [`BIND_DN`]; users by
+    /// `uid` under [`USERS_BASE`] (id `uidNumber`, email `mail`, name `cn`), groups by `member` DN
+    /// under [`GROUPS_BASE`] named by `cn`. No password database.
+    pub async fn start_ldap(slapd: &Slapd) -> Result<Dex, HarnessError> {
+        use base64::{engine::general_purpose::STANDARD, Engine as _};
+        let logins = serde_json::json!({
+            "connectors": [{
+                "type": "ldap", "id": "ldap", "name": "OpenLDAP",
+                "config": {
+                    "host": slapd.ldaps_host(),
+                    // A []byte in Dex's Go config: base64 in JSON.
+                    "rootCAData": STANDARD.encode(slapd.ca_pem()),
+                    "bindDN": BIND_DN, "bindPW": BIND_PASSWORD,
+                    "usernamePrompt": "Username",
+                    "userSearch": {
+                        "baseDN": USERS_BASE, "filter": "(objectClass=posixAccount)",
+                        "username": "uid", "idAttr": "uidNumber", "emailAttr": "mail", "nameAttr": "cn",
+                    },
+                    "groupSearch": {
+                        "baseDN": GROUPS_BASE, "filter": "(objectClass=groupOfNames)",
+                        "userMatchers": [{"userAttr": "DN", "groupAttr": "member"}], "nameAttr": "cn",
+                    },
+                },
+            }],
+        });
+        Self::start_configured(&[], "ldap", logins).await
+    }
+
+    /// Starts Dex with `logins` (the configuration's keys for where users come from) added to
+    /// the configuration every start shares, `password_connector` the connector of the password
+    /// grant, and `redirect_uris` registered for [`CLIENT_ID`] besides the usual one.
+    async fn start_configured(
+        redirect_uris: &[String],
+        password_connector: &str,
+        logins: serde_json::Value,
+    ) -> Result<Dex, HarnessError> {
         crate::install_crypto_provider();
         let components = Components::get()?;
         let dir = tempfile::Builder::new()
@@ -113,15 +165,12 @@ impl Dex {
         };
         write(&cert, &serving.cert_pem)?;
         write(&key, &serving.key_pem)?;
-        let passwords = static_passwords(users)?;
         // JSON is YAML: Dex reads it as its config file.
-        let config_doc = serde_json::json!({
+        let mut config_doc = serde_json::json!({
             "issuer": issuer,
             "storage": {"type": "memory"},
             "web": {"https": format!("127.0.0.1:{port}"), "tlsCert": cert, "tlsKey": key},
-            "oauth2": {"skipApprovalScreen": true, "passwordConnector": "local"},
-            "enablePasswordDB": true,
-            "staticPasswords": passwords,
+            "oauth2": {"skipApprovalScreen": true, "passwordConnector": password_connector},
             "staticClients": [{
                 "id": CLIENT_ID, "secret": CLIENT_SECRET, "name": "Selkie e2e",
                 "redirectURIs": std::iter::once("http://127.0.0.1/callback".to_string())
@@ -132,6 +181,9 @@ impl Dex {
             }],
             "logger": {"level": "info"},
         });
+        for (key, value) in logins.as_object().into_iter().flatten() {
+            config_doc[key] = value.clone();
+        }
         let config = dir.path().join("config.yaml");
         write(&config, &config_doc.to_string())?;
         let client = https_client(&ca)?;

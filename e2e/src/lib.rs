@@ -13,7 +13,8 @@
 //!   every process on drop and on panic; components die with the test process even when it is
 //!   killed, because each is spawned with a parent-death signal.
 //! * [`kubectl`] runs the real kubectl against a cluster.
-//! * [`dex`] runs Dex, the real OIDC provider, with static users and the password grant.
+//! * [`dex`] runs Dex, the real OIDC provider, with static users and the password grant, or with
+//!   its LDAP connector on a [`ldap::Slapd`].
 //! * [`echo_api`] serves a small aggregated API on loopback, registered through an APIService,
 //!   that echoes over WebSocket and SPDY/3.1 upgrades and records who kube-apiserver said called.
 //! * [`proxy`] runs Selkie's impersonation proxy (`selkie-concierge`) in front of a cluster.
@@ -25,10 +26,14 @@
 //!   its service account's permissions.
 //! * [`watch`] observes that an object is *not* written (a watch that fails at the first write),
 //!   instead of sleeping and then looking.
+//! * [`bench`](mod@bench) is what the benchmark binaries share: CPU time from `/proc`, the wait
+//!   for a quiet machine, re-measuring disturbed phases, concurrent clients, kube-apiserver's
+//!   request counts.
 //!
 //! Every wait has a timeout, and every failure is one [`HarnessError`] that names the component,
 //! the command and the tail of its log.
 
+pub mod bench;
 pub mod browser;
 pub mod cluster;
 pub mod components;

@@ -26,7 +26,6 @@
 
 use std::{
     collections::BTreeMap,
-    future::Future,
     path::PathBuf,
     sync::{
         atomic::{AtomicUsize, Ordering},
@@ -39,6 +38,10 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 use futures::future::try_join_all;
 use selkie_e2e::{
+    bench::{
+        apiserver_requests, delta, dex_build, parallel, quietly, samples, tail, wait_for_quiet, write_report,
+        Quiet, QuietArgs, Requests,
+    },
     dex::{Dex, DexUser},
     pinniped_cli::{self, jwt_claims},
     supervisor::Supervisor,
@@ -73,20 +76,9 @@ struct Args {
     /// Seconds of the idle window that measures background apiserver traffic.
     #[arg(long, default_value_t = 10)]
     idle_seconds: u64,
-    /// Longest wait, in seconds, for a quiet machine before the measured phases.
-    #[arg(long, default_value_t = 300)]
-    quiet_wait: u64,
-    /// "Quiet": the machine's CPU busy share over 5 s (0–1, all cores) below this, the bench's
-    /// own idle cluster, Dex and Supervisor included.
-    #[arg(long, default_value_t = 0.15)]
-    quiet_busy: f64,
-    /// A phase during which other processes took more than this share (0–1) of the machine is
-    /// measured again.
-    #[arg(long, default_value_t = 0.10)]
-    interference: f64,
-    /// Attempts per phase at most (the one with the least interference is reported).
-    #[arg(long, default_value_t = 3)]
-    attempts: usize,
+    /// The wait for a quiet machine and the re-measure of disturbed phases.
+    #[command(flatten)]
+    quiet: QuietArgs,
     /// The markdown report to write (the JSON goes beside it, `.json`).
     #[arg(long, default_value = "perf/results/supervisor.md")]
     out: PathBuf,
@@ -144,19 +136,9 @@ async fn main() -> Result<()> {
             return Err(error.context(format!("the Supervisor's log ends:\n{log}")));
         }
     };
-    let json_path = args.out.with_extension("json");
-    std::fs::write(&json_path, serde_json::to_string_pretty(&results.json())? + "\n")
-        .with_context(|| format!("writing {}", json_path.display()))?;
-    let report = results.markdown(&json_path);
-    std::fs::write(&args.out, &report).with_context(|| format!("writing {}", args.out.display()))?;
-    print!("{report}");
-    Ok(())
-}
-
-/// The last `lines` lines of `text`.
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    write_report(&args.out, &results.json(), |json_path| {
+        results.markdown(json_path)
+    })
 }
 
 /// The email (login name) of the bench's Dex user number `user`.
@@ -179,12 +161,12 @@ async fn measure<'a>(
     let [etcd_pid, apiserver_pid] = cluster.pids()[..] else {
         bail!("the cluster has not exactly etcd and kube-apiserver");
     };
-    let pids = Pids {
-        supervisor: supervisor_pid,
-        dex: dex_pid,
-        apiserver: apiserver_pid,
-        etcd: etcd_pid,
-    };
+    let pids = [
+        (Process::Supervisor, supervisor_pid),
+        (Process::Dex, dex_pid),
+        (Process::Apiserver, apiserver_pid),
+        (Process::Etcd, etcd_pid),
+    ];
     let bench = Bench {
         http: supervisor.client()?,
         issuer: supervisor.issuer().to_string(),
@@ -205,7 +187,7 @@ async fn measure<'a>(
     // A quiet machine first; then the warm-up (not measured), every client at once: the connection
     // pools to kube-apiserver and Dex grow to what the phases need (and are not left idle long
     // enough to expire), and lazy state is built.
-    let quiet = wait_for_quiet(args).await?;
+    let quiet = wait_for_quiet(&args.quiet).await?;
     let users = 0..args.concurrency;
     let warm = try_join_all(users.clone().map(|user| {
         let bench = &bench;
@@ -239,18 +221,18 @@ async fn measure<'a>(
     let idle = meter.phase("idle", 0, before, &[]).await?;
 
     // The phases; one with other work on the machine is measured again (see `quietly`).
-    let logins = quietly(args, || login_phase(&bench, &meter, args)).await?;
+    let logins = quietly(&args.quiet, || login_phase(&bench, &meter, args)).await?;
     // Token exchanges, pooled, then a new connection each.
-    let exchanges = quietly(args, || {
+    let exchanges = quietly(&args.quiet, || {
         exchange_phase(&bench, &meter, args, args.exchanges, false)
     })
     .await?;
-    let fresh = quietly(args, || {
+    let fresh = quietly(&args.quiet, || {
         exchange_phase(&bench, &meter, args, args.fresh_connection_exchanges, true)
     })
     .await?;
-    let refreshes = quietly(args, || refresh_phase(&bench, &meter, args)).await?;
-    let dex_refreshes = quietly(args, || dex_refresh_phase(dex, &meter, args)).await?;
+    let refreshes = quietly(&args.quiet, || refresh_phase(&bench, &meter, args)).await?;
+    let dex_refreshes = quietly(&args.quiet, || dex_refresh_phase(dex, &meter, args)).await?;
 
     // 5. Idle again.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -273,52 +255,8 @@ async fn measure<'a>(
     })
 }
 
-/// How quiet the machine was before the warm-up and the measured phases.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-struct Quiet {
-    /// Seconds waited for it.
-    waited_seconds: f64,
-    /// The machine's CPU busy share (0–1) over the last 5 s checked.
-    busy: f64,
-    /// Whether `busy` got below `--quiet-busy` within `--quiet-wait`.
-    quiet: bool,
-}
-
-/// Waits (at most `--quiet-wait`) until the machine's CPU busy share over 5 s is below
-/// `--quiet-busy`; measuring goes ahead either way, and the report says how it was.
-async fn wait_for_quiet(args: &Args) -> Result<Quiet> {
-    let started = Instant::now();
-    loop {
-        let busy = tokio::task::spawn_blocking(|| procstat::machine_busy(Duration::from_secs(5))).await?;
-        let quiet = busy < args.quiet_busy;
-        if quiet || started.elapsed() >= Duration::from_secs(args.quiet_wait) {
-            if !quiet {
-                eprintln!("machine not quiet (busy {:.0} %); measuring anyway", busy * 100.0);
-            }
-            return Ok(Quiet {
-                waited_seconds: started.elapsed().as_secs_f64(),
-                busy,
-                quiet,
-            });
-        }
-        eprintln!("waiting for a quiet machine: busy {:.0} %", busy * 100.0);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
-}
-
 /// The name of the phase of Dex's own refresh grants.
 const DEX_REFRESHES: &str = "Dex's own refreshes";
-
-/// The name of Dex's build directory in the component cache (`dex-<module version>`).
-fn dex_build() -> Result<String> {
-    let binary = &selkie_e2e::components::Components::get()?.dex;
-    Ok(binary
-        .parent()
-        .and_then(std::path::Path::parent)
-        .and_then(std::path::Path::file_name)
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_else(|| binary.display().to_string()))
-}
 
 /// One logged-in session: its user and tokens (never printed).
 #[derive(Clone)]
@@ -416,39 +354,6 @@ fn check_id_token(answer: &Value, email: &str, audience: &str) -> Result<()> {
         claims["aud"]
     );
     Ok(())
-}
-
-/// Runs a phase with `run`, and again (after waiting for a quiet machine) while other processes
-/// took more than `--interference` of the machine during it, at most `--attempts` times in all.
-/// Returns the attempt with the least interference, numbered.
-async fn quietly<F, Fut>(args: &Args, mut run: F) -> Result<Phase>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Phase>>,
-{
-    let mut best: Option<Phase> = None;
-    for attempt in 1..=args.attempts.max(1) {
-        if attempt > 1 {
-            wait_for_quiet(args).await?;
-        }
-        let phase = Phase {
-            attempt,
-            ..run().await?
-        };
-        let share = phase.others_share();
-        let name = phase.name;
-        if best.as_ref().is_none_or(|best| share < best.others_share()) {
-            best = Some(phase);
-        }
-        if share <= args.interference {
-            break;
-        }
-        eprintln!(
-            "{name}: other processes took {:.0} % of the machine (attempt {attempt})",
-            share * 100.0
-        );
-    }
-    best.context("no attempt ran")
 }
 
 /// Full logins, of every user in turn.
@@ -600,36 +505,6 @@ async fn dex_refresh(dex: &Dex, (email, refresh): (String, String)) -> Result<(S
     Ok((email, next))
 }
 
-/// Runs `total` operations on one task per state of `states`: each task turns its state into
-/// the next with `op` as long as operations remain (a shared count, so the tasks share the work
-/// whatever their speed); the first failure ends the run with its error (the other tasks are
-/// aborted). Returns the tasks' final states.
-async fn parallel<S, F, Fut>(total: usize, states: Vec<S>, op: F) -> Result<Vec<S>>
-where
-    S: Send + 'static,
-    F: Fn(S) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<S>> + Send + 'static,
-{
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    let count = states.len();
-    for state in states {
-        let (op, next) = (op.clone(), next.clone());
-        tasks.spawn(async move {
-            let mut state = state;
-            while next.fetch_add(1, Ordering::Relaxed) < total {
-                state = op(state).await?;
-            }
-            anyhow::Ok(state)
-        });
-    }
-    let mut finished = Vec::with_capacity(count);
-    while let Some(result) = tasks.join_next().await {
-        finished.push(result.context("a client task ended abnormally")??);
-    }
-    Ok(finished)
-}
-
 /// Whether the JWT `claims` name `audience` in `aud` (a string or an array of them).
 fn has_audience(claims: &Value, audience: &str) -> bool {
     match &claims["aud"] {
@@ -738,61 +613,19 @@ fn url_port(url: &str) -> Result<u16> {
 }
 
 /// The processes whose CPU time is measured.
-#[derive(Debug, Clone, Copy)]
-struct Pids {
-    supervisor: u32,
-    dex: u32,
-    apiserver: u32,
-    etcd: u32,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Process {
+    Supervisor,
+    Dex,
+    Apiserver,
+    Etcd,
 }
 
-/// CPU time (utime + stime) of the measured processes.
-#[derive(Debug, Clone, Copy, Default)]
-struct Cpu {
-    supervisor: Duration,
-    dex: Duration,
-    apiserver: Duration,
-    etcd: Duration,
-    /// This process (the clients).
-    bench: Duration,
-    /// Every CPU of the machine busy (`/proc/stat`), whoever ran.
-    machine: Duration,
-}
+/// CPU time (utime + stime) of the measured processes, the bench's clients and the machine.
+type Cpu = selkie_e2e::bench::Cpu<Process>;
 
-impl Cpu {
-    fn of(pids: Pids) -> Result<Self> {
-        let (busy_jiffies, _) = procstat::machine_jiffies();
-        Ok(Self {
-            supervisor: procstat::cpu_time(pids.supervisor)?,
-            dex: procstat::cpu_time(pids.dex)?,
-            apiserver: procstat::cpu_time(pids.apiserver)?,
-            etcd: procstat::cpu_time(pids.etcd)?,
-            bench: procstat::cpu_time(std::process::id())?,
-            machine: Duration::from_secs_f64(busy_jiffies as f64 / procstat::clock_ticks_per_second() as f64),
-        })
-    }
-
-    fn since(self, before: Self) -> Self {
-        Self {
-            supervisor: self.supervisor.saturating_sub(before.supervisor),
-            dex: self.dex.saturating_sub(before.dex),
-            apiserver: self.apiserver.saturating_sub(before.apiserver),
-            etcd: self.etcd.saturating_sub(before.etcd),
-            bench: self.bench.saturating_sub(before.bench),
-            machine: self.machine.saturating_sub(before.machine),
-        }
-    }
-
-    /// CPU that none of the bench's processes used: other work on the machine.
-    fn others(self) -> Duration {
-        self.machine
-            .saturating_sub(self.supervisor + self.dex + self.apiserver + self.etcd + self.bench)
-    }
-}
-
-/// kube-apiserver's request counter: (resource[/subresource], verb, code) → count. Requests for
-/// no resource (`/metrics`, discovery) have the resource `-`.
-type Requests = BTreeMap<(String, String, String), f64>;
+/// The measured processes and their pids.
+type Pids = [(Process, u32); 4];
 
 /// The counters at the start of a phase.
 struct Sample {
@@ -815,12 +648,12 @@ impl Meter<'_> {
     /// Scrapes kube-apiserver's and the Supervisor's metrics, then reads the CPU times and the
     /// clock (so the scrapes fall outside the phase's CPU window).
     async fn sample(&self) -> Result<Sample> {
-        let requests = self.apiserver_requests().await?;
+        let requests = apiserver_requests(&self.kube).await?;
         let grants = grants(&self.supervisor.metrics().await?)?;
         Ok(Sample {
-            handles: handles(self.pids.supervisor, self.ports)?,
+            handles: handles(self.supervisor.pid(), self.ports)?,
             at: Instant::now(),
-            cpu: Cpu::of(self.pids)?,
+            cpu: Cpu::of(&self.pids)?,
             requests,
             grants,
         })
@@ -836,9 +669,9 @@ impl Meter<'_> {
         expected: &[(&str, usize)],
     ) -> Result<Phase> {
         let wall = before.at.elapsed();
-        let cpu = Cpu::of(self.pids)?.since(before.cpu);
-        let handles = (before.handles, handles(self.pids.supervisor, self.ports)?);
-        let requests = delta(&self.apiserver_requests().await?, &before.requests);
+        let cpu = Cpu::of(&self.pids)?.since(&before.cpu);
+        let handles = (before.handles, handles(self.supervisor.pid(), self.ports)?);
+        let requests = delta(&apiserver_requests(&self.kube).await?, &before.requests);
         let grants = delta(&grants(&self.supervisor.metrics().await?)?, &before.grants);
         let mut counted: Vec<(String, String, usize)> = grants
             .iter()
@@ -860,31 +693,9 @@ impl Meter<'_> {
             operations,
             wall,
             cpu,
-            handles,
             requests,
+            extra: handles,
         })
-    }
-
-    /// kube-apiserver's `apiserver_request_total`, read with the admin's credentials.
-    async fn apiserver_requests(&self) -> Result<Requests> {
-        let text = self
-            .kube
-            .request_text(http::Request::get("/metrics").body(Vec::new())?)
-            .await
-            .context("reading kube-apiserver's /metrics")?;
-        let mut requests = Requests::new();
-        for (labels, value) in samples(&text, "apiserver_request_total")? {
-            let label = |name: &str| labels.get(name).cloned().unwrap_or_default();
-            let resource = match (label("resource"), label("subresource")) {
-                (resource, _) if resource.is_empty() => "-".to_string(),
-                (resource, subresource) if subresource.is_empty() => resource,
-                (resource, subresource) => format!("{resource}/{subresource}"),
-            };
-            *requests
-                .entry((resource, label("verb"), label("code")))
-                .or_default() += value;
-        }
-        Ok(requests)
     }
 }
 
@@ -898,158 +709,46 @@ fn grants(text: &str) -> Result<BTreeMap<(String, String), f64>> {
     Ok(grants)
 }
 
-/// `after − before` per key, keeping the keys that moved.
-fn delta<K: Ord + Clone>(after: &BTreeMap<K, f64>, before: &BTreeMap<K, f64>) -> BTreeMap<K, f64> {
-    after
-        .iter()
-        .map(|(key, value)| (key.clone(), value - before.get(key).copied().unwrap_or(0.0)))
-        .filter(|(_, moved)| *moved != 0.0)
-        .collect()
-}
+/// One measured phase; `extra` is what the Supervisor held open at the start and at the end.
+type Phase = selkie_e2e::bench::Phase<Process, (Handles, Handles)>;
 
-/// The samples of `metric` in a Prometheus or OpenMetrics text exposition: labels and value.
-/// Lines of other metrics (including `metric`'s `_created` and `_bucket` kin) are skipped.
-fn samples(text: &str, metric: &str) -> Result<Vec<(BTreeMap<String, String>, f64)>> {
-    let mut found = Vec::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(metric) else {
-            continue;
-        };
-        let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
-            let (labels, value) = rest
-                .rsplit_once('}')
-                .with_context(|| format!("an unterminated label set in {line:?}"))?;
-            (
-                parse_labels(labels).with_context(|| format!("the labels of {line:?}"))?,
-                value,
-            )
-        } else if rest.starts_with(' ') {
-            (BTreeMap::new(), rest)
-        } else {
-            continue;
-        };
-        let value = value
-            .split_whitespace()
-            .next()
-            .and_then(|value| value.parse::<f64>().ok())
-            .with_context(|| format!("no value in {line:?}"))?;
-        found.push((labels, value));
-    }
-    Ok(found)
-}
-
-/// `name="value",…` (values with `\"`, `\\` and `\n` escapes) as a map.
-fn parse_labels(text: &str) -> Result<BTreeMap<String, String>> {
-    let mut labels = BTreeMap::new();
-    let mut rest = text.trim_start_matches([',', ' ']);
-    while !rest.is_empty() {
-        let (name, after) = rest.split_once("=\"").context("a label without =\"")?;
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let end = loop {
-            match chars.next() {
-                Some((_, '\\')) => match chars.next() {
-                    Some((_, 'n')) => value.push('\n'),
-                    Some((_, escaped)) => value.push(escaped),
-                    None => bail!("a dangling escape"),
-                },
-                Some((at, '"')) => break at,
-                Some((_, c)) => value.push(c),
-                None => bail!("an unterminated label value"),
-            }
-        };
-        labels.insert(name.trim().to_string(), value);
-        rest = after[end + 1..].trim_start_matches([',', ' ']);
-    }
-    Ok(labels)
-}
-
-/// One measured phase.
-struct Phase {
-    name: &'static str,
-    /// Which attempt this is (see `quietly`).
-    attempt: usize,
-    operations: usize,
-    wall: Duration,
-    cpu: Cpu,
-    /// What the Supervisor held open at the start and at the end.
-    handles: (Handles, Handles),
-    /// kube-apiserver's requests during the phase.
-    requests: Requests,
-}
-
-impl Phase {
-    /// The share (0–1) of the machine's CPUs over the phase that processes other than the
-    /// bench's used: other work interfering with the measurement.
-    fn others_share(&self) -> f64 {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
-        self.cpu.others().as_secs_f64() / (self.wall.as_secs_f64() * cores).max(f64::MIN_POSITIVE)
-    }
-
-    /// `total` per operation, in microseconds.
-    fn micros_per_op(&self, total: Duration) -> f64 {
-        total.as_secs_f64() * 1e6 / self.operations.max(1) as f64
-    }
-
-    /// Operations per second of `total`.
-    fn per_second(&self, total: Duration) -> f64 {
-        self.operations as f64 / total.as_secs_f64().max(f64::MIN_POSITIVE)
-    }
-
-    /// kube-apiserver requests for `resource` (every resource when `None`) with `verb` (every
-    /// verb when `None`).
-    fn requests(&self, resource: Option<&str>, verb: Option<&str>) -> f64 {
-        self.requests
-            .iter()
-            .filter(|((r, v, _), _)| {
-                resource.is_none_or(|want| r == want) && verb.is_none_or(|want| v == want)
-            })
-            // A fold from +0.0: an empty f64 `sum()` is -0.0, which would print as "-0.00".
-            .fold(0.0, |total, (_, count)| total + count)
-    }
-
-    /// The same per operation.
-    fn requests_per_op(&self, resource: Option<&str>, verb: Option<&str>) -> f64 {
-        self.requests(resource, verb) / self.operations.max(1) as f64
-    }
-
-    fn json(&self, idle: &Phase) -> Value {
-        let us = |d: Duration| (self.micros_per_op(d) * 10.0).round() / 10.0;
-        let idle_rate = idle.requests(None, None) / idle.wall.as_secs_f64();
-        json!({
-            "operations": self.operations,
-            "wall_seconds": self.wall.as_secs_f64(),
-            "per_wall_second": self.per_second(self.wall),
-            "cpu_seconds": {
-                "supervisor": self.cpu.supervisor.as_secs_f64(),
-                "dex": self.cpu.dex.as_secs_f64(),
-                "kube_apiserver": self.cpu.apiserver.as_secs_f64(),
-                "etcd": self.cpu.etcd.as_secs_f64(),
-                "bench_clients": self.cpu.bench.as_secs_f64(),
-                "machine_busy": self.cpu.machine.as_secs_f64(),
-                "other_processes": self.cpu.others().as_secs_f64(),
-            },
-            "other_processes_share_of_machine": self.others_share(),
-            "attempt": self.attempt,
-            "supervisor_open": {"start": self.handles.0, "end": self.handles.1},
-            "cpu_us_per_op": {
-                "supervisor": us(self.cpu.supervisor),
-                "dex": us(self.cpu.dex),
-                "kube_apiserver": us(self.cpu.apiserver),
-                "etcd": us(self.cpu.etcd),
-            },
-            "per_supervisor_cpu_second": self.per_second(self.cpu.supervisor),
-            "apiserver_requests": self.requests.iter().map(|((resource, verb, code), count)| json!({
-                "resource": resource, "verb": verb, "code": code, "count": count,
-            })).collect::<Vec<_>>(),
-            "apiserver_requests_per_op": {
-                "secrets": self.requests_per_op(Some("secrets"), None),
-                "all": self.requests_per_op(None, None),
-                "all_less_idle_rate": (self.requests(None, None) - idle_rate * self.wall.as_secs_f64())
-                    / self.operations.max(1) as f64,
-            },
-        })
-    }
+/// The JSON of `phase`, given the idle window `idle`.
+fn phase_json(phase: &Phase, idle: &Phase) -> Value {
+    let us = |d: Duration| (phase.micros_per_op(d) * 10.0).round() / 10.0;
+    let idle_rate = idle.requests(None, None) / idle.wall.as_secs_f64();
+    json!({
+        "operations": phase.operations,
+        "wall_seconds": phase.wall.as_secs_f64(),
+        "per_wall_second": phase.per_second(phase.wall),
+        "cpu_seconds": {
+            "supervisor": phase.cpu[Process::Supervisor].as_secs_f64(),
+            "dex": phase.cpu[Process::Dex].as_secs_f64(),
+            "kube_apiserver": phase.cpu[Process::Apiserver].as_secs_f64(),
+            "etcd": phase.cpu[Process::Etcd].as_secs_f64(),
+            "bench_clients": phase.cpu.bench.as_secs_f64(),
+            "machine_busy": phase.cpu.machine.as_secs_f64(),
+            "other_processes": phase.cpu.others().as_secs_f64(),
+        },
+        "other_processes_share_of_machine": phase.others_share(),
+        "attempt": phase.attempt,
+        "supervisor_open": {"start": phase.extra.0, "end": phase.extra.1},
+        "cpu_us_per_op": {
+            "supervisor": us(phase.cpu[Process::Supervisor]),
+            "dex": us(phase.cpu[Process::Dex]),
+            "kube_apiserver": us(phase.cpu[Process::Apiserver]),
+            "etcd": us(phase.cpu[Process::Etcd]),
+        },
+        "per_supervisor_cpu_second": phase.per_second(phase.cpu[Process::Supervisor]),
+        "apiserver_requests": phase.requests.iter().map(|((resource, verb, code), count)| json!({
+            "resource": resource, "verb": verb, "code": code, "count": count,
+        })).collect::<Vec<_>>(),
+        "apiserver_requests_per_op": {
+            "secrets": phase.requests_per_op(Some("secrets"), None),
+            "all": phase.requests_per_op(None, None),
+            "all_less_idle_rate": (phase.requests(None, None) - idle_rate * phase.wall.as_secs_f64())
+                / phase.operations.max(1) as f64,
+        },
+    })
 }
 
 /// Everything measured.
@@ -1088,13 +787,16 @@ impl Results<'_> {
     }
 
     fn exchanges_per_cpu_second(&self) -> f64 {
-        self.exchanges.per_second(self.exchanges.cpu.supervisor)
+        self.exchanges.per_second(self.exchanges.cpu[Process::Supervisor])
     }
 
     /// The Supervisor's CPU per refresh ÷ Dex's CPU per refresh of its own.
     fn refresh_ratio(&self) -> f64 {
-        self.refreshes.micros_per_op(self.refreshes.cpu.supervisor)
-            / self.dex_refreshes.micros_per_op(self.dex_refreshes.cpu.dex)
+        self.refreshes
+            .micros_per_op(self.refreshes.cpu[Process::Supervisor])
+            / self
+                .dex_refreshes
+                .micros_per_op(self.dex_refreshes.cpu[Process::Dex])
     }
 
     fn mib(kib: u64) -> f64 {
@@ -1122,17 +824,17 @@ impl Results<'_> {
             "open": {"idle_after_start": self.handles_start, "idle_after_run": self.handles_end},
             "idle": {
                 "seconds": self.idle.wall.as_secs_f64(),
-                "supervisor_cpu_seconds": self.idle.cpu.supervisor.as_secs_f64(),
+                "supervisor_cpu_seconds": self.idle.cpu[Process::Supervisor].as_secs_f64(),
                 "apiserver_requests": self.idle.requests.iter().map(|((resource, verb, code), count)| json!({
                     "resource": resource, "verb": verb, "code": code, "count": count,
                 })).collect::<Vec<_>>(),
             },
             "phases": {
-                "logins": self.logins.json(&self.idle),
-                "token_exchanges": self.exchanges.json(&self.idle),
-                "token_exchanges_new_connection": self.fresh.json(&self.idle),
-                "supervisor_refreshes": self.refreshes.json(&self.idle),
-                "dex_refreshes": self.dex_refreshes.json(&self.idle),
+                "logins": phase_json(&self.logins, &self.idle),
+                "token_exchanges": phase_json(&self.exchanges, &self.idle),
+                "token_exchanges_new_connection": phase_json(&self.fresh, &self.idle),
+                "supervisor_refreshes": phase_json(&self.refreshes, &self.idle),
+                "dex_refreshes": phase_json(&self.dex_refreshes, &self.idle),
             },
             "targets": {
                 "exchanges_per_supervisor_cpu_second": {
@@ -1222,8 +924,8 @@ impl Results<'_> {
             self.exchanges_per_cpu_second(),
             met(self.exchanges_per_cpu_second() >= TARGET_EXCHANGES_PER_CPU_SECOND),
             ratio,
-            self.refreshes.micros_per_op(self.refreshes.cpu.supervisor),
-            self.dex_refreshes.micros_per_op(self.dex_refreshes.cpu.dex),
+            self.refreshes.micros_per_op(self.refreshes.cpu[Process::Supervisor]),
+            self.dex_refreshes.micros_per_op(self.dex_refreshes.cpu[Process::Dex]),
             met(ratio <= TARGET_REFRESH_RATIO),
             rss_start,
             met(rss_start <= TARGET_IDLE_RSS_MIB),
@@ -1240,7 +942,7 @@ impl Results<'_> {
             let supervisor = if phase.name == DEX_REFRESHES {
                 "—".to_string()
             } else {
-                format!("{:.0}", phase.per_second(phase.cpu.supervisor))
+                format!("{:.0}", phase.per_second(phase.cpu[Process::Supervisor]))
             };
             let _ = writeln!(
                 md,
@@ -1249,11 +951,11 @@ impl Results<'_> {
                 phase.operations,
                 phase.wall.as_secs_f64(),
                 phase.per_second(phase.wall),
-                phase.micros_per_op(phase.cpu.supervisor),
+                phase.micros_per_op(phase.cpu[Process::Supervisor]),
                 supervisor,
-                phase.micros_per_op(phase.cpu.dex),
-                phase.micros_per_op(phase.cpu.apiserver),
-                phase.micros_per_op(phase.cpu.etcd),
+                phase.micros_per_op(phase.cpu[Process::Dex]),
+                phase.micros_per_op(phase.cpu[Process::Apiserver]),
+                phase.micros_per_op(phase.cpu[Process::Etcd]),
                 phase.others_share() * 100.0,
                 if phase.attempt > 1 {
                     format!(" (attempt {})", phase.attempt)
@@ -1308,8 +1010,8 @@ impl Results<'_> {
                 phase.requests_per_op(Some("secrets"), None),
                 phase.requests_per_op(None, None),
                 (phase.requests(None, None) - idle_rate * phase.wall.as_secs_f64()) / phase.operations as f64,
-                phase.handles.0.kube_apiserver,
-                phase.handles.1.kube_apiserver,
+                phase.extra.0.kube_apiserver,
+                phase.extra.1.kube_apiserver,
             );
         }
         let idle_requests: String = self
@@ -1326,7 +1028,7 @@ impl Results<'_> {
              The Supervisor held {} file descriptors idle after start ({} connections from clients, {} to \
              kube-apiserver, {} to Dex) and {} idle after the run ({} from clients, {} to kube-apiserver, {} to Dex).\n\n",
             idle_seconds,
-            self.idle.cpu.supervisor.as_secs_f64() * 1000.0,
+            self.idle.cpu[Process::Supervisor].as_secs_f64() * 1000.0,
             if idle_requests.is_empty() {
                 "nothing".to_string()
             } else {
@@ -1358,8 +1060,8 @@ impl Results<'_> {
                (up to {} attempts; the least disturbed one is shown, its number in parentheses when not \
                the first).\n\
              * Raw numbers: `{}`.\n",
-            self.args.interference * 100.0,
-            self.args.attempts,
+            self.args.quiet.interference * 100.0,
+            self.args.quiet.attempts,
             json_path
                 .file_name()
                 .map(|name| name.to_string_lossy().into_owned())
