@@ -13,6 +13,8 @@
 //! kubeconfig: /path/to/kubeconfig       # optional; in-cluster configuration otherwise
 //! sessionGarbageCollectionInterval: 1m  # default; 1s … 1h
 //! signingKeyRotationInterval: 720h      # default (30 days); 0s never rotates (as Pinniped)
+//! audit:
+//!   logUsernamesAndGroups: enabled      # default disabled: audit events say "redacted"
 //! ```
 
 use std::{net::SocketAddr, path::PathBuf};
@@ -50,6 +52,9 @@ pub struct SupervisorConfig {
     /// duration, `1s` … `8760h`, or `0s` for never; default `720h`).
     #[serde(default)]
     pub signing_key_rotation_interval: Option<String>,
+    /// The audit events' options ([`crate::audit`]).
+    #[serde(default)]
+    pub audit: crate::audit::AuditConfig,
 }
 
 /// Where the Supervisor listens.
@@ -124,6 +129,7 @@ impl SupervisorConfig {
         }
         config.garbage_collection_interval()?;
         config.signing_key_rotation_interval()?;
+        crate::audit::Audit::new(&config.audit).map_err(|e| ConfigError::Invalid(format!("audit: {e}")))?;
         Ok(config)
     }
 
@@ -205,6 +211,12 @@ mod tests {
         assert!(error.to_string().contains("not a loopback address"), "{error}");
         assert!(SupervisorConfig::parse("namespace: Not_A_Label\n").is_err());
         assert!(SupervisorConfig::parse("namespace: sso\nunknown: 1\n").is_err());
+        let error =
+            SupervisorConfig::parse("namespace: sso\naudit: {logUsernamesAndGroups: yes}\n").unwrap_err();
+        assert!(error.to_string().contains("logUsernamesAndGroups"), "{error}");
+        let audited =
+            SupervisorConfig::parse("namespace: sso\naudit: {logUsernamesAndGroups: enabled}\n").unwrap();
+        assert_eq!(audited.audit.log_usernames_and_groups, "enabled");
         assert_eq!(
             config.garbage_collection_interval().unwrap(),
             crate::gc::DEFAULT_INTERVAL

@@ -39,6 +39,8 @@ pub struct Endpoints {
     pub store: Store,
     /// What is counted.
     pub metrics: Arc<Metrics>,
+    /// Where login events are written.
+    pub audit: crate::audit::Audit,
 }
 
 impl Endpoints {

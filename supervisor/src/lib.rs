@@ -24,6 +24,7 @@
 //! * [`storage`]: the session Secrets, with Pinniped's names, types, labels, data keys and
 //!   garbage-collection annotation.
 
+pub mod audit;
 pub mod authorize;
 pub mod config;
 pub mod controller;

@@ -53,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
         issuers: issuers.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
+        audit: selkie_supervisor::audit::Audit::new(&config.audit)?,
     });
     let https = server::bind(config.listen.https).await?;
     let http = match config.listen.http {

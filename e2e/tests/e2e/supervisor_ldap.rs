@@ -343,5 +343,23 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     for secret in [PINNY_PASSWORD, WALRUS_PASSWORD, "not-the-password"] {
         anyhow::ensure!(!log.contains(secret), "the Supervisor logged {secret:?}");
     }
+    // Audit events, Pinniped's names; usernames and groups redacted by default.
+    let events = |name: &str| -> Vec<&str> {
+        log.lines()
+            .filter(|line| line.contains(&format!("\"message\":\"{name}\"")))
+            .collect()
+    };
+    let started = events("Session Started");
+    anyhow::ensure!(started.len() >= 2, "no Session Started events: {log}");
+    anyhow::ensure!(
+        !events("Session Refreshed").is_empty() && !events("Incorrect Username Or Password").is_empty(),
+        "missing audit events: {log}"
+    );
+    for line in started.iter().chain(&events("Incorrect Username Or Password")) {
+        anyhow::ensure!(
+            line.contains("redacted") && !line.contains("pinny") && !line.contains("walrus"),
+            "an audit event names the user: {line}"
+        );
+    }
     Ok(())
 }

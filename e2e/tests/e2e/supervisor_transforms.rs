@@ -97,7 +97,16 @@ async fn transforms_and_policies_apply_at_login_and_refresh_and_failing_examples
         user("otter", 1003, &["contractors"]),
     ])
     .await?;
-    let supervisor = Supervisor::start(cluster, &namespace, &slapd, IDP_NAME).await?;
+    // With usernames in the audit events (Pinniped's option; redacted by default).
+    let supervisor = Supervisor::start_with(
+        cluster,
+        &namespace,
+        &slapd,
+        IDP_NAME,
+        selkie_e2e::free_port()?,
+        json!({"audit": {"logUsernamesAndGroups": "enabled"}}),
+    )
+    .await?;
     let patch = |transforms: Value| {
         let namespace = namespace.clone();
         async move {
@@ -182,6 +191,21 @@ async fn transforms_and_policies_apply_at_login_and_refresh_and_failing_examples
     );
     // Others still log in.
     pinniped_cli::login(&http, &issuer, IDP_NAME, "walrus", PASSWORD).await?;
+    // The refusals are audit events naming the (upstream) user, as configured.
+    let log = supervisor.log();
+    let rejections: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("\"message\":\"Authentication Rejected By Transforms\""))
+        .collect();
+    anyhow::ensure!(
+        rejections
+            .iter()
+            .any(|line| line.contains("\"username\":\"otter\""))
+            && rejections
+                .iter()
+                .any(|line| line.contains("\"username\":\"pinny\"")),
+        "{rejections:?}"
+    );
 
     // An example that does not hold: reported, and the FederationDomain stops serving.
     patch(transforms("pinny")).await?;

@@ -160,7 +160,7 @@ async fn password_login(
         },
         Upstream::Ldap(ldap) => match ldap.login(username, password).await {
             Ok(found) => found,
-            Err(error) => return back(ldap_refusal(issuer, ldap, &error)),
+            Err(error) => return back(ldap_refusal(endpoints, issuer, ldap, username, &error)),
         },
     };
     let mut request = request;
@@ -206,12 +206,23 @@ async fn oidc_password_login(
 /// The OAuth error of a failed LDAP login (logged, without the password): the directory's
 /// failures are `temporarily_unavailable`, the user's are `access_denied` in Pinniped's words,
 /// the same for an unknown user and a wrong password.
-fn ldap_refusal(issuer: &Arc<Issuer>, ldap: &LdapUpstream, error: &LdapError) -> OAuthError {
+fn ldap_refusal(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    ldap: &LdapUpstream,
+    username: &str,
+    error: &LdapError,
+) -> OAuthError {
     if error.is_unavailable() {
         tracing::warn!(issuer = %issuer.issuer, idp = %ldap.display_name, %error, "the LDAP login could not be checked");
         return unreachable_upstream();
     }
     tracing::info!(issuer = %issuer.issuer, idp = %ldap.display_name, %error, "LDAP login refused");
+    if *error == LdapError::InvalidCredentials {
+        endpoints
+            .audit
+            .incorrect_password(&issuer.issuer, &ldap.display_name, username);
+    }
     OAuthError::new(
         Code::AccessDenied,
         "Username/password not accepted by LDAP provider.",
@@ -540,7 +551,7 @@ where
                 LoginAlert::Incorrect
             };
             // Logged as the CLI flow logs it; the page says no more than the alert.
-            let _ = ldap_refusal(issuer, ldap, &error);
+            let _ = ldap_refusal(endpoints, issuer, ldap, username, &error);
             redirect(&login_page_url(issuer, sealed, Some(alert)))
         }
     }
@@ -596,6 +607,7 @@ pub fn granted_scopes(request: &AuthorizeRequest) -> Vec<String> {
 /// groups for refreshes. A policy's refusal (with its message) or a failing expression is an
 /// `access_denied`.
 fn transformed(
+    endpoints: &Endpoints,
     issuer: &Issuer,
     mut identity: Identity,
     mut upstream: session::Upstream,
@@ -607,7 +619,12 @@ fn transformed(
             Ok((identity, upstream))
         }
         Ok(Outcome::Rejected(message)) => {
-            tracing::info!(issuer = %issuer.issuer, idp = %upstream.idp_name, "a configured identity policy refused a login");
+            endpoints.audit.rejected_by_transforms(
+                &issuer.issuer,
+                &upstream.idp_name,
+                &identity.username,
+                &message,
+            );
             Err(OAuthError::new(
                 Code::AccessDenied,
                 &format!("Reason: configured identity policy rejected this authentication: {message}."),
@@ -639,7 +656,7 @@ async fn issue_code(
             state: Some(request.state.clone()),
         })
     };
-    let (identity, upstream) = match transformed(issuer, identity, upstream) {
+    let (identity, upstream) = match transformed(endpoints, issuer, identity, upstream) {
         Ok(transformed) => transformed,
         Err(error) => return back(error),
     };
@@ -684,12 +701,7 @@ async fn issue_code(
             "The session could not be stored; try again.",
         ));
     }
-    tracing::info!(
-        issuer = %issuer.issuer,
-        idp = %session.upstream.idp_name,
-        username = %session.identity.username,
-        "login succeeded; authorization code issued"
-    );
+    endpoints.audit.session_started(&issuer.issuer, &session);
     let params = [
         ("code", code.token.as_str()),
         ("scope", &scopes.join(" ")),

@@ -300,7 +300,8 @@ async fn refresh(
             .map(|_| ()),
     };
     revoked.map_err(|e| store_failed(&e))?;
-    upstream_refresh(issuer, &mut session).await?;
+    upstream_refresh(endpoints, issuer, &mut session).await?;
+    endpoints.audit.session_refreshed(&issuer.issuer, &session);
     issue_tokens(endpoints, issuer, session, false, now).await
 }
 
@@ -308,7 +309,11 @@ async fn refresh(
 /// FederationDomain's identity transforms on what it says now: a policy may refuse the refresh,
 /// the downstream username must not change, the downstream groups become what the transforms make
 /// of the upstream's groups now.
-async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result<(), OAuthError> {
+async fn upstream_refresh(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    session: &mut Session,
+) -> Result<(), OAuthError> {
     let denied =
         |hint: &str| OAuthError::new(Code::InvalidGrant, &format!("Upstream refresh failed. {hint}"));
     let Some((username, groups)) = upstream_identity(issuer, session).await? else {
@@ -326,7 +331,9 @@ async fn upstream_refresh(issuer: &Arc<Issuer>, session: &mut Session) -> Result
             session.identity.groups = downstream_groups;
         }
         Ok(Outcome::Rejected(message)) => {
-            tracing::info!(issuer = %issuer.issuer, idp = %idp_name, "a configured identity policy refused the refresh");
+            endpoints
+                .audit
+                .rejected_by_transforms(&issuer.issuer, &idp_name, &username, &message);
             return Err(denied(&format!(
                 "Configured identity policy rejected this authentication: {message}."
             )));
