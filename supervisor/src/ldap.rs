@@ -577,8 +577,8 @@ impl Directory {
                     let entries: Vec<SearchEntry> = entries
                         .into_iter()
                         .filter(|entry| !entry.is_ref() && !entry.is_intermediate())
-                        .map(SearchEntry::construct)
-                        .collect();
+                        .map(|entry| entry_of(entry, base))
+                        .collect::<Result<_, _>>()?;
                     // sizeLimitExceeded with two entries is an ambiguous username, not a failure.
                     if done.rc == 0 || (done.rc == 4 && entries.len() > 1) {
                         return Ok(entries);
@@ -635,7 +635,7 @@ impl Directory {
             let mut entries = Vec::new();
             loop {
                 match stream.next().await {
-                    Ok(Some(entry)) => entries.push(SearchEntry::construct(entry)),
+                    Ok(Some(entry)) => entries.push(entry_of(entry, base)?),
                     Ok(None) => break,
                     Err(error) => return Err(failed(error.to_string())),
                 }
@@ -680,6 +680,17 @@ impl Directory {
             Err(error) => Err(self.unreachable(&error)),
         }
     }
+}
+
+/// The entry of a search answer. `ldap3` panics on an entry it cannot read (a DN that is not
+/// UTF-8, a malformed message): a directory's bad answer is an error, never a crash.
+fn entry_of(entry: ldap3::ResultEntry, base: &str) -> Result<SearchEntry, LdapError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| SearchEntry::construct(entry))).map_err(|_| {
+        LdapError::Search {
+            base: base.to_string(),
+            reason: "the directory answered with an entry that cannot be read".into(),
+        }
+    })
 }
 
 /// An LDAP result code with its name and the server's text, e.g. `rc=4 (sizeLimitExceeded)`.
@@ -826,6 +837,26 @@ mod tests {
             "(member=cn=a\\5c,b,dc=x)"
         );
         assert_eq!(fill_filter("uid={}", "nul\0"), "(uid=nul\\00)");
+    }
+
+    #[test]
+    fn an_entry_ldap3_cannot_read_is_an_error_not_a_panic() {
+        use ldap3::asn1::{StructureTag, TagClass, PL};
+        // A search result entry whose DN is not UTF-8, and one with no DN at all.
+        let tag = |payload: PL| StructureTag {
+            class: TagClass::Application,
+            id: 4,
+            payload,
+        };
+        let dn = StructureTag {
+            class: TagClass::Universal,
+            id: 4,
+            payload: PL::P(vec![0xff, 0xfe]),
+        };
+        for broken in [tag(PL::C(vec![dn])), tag(PL::C(Vec::new()))] {
+            let error = entry_of(ldap3::ResultEntry::new(broken), "dc=x").unwrap_err();
+            assert!(error.to_string().contains("cannot be read"), "{error}");
+        }
     }
 
     #[test]
