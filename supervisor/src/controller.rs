@@ -173,6 +173,18 @@ pub struct Controller {
     /// checks it gave: not probed again for [`LDAP_RETRY`] (a directory that does not answer
     /// must not hold up every sync).
     failed_directories: HashMap<String, (String, Instant, Vec<Check>)>,
+    /// Connection checks of directories, by `kind/namespace/name`: run in tasks of their own so
+    /// a directory that does not answer never holds up a sync; a finished one wakes the loop.
+    probes: Arc<std::sync::Mutex<HashMap<String, Probe>>>,
+    /// Wakes the sync loop (a watch event, a finished probe).
+    wake: Arc<Notify>,
+}
+
+/// A directory's connection check: what it was made from, and its outcome once finished (the
+/// checks, and the configuration with the search bases found).
+struct Probe {
+    fingerprint: String,
+    outcome: Option<(Vec<Check>, DirectoryConfig)>,
 }
 
 /// A directory that passed its checks, and what it was made from.
@@ -306,6 +318,8 @@ impl Controller {
             rotation_interval,
             directories: HashMap::new(),
             failed_directories: HashMap::new(),
+            probes: Arc::default(),
+            wake: Arc::new(Notify::new()),
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
                     &config.api_group_suffix,
@@ -347,7 +361,7 @@ impl Controller {
     /// Runs until a watch ends.
     pub async fn run(mut self) -> Result<(), ControllerError> {
         let namespace = self.config.namespace.clone();
-        let changed = Arc::new(Notify::new());
+        let changed = self.wake.clone();
         let fd_writer = reflector::store::Writer::new(self.fd_resource.clone());
         let federation_domains = fd_writer.as_reader();
         let idp_writer = reflector::store::Writer::new(self.idp_resource.clone());
@@ -781,7 +795,8 @@ impl Controller {
     /// and the service account's bind) and, for Active Directory, `SearchBaseFound` (from the
     /// spec, else the directory's `defaultNamingContext`). The directory is probed again only
     /// when the spec, the Secret or the CA bundle changed, or [`LDAP_RETRY`] after a failed
-    /// probe; until a changed one passes, the last one that did keeps serving.
+    /// probe, in a task of its own ([`probe_directory`]; until it finishes `LDAPConnectionValid`
+    /// is Unknown); until a changed one passes, the last one that did keeps serving.
     async fn directory_upstream(
         &mut self,
         spec: &DirectorySpec<'_>,
@@ -857,7 +872,7 @@ impl Controller {
                 return (checks, previous);
             }
         };
-        let mut config = DirectoryConfig {
+        let config = DirectoryConfig {
             host: spec.host.to_string(),
             tls: tls_config,
             bind_dn: dn.clone(),
@@ -867,58 +882,60 @@ impl Controller {
             timeout: LDAP_TIMEOUT,
             flavor: spec.flavor,
         };
-        let probe = Directory::new(DirectoryConfig {
-            timeout: LDAP_PROBE_TIMEOUT,
-            ..config.clone()
-        });
-        let mut found = Vec::new();
-        let connected = match probe.probe().await {
-            Ok(()) => Check::success(
-                CONNECTION,
-                format!(
-                    "successfully able to connect to \"{}\" and bind as user \"{dn}\" [validated with Secret \"{}\" at version \"{version}\"]",
-                    spec.host, spec.bind_secret
-                ),
-            ),
-            Err(error) => Check::failure(
-                CONNECTION,
-                "LDAPConnectionError",
-                format!("error dialing or binding: {error}"),
-            ),
-        };
-        let connected_ok = connected.is_true();
-        found.push(connected);
-        if active_directory {
-            let from_spec = !config.user_search.base.is_empty() && !config.group_search.base.is_empty();
-            found.push(if from_spec {
-                Check::success_with_reason(
-                    SEARCH_BASE,
-                    "UsingConfigurationFromSpec",
-                    "Using search base from ActiveDirectoryIdentityProvider config.",
-                )
-            } else if !connected_ok {
-                Check::unable_to_validate(SEARCH_BASE)
-            } else {
-                match probe.default_naming_context().await {
-                    Ok(context) => {
-                        for base in [&mut config.user_search.base, &mut config.group_search.base] {
-                            if base.is_empty() {
-                                base.clone_from(&context);
-                            }
-                        }
-                        Check::success(
-                            SEARCH_BASE,
-                            "Successfully fetched defaultNamingContext to use as default search base from RootDSE.",
-                        )
-                    }
-                    Err(error) => Check::failure(
-                        SEARCH_BASE,
-                        "ErrorFetchingSearchBase",
-                        format!("Error finding search base: {error}"),
-                    ),
+        let finished = {
+            let mut probes = self
+                .probes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match probes.remove(&key) {
+                Some(Probe {
+                    fingerprint: made_from,
+                    outcome: Some(outcome),
+                }) if made_from == fingerprint => Some(outcome),
+                Some(in_flight) if in_flight.fingerprint == fingerprint => {
+                    probes.insert(key.clone(), in_flight);
+                    None
                 }
-            });
-        }
+                _ => {
+                    probes.insert(
+                        key.clone(),
+                        Probe {
+                            fingerprint: fingerprint.clone(),
+                            outcome: None,
+                        },
+                    );
+                    let (probes, wake) = (self.probes.clone(), self.wake.clone());
+                    let (key, made_from) = (key.clone(), fingerprint.clone());
+                    let described = format!(
+                        "successfully able to connect to \"{}\" and bind as user \"{dn}\" [validated with Secret \"{}\" at version \"{version}\"]",
+                        spec.host, spec.bind_secret
+                    );
+                    tokio::spawn(async move {
+                        let outcome = probe_directory(config, described).await;
+                        if let Some(probe) = probes
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .get_mut(&key)
+                            .filter(|probe| probe.fingerprint == made_from)
+                        {
+                            probe.outcome = Some(outcome);
+                        }
+                        wake.notify_one();
+                    });
+                    None
+                }
+            }
+        };
+        let Some((found, config)) = finished else {
+            checks.push(Check::unknown(
+                CONNECTION,
+                format!("checking the connection to \"{}\"", spec.host),
+            ));
+            if active_directory {
+                checks.push(Check::unable_to_validate(SEARCH_BASE));
+            }
+            return (checks, previous);
+        };
         let passed = found.iter().all(Check::is_true);
         checks.extend(found.iter().cloned());
         if !passed {
@@ -1096,6 +1113,60 @@ pub fn compute_scopes(additional: &[String]) -> Vec<String> {
     let mut set: std::collections::BTreeSet<String> = additional.iter().cloned().collect();
     set.insert("openid".into());
     set.into_iter().collect()
+}
+
+/// Checks a directory as an identity provider's conditions say (run in a task of its own): a
+/// connection and the service account's bind (`LDAPConnectionValid`, `connected` its success
+/// message) and, for Active Directory, the search bases (`SearchBaseFound`: from the spec, else
+/// the root DSE's `defaultNamingContext`, filled into the configuration returned). Each step is
+/// bounded by [`LDAP_PROBE_TIMEOUT`].
+async fn probe_directory(mut config: DirectoryConfig, connected: String) -> (Vec<Check>, DirectoryConfig) {
+    const CONNECTION: &str = "LDAPConnectionValid";
+    const SEARCH_BASE: &str = "SearchBaseFound";
+    let probe = Directory::new(DirectoryConfig {
+        timeout: LDAP_PROBE_TIMEOUT,
+        ..config.clone()
+    });
+    let mut found = vec![match probe.probe().await {
+        Ok(()) => Check::success(CONNECTION, connected),
+        Err(error) => Check::failure(
+            CONNECTION,
+            "LDAPConnectionError",
+            format!("error dialing or binding: {error}"),
+        ),
+    }];
+    if config.flavor == Flavor::ActiveDirectory {
+        let from_spec = !config.user_search.base.is_empty() && !config.group_search.base.is_empty();
+        found.push(if from_spec {
+            Check::success_with_reason(
+                SEARCH_BASE,
+                "UsingConfigurationFromSpec",
+                "Using search base from ActiveDirectoryIdentityProvider config.",
+            )
+        } else if !found[0].is_true() {
+            Check::unable_to_validate(SEARCH_BASE)
+        } else {
+            match probe.default_naming_context().await {
+                Ok(context) => {
+                    for base in [&mut config.user_search.base, &mut config.group_search.base] {
+                        if base.is_empty() {
+                            base.clone_from(&context);
+                        }
+                    }
+                    Check::success(
+                        SEARCH_BASE,
+                        "Successfully fetched defaultNamingContext to use as default search base from RootDSE.",
+                    )
+                }
+                Err(error) => Check::failure(
+                    SEARCH_BASE,
+                    "ErrorFetchingSearchBase",
+                    format!("Error finding search base: {error}"),
+                ),
+            }
+        });
+    }
+    (found, config)
 }
 
 /// The two non-empty text values `keys` of the Secret `name`, which must be of type

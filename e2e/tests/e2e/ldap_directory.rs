@@ -210,15 +210,15 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
     Ok(())
 }
 
-/// The condition `type_` of the LDAPIdentityProvider `name` once `check` accepts the object
-/// (within 60 s): the object.
+/// The LDAPIdentityProvider `name` once `check` accepts it (within `within`).
 async fn ldap_idp_when(
     cluster: &selkie_e2e::Cluster,
     namespace: &str,
     name: &str,
+    within: Duration,
     check: impl Fn(&serde_json::Value) -> bool,
 ) -> anyhow::Result<serde_json::Value> {
-    selkie_e2e::eventually(Duration::from_secs(60), || async {
+    selkie_e2e::eventually(within, || async {
         let idp: serde_json::Value = serde_json::from_str(
             &cluster
                 .kubectl()
@@ -230,6 +230,8 @@ async fn ldap_idp_when(
     })
     .await
 }
+
+const MINUTE: Duration = Duration::from_secs(60);
 
 fn condition<'a>(idp: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
     idp["status"]["conditions"]
@@ -281,7 +283,7 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
 
     // Ready: the Secret loaded, TLS valid, connected and bound (an LDAPIdentityProvider has no
     // SearchBaseFound condition: only Active Directory's do).
-    let idp = ldap_idp_when(cluster, &namespace, "openldap", |idp| {
+    let idp = ldap_idp_when(cluster, &namespace, "openldap", MINUTE, |idp| {
         idp["status"]["phase"] == "Ready"
     })
     .await
@@ -306,12 +308,37 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
         "{idp}"
     );
 
-    // A wrong bind password: the connection check fails and says so.
-    apply(bind_secret("not-the-password")).await?;
-    let idp = ldap_idp_when(cluster, &namespace, "openldap", |idp| {
-        condition(idp, "LDAPConnectionValid")["reason"] == "LDAPConnectionError"
+    // A directory that accepts connections and never answers: its connection check waits for
+    // its timeouts (10 s for TLS, then 10 s for StartTLS) in a task of its own, so meanwhile the
+    // controller goes on: a wrong bind password of the other provider is reported well before.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let silent_host = silent.local_addr()?.to_string();
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            connections.push(connection);
+        }
+    });
+    apply(format!(
+        "apiVersion: idp.supervisor.pinniped.dev/v1alpha1\nkind: LDAPIdentityProvider\n\
+         metadata: {{name: silent, namespace: {namespace}}}\n\
+         spec:\n  host: \"{silent_host}\"\n  bind: {{secretName: ldap-bind}}\n\
+         \x20 userSearch: {{base: \"{USERS_BASE}\", attributes: {{username: uid, uid: uidNumber}}}}\n"
+    ))
+    .await?;
+    ldap_idp_when(cluster, &namespace, "silent", MINUTE, |idp| {
+        condition(idp, "LDAPConnectionValid")["status"] == "Unknown"
     })
     .await?;
+
+    // A wrong bind password: the connection check fails and says so.
+    apply(bind_secret("not-the-password")).await?;
+    let idp = ldap_idp_when(cluster, &namespace, "openldap", Duration::from_secs(8), |idp| {
+        condition(idp, "LDAPConnectionValid")["reason"] == "LDAPConnectionError"
+    })
+    .await
+    .map_err(|e| e.context("not reported while another directory's check was pending"))?;
+    held.abort();
     anyhow::ensure!(idp["status"]["phase"] == "Error", "{}", idp["status"]);
 
     // The Secret gone: named as such.
@@ -319,7 +346,7 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
         .kubectl()
         .run(&["delete", "secret", "ldap-bind", "-n", &namespace])
         .await?;
-    ldap_idp_when(cluster, &namespace, "openldap", |idp| {
+    ldap_idp_when(cluster, &namespace, "openldap", MINUTE, |idp| {
         condition(idp, "BindSecretValid")["reason"] == "SecretNotFound"
     })
     .await?;
