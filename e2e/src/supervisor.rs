@@ -122,6 +122,36 @@ impl Upstream for Keycloak {
     }
 }
 
+/// A directory identity provider `name` of `kind` in `namespace`: its `kubernetes.io/basic-auth`
+/// bind Secret `<name>-bind` for `bind` (DN, password), and the resource for `host` trusting
+/// `ca_pem`, with `searches` (the spec's YAML lines after `bind`, indented by two).
+fn directory_manifests(
+    namespace: &str,
+    (kind, name): (&str, &str),
+    (bind_dn, bind_password): (&str, &str),
+    host: &str,
+    ca_pem: &str,
+    searches: &str,
+) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-bind, namespace: {namespace}}}
+type: kubernetes.io/basic-auth
+stringData: {{username: "{bind_dn}", password: "{bind_password}"}}
+---
+apiVersion: idp.supervisor.pinniped.dev/v1alpha1
+kind: {kind}
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  host: "{host}"
+  tls: {{certificateAuthorityData: {ca}}}
+  bind: {{secretName: {name}-bind}}
+{searches}"#,
+        ca = B64.encode(ca_pem),
+    )
+}
+
 /// An LDAPIdentityProvider `openldap` for slapd's `ldaps://` port: users by `uid` under
 /// [`crate::ldap::USERS_BASE`] (username `uid`, UID `uidNumber`), groups by `member` DN under
 /// [`crate::ldap::GROUPS_BASE`] named by `cn`; bound as [`crate::ldap::BIND_DN`] (the Secret
@@ -135,25 +165,16 @@ impl Upstream for crate::ldap::Slapd {
     }
     fn manifests(&self, namespace: &str) -> String {
         use crate::ldap::{BIND_DN, BIND_PASSWORD, GROUPS_BASE, USERS_BASE};
-        format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: openldap-bind, namespace: {namespace}}}
-type: kubernetes.io/basic-auth
-stringData: {{username: "{BIND_DN}", password: {BIND_PASSWORD}}}
----
-apiVersion: idp.supervisor.pinniped.dev/v1alpha1
-kind: LDAPIdentityProvider
-metadata: {{name: openldap, namespace: {namespace}}}
-spec:
-  host: "{host}"
-  tls: {{certificateAuthorityData: {ca}}}
-  bind: {{secretName: openldap-bind}}
-  userSearch: {{base: "{USERS_BASE}", filter: "uid={{}}", attributes: {{username: uid, uid: uidNumber}}}}
-  groupSearch: {{base: "{GROUPS_BASE}", attributes: {{groupName: cn}}}}
-"#,
-            host = self.ldaps_host(),
-            ca = B64.encode(self.ca_pem()),
+        directory_manifests(
+            namespace,
+            (self.kind(), self.name()),
+            (BIND_DN, BIND_PASSWORD),
+            &self.ldaps_host(),
+            &self.ca_pem(),
+            &format!(
+                "  userSearch: {{base: \"{USERS_BASE}\", filter: \"uid={{}}\", attributes: {{username: uid, uid: uidNumber}}}}\n  \
+                 groupSearch: {{base: \"{GROUPS_BASE}\", attributes: {{groupName: cn}}}}\n"
+            ),
         )
     }
 }
@@ -171,23 +192,13 @@ impl Upstream for crate::samba::SambaDc {
     }
     fn manifests(&self, namespace: &str) -> String {
         use crate::samba::{ADMIN_DN, ADMIN_PASSWORD};
-        format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: samba-bind, namespace: {namespace}}}
-type: kubernetes.io/basic-auth
-stringData: {{username: "{ADMIN_DN}", password: "{ADMIN_PASSWORD}"}}
----
-apiVersion: idp.supervisor.pinniped.dev/v1alpha1
-kind: ActiveDirectoryIdentityProvider
-metadata: {{name: samba, namespace: {namespace}}}
-spec:
-  host: "{host}"
-  tls: {{certificateAuthorityData: {ca}}}
-  bind: {{secretName: samba-bind}}
-"#,
-            host = self.ldaps_host(),
-            ca = B64.encode(self.ca_pem()),
+        directory_manifests(
+            namespace,
+            (self.kind(), self.name()),
+            (ADMIN_DN, ADMIN_PASSWORD),
+            &self.ldaps_host(),
+            &self.ca_pem(),
+            "",
         )
     }
 }

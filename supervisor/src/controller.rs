@@ -34,9 +34,8 @@ use kube::{
 use selkie_api::{
     supervisor_config::{FederationDomain, FederationDomainSecrets, FederationDomainStatus},
     supervisor_idp::{
-        ActiveDirectoryIdentityProvider, ActiveDirectoryIdentityProviderStatus, GitHubIdentityProvider,
-        LDAPIdentityProvider, LDAPIdentityProviderStatus, OIDCIdentityProvider, OIDCIdentityProviderStatus,
-        Phase, TLSSpec,
+        ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider, OIDCIdentityProvider,
+        OIDCIdentityProviderStatus, Phase, TLSSpec,
     },
 };
 use selkie_kube::{
@@ -192,6 +191,13 @@ struct BuiltDirectory {
     fingerprint: String,
     checks: Vec<Check>,
     upstream: Arc<Upstream>,
+}
+
+/// An LDAPIdentityProvider's or ActiveDirectoryIdentityProvider's status (the same shape).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+struct DirectoryStatus {
+    phase: Phase,
+    conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 /// An LDAPIdentityProvider's or ActiveDirectoryIdentityProvider's spec, as one shape.
@@ -470,58 +476,49 @@ impl Controller {
             };
             for object in store.state() {
                 let name = object.name_any();
-                match *kind {
+                let (ldap, active_directory);
+                let (spec, current) = match *kind {
                     "LDAPIdentityProvider" => {
                         let Some(idp) = parse::<LDAPIdentityProvider>(&object) else {
                             continue;
                         };
-                        let (checks, upstream) = self
-                            .directory_upstream(&DirectorySpec::of_ldap(&idp), &sources)
-                            .await;
-                        if let Some(upstream) = upstream {
-                            idps.insert((kind.to_string(), name.clone()), upstream);
-                        }
-                        if leading {
-                            let (ready, phase) = conditions::ready::<Phase>(kind, &checks);
-                            let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
-                            let status = LDAPIdentityProviderStatus {
-                                phase,
-                                conditions: conditions::merge(
-                                    &idp.status.clone().unwrap_or_default().conditions,
-                                    &all,
-                                    idp.metadata.generation,
-                                    &conditions::now(),
-                                ),
-                            };
-                            self.write_status(&resource, &name, &idp.status, status).await;
-                        }
+                        ldap = idp;
+                        let current = ldap.status.as_ref().map(|status| DirectoryStatus {
+                            phase: status.phase,
+                            conditions: status.conditions.clone(),
+                        });
+                        (DirectorySpec::of_ldap(&ldap), current)
                     }
                     "ActiveDirectoryIdentityProvider" => {
                         let Some(idp) = parse::<ActiveDirectoryIdentityProvider>(&object) else {
                             continue;
                         };
-                        let (checks, upstream) = self
-                            .directory_upstream(&DirectorySpec::of_active_directory(&idp), &sources)
-                            .await;
-                        if let Some(upstream) = upstream {
-                            idps.insert((kind.to_string(), name.clone()), upstream);
-                        }
-                        if leading {
-                            let (ready, phase) = conditions::ready::<Phase>(kind, &checks);
-                            let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
-                            let status = ActiveDirectoryIdentityProviderStatus {
-                                phase,
-                                conditions: conditions::merge(
-                                    &idp.status.clone().unwrap_or_default().conditions,
-                                    &all,
-                                    idp.metadata.generation,
-                                    &conditions::now(),
-                                ),
-                            };
-                            self.write_status(&resource, &name, &idp.status, status).await;
-                        }
+                        active_directory = idp;
+                        let current = active_directory.status.as_ref().map(|status| DirectoryStatus {
+                            phase: status.phase,
+                            conditions: status.conditions.clone(),
+                        });
+                        (DirectorySpec::of_active_directory(&active_directory), current)
                     }
-                    _ => {}
+                    _ => continue,
+                };
+                let (checks, upstream) = self.directory_upstream(&spec, &sources).await;
+                if let Some(upstream) = upstream {
+                    idps.insert((kind.to_string(), name.clone()), upstream);
+                }
+                if leading {
+                    let (ready, phase) = conditions::ready::<Phase>(kind, &checks);
+                    let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
+                    let status = DirectoryStatus {
+                        phase,
+                        conditions: conditions::merge(
+                            &current.as_ref().map(|c| c.conditions.clone()).unwrap_or_default(),
+                            &all,
+                            object.metadata.generation,
+                            &conditions::now(),
+                        ),
+                    };
+                    self.write_status(&resource, &name, &current, status).await;
                 }
             }
         }

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
-use ring::rand::SecureRandom as _;
 use selkie_oidc::jose::{sign::SigningKey, JoseError};
 use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
@@ -45,10 +44,7 @@ pub struct IdTokenClaims {
 impl IdTokenClaims {
     /// The JSON claims of a token issued at `now`, with a fresh `jti`.
     pub fn to_json(&self, now: OffsetDateTime) -> Result<Value, JoseError> {
-        let mut jti = [0u8; 16];
-        ring::rand::SystemRandom::new()
-            .fill(&mut jti)
-            .map_err(|_| JoseError::Signing)?;
+        let jti = crate::session::new_request_id().ok_or(JoseError::Signing)?;
         let mut claims = Map::new();
         let mut put = |name: &str, value: Value| {
             claims.insert(name.to_string(), value);
@@ -61,7 +57,7 @@ impl IdTokenClaims {
         put("exp", json!((now + LIFETIME).unix_timestamp()));
         put("auth_time", json!(self.auth_time.unix_timestamp()));
         put("rat", json!(self.requested_at.unix_timestamp()));
-        put("jti", json!(uuid_like(&jti)));
+        put("jti", json!(jti));
         if let Some(nonce) = &self.nonce {
             put("nonce", json!(nonce));
         }
@@ -90,22 +86,6 @@ impl IdTokenClaims {
 pub fn at_hash(access_token: &str) -> String {
     let digest = Sha256::digest(access_token.as_bytes());
     B64URL.encode(&digest[..16])
-}
-
-/// 16 random bytes in the 8-4-4-4-12 hex form of a UUID (version 4 bits set).
-fn uuid_like(bytes: &[u8; 16]) -> String {
-    let mut b = *bytes;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|byte| format!("{byte:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
 }
 
 #[cfg(test)]

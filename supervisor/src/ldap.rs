@@ -760,15 +760,7 @@ pub fn microsoft_guid(raw: &[u8]) -> Option<String> {
     let ordered = [
         b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15],
     ];
-    let hex: String = ordered.iter().map(|byte| format!("{byte:02x}")).collect();
-    Some(format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    ))
+    Some(crate::session::uuid_text(&ordered))
 }
 
 /// The DNS domain of a DN: its `DC=` components joined with dots, after the first `,DC=`

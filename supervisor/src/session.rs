@@ -98,15 +98,20 @@ pub fn new_request_id() -> Option<String> {
     ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    Some(uuid_text(&bytes))
+}
+
+/// 16 bytes in a UUID's text form: lowercase hex, 8-4-4-4-12.
+pub fn uuid_text(bytes: &[u8; 16]) -> String {
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!(
+    format!(
         "{}-{}-{}-{}-{}",
         &hex[..8],
         &hex[8..12],
         &hex[12..16],
         &hex[16..20],
         &hex[20..]
-    ))
+    )
 }
 
 /// One login, from the authorization code on.

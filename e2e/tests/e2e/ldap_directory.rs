@@ -170,14 +170,7 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
 
     // A directory that accepts connections and never answers: every login ends within the
     // timeout (TLS, then StartTLS), several at once, instead of hanging.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let silent_host = silent.local_addr()?.to_string();
-    let held = tokio::spawn(async move {
-        let mut connections = Vec::new();
-        while let Ok((connection, _)) = silent.accept().await {
-            connections.push(connection);
-        }
-    });
+    let (silent_host, held) = silent_directory().await?;
     let mut slow = config(silent_host, tls.clone());
     slow.timeout = Duration::from_secs(1);
     let slow = Directory::new(slow);
@@ -232,6 +225,20 @@ async fn ldap_idp_when(
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// A "directory" on a loopback port that accepts connections and never answers: its
+/// `host:port`, and the task holding the connections (abort it to let them go).
+async fn silent_directory() -> anyhow::Result<(String, tokio::task::JoinHandle<()>)> {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let host = silent.local_addr()?.to_string();
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            connections.push(connection);
+        }
+    });
+    Ok((host, held))
+}
 
 fn condition<'a>(idp: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
     idp["status"]["conditions"]
@@ -311,14 +318,7 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
     // A directory that accepts connections and never answers: its connection check waits for
     // its timeouts (10 s for TLS, then 10 s for StartTLS) in a task of its own, so meanwhile the
     // controller goes on: a wrong bind password of the other provider is reported well before.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let silent_host = silent.local_addr()?.to_string();
-    let held = tokio::spawn(async move {
-        let mut connections = Vec::new();
-        while let Ok((connection, _)) = silent.accept().await {
-            connections.push(connection);
-        }
-    });
+    let (silent_host, held) = silent_directory().await?;
     apply(format!(
         "apiVersion: idp.supervisor.pinniped.dev/v1alpha1\nkind: LDAPIdentityProvider\n\
          metadata: {{name: silent, namespace: {namespace}}}\n\

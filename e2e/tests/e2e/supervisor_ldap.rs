@@ -29,6 +29,34 @@ const IDP_NAME: &str = "Corp LDAP";
 const PINNY_PASSWORD: &str = "seal-of-approval";
 const WALRUS_PASSWORD: &str = "tusks and (all)*";
 
+/// `selkie get kubeconfig --no-concierge` for `supervisor`'s issuer (its CA from a file), with
+/// `extra` arguments: the process's output.
+pub(crate) async fn get_kubeconfig(
+    selkie: &Path,
+    cluster: &Cluster,
+    supervisor: &Supervisor,
+    extra: &[String],
+) -> anyhow::Result<std::process::Output> {
+    let ca_file = tempfile::NamedTempFile::new()?;
+    std::fs::write(ca_file.path(), supervisor.ca_pem())?;
+    let mut args = vec![
+        "get".to_string(),
+        "kubeconfig".into(),
+        format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
+        "--no-concierge".into(),
+        format!("--oidc-issuer={}", supervisor.issuer()),
+        format!("--oidc-ca-bundle={}", ca_file.path().display()),
+    ];
+    args.extend(extra.iter().cloned());
+    Ok(tokio::process::Command::new(selkie)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await?)
+}
+
 /// Marks the session cache's ID and access tokens expired and drops the credential cache, so
 /// the plugin's next run must refresh at the Supervisor.
 pub(crate) fn expire_cached_tokens(dir: &Path) -> anyhow::Result<()> {
@@ -120,22 +148,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     );
 
     // `selkie get kubeconfig` finds the provider and writes its type and first flow.
-    let ca_file = tempfile::NamedTempFile::new()?;
-    std::fs::write(ca_file.path(), supervisor.ca_pem())?;
-    let output = tokio::process::Command::new(&selkie)
-        .args([
-            "get".to_string(),
-            "kubeconfig".into(),
-            format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
-            "--no-concierge".into(),
-            format!("--oidc-issuer={}", supervisor.issuer()),
-            format!("--oidc-ca-bundle={}", ca_file.path().display()),
-        ])
-        .env_remove("KUBECONFIG")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await?;
+    let output = get_kubeconfig(&selkie, cluster, &supervisor, &[]).await?;
     anyhow::ensure!(
         output.status.success(),
         "selkie get kubeconfig: {}",

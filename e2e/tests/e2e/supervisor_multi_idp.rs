@@ -16,7 +16,7 @@ use selkie_e2e::{
 use serde_json::Value;
 
 use crate::{
-    supervisor_ldap::groups,
+    supervisor_ldap::{get_kubeconfig, groups},
     supervisor_login::{plugin_kubeconfig, recording_browser, supervisor_jwt, whoami},
     supervisor_oauth::{dex_user_namespace, DexUserNamespace, PASSWORD},
 };
@@ -161,35 +161,20 @@ async fn one_federation_domain_serves_dex_and_openldap_through_the_chooser() -> 
     .map_err(|e| e.context(supervisor.log()))?;
 
     // `selkie get kubeconfig`: several providers, so a name is needed; with it, that provider.
-    let ca_file = tempfile::NamedTempFile::new()?;
-    std::fs::write(ca_file.path(), supervisor.ca_pem())?;
-    let get_kubeconfig = |name: Option<&str>| {
-        let mut args = vec![
-            "get".to_string(),
-            "kubeconfig".into(),
-            format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
-            "--no-concierge".into(),
-            format!("--oidc-issuer={}", supervisor.issuer()),
-            format!("--oidc-ca-bundle={}", ca_file.path().display()),
-        ];
-        if let Some(name) = name {
-            args.push(format!("--upstream-identity-provider-name={name}"));
-        }
-        tokio::process::Command::new(&selkie)
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output()
-    };
-    let unnamed = get_kubeconfig(None).await?;
+    let unnamed = get_kubeconfig(&selkie, cluster, &supervisor, &[]).await?;
     let stderr = String::from_utf8_lossy(&unnamed.stderr);
     anyhow::ensure!(
         !unnamed.status.success()
             && stderr.contains("multiple Supervisor upstream identity providers were found"),
         "{stderr}"
     );
-    let named = get_kubeconfig(Some(LDAP)).await?;
+    let named = get_kubeconfig(
+        &selkie,
+        cluster,
+        &supervisor,
+        &[format!("--upstream-identity-provider-name={LDAP}")],
+    )
+    .await?;
     anyhow::ensure!(
         named.status.success(),
         "{}",

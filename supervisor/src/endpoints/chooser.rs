@@ -4,10 +4,12 @@
 //! `pinniped_idp_name` added; the authorization endpoint checks the request again, so this page
 //! only checks that it looks like one.
 
-use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 
-use super::{login::html_escape, text, Body};
+use super::{
+    login::{html_escape, html_page},
+    text, Body,
+};
 use crate::{discovery::AUTHORIZE_PATH, issuer::Issuer, subject::query_escape};
 
 /// The chooser page for the authorization request `query` (its raw query string): 400 when it
@@ -54,25 +56,17 @@ pub fn choose(issuer: &Issuer, query: &str) -> Response<Body> {
     let page = format!(
         r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>Choose Identity Provider</title><style>body{{font-family:system-ui,sans-serif;max-width:24rem;margin:4rem auto;padding:0 1rem;line-height:1.5}}ul{{list-style:none;padding:0}}li{{margin:.75rem 0}}a.idp{{display:block;padding:.6rem 1rem;border:1px solid #555;border-radius:4px;text-decoration:none;color:inherit}}a.idp:focus,a.idp:hover{{background:#eee}}</style></head><body><main aria-label="choose identity provider"><h1>Choose an identity provider to log in</h1><ul>{links}</ul></main></body></html>"#
     );
-    let mut response = Response::new(Body::new(Bytes::from(page)));
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"),
-    );
-    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    response
+    html_page(
+        page,
+        "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use std::{sync::Arc, time::Duration};
 
+    use bytes::Bytes;
     use selkie_api::supervisor_oidc::IDPType;
 
     use super::*;

@@ -573,6 +573,14 @@ fn login_form(idp_name: &str, sealed_state: &str, alert: Option<LoginAlert>) -> 
         r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>Log in to {name}</title><style>body{{font-family:system-ui,sans-serif;max-width:24rem;margin:4rem auto;padding:0 1rem;line-height:1.5}}label{{display:block;margin-top:1rem;font-weight:600}}input{{width:100%;padding:.5rem;font-size:1rem;box-sizing:border-box}}button{{margin-top:1.5rem;padding:.6rem 1.2rem;font-size:1rem}}.alert{{border:2px solid #b00020;color:#b00020;padding:.5rem .75rem}}</style></head><body><main><h1>Log in to {name}</h1>{alert}<form method="post" action="login"><input type="hidden" name="state" value="{state}"><label for="username">Username</label><input type="text" id="username" name="username" autocomplete="username" autocapitalize="none" spellcheck="false" required autofocus><label for="password">Password</label><input type="password" id="password" name="password" autocomplete="current-password" required><button type="submit" id="submit">Log in</button></form></main></body></html>"#,
         state = html_escape(sealed_state),
     );
+    html_page(
+        page,
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self' http: https:; frame-ancestors 'none'",
+    )
+}
+
+/// An HTML page that is never cached or framed, under the Content-Security-Policy `csp`.
+pub(super) fn html_page(page: String, csp: &'static str) -> Response<Body> {
     let mut response = Response::new(Body::new(Bytes::from(page)));
     let headers = response.headers_mut();
     headers.insert(
@@ -580,10 +588,7 @@ fn login_form(idp_name: &str, sealed_state: &str, alert: Option<LoginAlert>) -> 
         HeaderValue::from_static("text/html; charset=utf-8"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; form-action 'self' http: https:; frame-ancestors 'none'"),
-    );
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(csp));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
 }
@@ -786,18 +791,10 @@ fn form_post(redirect_uri: &str, params: &[(&str, &str)]) -> Response<Body> {
         r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Selkie login</title></head><body onload="document.forms[0].submit()"><form method="post" action="{}">{inputs}<noscript><button type="submit">Continue</button></noscript></form><p id="status">Finishing the login…</p>{code}</body></html>"#,
         html_escape(redirect_uri)
     );
-    let mut response = Response::new(Body::new(Bytes::from(page)));
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; script-src 'unsafe-inline'; form-action http: https:; frame-ancestors 'none'"),
-    );
-    response
+    html_page(
+        page,
+        "default-src 'none'; script-src 'unsafe-inline'; form-action http: https:; frame-ancestors 'none'",
+    )
 }
 
 /// `text` with HTML's special characters escaped, for element text and quoted attributes.
