@@ -158,8 +158,9 @@ pub struct Controller {
     /// Upstreams built before, by `namespace/name`: reused while their inputs are unchanged, kept
     /// serving while a change does not work yet.
     upstreams: HashMap<String, BuiltUpstream>,
-    /// When discovery of an upstream last failed, to retry no faster than [`RESYNC`].
-    failed_at: HashMap<String, Instant>,
+    /// OIDC discoveries of upstreams, by `namespace/name`: run in tasks of their own, a failure
+    /// standing for [`RESYNC`] before it is tried again.
+    discoveries: Arc<std::sync::Mutex<HashMap<String, Discovery>>>,
     /// Statuses last written, to write only changes.
     written: HashMap<String, serde_json::Value>,
     /// How long a signing key signs before it is rotated; `None`: never.
@@ -177,6 +178,13 @@ pub struct Controller {
     probes: Arc<std::sync::Mutex<HashMap<String, Probe>>>,
     /// Wakes the sync loop (a watch event, a finished probe).
     wake: Arc<Notify>,
+}
+
+/// An upstream's OIDC discovery: what it was made from, and, once finished, the provider or the
+/// failure's message, and when.
+struct Discovery {
+    fingerprint: String,
+    outcome: Option<(Result<Arc<Provider>, String>, Instant)>,
 }
 
 /// A directory's connection check: what it was made from, and its outcome once finished (the
@@ -359,7 +367,7 @@ impl Controller {
             outputs,
             leader,
             upstreams: HashMap::new(),
-            failed_at: HashMap::new(),
+            discoveries: Arc::default(),
             written: HashMap::new(),
         })
     }
@@ -718,34 +726,78 @@ impl Controller {
             ));
             return (checks, Some(built.upstream.clone()));
         }
-        if self.failed_at.get(&key).is_some_and(|at| at.elapsed() < RESYNC) {
-            checks.push(Check::failure(
-                "OIDCDiscoverySucceeded",
-                "Unreachable",
-                "waiting to retry OIDC discovery",
-            ));
-            return (checks, previous);
-        }
-        let options = TlsOptions {
-            ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
-            ..TlsOptions::default()
+        // Discovery runs in a task of its own (an issuer that never answers must not hold up the
+        // sync); a failure stands for RESYNC before it is tried again.
+        let finished = {
+            let mut discoveries = self
+                .discoveries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let retry = match discoveries.get(&key) {
+                Some(discovery) if discovery.fingerprint == fingerprint => match &discovery.outcome {
+                    None => None,
+                    Some((Ok(provider), _)) => Some(Ok(provider.clone())),
+                    Some((Err(message), at)) if at.elapsed() < RESYNC => Some(Err(message.clone())),
+                    Some((Err(_), _)) => None,
+                },
+                _ => None,
+            };
+            let in_flight = discoveries
+                .get(&key)
+                .is_some_and(|discovery| discovery.fingerprint == fingerprint && discovery.outcome.is_none());
+            if retry.is_none() && !in_flight {
+                discoveries.insert(
+                    key.clone(),
+                    Discovery {
+                        fingerprint: fingerprint.clone(),
+                        outcome: None,
+                    },
+                );
+                let (discoveries, wake) = (self.discoveries.clone(), self.wake.clone());
+                let (key, made_from, issuer) = (key.clone(), fingerprint.clone(), idp.spec.issuer.clone());
+                let options = TlsOptions {
+                    ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
+                    ..TlsOptions::default()
+                };
+                tokio::spawn(async move {
+                    let outcome =
+                        Provider::discover(&issuer, &options)
+                            .await
+                            .map(Arc::new)
+                            .map_err(|error| {
+                                format!("failed to perform OIDC discovery against {issuer:?}:\n{error}")
+                            });
+                    if let Some(discovery) = discoveries
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .get_mut(&key)
+                        .filter(|discovery| discovery.fingerprint == made_from)
+                    {
+                        discovery.outcome = Some((outcome, Instant::now()));
+                    }
+                    wake.notify_one();
+                });
+            }
+            retry
         };
-        let provider = match Provider::discover(&idp.spec.issuer, &options).await {
-            Ok(provider) => provider,
-            Err(error) => {
-                self.failed_at.insert(key, Instant::now());
-                checks.push(Check::failure(
+        let provider = match finished {
+            Some(Ok(provider)) => provider,
+            Some(Err(message)) => {
+                checks.push(Check::failure("OIDCDiscoverySucceeded", "Unreachable", message));
+                return (checks, previous);
+            }
+            None => {
+                checks.push(Check::unknown(
                     "OIDCDiscoverySucceeded",
-                    "Unreachable",
-                    format!(
-                        "failed to perform OIDC discovery against {:?}:\n{error}",
-                        idp.spec.issuer
-                    ),
+                    format!("performing OIDC discovery against {:?}", idp.spec.issuer),
                 ));
                 return (checks, previous);
             }
         };
-        self.failed_at.remove(&key);
+        self.discoveries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&key);
         checks.push(Check::success(
             "OIDCDiscoverySucceeded",
             "discovered issuer configuration",
@@ -755,7 +807,7 @@ impl Controller {
             display_name: name.clone(),
             resource_name: name,
             resource_uid: idp.metadata.uid.clone().unwrap_or_default(),
-            provider: Arc::new(provider),
+            provider,
             client: ClientConfig {
                 client_id,
                 client_secret: Some(client_secret),

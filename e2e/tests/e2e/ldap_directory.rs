@@ -315,19 +315,45 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
         "{idp}"
     );
 
-    // A directory that accepts connections and never answers: its connection check waits for
-    // its timeouts (10 s for TLS, then 10 s for StartTLS) in a task of its own, so meanwhile the
-    // controller goes on: a wrong bind password of the other provider is reported well before.
+    // A directory and an OIDC issuer that accept connections and never answer: their checks wait
+    // for their timeouts (10 s for TLS, then 10 s for StartTLS; the HTTP client's) in tasks of
+    // their own, so meanwhile the controller goes on: a wrong bind password of the other
+    // provider is reported well before.
     let (silent_host, held) = silent_directory().await?;
     apply(format!(
         "apiVersion: idp.supervisor.pinniped.dev/v1alpha1\nkind: LDAPIdentityProvider\n\
          metadata: {{name: silent, namespace: {namespace}}}\n\
          spec:\n  host: \"{silent_host}\"\n  bind: {{secretName: ldap-bind}}\n\
-         \x20 userSearch: {{base: \"{USERS_BASE}\", attributes: {{username: uid, uid: uidNumber}}}}\n"
+         \x20 userSearch: {{base: \"{USERS_BASE}\", attributes: {{username: uid, uid: uidNumber}}}}\n\
+         ---\napiVersion: v1\nkind: Secret\nmetadata: {{name: silent-client, namespace: {namespace}}}\n\
+         type: secrets.pinniped.dev/oidc-client\nstringData: {{clientID: c, clientSecret: s}}\n\
+         ---\napiVersion: idp.supervisor.pinniped.dev/v1alpha1\nkind: OIDCIdentityProvider\n\
+         metadata: {{name: silent-oidc, namespace: {namespace}}}\n\
+         spec:\n  issuer: \"https://{silent_host}\"\n  client: {{secretName: silent-client}}\n"
     ))
     .await?;
     ldap_idp_when(cluster, &namespace, "silent", MINUTE, |idp| {
         condition(idp, "LDAPConnectionValid")["status"] == "Unknown"
+    })
+    .await?;
+    selkie_e2e::eventually(MINUTE, || async {
+        let idp: serde_json::Value = serde_json::from_str(
+            &cluster
+                .kubectl()
+                .run(&[
+                    "get",
+                    "oidcidentityprovider",
+                    "silent-oidc",
+                    "-n",
+                    &namespace,
+                    "-o",
+                    "json",
+                ])
+                .await?,
+        )?;
+        let discovery = condition(&idp, "OIDCDiscoverySucceeded");
+        anyhow::ensure!(discovery["status"] == "Unknown", "{discovery}");
+        Ok(())
     })
     .await?;
 
