@@ -30,6 +30,8 @@ pub struct Supervisor {
     binary: PathBuf,
     config: serde_json::Value,
     replicas: Vec<ManagedProcess>,
+    /// The identity providers' display names (a replica serves once it lists them all).
+    idp_names: Vec<String>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -207,7 +209,8 @@ impl Supervisor {
     /// Sets up `namespace` (which must exist) and starts the Supervisor: the identity provider
     /// for `upstream` ([`Upstream`]), and
     /// the FederationDomain `federation-domain` with issuer `https://127.0.0.1:<port>/<namespace>`
-    /// listing it as `idp_display_name`. Returns once the issuer's discovery document is served.
+    /// listing it as `idp_display_name`. Returns once the issuer is served with the identity
+    /// provider in its identity-provider discovery.
     pub async fn start(
         cluster: &'static Cluster,
         namespace: &str,
@@ -432,8 +435,8 @@ spec:
         let log = dir.path().join("supervisor.log");
         let args = [OsString::from("--config"), config.into_os_string()];
         let mut process = ManagedProcess::spawn("selkie-supervisor", &binary, &args, log)?;
-        let discovery = format!("{issuer}/.well-known/openid-configuration");
-        wait_for(&mut process, &ca, &discovery).await?;
+        let idp_names: Vec<String> = upstreams.iter().map(|(_, name)| name.to_string()).collect();
+        wait_for(&mut process, &ca, &issuer, &idp_names).await?;
         Ok(Self {
             process,
             dir,
@@ -443,6 +446,7 @@ spec:
             binary,
             config: config_doc,
             replicas: Vec::new(),
+            idp_names,
         })
     }
 
@@ -463,8 +467,8 @@ spec:
         let mut process =
             ManagedProcess::spawn(&format!("selkie-supervisor-{index}"), &self.binary, &args, log)?;
         let path_part = self.issuer.splitn(4, '/').nth(3).unwrap_or_default();
-        let discovery = format!("https://127.0.0.1:{port}/{path_part}/.well-known/openid-configuration");
-        wait_for(&mut process, &self.ca, &discovery).await?;
+        let issuer = format!("https://127.0.0.1:{port}/{path_part}");
+        wait_for(&mut process, &self.ca, &issuer, &self.idp_names).await?;
         self.replicas.push(process);
         Ok(port)
     }
@@ -555,27 +559,45 @@ fn client(ca: &CertificateAuthority) -> Result<HttpsClient, HarnessError> {
     .map_err(|e| HarnessError::Pki(e.to_string()))
 }
 
-/// Waits until `url` answers 2xx, failing with the process's log if it stops or does not answer
-/// within [`READY_TIMEOUT`].
+/// Waits (at most [`READY_TIMEOUT`]) until the Supervisor serves `issuer`'s discovery document
+/// and its identity-provider discovery lists every one of `idp_names` (identity providers are
+/// checked in the background — discovery, connection checks — so a FederationDomain can be
+/// served a moment before its identity providers are). Fails with the process's log.
 async fn wait_for(
     process: &mut ManagedProcess,
     ca: &CertificateAuthority,
-    url: &str,
+    issuer: &str,
+    idp_names: &[String],
 ) -> Result<(), HarnessError> {
     let client = client(ca)?;
     let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    let discovery = format!("{issuer}/.well-known/openid-configuration");
+    let idps = format!("{issuer}/v1alpha1/pinniped_identity_providers");
     loop {
         process.check_running("during start-up")?;
-        let last = match client
-            .get_json(url, 64 * 1024, Some(Duration::from_secs(5)))
-            .await
-        {
-            Ok(_) => return Ok(()),
+        let timeout = Some(Duration::from_secs(5));
+        let last = match client.get_json(&discovery, 64 * 1024, timeout).await {
             Err(e) => e.to_string(),
+            Ok(_) => match client.get_json(&idps, 64 * 1024, timeout).await {
+                Err(e) => e.to_string(),
+                Ok(body) => {
+                    let listed: Vec<String> = serde_json::from_slice::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|doc| doc["pinniped_identity_providers"].as_array().cloned())
+                        .unwrap_or_default()
+                        .iter()
+                        .filter_map(|idp| idp["name"].as_str().map(str::to_string))
+                        .collect();
+                    if idp_names.iter().all(|name| listed.contains(name)) {
+                        return Ok(());
+                    }
+                    format!("identity providers listed: {listed:?}, waiting for {idp_names:?}")
+                }
+            },
         };
         if tokio::time::Instant::now() >= deadline {
             return Err(process.failure(format!(
-                "did not serve {url} within {READY_TIMEOUT:?} (last: {last})"
+                "did not serve {issuer} with its identity providers within {READY_TIMEOUT:?} (last: {last})"
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
