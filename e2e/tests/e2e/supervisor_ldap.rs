@@ -22,7 +22,9 @@ use serde_json::Value;
 
 use crate::{
     proxy_kubectl::grant_configmaps,
-    supervisor_login::{plugin_kubeconfig, recording_browser, supervisor_jwt, whoami},
+    supervisor_login::{
+        cli_says_logged_in, opened_url, plugin_kubeconfig, recording_browser, supervisor_jwt, whoami,
+    },
 };
 
 const IDP_NAME: &str = "Corp LDAP";
@@ -55,6 +57,26 @@ pub(crate) async fn get_kubeconfig(
         .kill_on_drop(true)
         .output()
         .await?)
+}
+
+/// Fails unless `output` is a successful `selkie get kubeconfig` whose exec plugin logs in at the
+/// LDAP identity provider `idp_name` with the `cli_password` flow.
+pub(crate) fn ensure_ldap_password_flow(output: &std::process::Output, idp_name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        output.status.success(),
+        "selkie get kubeconfig: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let generated: serde_yaml::Value = serde_yaml::from_slice(&output.stdout)?;
+    let args = serde_json::to_value(&generated["users"][0]["user"]["exec"]["args"])?.to_string();
+    for expected in [
+        format!("--upstream-identity-provider-name={idp_name}"),
+        "--upstream-identity-provider-type=ldap".into(),
+        "--upstream-identity-provider-flow=cli_password".into(),
+    ] {
+        anyhow::ensure!(args.contains(&expected), "{expected} missing from {args}");
+    }
+    Ok(())
 }
 
 /// Marks the session cache's ID and access tokens expired and drops the credential cache, so
@@ -149,20 +171,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
 
     // `selkie get kubeconfig` finds the provider and writes its type and first flow.
     let output = get_kubeconfig(&selkie, cluster, &supervisor, &[]).await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "selkie get kubeconfig: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let generated: serde_yaml::Value = serde_yaml::from_slice(&output.stdout)?;
-    let args = serde_json::to_value(&generated["users"][0]["user"]["exec"]["args"])?.to_string();
-    for expected in [
-        format!("--upstream-identity-provider-name={IDP_NAME}"),
-        "--upstream-identity-provider-type=ldap".into(),
-        "--upstream-identity-provider-flow=cli_password".into(),
-    ] {
-        anyhow::ensure!(args.contains(&expected), "{expected} missing from {args}");
-    }
+    ensure_ldap_password_flow(&output, IDP_NAME)?;
 
     // cli_password, chosen by the plugin for an `ldap` provider, from the environment.
     let dir = tempfile::Builder::new().prefix("selkie-ldap-cli-").tempdir()?;
@@ -267,13 +276,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     )?;
     let browser = selkie_e2e::browser::Browser::start().await?;
     let login = async {
-        let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
-            std::fs::read_to_string(&urls)
-                .ok()
-                .and_then(|text| text.lines().next().map(str::to_string))
-                .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
-        })
-        .await?;
+        let url = opened_url(&urls).await?;
         browser.goto(&url).await?;
         let page = browser.current_url().await?;
         anyhow::ensure!(
@@ -319,16 +322,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         browser.type_into("#username", "walrus").await?;
         browser.type_into("#password", WALRUS_PASSWORD).await?;
         browser.click("#submit").await?;
-        selkie_e2e::eventually(Duration::from_secs(30), || async {
-            let at = browser.current_url().await?;
-            let text = browser.body_text().await?;
-            anyhow::ensure!(
-                at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
-                "at {at}: {text}"
-            );
-            Ok(())
-        })
-        .await
+        cli_says_logged_in(&browser).await
     };
     let (user, logged_in) = tokio::join!(whoami(&proxy, &walrus), login);
     logged_in.map_err(|e| e.context(supervisor.log()))?;

@@ -305,6 +305,33 @@ pub(crate) fn recording_browser(dir: &Path, name: &str, urls: &Path) -> anyhow::
     Ok(script)
 }
 
+/// The first URL the exec plugin opened the browser at ([`recording_browser`] wrote it to
+/// `urls`), within 60 s.
+pub(crate) async fn opened_url(urls: &Path) -> anyhow::Result<String> {
+    selkie_e2e::eventually(Duration::from_secs(60), || async {
+        std::fs::read_to_string(urls)
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_string))
+            .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
+    })
+    .await
+}
+
+/// Waits (30 s at most) until `browser` is on the CLI's loopback callback page saying the login
+/// is done.
+pub(crate) async fn cli_says_logged_in(browser: &selkie_e2e::browser::Browser) -> anyhow::Result<()> {
+    selkie_e2e::eventually(Duration::from_secs(30), || async {
+        let at = browser.current_url().await?;
+        let text = browser.body_text().await?;
+        anyhow::ensure!(
+            at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
+            "at {at}: {text}"
+        );
+        Ok(())
+    })
+    .await
+}
+
 /// The user's part of a browser login through the Supervisor, while the exec plugin waits: once
 /// the plugin has opened the browser (the first URL [`recording_browser`] wrote to `urls`, within
 /// 60 s) at `supervisor`'s authorize endpoint, `browser` goes there, through Dex's form as
@@ -316,28 +343,13 @@ pub(crate) async fn browser_login(
     supervisor: &Supervisor,
     email: &str,
 ) -> anyhow::Result<String> {
-    let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
-        std::fs::read_to_string(urls)
-            .ok()
-            .and_then(|text| text.lines().next().map(str::to_string))
-            .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
-    })
-    .await?;
+    let url = opened_url(urls).await?;
     anyhow::ensure!(
         url.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
         "{url}"
     );
     browser.dex_login(&url, email, PASSWORD).await?;
-    selkie_e2e::eventually(Duration::from_secs(30), || async {
-        let at = browser.current_url().await?;
-        let text = browser.body_text().await?;
-        anyhow::ensure!(
-            at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
-            "at {at}: {text}"
-        );
-        Ok(())
-    })
-    .await?;
+    cli_says_logged_in(browser).await?;
     Ok(url)
 }
 

@@ -16,8 +16,10 @@ use selkie_e2e::{
 use serde_json::Value;
 
 use crate::{
-    supervisor_ldap::{get_kubeconfig, groups},
-    supervisor_login::{plugin_kubeconfig, recording_browser, supervisor_jwt, whoami},
+    supervisor_ldap::{ensure_ldap_password_flow, get_kubeconfig, groups},
+    supervisor_login::{
+        cli_says_logged_in, opened_url, plugin_kubeconfig, recording_browser, supervisor_jwt, whoami,
+    },
     supervisor_oauth::{dex_user_namespace, DexUserNamespace, PASSWORD},
 };
 
@@ -71,13 +73,7 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let url = selkie_e2e::eventually(Duration::from_secs(60), || async {
-        std::fs::read_to_string(dir.join("urls"))
-            .ok()
-            .and_then(|text| text.lines().next().map(str::to_string))
-            .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
-    })
-    .await?;
+    let url = opened_url(&dir.join("urls")).await?;
     anyhow::ensure!(!url.contains("pinniped_idp_name"), "{url}");
     browser.goto(&url).await?;
     let at = browser.current_url().await?;
@@ -98,16 +94,7 @@ where
         ))
         .await?;
     log_in().await?;
-    selkie_e2e::eventually(Duration::from_secs(30), || async {
-        let at = browser.current_url().await?;
-        let text = browser.body_text().await?;
-        anyhow::ensure!(
-            at.starts_with("http://127.0.0.1:") && text.contains("logged in"),
-            "at {at}: {text}"
-        );
-        Ok(())
-    })
-    .await
+    cli_says_logged_in(browser).await
 }
 
 #[tokio::test]
@@ -175,20 +162,7 @@ async fn one_federation_domain_serves_dex_and_openldap_through_the_chooser() -> 
         &[format!("--upstream-identity-provider-name={LDAP}")],
     )
     .await?;
-    anyhow::ensure!(
-        named.status.success(),
-        "{}",
-        String::from_utf8_lossy(&named.stderr)
-    );
-    let generated: serde_yaml::Value = serde_yaml::from_slice(&named.stdout)?;
-    let args = serde_json::to_value(&generated["users"][0]["user"]["exec"]["args"])?.to_string();
-    for expected in [
-        format!("--upstream-identity-provider-name={LDAP}"),
-        "--upstream-identity-provider-type=ldap".into(),
-        "--upstream-identity-provider-flow=cli_password".into(),
-    ] {
-        anyhow::ensure!(args.contains(&expected), "{expected} missing from {args}");
-    }
+    ensure_ldap_password_flow(&named, LDAP)?;
 
     // The browser, naming no provider: the chooser, then Dex's form.
     let browser = Browser::start().await?;
