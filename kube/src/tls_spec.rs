@@ -65,6 +65,19 @@ pub fn validate(tls: Option<&TLSSpec>, namespace: &str, sources: &impl CaSources
     }
 }
 
+/// [`validate`] for an object whose TLS settings are at `field` (e.g. `spec.githubAPI.tls`), which
+/// the condition's message names instead of `spec.tls`.
+pub fn validate_at(
+    tls: Option<&TLSSpec>,
+    field: &str,
+    namespace: &str,
+    sources: &impl CaSources,
+) -> TlsOutcome {
+    let mut outcome = validate(tls, namespace, sources);
+    outcome.check.message = outcome.check.message.replace("spec.tls", field);
+    outcome
+}
+
 /// The normalised PEM bundle, `None` for "use the system roots", or the condition's message.
 fn bundle(
     tls: Option<&TLSSpec>,

@@ -23,6 +23,9 @@ pub struct Client {
     pub scopes: Vec<String>,
     /// The grant types it may use at the token endpoint.
     pub grant_types: Vec<String>,
+    /// Whether it may ask for `response_mode=form_post` (the CLI may; OIDCClients get the
+    /// query, as in Pinniped).
+    pub form_post: bool,
 }
 
 impl Client {
@@ -49,6 +52,7 @@ impl Client {
             ]
             .map(String::from)
             .to_vec(),
+            form_post: true,
         }
     }
 
@@ -163,12 +167,16 @@ pub fn parse(query: &str, clients: &dyn Fn(&str) -> Option<Client>) -> Result<Au
     // The response mode decides how even the next errors are delivered.
     let response_mode = match get("response_mode") {
         None | Some("query") => ResponseMode::Query,
-        Some("form_post") => ResponseMode::FormPost,
+        Some("form_post") if client.form_post => ResponseMode::FormPost,
         Some(other) => {
             return Err(Refusal::Redirect {
                 error: OAuthError::new(
                     Code::UnsupportedResponseMode,
-                    &format!("Request with unsupported response_mode \"{other}\"."),
+                    &if other == "form_post" {
+                        "The client is not allowed to request response_mode 'form_post'.".to_string()
+                    } else {
+                        format!("Request with unsupported response_mode \"{other}\".")
+                    },
                 ),
                 redirect_uri,
                 response_mode: ResponseMode::Query,

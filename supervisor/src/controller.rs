@@ -1,5 +1,5 @@
 //! The Supervisor's controller: it watches FederationDomains, the identity providers (OIDC, LDAP,
-//! Active Directory; GitHub only so FederationDomains see it exists), Secrets and ConfigMaps in its
+//! Active Directory, GitHub), Secrets and ConfigMaps in its
 //! namespace and, after every change (and every ten seconds, to retry what
 //! failed), computes what to serve as a whole — the issuers table and the serving certificates —
 //! and swaps it in. Every replica serves; only the leader writes: the FederationDomains' generated
@@ -34,8 +34,9 @@ use kube::{
 use selkie_api::{
     supervisor_config::{FederationDomain, FederationDomainSecrets, FederationDomainStatus},
     supervisor_idp::{
-        ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider, OIDCIdentityProvider,
-        OIDCIdentityProviderStatus, Phase, TLSSpec,
+        ActiveDirectoryIdentityProvider, GitHubAllowedAuthOrganizationsPolicy, GitHubIdentityProvider,
+        GitHubIdentityProviderStatus, LDAPIdentityProvider, OIDCIdentityProvider, OIDCIdentityProviderStatus,
+        Phase, TLSSpec,
     },
 };
 use selkie_kube::{
@@ -44,21 +45,22 @@ use selkie_kube::{
     tls_spec::{self, CaSources},
 };
 use selkie_oidc::{
-    https::TlsOptions,
+    https::{HttpsClient, TlsOptions},
     rp::{ClientConfig, Provider},
 };
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
 use crate::{
+    background::Background,
     config::SupervisorConfig,
-    federation_domain,
+    federation_domain, github,
     issuer::{split_issuer, Issuer, Issuers},
     keys::{self, KeySecret},
     ldap::{self, Directory, DirectoryConfig, Flavor, GroupSearch, UserSearch},
     sealed::Sealer,
     tokens::TokenKey,
-    upstream::{LdapUpstream, OidcUpstream, Upstream},
+    upstream::{GitHubUpstream, LdapUpstream, OidcUpstream, Upstream},
 };
 
 /// How often everything is computed again without a change (to retry discovery and key reads).
@@ -73,6 +75,8 @@ const LDAP_RETRY: Duration = Duration::from_secs(30);
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// The Secret type of an OIDC upstream's client credentials.
 pub const OIDC_CLIENT_SECRET_TYPE: &str = "secrets.pinniped.dev/oidc-client";
+/// The type of a GitHubIdentityProvider's client Secret.
+pub const GITHUB_CLIENT_SECRET_TYPE: &str = "secrets.pinniped.dev/github-client";
 /// Authorization request parameters an upstream's configuration may not set.
 pub const DISALLOWED_AUTHORIZE_PARAMETERS: [&str; 9] = [
     "response_type",
@@ -119,8 +123,7 @@ struct BuiltUpstream {
 struct Watched {
     federation_domains: Store<DynamicObject>,
     identity_providers: Store<DynamicObject>,
-    /// LDAP, Active Directory and GitHub identity providers (GitHub's only so FederationDomains
-    /// can tell they exist: not served yet).
+    /// LDAP, Active Directory and GitHub identity providers.
     other_identity_providers: Vec<(&'static str, Store<DynamicObject>)>,
     secrets: Store<Secret>,
     config_maps: Store<ConfigMap>,
@@ -161,8 +164,8 @@ pub struct Controller {
     /// OIDC discoveries of upstreams, by `namespace/name`: run in tasks of their own, a failure
     /// standing for [`RESYNC`] before it is tried again.
     discoveries: Arc<std::sync::Mutex<HashMap<String, Discovery>>>,
-    /// Statuses last written, to write only changes.
-    written: HashMap<String, serde_json::Value>,
+    /// Writes statuses, only changes.
+    statuses: StatusWriter,
     /// How long a signing key signs before it is rotated; `None`: never.
     rotation_interval: Option<Duration>,
     /// The directories of LDAP and Active Directory identity providers, by `kind/namespace/name`,
@@ -178,6 +181,11 @@ pub struct Controller {
     probes: Arc<std::sync::Mutex<HashMap<String, Probe>>>,
     /// Wakes the sync loop (a watch event, a finished probe).
     wake: Arc<Notify>,
+    /// GitHubIdentityProviders built before, by `kind/namespace/name`: reused while unchanged,
+    /// kept serving while a change does not work yet.
+    githubs: HashMap<String, (github::GitHub, Arc<Upstream>)>,
+    /// GitHub connection probes, by the same key.
+    github_probes: Background<()>,
 }
 
 /// An upstream's OIDC discovery: what it was made from, and, once finished, the provider or the
@@ -328,12 +336,16 @@ impl Controller {
         let rotation_interval = config
             .signing_key_rotation_interval()
             .map_err(|e| ControllerError::Config(e.to_string()))?;
+        let wake = Arc::new(Notify::new());
         Ok(Self {
+            statuses: StatusWriter::new(client.clone(), &config.namespace),
             rotation_interval,
             directories: HashMap::new(),
             failed_directories: HashMap::new(),
             probes: Arc::default(),
-            wake: Arc::new(Notify::new()),
+            githubs: HashMap::new(),
+            github_probes: Background::new(wake.clone()),
+            wake,
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
                     &config.api_group_suffix,
@@ -368,7 +380,6 @@ impl Controller {
             leader,
             upstreams: HashMap::new(),
             discoveries: Arc::default(),
-            written: HashMap::new(),
         })
     }
 
@@ -467,7 +478,8 @@ impl Controller {
                         &conditions::now(),
                     ),
                 };
-                self.write_status(&self.idp_resource.clone(), &name, &idp.status, status)
+                self.statuses
+                    .write(&self.idp_resource, &name, &idp.status, status)
                     .await;
             }
         }
@@ -508,6 +520,31 @@ impl Controller {
                         });
                         (DirectorySpec::of_active_directory(&active_directory), current)
                     }
+                    "GitHubIdentityProvider" => {
+                        let Some(idp) = parse::<GitHubIdentityProvider>(&object) else {
+                            continue;
+                        };
+                        let checks = self.github_upstream(&idp, &sources, &mut idps);
+                        if leading {
+                            let phase = if conditions::had_error(&checks) {
+                                Phase::Error
+                            } else {
+                                Phase::Ready
+                            };
+                            let current = idp.status.clone();
+                            let status = GitHubIdentityProviderStatus {
+                                phase,
+                                conditions: conditions::merge(
+                                    &current.clone().unwrap_or_default().conditions,
+                                    &checks,
+                                    idp.metadata.generation,
+                                    &conditions::now(),
+                                ),
+                            };
+                            self.statuses.write(&resource, &name, &current, status).await;
+                        }
+                        continue;
+                    }
                     _ => continue,
                 };
                 let (checks, upstream) = self.directory_upstream(&spec, &sources).await;
@@ -526,7 +563,7 @@ impl Controller {
                             &conditions::now(),
                         ),
                     };
-                    self.write_status(&resource, &name, &current, status).await;
+                    self.statuses.write(&resource, &name, &current, status).await;
                 }
             }
         }
@@ -623,7 +660,8 @@ impl Controller {
                         state_encryption_key: reference(KeySecret::StateEncryption),
                     },
                 };
-                self.write_status(&self.fd_resource.clone(), &name, &fd.status, status)
+                self.statuses
+                    .write(&self.fd_resource, &name, &fd.status, status)
                     .await;
             }
         }
@@ -836,6 +874,190 @@ impl Controller {
             },
         );
         (checks, Some(upstream))
+    }
+
+    /// A GitHubIdentityProvider's conditions (Pinniped's six: ClientCredentialsSecretValid,
+    /// ClaimsValid, OrganizationsPolicyValid, HostValid, TLSConfigurationValid,
+    /// GitHubConnectionValid; no Ready) and, when they all hold, its upstream inserted into
+    /// `idps`. The connection probe (`GET <api>/rate_limit`) runs in a task of its own, once per
+    /// configuration, again [`LDAP_RETRY`] after a failure; meanwhile, or while a change does not
+    /// work yet, the last working configuration keeps serving.
+    fn github_upstream(
+        &mut self,
+        idp: &GitHubIdentityProvider,
+        sources: &Sources<'_>,
+        idps: &mut HashMap<(String, String), Arc<Upstream>>,
+    ) -> Vec<Check> {
+        const SECRET: &str = "ClientCredentialsSecretValid";
+        const CLAIMS: &str = "ClaimsValid";
+        const POLICY: &str = "OrganizationsPolicyValid";
+        const HOST: &str = "HostValid";
+        const CONNECTION: &str = "GitHubConnectionValid";
+        let name = idp.name_any();
+        let key = format!("GitHubIdentityProvider/{}/{name}", sources.namespace);
+        let spec = &idp.spec;
+        let mut checks = Vec::new();
+
+        let secret_name = &spec.client.secret_name;
+        let credentials = github_credentials(sources, secret_name);
+        checks.push(match &credentials {
+            Ok(_) => Check::success(
+                SECRET,
+                format!("clientID and clientSecret have been read from spec.client.SecretName (\"{secret_name}\")"),
+            ),
+            Err(prefix) => Check::failure(
+                SECRET,
+                "SecretNotFound",
+                format!(
+                    "{prefix}: secret from spec.client.SecretName (\"{secret_name}\") must be found in namespace \"{}\" with type \"{GITHUB_CLIENT_SECRET_TYPE}\" and keys \"clientID\" and \"clientSecret\"",
+                    sources.namespace
+                ),
+            ),
+        });
+
+        let claims = match (spec.claims.username, spec.claims.groups) {
+            (None, _) => Err("spec.claims.username is required"),
+            (_, None) => Err("spec.claims.groups is required"),
+            (Some(username), Some(groups)) => Ok((username, groups)),
+        };
+        checks.push(match &claims {
+            Ok(_) => Check::success(CLAIMS, "spec.claims are valid"),
+            Err(message) => Check::failure(CLAIMS, "Invalid", *message),
+        });
+
+        let organizations = &spec.allow_authentication.organizations;
+        let policy = organizations.policy;
+        let allowed = &organizations.allowed;
+        let policy_ok = matches!(
+            (policy, allowed.is_empty()),
+            (Some(GitHubAllowedAuthOrganizationsPolicy::AllGitHubUsers), true)
+                | (
+                    Some(GitHubAllowedAuthOrganizationsPolicy::OnlyUsersFromAllowedOrganizations),
+                    false
+                )
+        );
+        checks.push(if policy_ok {
+            let policy = policy.map(|policy| format!("{policy:?}")).unwrap_or_default();
+            Check::success(POLICY, format!("spec.allowAuthentication.organizations.policy (\"{policy}\") is valid"))
+        } else if !allowed.is_empty() {
+            Check::failure(POLICY, "Invalid", "spec.allowAuthentication.organizations.policy must be 'OnlyUsersFromAllowedOrganizations' when spec.allowAuthentication.organizations.allowed has organizations listed")
+        } else {
+            Check::failure(POLICY, "Invalid", "spec.allowAuthentication.organizations.policy must be 'AllGitHubUsers' when spec.allowAuthentication.organizations.allowed is empty")
+        });
+
+        let host = spec.github_api.host.clone().unwrap_or_default();
+        let endpoints = github::Endpoints::of(&host);
+        checks.push(match &endpoints {
+            Ok(_) => Check::success(HOST, format!("spec.githubAPI.host (\"{host}\") is valid")),
+            Err(reason) => Check::failure(
+                HOST,
+                "InvalidHost",
+                format!("spec.githubAPI.host (\"{host}\") is not valid: {reason}"),
+            ),
+        });
+
+        let tls = tls_spec::validate_at(
+            spec.github_api.tls.as_ref(),
+            "spec.githubAPI.tls",
+            sources.namespace,
+            sources,
+        );
+        checks.push(tls.check.clone());
+
+        let previous = self.githubs.get(&key).map(|(_, upstream)| upstream.clone());
+        let keep_previous = |idps: &mut HashMap<(String, String), Arc<Upstream>>| {
+            if let Some(previous) = previous.clone() {
+                idps.insert(("GitHubIdentityProvider".into(), name.clone()), previous);
+            }
+        };
+        let (Ok(endpoints), true) = (endpoints, tls.ok()) else {
+            checks.push(Check::unable_to_validate(CONNECTION));
+            keep_previous(idps);
+            return checks;
+        };
+        let https = match HttpsClient::new(&TlsOptions {
+            ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
+            ..TlsOptions::default()
+        }) {
+            Ok(https) => https,
+            Err(error) => {
+                checks.push(Check::failure(
+                    CONNECTION,
+                    "UnableToMakeRequest",
+                    format!(
+                        "cannot make connection probe request for spec.githubAPI.host (\"{host}\"): {error}"
+                    ),
+                ));
+                keep_previous(idps);
+                return checks;
+            }
+        };
+        // The probe depends on where GitHub is and which CAs are trusted, nothing else.
+        let probe_key = format!("{}|{:?}", endpoints.address, tls.ca_bundle_pem);
+        let probed = self.github_probes.poll(&key, &probe_key, LDAP_RETRY, {
+            let probe = github::GitHub::new(
+                endpoints.clone(),
+                String::new(),
+                String::new(),
+                selkie_api::supervisor_idp::GitHubUsernameAttribute::LoginAndID,
+                selkie_api::supervisor_idp::GitHubGroupNameAttribute::Slug,
+                &[],
+                https.clone(),
+            );
+            async move { probe.probe().await }
+        });
+        checks.push(match &probed {
+            None => Check::unknown(
+                CONNECTION,
+                format!("probing the connection to \"{}\" for spec.githubAPI.host (\"{host}\")", endpoints.address),
+            ),
+            Some(Ok(())) => Check::success(
+                CONNECTION,
+                format!(
+                    "probed connection to \"{}\" for spec.githubAPI.host (\"{host}\"): host is reachable and TLS verification succeeds",
+                    endpoints.address
+                ),
+            ),
+            Some(Err(reason)) => Check::failure(
+                CONNECTION,
+                "UnableToMakeRequest",
+                format!("cannot make connection probe request for spec.githubAPI.host (\"{host}\"): {reason}"),
+            ),
+        });
+        let (Ok((client_id, client_secret)), Ok((username, groups)), true, Some(Ok(()))) =
+            (credentials, claims, policy_ok, probed)
+        else {
+            keep_previous(idps);
+            return checks;
+        };
+        let github = github::GitHub::new(
+            endpoints,
+            client_id,
+            client_secret,
+            username,
+            groups,
+            allowed,
+            https,
+        );
+        let uid = idp.metadata.uid.clone().unwrap_or_default();
+        let upstream = match self.githubs.get(&key) {
+            // Unchanged: the same upstream (and its connection pool) keeps serving.
+            Some((built, upstream)) if built.same_settings(&github) && uid == upstream_uid(upstream) => {
+                upstream.clone()
+            }
+            _ => {
+                let upstream = Arc::new(Upstream::GitHub(GitHubUpstream {
+                    display_name: name.clone(),
+                    resource_name: name.clone(),
+                    resource_uid: uid,
+                    github: Arc::new(github.clone()),
+                }));
+                self.githubs.insert(key, (github, upstream.clone()));
+                upstream
+            }
+        };
+        idps.insert(("GitHubIdentityProvider".into(), name), upstream);
+        checks
     }
 
     /// The conditions of an LDAP or Active Directory identity provider, as Pinniped's, and its
@@ -1120,9 +1342,30 @@ impl Controller {
             .map_err(|e| e.to_string())?;
         Ok((signing, jwks, token, state))
     }
+}
 
-    /// Writes `status` to the object's status subresource when it differs from what it has.
-    async fn write_status<S: serde::Serialize + PartialEq>(
+/// Writes the statuses of a namespace's objects: a merge patch of `status`, only when it differs
+/// from the object's current status and from what was last written for it.
+pub(crate) struct StatusWriter {
+    client: Client,
+    namespace: String,
+    /// Statuses last written, by `kind/name`.
+    written: HashMap<String, serde_json::Value>,
+}
+
+impl StatusWriter {
+    /// A writer to objects in `namespace`.
+    pub(crate) fn new(client: Client, namespace: &str) -> Self {
+        Self {
+            client,
+            namespace: namespace.to_string(),
+            written: HashMap::new(),
+        }
+    }
+
+    /// Writes `status` to the `resource` object `name` whose status is `current`, unless it is
+    /// unchanged. A failure is logged (the next sync writes again).
+    pub(crate) async fn write<S: serde::Serialize + PartialEq>(
         &mut self,
         resource: &ApiResource,
         name: &str,
@@ -1137,8 +1380,7 @@ impl Controller {
         if self.written.get(&key) == Some(&value) {
             return;
         }
-        let api =
-            Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.config.namespace, resource);
+        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.namespace, resource);
         match api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&value))
             .await
@@ -1221,6 +1463,43 @@ async fn probe_directory(mut config: DirectoryConfig, connected: String) -> (Vec
 /// The two non-empty text values `keys` of the Secret `name`, which must be of type
 /// `secret_type`, and its resourceVersion; or the failed `condition` as Pinniped words it
 /// (`SecretNotFound`, `SecretWrongType`, `SecretMissingKeys`).
+/// The `clientID` and `clientSecret` of a GitHubIdentityProvider's client Secret, or what is
+/// wrong with it in Pinniped's words (the condition's message begins with it).
+fn github_credentials(sources: &Sources<'_>, name: &str) -> Result<(String, String), String> {
+    let Some(secret) = sources.secret(name) else {
+        return Err(format!("secret \"{name}\" not found"));
+    };
+    let found_type = secret.type_.clone().unwrap_or_default();
+    if found_type != GITHUB_CLIENT_SECRET_TYPE {
+        return Err(format!("wrong secret type \"{found_type}\""));
+    }
+    let data = secret.data.clone().unwrap_or_default();
+    let value = |key: &str| {
+        data.get(key)
+            .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
+            .filter(|value| !value.is_empty())
+    };
+    let Some(client_id) = value("clientID") else {
+        return Err("missing key \"clientID\"".into());
+    };
+    let Some(client_secret) = value("clientSecret") else {
+        return Err("missing key \"clientSecret\"".into());
+    };
+    if data.len() != 2 {
+        return Err("extra keys found".into());
+    }
+    Ok((client_id, client_secret))
+}
+
+/// The resource UID an upstream was built from.
+fn upstream_uid(upstream: &Upstream) -> &str {
+    match upstream {
+        Upstream::Oidc(oidc) => &oidc.resource_uid,
+        Upstream::Ldap(ldap) => &ldap.resource_uid,
+        Upstream::GitHub(github) => &github.resource_uid,
+    }
+}
+
 fn secret_pair(
     sources: &Sources<'_>,
     condition: &'static str,
@@ -1297,7 +1576,7 @@ fn serving_key(secret: &Secret) -> Option<rustls::sign::CertifiedKey> {
 
 /// A watched object as its typed form; objects that do not parse are skipped with a log line (the
 /// CRD's schema makes that rare).
-fn parse<K: serde::de::DeserializeOwned>(object: &DynamicObject) -> Option<K> {
+pub(crate) fn parse<K: serde::de::DeserializeOwned>(object: &DynamicObject) -> Option<K> {
     let value = serde_json::to_value(object).ok()?;
     match serde_json::from_value(value) {
         Ok(typed) => Some(typed),
@@ -1313,7 +1592,7 @@ fn parse<K: serde::de::DeserializeOwned>(object: &DynamicObject) -> Option<K> {
 }
 
 /// Applies a watch's events to `writer`, waking `changed` after each.
-async fn follow<K>(
+pub(crate) async fn follow<K>(
     stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     writer: reflector::store::Writer<K>,
     changed: Arc<Notify>,

@@ -17,6 +17,8 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 
 use crate::{
+    authorize::{self, Client},
+    clients::Clients,
     discovery,
     issuer::Issuers,
     metrics::{Endpoint, Metrics},
@@ -41,9 +43,19 @@ pub struct Endpoints {
     pub metrics: Arc<Metrics>,
     /// Where login events are written.
     pub audit: crate::audit::Audit,
+    /// The valid OIDCClients, replaced whole when one changes.
+    pub clients: Arc<ArcSwap<Clients>>,
 }
 
 impl Endpoints {
+    /// The client `id` may ask for authorization as: the CLI, or a valid OIDCClient.
+    pub fn client(&self, id: &str) -> Option<Client> {
+        if id == authorize::PINNIPED_CLI {
+            return Some(Client::pinniped_cli());
+        }
+        self.clients.load().get(id).map(|dynamic| dynamic.client.clone())
+    }
+
     /// Answers one request, and writes its audit line: one JSON log line (target `audit`) with
     /// the method, the path (never the query or the body: they carry codes, tokens and
     /// passwords), the status and the time taken; and counts it in [`Metrics`].

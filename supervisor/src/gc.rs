@@ -167,7 +167,7 @@ fn find_oidc<'a>(issuers: &'a Issuers, name: &str, uid: &str) -> Option<&'a Oidc
         .flat_map(|issuer| issuer.idps.iter())
         .find_map(|idp| match idp.as_ref() {
             Upstream::Oidc(oidc) if oidc.resource_name == name && oidc.resource_uid == uid => Some(oidc),
-            Upstream::Oidc(_) | Upstream::Ldap(_) => None,
+            Upstream::Oidc(_) | Upstream::Ldap(_) | Upstream::GitHub(_) => None,
         })
 }
 

@@ -11,7 +11,8 @@ use serde_json::{json, Map, Value};
 use sha2::{Digest as _, Sha256};
 use time::OffsetDateTime;
 
-/// How long every ID token lives (authorization code, refresh and token exchange alike).
+/// How long ID tokens live by default (authorization code, refresh and token exchange alike; an
+/// OIDCClient may set its own for the first two).
 pub const LIFETIME: time::Duration = time::Duration::minutes(2);
 
 /// Who the token is about and for.
@@ -39,6 +40,8 @@ pub struct IdTokenClaims {
     pub groups: Option<Vec<String>>,
     /// `additionalClaims`, when the upstream's mappings produced any.
     pub additional_claims: BTreeMap<String, Value>,
+    /// How long it lives ([`LIFETIME`] unless the client's configuration says otherwise).
+    pub lifetime: time::Duration,
 }
 
 impl IdTokenClaims {
@@ -54,7 +57,7 @@ impl IdTokenClaims {
         put("aud", json!([self.audience]));
         put("azp", json!(self.authorized_party));
         put("iat", json!(now.unix_timestamp()));
-        put("exp", json!((now + LIFETIME).unix_timestamp()));
+        put("exp", json!((now + self.lifetime).unix_timestamp()));
         put("auth_time", json!(self.auth_time.unix_timestamp()));
         put("rat", json!(self.requested_at.unix_timestamp()));
         put("jti", json!(jti));
@@ -110,6 +113,7 @@ mod tests {
             username: Some("pinny@example.com".into()),
             groups: Some(vec!["seals".into()]),
             additional_claims: BTreeMap::new(),
+            lifetime: LIFETIME,
         };
         let token = claims.sign(&key, now).unwrap();
         let jws = Jws::parse(&token).unwrap();

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 use clap::Parser;
 use selkie_kube::{leader, serving::ServingCert};
 use selkie_supervisor::{
+    clients::{ClientController, Clients},
     config::SupervisorConfig,
     controller::{Controller, Outputs},
     endpoints::Endpoints,
@@ -49,7 +50,9 @@ async fn main() -> anyhow::Result<()> {
     let serving = Arc::new(ServingCert::disabled());
     let store = Store::new(kube::Api::namespaced(client.clone(), &config.namespace));
     let metrics = Arc::new(Metrics::new());
+    let clients = Arc::new(ArcSwap::from_pointee(Clients::default()));
     let endpoints = Arc::new(Endpoints {
+        clients: clients.clone(),
         issuers: issuers.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
@@ -87,6 +90,13 @@ async fn main() -> anyhow::Result<()> {
         },
         leader_receiver.clone(),
     )?;
+    let client_controller = ClientController::new(
+        client.clone(),
+        &config.namespace,
+        &config.api_group_suffix,
+        clients,
+        leader_receiver.clone(),
+    )?;
     let (stop_sender, stop) = watch::channel(false);
     let stopped = |mut stop: watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|stopping| *stopping).await;
@@ -98,6 +108,10 @@ async fn main() -> anyhow::Result<()> {
         anyhow::Ok(())
     });
     tasks.spawn(async move { Ok(controller.run().await?) });
+    tasks.spawn(async move {
+        client_controller.run().await;
+        anyhow::Ok(())
+    });
     {
         let (store, leader, issuers, metrics) = (
             store.clone(),

@@ -74,14 +74,9 @@ impl Resource {
         format!("storage.pinniped.dev/{}", self.as_str())
     }
 
-    /// The Secret name for `signature` (a token's or code's signature, usually base64url): its
-    /// bytes (decoded when it is base64 of any kind) in lower-case unpadded base32.
+    /// The Secret name for `signature`: [`secret_name`] of this resource.
     pub fn secret_name(self, signature: &str) -> String {
-        let bytes = [URL_SAFE_NO_PAD, URL_SAFE, STANDARD_NO_PAD, STANDARD]
-            .iter()
-            .find_map(|engine| engine.decode(signature).ok())
-            .unwrap_or_else(|| signature.as_bytes().to_vec());
-        format!("pinniped-storage-{}-{}", self.as_str(), base32_lower(&bytes))
+        secret_name(self.as_str(), signature)
     }
 
     /// The Secret storing `data` for `signature`, collectable `lifetime` after `now`.
@@ -120,40 +115,57 @@ impl Resource {
         }
     }
 
-    /// The JSON a storage Secret of this resource holds. Fails, naming what is wrong, when the
-    /// Secret is of another type, label or version, or its data is not JSON.
+    /// The JSON a storage Secret of this resource holds: [`read`] of this resource.
     pub fn from_secret(self, secret: &Secret) -> Result<serde_json::Value, StorageError> {
-        let found_type = secret.type_.clone().unwrap_or_default();
-        if found_type != self.secret_type() {
-            return Err(StorageError::WrongType {
-                found: found_type,
-                expected: self.secret_type(),
-            });
-        }
-        let label = secret
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(TYPE_LABEL))
-            .cloned()
-            .unwrap_or_default();
-        if label != self.as_str() {
-            return Err(StorageError::WrongLabel(label));
-        }
-        let data = secret.data.as_ref();
-        if data
-            .and_then(|data| data.get(VERSION_KEY))
-            .map(|v| v.0.as_slice())
-            != Some(VERSION.as_bytes())
-        {
-            return Err(StorageError::WrongVersion);
-        }
-        let json = data
-            .and_then(|data| data.get(DATA_KEY))
-            .ok_or(StorageError::NoData)?;
-        serde_json::from_slice(&json.0)
-            .map_err(|e| StorageError::NotJson(selkie_api::json::error_without_values(&e)))
+        read(secret, self.as_str())
     }
+}
+
+/// The name of the storage Secret of type label `label` (a resource's name, e.g. `authcode` or
+/// `oidc-client-secret`) for `signature` (a token's or code's signature, usually base64url): its
+/// bytes (decoded when it is base64 of any kind) in lower-case unpadded base32.
+pub fn secret_name(label: &str, signature: &str) -> String {
+    let bytes = [URL_SAFE_NO_PAD, URL_SAFE, STANDARD_NO_PAD, STANDARD]
+        .iter()
+        .find_map(|engine| engine.decode(signature).ok())
+        .unwrap_or_else(|| signature.as_bytes().to_vec());
+    format!("pinniped-storage-{label}-{}", base32_lower(&bytes))
+}
+
+/// The JSON a storage Secret of type label `label` holds. Fails, naming what is wrong, when the
+/// Secret is of another type, label or version, or its data is not JSON.
+pub fn read(secret: &Secret, label: &str) -> Result<serde_json::Value, StorageError> {
+    let expected = format!("storage.pinniped.dev/{label}");
+    let found_type = secret.type_.clone().unwrap_or_default();
+    if found_type != expected {
+        return Err(StorageError::WrongType {
+            found: found_type,
+            expected,
+        });
+    }
+    let found_label = secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(TYPE_LABEL))
+        .cloned()
+        .unwrap_or_default();
+    if found_label != label {
+        return Err(StorageError::WrongLabel(found_label));
+    }
+    let data = secret.data.as_ref();
+    if data
+        .and_then(|data| data.get(VERSION_KEY))
+        .map(|v| v.0.as_slice())
+        != Some(VERSION.as_bytes())
+    {
+        return Err(StorageError::WrongVersion);
+    }
+    let json = data
+        .and_then(|data| data.get(DATA_KEY))
+        .ok_or(StorageError::NoData)?;
+    serde_json::from_slice(&json.0)
+        .map_err(|e| StorageError::NotJson(selkie_api::json::error_without_values(&e)))
 }
 
 /// When a storage Secret may be deleted, from its annotation. `None` when it has none or it does

@@ -1,5 +1,5 @@
-//! The upstream identity providers of a FederationDomain as logins use them: OIDC, and LDAP and
-//! Active Directory (GitHub joins as another variant of [`Upstream`]).
+//! The upstream identity providers of a FederationDomain as logins use them: OIDC, LDAP and
+//! Active Directory, and GitHub.
 //!
 //! An OIDC upstream is a discovered [`Provider`] the Supervisor is a confidential client of, and
 //! the rules that turn its ID token into a downstream identity (Pinniped's): the username claim
@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use selkie_api::supervisor_oidc::{IDPFlow, IDPType};
 
 use crate::{
+    github::{GitHub, GitHubError},
     ldap::{Directory, LdapError, StoredLogin},
     session::{self, Identity, LdapSession},
     subject,
@@ -26,6 +27,8 @@ pub enum Upstream {
     Oidc(OidcUpstream),
     /// An LDAPIdentityProvider or ActiveDirectoryIdentityProvider.
     Ldap(LdapUpstream),
+    /// A GitHubIdentityProvider.
+    GitHub(GitHubUpstream),
 }
 
 impl Upstream {
@@ -34,6 +37,7 @@ impl Upstream {
         match self {
             Self::Oidc(oidc) => &oidc.display_name,
             Self::Ldap(ldap) => &ldap.display_name,
+            Self::GitHub(github) => &github.display_name,
         }
     }
 
@@ -48,6 +52,10 @@ impl Upstream {
                 display_name: display_name.to_string(),
                 ..ldap.clone()
             }),
+            Self::GitHub(github) => Self::GitHub(GitHubUpstream {
+                display_name: display_name.to_string(),
+                ..github.clone()
+            }),
         }
     }
 
@@ -56,6 +64,7 @@ impl Upstream {
         match self {
             Self::Oidc(_) => IDPType::OIDC,
             Self::Ldap(ldap) => ldap.kind,
+            Self::GitHub(_) => IDPType::GitHub,
         }
     }
 
@@ -67,6 +76,7 @@ impl Upstream {
             }
             Self::Oidc(_) => vec![IDPFlow::BrowserAuthcode],
             Self::Ldap(_) => vec![IDPFlow::CliPassword, IDPFlow::BrowserAuthcode],
+            Self::GitHub(_) => vec![IDPFlow::BrowserAuthcode],
         }
     }
 }
@@ -287,5 +297,76 @@ impl LdapUpstream {
                 LdapError::Changed(what) => what,
                 other => format!("The directory could not be asked: {other}"),
             })
+    }
+}
+
+/// A GitHubIdentityProvider ready to use.
+#[derive(Debug, Clone)]
+pub struct GitHubUpstream {
+    /// Its display name in the FederationDomain.
+    pub display_name: String,
+    /// The resource's name.
+    pub resource_name: String,
+    /// The resource's UID.
+    pub resource_uid: String,
+    /// The GitHub it logs in at.
+    pub github: Arc<GitHub>,
+}
+
+impl GitHubUpstream {
+    /// Finishes a login whose browser came back with `code` (sent to `redirect_uri`): redeems it
+    /// for the user's access token and asks GitHub who they are ([`GitHub::user`]). The session
+    /// keeps the access token to ask again at every refresh. Fails as those do.
+    pub async fn login(
+        &self,
+        code: &str,
+        redirect_uri: &str,
+    ) -> Result<(Identity, session::Upstream), GitHubError> {
+        let token = self.github.exchange_code(code, redirect_uri).await?;
+        let user = self.github.user(&token, &self.display_name).await?;
+        Ok((
+            Identity {
+                subject: user.subject,
+                username: user.username.clone(),
+                groups: user.groups.clone(),
+                additional_claims: BTreeMap::new(),
+            },
+            session::Upstream {
+                idp_name: self.display_name.clone(),
+                idp_type: IDPType::GitHub.as_str().to_string(),
+                provider_name: self.resource_name.clone(),
+                provider_uid: self.resource_uid.clone(),
+                issuer: self.github.endpoints.api.clone(),
+                subject: String::new(),
+                refresh_token: None,
+                access_token: Some(token),
+                username: Some(user.username),
+                groups: Some(user.groups),
+                ldap: None,
+            },
+        ))
+    }
+
+    /// Checks the user of a session again at GitHub with the access token it keeps and returns
+    /// their upstream username and groups now. The user must be the same one (the same
+    /// downstream subject, `downstream_subject`) and still pass the organization policy; the
+    /// error is the reason of the refused refresh.
+    pub async fn refresh(
+        &self,
+        upstream: &session::Upstream,
+        downstream_subject: &str,
+    ) -> Result<(String, Vec<String>), String> {
+        let Some(token) = upstream.access_token.as_deref() else {
+            return Err("The session holds no GitHub access token; log in again.".into());
+        };
+        let user = self
+            .github
+            .user(token, &self.display_name)
+            .await
+            .map_err(|error| error.to_string())?;
+        if user.subject != downstream_subject {
+            return Err("The GitHub user or the identity provider's host changed.".into());
+        }
+        Ok((user.username, user.groups))
     }
 }

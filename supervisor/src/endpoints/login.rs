@@ -24,8 +24,9 @@ use time::OffsetDateTime;
 
 use super::{oauth_error, read_form, text, Body, Endpoints};
 use crate::{
-    authorize::{self, AuthorizeRequest, Client, Refusal, ResponseMode},
+    authorize::{self, AuthorizeRequest, Refusal, ResponseMode},
     discovery::{CALLBACK_PATH, CHOOSE_IDP_PATH, LOGIN_PATH},
+    github::GitHubError,
     issuer::Issuer,
     ldap::LdapError,
     oauth::{Code, OAuthError},
@@ -33,7 +34,7 @@ use crate::{
     storage::Resource,
     tokens::Kind,
     transforms::Outcome,
-    upstream::{LdapUpstream, OidcUpstream, Upstream},
+    upstream::{GitHubUpstream, LdapUpstream, OidcUpstream, Upstream},
 };
 
 /// The CSRF cookie (the `__Host-` prefix: Secure, Path=/, no Domain).
@@ -60,11 +61,6 @@ struct UpstreamState {
     csrf: String,
 }
 
-/// The clients that may log in: the CLI. (Dynamic OIDCClients come with their reconciler.)
-fn clients(id: &str) -> Option<Client> {
-    (id == authorize::PINNIPED_CLI).then(Client::pinniped_cli)
-}
-
 /// `GET|POST /oauth2/authorize`.
 pub async fn authorize<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
 where
@@ -87,7 +83,7 @@ where
     } else {
         parts.uri.query().unwrap_or_default().to_string()
     };
-    let request = match authorize::parse(&query, &clients) {
+    let request = match authorize::parse(&query, &|id| endpoints.client(id)) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
     };
@@ -113,6 +109,12 @@ where
         return back(OAuthError::new(Code::InvalidRequest, &hint));
     };
     if username.is_some() || password.is_some() {
+        if request.client_id != authorize::PINNIPED_CLI {
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                "This client is not allowed to submit username or password headers to this endpoint.",
+            ));
+        }
         let (Some(username), Some(password)) = (
             username.filter(|u| !u.is_empty()),
             password.filter(|p| !p.is_empty()),
@@ -162,6 +164,12 @@ async fn password_login(
             Ok(found) => found,
             Err(error) => return back(ldap_refusal(endpoints, issuer, ldap, username, &error)),
         },
+        Upstream::GitHub(_) => {
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                "Reason: GitHub identity providers support only the browser_authcode flow; log in with a browser.",
+            ))
+        }
     };
     let mut request = request;
     request.response_mode = ResponseMode::Query;
@@ -296,6 +304,9 @@ fn browser_login(
             )
         }
         Upstream::Ldap(_) => login_page_url(issuer, &sealed_state, None),
+        Upstream::GitHub(github) => github
+            .github
+            .authorize_url(&sealed_state, &format!("{}{CALLBACK_PATH}", issuer.issuer)),
     };
     let mut response = redirect(&url);
     if let Some(sealed) = set_cookie {
@@ -341,7 +352,7 @@ where
         Ok(state) => state,
         Err((status, message)) => return text(status, &message),
     };
-    let request = match authorize::parse(&state.authorize_query, &clients) {
+    let request = match authorize::parse(&state.authorize_query, &|id| endpoints.client(id)) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
     };
@@ -366,11 +377,15 @@ where
             return back(OAuthError::new(Code::AccessDenied, &format!("Reason: {reason}.")));
         }
     };
-    let Upstream::Oidc(oidc) = idp.as_ref() else {
-        return back(OAuthError::new(
-            Code::AccessDenied,
-            "Reason: this identity provider does not log in through the callback.",
-        ));
+    let oidc = match idp.as_ref() {
+        Upstream::Oidc(oidc) => oidc,
+        Upstream::GitHub(github) => return github_callback(endpoints, issuer, github, &request, &code).await,
+        Upstream::Ldap(_) => {
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                "Reason: this identity provider does not log in through the callback.",
+            ))
+        }
     };
     let upstream_params = LoginParams {
         state: String::new(),
@@ -405,6 +420,56 @@ where
         Err(reason) => return back(OAuthError::new(Code::AccessDenied, &reason)),
     };
     issue_code(endpoints, issuer, &request, identity, upstream).await
+}
+
+/// The end of a GitHub login: the code redeemed and the user read from GitHub's API, then the
+/// downstream code issued. As Pinniped, GitHub's refusals are pages in the browser, not
+/// redirects to the client: 502 when the code cannot be redeemed (503 when GitHub is
+/// unavailable), 403 with the reason when the organization policy refuses the user, 422 when the
+/// user cannot be read.
+async fn github_callback(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    github: &GitHubUpstream,
+    request: &AuthorizeRequest,
+    code: &str,
+) -> Response<Body> {
+    let redirect_uri = format!("{}{CALLBACK_PATH}", issuer.issuer);
+    match github.login(code, &redirect_uri).await {
+        Ok((identity, upstream)) => issue_code(endpoints, issuer, request, identity, upstream).await,
+        Err(GitHubError::Denied) => {
+            tracing::info!(issuer = %issuer.issuer, idp = %github.display_name, "GitHub login refused by the organization policy");
+            text(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "Forbidden: login denied due to configuration on GitHubIdentityProvider with display name {:?}: {}",
+                    github.display_name,
+                    GitHubError::Denied
+                ),
+            )
+        }
+        Err(GitHubError::Unavailable(reason)) => {
+            tracing::warn!(issuer = %issuer.issuer, idp = %github.display_name, %reason, "GitHub could not be asked at a login");
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable: GitHub could not be reached, failed, or limited the rate of requests; try again later",
+            )
+        }
+        Err(GitHubError::Refused(reason)) => {
+            tracing::info!(issuer = %issuer.issuer, idp = %github.display_name, %reason, "GitHub login failed");
+            if reason.starts_with("the token endpoint") {
+                text(
+                    StatusCode::BAD_GATEWAY,
+                    "Bad Gateway: failed to exchange authcode using GitHub API",
+                )
+            } else {
+                text(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Unprocessable Entity: failed to get user info from GitHub API",
+                )
+            }
+        }
+    }
 }
 
 /// The login's sealed `state`, opened, and checked against the browser's CSRF cookie; else the
@@ -531,7 +596,7 @@ where
         };
         return login_form(&ldap.display_name, sealed, alert);
     }
-    let request = match authorize::parse(&state.authorize_query, &clients) {
+    let request = match authorize::parse(&state.authorize_query, &|id| endpoints.client(id)) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
     };

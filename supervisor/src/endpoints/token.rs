@@ -4,14 +4,15 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use base64::Engine as _;
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use serde_json::json;
 use time::OffsetDateTime;
 
 use super::{json, oauth_error, read_form, Body, Endpoints};
 use crate::{
-    authorize::{self, verifier_matches},
+    authorize::{self, verifier_matches, Client},
     id_token::{self, IdTokenClaims},
     issuer::Issuer,
     metrics::Grant,
@@ -34,7 +35,8 @@ where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let Some(form) = read_form(request.into_body()).await else {
+    let (parts, body) = request.into_parts();
+    let Some(form) = read_form(body).await else {
         return oauth_error(&OAuthError::new(
             Code::InvalidRequest,
             "The request body is too large or unreadable.",
@@ -55,32 +57,131 @@ where
         Some(TOKEN_EXCHANGE) => Grant::token_exchange,
         _ => Grant::other,
     };
-    let result = match params.get("client_id").map(String::as_str) {
-        Some(authorize::PINNIPED_CLI) => match params.get("grant_type").map(String::as_str) {
-            Some("authorization_code") => authorization_code(endpoints, issuer, &params).await,
-            Some("refresh_token") => refresh(endpoints, issuer, &params).await,
-            Some(TOKEN_EXCHANGE) => exchange(endpoints, issuer, &params).await,
-            Some(other) => Err(OAuthError::new(
-                Code::UnsupportedGrantType,
-                &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
-            )),
+    let result = match authenticate(endpoints, &parts.headers, &params) {
+        Err(error) => Err(error),
+        Ok(client) => match params.get("grant_type").map(String::as_str) {
             None => Err(OAuthError::new(
                 Code::InvalidRequest,
                 "The 'grant_type' parameter is missing.",
             )),
+            Some(known @ ("authorization_code" | "refresh_token" | TOKEN_EXCHANGE))
+                if !client.grant_types.iter().any(|allowed| allowed == known) =>
+            {
+                Err(OAuthError::new(
+                    Code::UnauthorizedClient,
+                    &format!("The OAuth 2.0 Client is not allowed to use authorization grant \"{known}\"."),
+                ))
+            }
+            Some("authorization_code") => authorization_code(endpoints, issuer, &client, &params).await,
+            Some("refresh_token") => refresh(endpoints, issuer, &client, &params).await,
+            Some(TOKEN_EXCHANGE) => exchange(endpoints, issuer, &client, &params).await,
+            Some(other) => Err(OAuthError::new(
+                Code::UnsupportedGrantType,
+                &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
+            )),
         },
-        _ => Err(OAuthError::new(
-            Code::InvalidClient,
-            "The requested OAuth 2.0 Client does not exist.",
-        )),
     };
     endpoints
         .metrics
         .grant(grant, result.as_ref().err().map(|error| error.code));
     match result {
         Ok(body) => json(StatusCode::OK, Bytes::from(body.to_string())),
-        Err(error) => oauth_error(&error),
+        Err(error) => {
+            let mut response = oauth_error(&error);
+            if error.code == Code::InvalidClient {
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
+            }
+            response
+        }
     }
+}
+
+/// The client a token request comes from, authenticated.
+struct TokenClient {
+    id: String,
+    grant_types: Vec<String>,
+    /// How long its ID tokens from the code and refresh grants live.
+    id_token_lifetime: time::Duration,
+}
+
+/// Who sends a token request: the public `pinniped-cli` client (named by `client_id`, no secret),
+/// or an OIDCClient authenticated by HTTP Basic (`client_secret_basic`, RFC 6749 §2.3.1: ID and
+/// secret form-encoded, then base64) with one of its secrets. Anything else — an unknown or
+/// invalid client, a wrong secret, a secret in the body, a `client_id` parameter naming another
+/// client than the header — is `invalid_client`.
+fn authenticate(
+    endpoints: &Endpoints,
+    headers: &http::HeaderMap,
+    params: &HashMap<String, String>,
+) -> Result<TokenClient, OAuthError> {
+    let failed = || OAuthError::new(Code::InvalidClient, "");
+    let basic = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, credentials) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("basic").then(|| credentials.trim())
+        });
+    let Some(credentials) = basic else {
+        if params.contains_key("client_secret") {
+            return Err(OAuthError::new(
+                Code::InvalidClient,
+                "The OAuth 2.0 Client supports client authentication method 'client_secret_basic', but method 'client_secret_post' was requested.",
+            ));
+        }
+        return match params.get("client_id").map(String::as_str) {
+            Some(authorize::PINNIPED_CLI) => Ok(TokenClient {
+                id: authorize::PINNIPED_CLI.into(),
+                grant_types: Client::pinniped_cli().grant_types,
+                id_token_lifetime: id_token::LIFETIME,
+            }),
+            Some(id) if endpoints.clients.load().get(id).is_some() => Err(OAuthError::new(
+                Code::InvalidClient,
+                "The OAuth 2.0 Client supports client authentication method 'client_secret_basic', but method 'none' was requested.",
+            )),
+            _ => Err(OAuthError::new(
+                Code::InvalidClient,
+                "The requested OAuth 2.0 Client does not exist.",
+            )),
+        };
+    };
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(credentials)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(failed)?;
+    let (id, secret) = decoded.split_once(':').ok_or_else(failed)?;
+    let (id, secret) = (
+        selkie_api::percent::decode(id).ok_or_else(failed)?,
+        selkie_api::percent::decode(secret).ok_or_else(failed)?,
+    );
+    if params.get("client_id").is_some_and(|named| *named != id) {
+        return Err(failed());
+    }
+    let Some(client) = endpoints.clients.load().get(&id) else {
+        return Err(failed());
+    };
+    if !client.authenticate(&secret) {
+        return Err(failed());
+    }
+    Ok(TokenClient {
+        id,
+        grant_types: client.client.grant_types.clone(),
+        id_token_lifetime: client
+            .id_token_lifetime
+            .and_then(|lifetime| time::Duration::try_from(lifetime).ok())
+            .unwrap_or(id_token::LIFETIME),
+    })
+}
+
+/// The error of a grant whose code or token was issued to another client.
+fn other_client() -> OAuthError {
+    OAuthError::new(
+        Code::InvalidGrant,
+        "The OAuth 2.0 Client ID from this request does not match the one from the authorize request.",
+    )
 }
 
 fn store_failed(error: &StoreError) -> OAuthError {
@@ -108,6 +209,7 @@ fn param<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a str,
 async fn authorization_code(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
+    client: &TokenClient,
     params: &HashMap<String, String>,
 ) -> Result<serde_json::Value, OAuthError> {
     let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
@@ -131,6 +233,9 @@ async fn authorization_code(
         // RFC 6749 §4.1.2: a code used twice revokes what it was redeemed for.
         revoke_login(endpoints, &session.request_id).await;
         return Err(invalid("The authorization code has already been used."));
+    }
+    if session.client_id != client.id {
+        return Err(other_client());
     }
     if now.unix_timestamp() >= session.token_expires_at {
         return Err(invalid("The authorization code has expired."));
@@ -158,7 +263,7 @@ async fn authorization_code(
         }
         Err(error) => return Err(store_failed(&error)),
     }
-    issue_tokens(endpoints, issuer, session, true, now).await
+    issue_tokens(endpoints, issuer, session, true, client.id_token_lifetime, now).await
 }
 
 /// Deletes every token of a login (its code stays, marked used, until it is collected).
@@ -171,12 +276,14 @@ async fn revoke_login(endpoints: &Endpoints, request_id: &str) {
 }
 
 /// Mints and stores an access token, a refresh token (with `offline_access`) and an ID token (with
-/// `openid`) for `session`; `with_nonce` for the first ID token of a code.
+/// `openid`, living `id_token_lifetime`) for `session`; `with_nonce` for the first ID token of a
+/// code.
 async fn issue_tokens(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
     session: Session,
     with_nonce: bool,
+    id_token_lifetime: time::Duration,
     now: OffsetDateTime,
 ) -> Result<serde_json::Value, OAuthError> {
     let server_error = || OAuthError::new(Code::ServerError, "");
@@ -211,6 +318,7 @@ async fn issue_tokens(
                 .has_scope("groups")
                 .then(|| session.identity.groups.clone()),
             additional_claims: session.identity.additional_claims.clone(),
+            lifetime: id_token_lifetime,
         };
         Some(
             claims
@@ -263,6 +371,7 @@ async fn issue_tokens(
 async fn refresh(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
+    client: &TokenClient,
     params: &HashMap<String, String>,
 ) -> Result<serde_json::Value, OAuthError> {
     let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
@@ -282,6 +391,9 @@ async fn refresh(
             "The refresh token has expired, was used already, or is unknown.",
         ));
     };
+    if session.client_id != client.id {
+        return Err(other_client());
+    }
     if session.expired_at(now) {
         return Err(invalid("The session has ended; log in again."));
     }
@@ -302,7 +414,7 @@ async fn refresh(
     revoked.map_err(|e| store_failed(&e))?;
     upstream_refresh(endpoints, issuer, &mut session).await?;
     endpoints.audit.session_refreshed(&issuer.issuer, &session);
-    issue_tokens(endpoints, issuer, session, false, now).await
+    issue_tokens(endpoints, issuer, session, false, client.id_token_lifetime, now).await
 }
 
 /// Checks the user again at the upstream (see [`upstream_identity`]), then runs the
@@ -350,7 +462,8 @@ async fn upstream_refresh(
 
 /// Checks the user again at the upstream and returns their upstream username and groups now, or
 /// `None` when the upstream said nothing new (a userinfo answer without the username claim).
-/// LDAP and Active Directory: [`crate::upstream::LdapUpstream::refresh`]. OIDC: the upstream
+/// LDAP and Active Directory: [`crate::upstream::LdapUpstream::refresh`]. GitHub:
+/// [`crate::upstream::GitHubUpstream::refresh`], the username unchanged. OIDC: the upstream
 /// refresh grant when the session holds an upstream refresh token, else the upstream's userinfo
 /// endpoint with the upstream access token it holds; the upstream subject must be the same and
 /// the upstream username unchanged; the additional claims become what the upstream says now.
@@ -378,6 +491,19 @@ async fn upstream_identity(
                 denied(&reason)
             })?;
             return Ok(Some((upstream_username, groups)));
+        }
+        Upstream::GitHub(github) => {
+            let (username, groups) = github
+                .refresh(&session.upstream, &session.identity.subject)
+                .await
+                .map_err(|reason| {
+                    tracing::info!(issuer = %issuer.issuer, idp = %github.display_name, %reason, "upstream refresh refused");
+                    denied(&reason)
+                })?;
+            if username != upstream_username {
+                return Err(denied("The username changed."));
+            }
+            return Ok(Some((username, groups)));
         }
     };
     if oidc.provider.discovery.issuer != session.upstream.issuer {
@@ -430,6 +556,7 @@ async fn upstream_identity(
 async fn exchange(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
+    client: &TokenClient,
     params: &HashMap<String, String>,
 ) -> Result<serde_json::Value, OAuthError> {
     let audience = param(params, "audience")?;
@@ -469,6 +596,9 @@ async fn exchange(
     else {
         return Err(invalid("The subject token has expired or is unknown."));
     };
+    if session.client_id != client.id {
+        return Err(other_client());
+    }
     if now.unix_timestamp() >= session.token_expires_at {
         return Err(invalid("The subject token has expired."));
     }
@@ -494,6 +624,8 @@ async fn exchange(
             .has_scope("groups")
             .then(|| session.identity.groups.clone()),
         additional_claims: session.identity.additional_claims.clone(),
+        // Not the client's lifetime: Pinniped's exchange tokens always live the default.
+        lifetime: id_token::LIFETIME,
     };
     let token = claims
         .sign(&issuer.signing_key, now)

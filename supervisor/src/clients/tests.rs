@@ -1,0 +1,167 @@
+use serde_json::json;
+
+use super::*;
+
+fn spec(grants: &[&str], scopes: &[&str]) -> OIDCClientSpec {
+    serde_json::from_value(json!({
+        "allowedRedirectURIs": ["https://app.example.com/callback"],
+        "allowedGrantTypes": grants,
+        "allowedScopes": scopes,
+    }))
+    .unwrap()
+}
+
+fn stored(hashes: &[String]) -> Secret {
+    storage_secret(
+        "client.oauth.pinniped.dev-app",
+        "0b5c1f6e-1111-2222-3333-444455556666",
+        "config.supervisor.pinniped.dev/v1alpha1",
+        hashes,
+    )
+}
+
+fn message<'a>(checks: &'a [Check], type_: &str) -> (&'a str, &'a str) {
+    let check = checks.iter().find(|check| check.type_ == type_).unwrap();
+    (check.reason.as_str(), check.message.as_str())
+}
+
+#[test]
+fn the_storage_secret_is_pinnipeds() {
+    let uid = "0b5c1f6e-1111-2222-3333-444455556666";
+    // Pinniped: base64url(uid) is the signature, decoded again and base32-encoded for the name.
+    assert_eq!(
+        storage_name(uid),
+        storage::secret_name(SECRET_LABEL, &URL_SAFE_NO_PAD.encode(uid))
+    );
+    // base32("0b5c1") = "gbrdkyzr"
+    assert!(storage_name(uid).starts_with("pinniped-storage-oidc-client-secret-gbrdkyzr"));
+    let secret = stored(&["$2a$12$abc".into()]);
+    assert_eq!(
+        secret.type_.as_deref(),
+        Some("storage.pinniped.dev/oidc-client-secret")
+    );
+    let data = secret.data.as_ref().unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&data[storage::DATA_KEY].0).unwrap(),
+        json!({"hashes": ["$2a$12$abc"], "version": "1"})
+    );
+    let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("OIDCClient", uid));
+    // Never garbage-collected.
+    assert_eq!(storage::garbage_collect_after(&secret), None);
+    assert_eq!(read_hashes(&secret).unwrap(), ["$2a$12$abc"]);
+}
+
+#[test]
+fn a_valid_client_with_a_secret_is_ready_and_authenticates_its_secrets_only() {
+    let hash = bcrypt::hash("the-secret", BCRYPT_COST).unwrap();
+    let spec = spec(
+        &["authorization_code", "refresh_token"],
+        &["openid", "offline_access", "username", "groups"],
+    );
+    let (checks, hashes) = validate(&spec, Some(&stored(std::slice::from_ref(&hash))));
+    assert!(checks.iter().all(Check::is_true), "{checks:?}");
+    assert_eq!(
+        message(&checks, "ClientSecretExists").1,
+        "1 client secret(s) found"
+    );
+    assert_eq!(
+        message(&checks, "AllowedGrantTypesValid").1,
+        "\"allowedGrantTypes\" is valid"
+    );
+    assert_eq!(
+        message(&checks, "AllowedScopesValid").1,
+        "\"allowedScopes\" is valid"
+    );
+    let client = dynamic_client("client.oauth.pinniped.dev-app", &spec, hashes);
+    assert_eq!(
+        client.client.scopes,
+        ["openid", "offline_access", "username", "groups"]
+    );
+    assert_eq!(client.client.grant_types, ["authorization_code", "refresh_token"]);
+    assert!(!client.client.form_post);
+    assert!(client.authenticate("the-secret"));
+    // The second time from memory, still right; a wrong secret never.
+    assert!(client.authenticate("the-secret"));
+    assert!(!client.authenticate("the-secret "));
+    assert!(!client.authenticate(""));
+    assert!(!format!("{client:?}").contains(&hash));
+}
+
+#[test]
+fn missing_and_weak_secrets_are_named_and_leave_no_hashes() {
+    let spec = spec(&["authorization_code"], &["openid"]);
+    let (checks, hashes) = validate(&spec, None);
+    assert!(hashes.is_empty());
+    assert_eq!(
+        message(&checks, "ClientSecretExists"),
+        (
+            "NoClientSecretFound",
+            "no client secret found (no Secret storage found)"
+        )
+    );
+    let (checks, _) = validate(&spec, Some(&stored(&[])));
+    assert_eq!(
+        message(&checks, "ClientSecretExists").1,
+        "no client secret found (empty list in storage)"
+    );
+    let weak = bcrypt::hash("x", 4).unwrap();
+    let (checks, hashes) = validate(&spec, Some(&stored(&[weak, "not-a-hash".into()])));
+    assert!(hashes.is_empty());
+    assert_eq!(
+        message(&checks, "ClientSecretExists"),
+        (
+            "InvalidClientSecretFound",
+            "2 stored client secrets found, but some were invalid, so none will be used: hashed client secret at index 0: bcrypt cost 4 is below the required minimum of 12; hashed client secret at index 1: not a bcrypt hash"
+        )
+    );
+    let mut wrong_type = stored(&[]);
+    wrong_type.type_ = Some("Opaque".into());
+    let (checks, _) = validate(&spec, Some(&wrong_type));
+    assert!(message(&checks, "ClientSecretExists")
+        .1
+        .starts_with("error reading client secret storage: "));
+}
+
+#[test]
+fn grant_types_and_scopes_must_go_together_in_pinnipeds_words() {
+    let hash = bcrypt::hash("s", BCRYPT_COST).unwrap();
+    let storage = stored(&[hash]);
+    let (checks, hashes) = validate(
+        &spec(
+            &["refresh_token"],
+            &["offline_access", "pinniped:request-audience"],
+        ),
+        Some(&storage),
+    );
+    assert!(hashes.is_empty());
+    assert_eq!(
+        message(&checks, "AllowedGrantTypesValid"),
+        (
+            "MissingRequiredValue",
+            "\"authorization_code\" must always be included in \"allowedGrantTypes\"; \"urn:ietf:params:oauth:grant-type:token-exchange\" must be included in \"allowedGrantTypes\" when \"pinniped:request-audience\" is included in \"allowedScopes\""
+        )
+    );
+    assert_eq!(
+        message(&checks, "AllowedScopesValid").1,
+        "\"openid\" must always be included in \"allowedScopes\"; \"username\" and \"groups\" must be included in \"allowedScopes\" when \"pinniped:request-audience\" is included in \"allowedScopes\""
+    );
+    let (checks, _) = validate(
+        &spec(
+            &[
+                "authorization_code",
+                "urn:ietf:params:oauth:grant-type:token-exchange",
+            ],
+            &["openid", "offline_access"],
+        ),
+        Some(&storage),
+    );
+    assert_eq!(
+        message(&checks, "AllowedGrantTypesValid").1,
+        "\"refresh_token\" must be included in \"allowedGrantTypes\" when \"offline_access\" is included in \"allowedScopes\""
+    );
+    assert_eq!(
+        message(&checks, "AllowedScopesValid").1,
+        "\"pinniped:request-audience\" must be included in \"allowedScopes\" when \"urn:ietf:params:oauth:grant-type:token-exchange\" is included in \"allowedGrantTypes\""
+    );
+}
