@@ -1,9 +1,9 @@
 //! The Concierge's aggregated API server: `TokenCredentialRequest` (login) and `WhoAmIRequest`
 //! (identity), reached through kube-apiserver's aggregation layer as Pinniped's are.
 //!
-//! [`serve`] runs it: HTTPS with rustls on `aggregatedApi.listen`, TLS 1.3 only (Pinniped's
-//! `Secure` profile for aggregated servers), ALPN `h2` and `http/1.1`. Alongside the listener it
-//! runs:
+//! [`serve`] runs it on `aggregatedApi.listen` with selkie-kube's aggregated API server
+//! ([`selkie_kube::aggregated::server`]): HTTPS with rustls, TLS 1.3 only (Pinniped's `Secure`
+//! profile for aggregated servers), ALPN `h2` and `http/1.1`. Alongside the listener it runs:
 //!
 //! * a watch of `kube-system/extension-apiserver-authentication`, which decides who a caller is
 //!   ([`selkie_filters::front_proxy`]: the front proxy's `X-Remote-*` headers are trusted only on a connection whose
@@ -29,101 +29,41 @@
 //!
 //! Tokens are never logged: the login API writes one audit line per TokenCredentialRequest (user,
 //! authenticator, issued or not), and refusals here never quote a request body.
+//!
+//! [`CertificateManager`]: selkie_kube::serving_secret::CertificateManager
 
 pub mod routes;
 
-use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc};
 
-use arc_swap::ArcSwapOption;
-use futures::StreamExt as _;
 use http::Request;
 use hyper::body::Incoming;
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::graceful::GracefulShutdown,
-};
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, Secret},
-    kube_aggregator::pkg::apis::apiregistration::v1::APIService,
-};
-use kube::{
-    runtime::{watcher, WatchStreamExt as _},
-    Api, Client,
-};
-use rustls::{crypto::CryptoProvider, ServerConfig};
-use rustls_pki_types::CertificateDer;
-use tokio::{net::TcpListener, sync::Notify, task::JoinSet};
-use tokio_rustls::TlsAcceptor;
+use kube::Client;
+use selkie_filters::identity::UserInfo;
+use selkie_kube::aggregated::server;
+use tokio::net::TcpListener;
 
 use crate::{config::ControlPlaneConfig, published::Publisher};
 
-use selkie_filters::front_proxy::{self as authn, Authentication, ConnectionVerdict};
-use selkie_kube::{
-    serving::ServingCert,
-    serving_secret::{self as serving, CertificateManager},
-};
-
 use self::routes::{Context, Routes};
 
-/// How long a TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an HTTP/1.1 client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long open connections may finish their requests after shutdown is asked for.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Why the aggregated API server could not run (selkie-kube's server error).
+pub use selkie_kube::aggregated::server::ServerError as AggregatedApiError;
 
-/// Why the aggregated API server could not run.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum AggregatedApiError {
-    /// The listener could not be bound.
-    #[error("binding the aggregated API's listener on {address}: {error}")]
-    Bind {
-        /// The address.
-        address: SocketAddr,
-        /// The IO error.
-        error: std::io::Error,
-    },
-    /// The TLS configuration could not be built.
-    #[error("the aggregated API's TLS configuration: {0}")]
-    Tls(String),
-}
-
-/// The names of what the aggregated API server manages, from the configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
-    /// The Service kube-apiserver reaches the server through, `<namePrefix>-api`.
-    pub service: String,
-    /// The name the serving certificate is for, `<service>.<namespace>.svc`.
-    pub serving_name: String,
-    /// The serving-certificate Secret, `<namePrefix>-api-tls-serving-certificate`.
-    pub secret: String,
-    /// `v1alpha1.login.concierge.<suffix>`, then `v1alpha1.identity.concierge.<suffix>`.
-    pub api_services: Vec<String>,
-}
-
-impl Names {
-    /// The names for `config`.
-    pub fn new(config: &ControlPlaneConfig) -> Self {
-        let service = config.name("api");
-        Self {
-            serving_name: format!("{service}.{}.svc", config.namespace),
-            secret: config.name("api-tls-serving-certificate"),
-            api_services: [selkie_api::login::GROUP, "identity.concierge.pinniped.dev"]
-                .iter()
-                .map(|group| format!("{}.{}", routes::VERSION, config.group(group)))
-                .collect(),
-            service,
-        }
-    }
-}
-
-/// Shared by every connection.
-struct Shared {
-    routes: Routes,
-    publisher: Publisher,
-    serving: Arc<ServingCert>,
-    authentication: ArcSwapOption<Authentication>,
+/// The names of what the Concierge's aggregated API server manages, for `config`: the Service
+/// `<namePrefix>-api` of `config.namespace`, the serving name `<service>.<namespace>.svc`, the
+/// Secret `<namePrefix>-api-tls-serving-certificate`, and the APIServices
+/// `v1alpha1.login.concierge.<suffix>`, then `v1alpha1.identity.concierge.<suffix>`.
+pub fn names(config: &ControlPlaneConfig) -> server::Names {
+    server::Names::new(
+        &config.name_prefix,
+        &config.namespace,
+        routes::VERSION,
+        &[
+            config.group(selkie_api::login::GROUP),
+            config.group("identity.concierge.pinniped.dev"),
+        ],
+    )
 }
 
 /// Binds `config.aggregated_api.listen` and runs [`serve_on`] there. Fails at once if the address
@@ -159,183 +99,16 @@ pub async fn serve_on(
     leader: tokio::sync::watch::Receiver<bool>,
     shutdown: impl Future,
 ) -> Result<(), AggregatedApiError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let names = Names::new(&config);
-    let shared = Arc::new(Shared {
-        routes: Routes::new(&config),
-        publisher,
-        serving: Arc::new(ServingCert::disabled()),
-        authentication: ArcSwapOption::empty(),
-    });
-    let acceptor = tls_acceptor(&provider, shared.serving.clone())?;
-
-    let mut background = JoinSet::new();
-    let wake = Arc::new(Notify::new());
-    background.spawn(watch_authentication(client.clone(), shared.clone()));
-    background.spawn(serving::watch_secret(
-        Api::<Secret>::namespaced(client.clone(), &config.namespace),
-        names.secret.clone(),
-        names.serving_name.clone(),
-        shared.serving.clone(),
-        wake.clone(),
-    ));
-    background.spawn(serving::watch_api_services(
-        Api::<APIService>::all(client.clone()),
-        names.api_services.clone(),
-        wake.clone(),
-    ));
-    let manager = CertificateManager {
-        secrets: Api::namespaced(client.clone(), &config.namespace),
-        api_services: Api::all(client),
-        secret_name: names.secret.clone(),
-        service_name: names.serving_name.clone(),
-        api_service_names: names.api_services.clone(),
-    };
-    background.spawn(manager.run(leader, wake));
-
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    tracing::info!(
-        address = ?listener.local_addr().ok(),
-        login = shared.routes.login_group(),
-        identity = shared.routes.identity_group(),
-        "serving the aggregated API"
-    );
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => {
-                    let watcher = graceful.watcher();
-                    tokio::spawn(serve_connection(tcp, acceptor.clone(), shared.clone(), watcher));
-                }
-                Err(error) => {
-                    // Out of descriptors or similar: let other tasks finish before trying again.
-                    tracing::warn!(%error, "accepting a connection to the aggregated API");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("aggregated API connections still open after {DRAIN_TIMEOUT:?}; closing them");
-    }
-    background.shutdown().await;
-    Ok(())
-}
-
-/// TLS 1.3 only, ALPN h2 and http/1.1, the certificate of `serving`, client certificates asked
-/// for and verified per request.
-fn tls_acceptor(
-    provider: &Arc<CryptoProvider>,
-    serving: Arc<ServingCert>,
-) -> Result<TlsAcceptor, AggregatedApiError> {
-    let verifier = selkie_filters::possession::PossessionVerifier::new();
-    let mut tls = ServerConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| AggregatedApiError::Tls(e.to_string()))?
-        .with_client_cert_verifier(Arc::new(verifier))
-        .with_cert_resolver(serving);
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(tls)))
-}
-
-async fn serve_connection(
-    tcp: tokio::net::TcpStream,
-    acceptor: TlsAcceptor,
-    shared: Arc<Shared>,
-    watcher: hyper_util::server::graceful::Watcher,
-) {
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(error)) => {
-            tracing::debug!(%error, "aggregated API TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!("aggregated API TLS handshake timed out");
-            return;
-        }
-    };
-    let chain: Arc<[CertificateDer<'static>]> = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .map(|chain| chain.iter().map(|c| c.clone().into_owned()).collect())
-        .unwrap_or_default();
-    let verdict = Arc::new(ConnectionVerdict::default());
-    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let shared = shared.clone();
-        let chain = chain.clone();
-        let verdict = verdict.clone();
+    let names = names(&config);
+    let routes = Arc::new((Routes::new(&config), publisher));
+    let handler = move |request: Request<Incoming>, caller: UserInfo, ready: bool| {
+        let routes = routes.clone();
         async move {
-            let authentication = shared.authentication.load_full();
-            let caller = match &authentication {
-                Some(authentication) => {
-                    let verdict = verdict.get(authentication, &chain);
-                    authentication.user(&verdict, request.headers())
-                }
-                None => authn::anonymous(),
-            };
-            let context = Context {
-                publisher: &shared.publisher,
-                ready: authentication.is_some() && shared.serving.is_enabled(),
-            };
-            let response = shared.routes.handle(context, request, caller).await;
-            Ok::<_, std::convert::Infallible>(response)
+            let (routes, publisher) = &*routes;
+            routes.handle(Context { publisher, ready }, request, caller).await
         }
-    });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // A client that opens a connection and sends no request headers does not hold it forever.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let connection = builder.serve_connection(TokioIo::new(tls), service);
-    if let Err(error) = watcher.watch(connection).await {
-        tracing::debug!(%error, "aggregated API connection ended with an error");
-    }
-}
-
-/// Keeps `shared.authentication` equal to the last readable version of the ConfigMap. A deleted
-/// ConfigMap makes every caller anonymous; an unreadable version keeps the previous settings.
-async fn watch_authentication(client: Client, shared: Arc<Shared>) {
-    let api = Api::<ConfigMap>::namespaced(client, authn::AUTHENTICATION_CONFIG_MAP_NAMESPACE);
-    let config = watcher::Config::default().fields(&format!(
-        "metadata.name={}",
-        authn::AUTHENTICATION_CONFIG_MAP_NAME
-    ));
-    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(map) | watcher::Event::InitApply(map)) => {
-                match Authentication::from_config_map(&map.data.unwrap_or_default()) {
-                    Ok(authentication) => {
-                        tracing::info!("read kube-apiserver's client authentication settings");
-                        shared.authentication.store(Some(Arc::new(authentication)));
-                    }
-                    Err(error) => tracing::warn!(
-                        %error,
-                        "{}/{} is unreadable; the previous settings stay",
-                        authn::AUTHENTICATION_CONFIG_MAP_NAMESPACE,
-                        authn::AUTHENTICATION_CONFIG_MAP_NAME
-                    ),
-                }
-            }
-            Ok(watcher::Event::Delete(_)) => {
-                tracing::warn!("the client authentication settings were deleted; every caller is anonymous");
-                shared
-                    .authentication
-                    .store(Some(Arc::new(Authentication::default())));
-            }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "watching kube-apiserver's client authentication settings"),
-        }
-    }
+    };
+    server::serve_on(listener, client, names, leader, shutdown, handler).await
 }
 
 #[cfg(test)]
@@ -347,7 +120,8 @@ mod tests {
         let config: ControlPlaneConfig =
             serde_yaml::from_str("{namespace: ns1, namePrefix: selkie, apiGroupSuffix: acme.example.com}")
                 .unwrap();
-        let names = Names::new(&config);
+        let names = names(&config);
+        assert_eq!(names.namespace, "ns1");
         assert_eq!(names.service, "selkie-api");
         assert_eq!(names.serving_name, "selkie-api.ns1.svc");
         assert_eq!(names.secret, "selkie-api-tls-serving-certificate");
@@ -358,7 +132,7 @@ mod tests {
                 "v1alpha1.identity.concierge.acme.example.com"
             ]
         );
-        let pinniped = Names::new(&ControlPlaneConfig::default());
+        let pinniped = super::names(&ControlPlaneConfig::default());
         assert_eq!(pinniped.secret, "pinniped-concierge-api-tls-serving-certificate");
         assert_eq!(pinniped.api_services[0], "v1alpha1.login.concierge.pinniped.dev");
     }

@@ -7,22 +7,29 @@
 // one line, reads the callback URL (with the code) from stdin, redeems the code and validates the
 // ID token the library's way (signature from jwks_uri, iss, aud, exp, nonce, at_hash), then prints
 // the ID token's claims as one JSON line. The issuer's CA comes from NODE_EXTRA_CA_CERTS.
+//
+// As a confidential web application (a dynamic OIDCClient): with RP_CLIENT_ID and
+// RP_CLIENT_SECRET set it authenticates with client_secret_basic, asks for RP_SCOPE, and after
+// the code also redeems the refresh token, printing the refreshed ID token's claims as
+// `refreshed`.
 import * as readline from 'node:readline/promises';
 import * as client from 'openid-client';
 
 const [issuer, redirectUri, idpName] = process.argv.slice(2);
+const clientId = process.env.RP_CLIENT_ID || 'pinniped-cli';
+const secret = process.env.RP_CLIENT_SECRET;
 const config = await client.discovery(
   new URL(issuer),
-  'pinniped-cli',
+  clientId,
   { id_token_signed_response_alg: 'ES256' },
-  client.None(),
+  secret ? client.ClientSecretBasic(secret) : client.None(),
 );
 const verifier = client.randomPKCECodeVerifier();
 const state = client.randomState();
 const nonce = client.randomNonce();
 const url = client.buildAuthorizationUrl(config, {
   redirect_uri: redirectUri,
-  scope: 'openid offline_access username groups',
+  scope: process.env.RP_SCOPE || 'openid offline_access username groups',
   code_challenge: await client.calculatePKCECodeChallenge(verifier),
   code_challenge_method: 'S256',
   state,
@@ -39,4 +46,9 @@ const tokens = await client.authorizationCodeGrant(config, new URL(callback.valu
   expectedNonce: nonce,
   idTokenExpected: true,
 });
-console.log(JSON.stringify({ claims: tokens.claims(), scope: tokens.scope, token_type: tokens.token_type }));
+const result = { claims: tokens.claims(), scope: tokens.scope, token_type: tokens.token_type };
+if (secret && tokens.refresh_token) {
+  const refreshed = await client.refreshTokenGrant(config, tokens.refresh_token);
+  result.refreshed = refreshed.claims();
+}
+console.log(JSON.stringify(result));

@@ -20,6 +20,32 @@ use crate::{
 
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The APIService of the Supervisor's aggregated API.
+pub const CLIENT_SECRET_API_SERVICE: &str = "v1alpha1.clientsecret.supervisor.pinniped.dev";
+
+/// Deletes the client-secret APIService when dropped (an unreachable APIService would linger in
+/// every later discovery).
+struct ApiServiceGuard {
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Drop for ApiServiceGuard {
+    fn drop(&mut self) {
+        let _best_effort = std::process::Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "delete",
+                "--ignore-not-found",
+                "--wait=false",
+                "apiservice",
+                CLIENT_SECRET_API_SERVICE,
+            ])
+            .output();
+    }
+}
+
 /// A running Supervisor.
 pub struct Supervisor {
     process: ManagedProcess,
@@ -32,6 +58,8 @@ pub struct Supervisor {
     replicas: Vec<ManagedProcess>,
     /// The identity providers' display names (a replica serves once it lists them all).
     idp_names: Vec<String>,
+    /// The aggregated API's APIService of an installed Supervisor, deleted on drop.
+    api_service: Option<ApiServiceGuard>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -298,11 +326,27 @@ impl Supervisor {
     /// and runs it — as the Deployment would — with the configuration of the manifests'
     /// ConfigMap and the token of their service account, so it has exactly the permissions they
     /// grant; with the default TLS Secret the manifests name, and an identity provider and
-    /// FederationDomain as [`Supervisor::start`] creates them (in `pinniped-supervisor`).
+    /// FederationDomain as [`Supervisor::start`] creates them (in `pinniped-supervisor`). Its
+    /// aggregated API (OIDCClientSecretRequest) is reached through kube-apiserver as the
+    /// manifests register it, with the Service `pinniped-supervisor-api` turned into an
+    /// `ExternalName` to `localhost` and the APIService pointed at a loopback port (the harness
+    /// has no kubelet); returns once that APIService is Available, and deletes it when dropped.
+    /// One test at a time may install (one namespace, one APIService per cluster).
     pub async fn install(
         cluster: &'static Cluster,
         upstream: &dyn Upstream,
         idp_display_name: &str,
+    ) -> Result<Self, HarnessError> {
+        Self::install_on(cluster, upstream, idp_display_name, crate::free_port()?).await
+    }
+
+    /// [`Supervisor::install`] serving HTTPS on `port` (so an upstream can be told the issuer's
+    /// callback beforehand: [`Supervisor::issuer_for`] with `pinniped-supervisor`).
+    pub async fn install_on(
+        cluster: &'static Cluster,
+        upstream: &dyn Upstream,
+        idp_display_name: &str,
+        port: u16,
     ) -> Result<Self, HarnessError> {
         const NAMESPACE: &str = "pinniped-supervisor";
         crate::crds::install_conf_crds(cluster).await?;
@@ -349,14 +393,57 @@ impl Supervisor {
             serde_json::json!({"token": token}),
         )?;
         config["kubeconfig"] = serde_json::json!(kubeconfig);
-        Self::launch(
-            cluster,
-            NAMESPACE,
-            &[(upstream, idp_display_name)],
-            crate::free_port()?,
-            config,
-        )
-        .await
+
+        // The aggregated API on loopback, reached through an ExternalName Service.
+        let aggregated_port = crate::free_port()?;
+        config["listen"]["aggregatedApi"] = serde_json::json!(format!("127.0.0.1:{aggregated_port}"));
+        kubectl
+            .run(&[
+                "delete",
+                "service",
+                "-n",
+                NAMESPACE,
+                "pinniped-supervisor-api",
+                "--ignore-not-found",
+            ])
+            .await?;
+        let service = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "pinniped-supervisor-api", "namespace": NAMESPACE},
+            "spec": {"type": "ExternalName", "externalName": "localhost"}})
+        .to_string();
+        kubectl
+            .run_with_stdin(&["create", "-f", "-"], Some(&service))
+            .await?;
+        let patch = serde_json::json!({"spec": {"service": {"port": aggregated_port}}}).to_string();
+        kubectl
+            .run(&[
+                "patch",
+                "apiservice",
+                CLIENT_SECRET_API_SERVICE,
+                "--type=merge",
+                "-p",
+                &patch,
+            ])
+            .await?;
+        let guard = ApiServiceGuard {
+            kubectl: kubectl.binary().to_path_buf(),
+            kubeconfig: cluster.admin_kubeconfig().to_path_buf(),
+        };
+
+        let mut supervisor =
+            Self::launch(cluster, NAMESPACE, &[(upstream, idp_display_name)], port, config).await?;
+        supervisor.api_service = Some(guard);
+        // The leader writes the serving certificate and the APIService's caBundle.
+        kubectl
+            .run(&[
+                "wait",
+                "--for=condition=Available",
+                "--timeout=90s",
+                &format!("apiservice/{CLIENT_SECRET_API_SERVICE}"),
+            ])
+            .await
+            .map_err(|error| HarnessError::NotReady(format!("{error}\n{}", supervisor.log())))?;
+        Ok(supervisor)
     }
 
     /// Creates the TLS Secret `config` names, the identity provider and the FederationDomain in
@@ -419,10 +506,12 @@ spec:
             .run_with_stdin(&["apply", "-f", "-"], Some(&manifests))
             .await?;
 
-        config_doc["listen"] = serde_json::json!({
-            "https": format!("127.0.0.1:{port}"),
-            "metrics": format!("127.0.0.1:{}", crate::free_port()?),
-        });
+        // The caller's other listeners (the aggregated API's) stay.
+        if !config_doc["listen"].is_object() {
+            config_doc["listen"] = serde_json::json!({});
+        }
+        config_doc["listen"]["https"] = serde_json::json!(format!("127.0.0.1:{port}"));
+        config_doc["listen"]["metrics"] = serde_json::json!(format!("127.0.0.1:{}", crate::free_port()?));
         // Unless the caller chose otherwise (`start_with`: benchmarks keep sweeps out of their
         // phases), expired sessions go within seconds, so tests observe the collector (and every
         // test's live sessions run beside it).
@@ -447,6 +536,7 @@ spec:
             config: config_doc,
             replicas: Vec::new(),
             idp_names,
+            api_service: None,
         })
     }
 

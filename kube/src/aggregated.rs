@@ -5,7 +5,10 @@
 //! checks, errors that never quote the body), and `metav1.Status` responses.
 //!
 //! A server lists its [`ApiResource`]s once ([`Discovery::new`]), answers
-//! [`Discovery::respond`] and [`common`] first, and routes the rest to its own handlers.
+//! [`Discovery::respond`] and [`common`] first, and routes the rest to its own handlers; the
+//! [`server`] runs it (TLS, who the caller is, the serving certificate, graceful drain).
+
+pub mod server;
 
 use std::{
     collections::BTreeMap,

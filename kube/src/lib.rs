@@ -9,10 +9,13 @@
 //! * with the `api` feature (default), what talks to kube-apiserver: [`leader`] election over a
 //!   Lease, the server's [`client`], status [`conditions`] generic over an object's phase type, and the aggregated API's
 //!   serving Secret and APIService CA bundles ([`serving_secret`]), and the rest of an aggregated
-//!   API server's kit: discovery, health, request objects ([`aggregated`]); and `spec.tls` of
-//!   outbound connections, inline or from a Secret or ConfigMap ([`tls_spec`]).
+//!   API server's kit: discovery, health, request objects ([`aggregated`]) and the server that
+//!   runs one behind kube-apiserver ([`aggregated::server`]); and `spec.tls` of outbound
+//!   connections, inline or from a Secret or ConfigMap ([`tls_spec`]).
 //!
-//! It does not depend on `filters` (who a request comes from) nor `filters` on it.
+//! Only the `api` feature depends on `filters`, for who calls an aggregated API server (the front
+//! proxy's settings, the possession-only client certificate verifier); `filters` never depends on
+//! this crate.
 
 #[cfg(feature = "api")]
 pub mod aggregated;

@@ -3,6 +3,9 @@
 //! `Authentication Rejected By Transforms`, `Incorrect Username Or Password` — with the
 //! FederationDomain, the identity provider and the session's ID (`storage.pinniped.dev/request-id`).
 //!
+//! Every request also gets a line ([`Audit::logs_request`]) except requests of the internal
+//! paths (`/healthz`, polled by probes), unless `audit.logInternalPaths` is `enabled`.
+//!
 //! Usernames, groups and subjects are personal data: as in Pinniped they are written as
 //! `redacted` unless the configuration's `audit.logUsernamesAndGroups` is `enabled`. No event
 //! ever carries a password, code or token.
@@ -17,17 +20,37 @@ pub struct AuditConfig {
     /// writes `redacted`.
     #[serde(default)]
     pub log_usernames_and_groups: String,
+    /// `enabled` writes the request lines of internal paths (`/healthz`) too; `disabled` or
+    /// empty leaves them out.
+    #[serde(default)]
+    pub log_internal_paths: String,
 }
 
-/// Why an `audit` section is refused.
+/// Why an `audit` section is refused: the option named has another value than `enabled`,
+/// `disabled` or empty.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid logUsernamesAndGroups format, valid choices are 'enabled', 'disabled', or empty string (equivalent to 'disabled')")]
-pub struct AuditConfigError;
+#[error(
+    "invalid {0} format, valid choices are 'enabled', 'disabled', or empty string (equivalent to 'disabled')"
+)]
+pub struct AuditConfigError(pub &'static str);
 
 /// Writes audit events, redacting identities unless told not to.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Audit {
     identities: bool,
+    internal_paths: bool,
+}
+
+/// The paths whose requests are not audited unless `logInternalPaths` is enabled.
+const INTERNAL_PATHS: [&str; 1] = ["/healthz"];
+
+/// `enabled` → true; `disabled` or empty → false; anything else is refused naming `option`.
+fn switch(value: &str, option: &'static str) -> Result<bool, AuditConfigError> {
+    match value {
+        "enabled" => Ok(true),
+        "disabled" | "" => Ok(false),
+        _ => Err(AuditConfigError(option)),
+    }
 }
 
 /// What a redacted value is written as.
@@ -36,11 +59,15 @@ const REDACTED: &str = "redacted";
 impl Audit {
     /// The auditor `config` asks for. Fails on any value but `enabled`, `disabled` and empty.
     pub fn new(config: &AuditConfig) -> Result<Self, AuditConfigError> {
-        match config.log_usernames_and_groups.as_str() {
-            "enabled" => Ok(Self { identities: true }),
-            "disabled" | "" => Ok(Self { identities: false }),
-            _ => Err(AuditConfigError),
-        }
+        Ok(Self {
+            identities: switch(&config.log_usernames_and_groups, "logUsernamesAndGroups")?,
+            internal_paths: switch(&config.log_internal_paths, "logInternalPaths")?,
+        })
+    }
+
+    /// Whether a request to `path` gets its audit line.
+    pub fn logs_request(&self, path: &str) -> bool {
+        self.internal_paths || !INTERNAL_PATHS.contains(&path)
     }
 
     /// `value`, or `redacted`.
@@ -122,6 +149,7 @@ mod tests {
     fn identities_are_redacted_unless_enabled() {
         let config = |value: &str| AuditConfig {
             log_usernames_and_groups: value.into(),
+            ..AuditConfig::default()
         };
         let redacting = Audit::new(&config("")).unwrap();
         assert_eq!(redacting.identity("pinny"), "redacted");
@@ -133,6 +161,31 @@ mod tests {
         let open = Audit::new(&config("enabled")).unwrap();
         assert_eq!(open.identity("pinny"), "pinny");
         assert_eq!(open.groups(&["seals".into()]), r#"["seals"]"#);
-        assert_eq!(Audit::new(&config("yes")).unwrap_err(), AuditConfigError);
+        assert_eq!(
+            Audit::new(&config("yes")).unwrap_err().to_string(),
+            "invalid logUsernamesAndGroups format, valid choices are 'enabled', 'disabled', or empty string (equivalent to 'disabled')"
+        );
+    }
+
+    #[test]
+    fn health_checks_are_audited_only_when_asked() {
+        let quiet = Audit::new(&AuditConfig::default()).unwrap();
+        assert!(!quiet.logs_request("/healthz"));
+        assert!(quiet.logs_request("/issuer/oauth2/token"));
+        assert!(quiet.logs_request("/no/such/path"));
+        let all = Audit::new(&AuditConfig {
+            log_internal_paths: "enabled".into(),
+            ..AuditConfig::default()
+        })
+        .unwrap();
+        assert!(all.logs_request("/healthz"));
+        assert_eq!(
+            Audit::new(&AuditConfig {
+                log_internal_paths: "sometimes".into(),
+                ..AuditConfig::default()
+            })
+            .unwrap_err(),
+            AuditConfigError("logInternalPaths")
+        );
     }
 }

@@ -72,6 +72,11 @@ pub struct Listen {
     /// network.
     #[serde(default)]
     pub metrics: Option<SocketAddr>,
+    /// The aggregated API's HTTPS listener (OIDCClientSecretRequest, reached through
+    /// kube-apiserver as the APIService `v1alpha1.clientsecret.supervisor.<suffix>` and the
+    /// Service `<namePrefix>-api`); none by default: OIDCClients' secrets cannot then be managed.
+    #[serde(default)]
+    pub aggregated_api: Option<SocketAddr>,
 }
 
 impl Default for Listen {
@@ -80,6 +85,7 @@ impl Default for Listen {
             https: default_https(),
             http: None,
             metrics: None,
+            aggregated_api: None,
         }
     }
 }

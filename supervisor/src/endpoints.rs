@@ -58,7 +58,8 @@ impl Endpoints {
 
     /// Answers one request, and writes its audit line: one JSON log line (target `audit`) with
     /// the method, the path (never the query or the body: they carry codes, tokens and
-    /// passwords), the status and the time taken; and counts it in [`Metrics`].
+    /// passwords), the status and the time taken — unless it is a health check and
+    /// `audit.logInternalPaths` is not enabled —; and counts it in [`Metrics`].
     pub async fn handle<B>(&self, request: Request<B>) -> Response<Body>
     where
         B: hyper::body::Body<Data = Bytes> + Send,
@@ -70,6 +71,9 @@ impl Endpoints {
         let (endpoint, response) = self.route(request).await;
         self.metrics
             .request(endpoint, response.status().as_u16(), started.elapsed());
+        if !self.audit.logs_request(&path) {
+            return response;
+        }
         tracing::info!(
             target: "audit",
             method = %method,

@@ -7,8 +7,9 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use clap::Parser;
-use selkie_kube::{leader, serving::ServingCert};
+use selkie_kube::{aggregated::server as aggregated, leader, serving::ServingCert};
 use selkie_supervisor::{
+    aggregated_api,
     clients::{ClientController, Clients},
     config::SupervisorConfig,
     controller::{Controller, Outputs},
@@ -67,11 +68,16 @@ async fn main() -> anyhow::Result<()> {
         Some(addr) => Some(server::bind(addr).await?),
         None => None,
     };
+    let aggregated_listener = match config.listen.aggregated_api {
+        Some(addr) => Some(server::bind(addr).await?),
+        None => None,
+    };
     tracing::info!(
         namespace = %config.namespace,
         https = %config.listen.https,
         http = ?config.listen.http,
         metrics = ?config.listen.metrics,
+        aggregated_api = ?config.listen.aggregated_api,
         "Supervisor starting"
     );
 
@@ -103,8 +109,9 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let mut tasks = tokio::task::JoinSet::new();
+    let leader_client = client.clone();
     tasks.spawn(async move {
-        leader::run(client, &lease, leader_sender).await;
+        leader::run(leader_client, &lease, leader_sender).await;
         anyhow::Ok(())
     });
     tasks.spawn(async move { Ok(controller.run().await?) });
@@ -153,6 +160,29 @@ async fn main() -> anyhow::Result<()> {
         let stop = stop.clone();
         listeners.spawn(async move {
             server::serve_http(http, endpoints, stopped(stop)).await;
+            anyhow::Ok(())
+        });
+    }
+
+    if let Some(listener) = aggregated_listener {
+        let routes = Arc::new(aggregated_api::Routes::new(
+            client.clone(),
+            &config.namespace,
+            &config.api_group_suffix,
+        )?);
+        let names = aggregated::Names::new(
+            &config.name_prefix,
+            &config.namespace,
+            aggregated_api::VERSION,
+            &[routes.group()],
+        );
+        let (client, leader, stop) = (client.clone(), leader_receiver.clone(), stop.clone());
+        listeners.spawn(async move {
+            let handler = move |request, caller, ready| {
+                let routes = routes.clone();
+                async move { routes.handle(request, caller, ready).await }
+            };
+            aggregated::serve_on(listener, client, names, leader, stopped(stop), handler).await?;
             anyhow::Ok(())
         });
     }

@@ -25,7 +25,7 @@ use kube::{
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
 use selkie_control_plane::{
-    aggregated_api::{self, AggregatedApiError, Names},
+    aggregated_api::{self, AggregatedApiError},
     config::ControlPlaneConfig,
     published::Publisher,
 };
@@ -145,7 +145,7 @@ impl Drop for Replica {
 struct Concierge {
     namespace: String,
     config: Arc<ControlPlaneConfig>,
-    names: Names,
+    names: selkie_kube::aggregated::server::Names,
     publisher: Publisher,
     port: u16,
     login_group: String,
@@ -168,7 +168,7 @@ impl Concierge {
         }))?;
         config.validate()?;
         let config = Arc::new(config);
-        let names = Names::new(&config);
+        let names = aggregated_api::names(&config);
         let login_group = config.group("login.concierge.pinniped.dev");
         let identity_group = config.group("identity.concierge.pinniped.dev");
         let publisher = Publisher::new();

@@ -37,6 +37,7 @@ mod supervisor_legacy;
 mod supervisor_login;
 mod supervisor_multi_idp;
 mod supervisor_oauth;
+mod supervisor_oidc_client;
 mod supervisor_revocation;
 mod supervisor_rp;
 mod supervisor_sessions;

@@ -1,7 +1,9 @@
 //! The Supervisor installed from `conf/install/supervisor.yaml` (with `conf/crds/`), run with the
 //! manifests' ConfigMap and the token of their service account: its least-privilege RBAC is
 //! enough for everything the Supervisor does — watching its kinds, Secrets and ConfigMaps,
-//! generating key Secrets, leader election, writing statuses, storing sessions.
+//! generating key Secrets, leader election, writing statuses, storing sessions — and serving the
+//! aggregated OIDCClientSecretRequest API for a web application's OIDCClient
+//! ([`crate::supervisor_oidc_client`]).
 
 use selkie_e2e::{
     dex::{Dex, DexUser},
@@ -16,14 +18,22 @@ const PASSWORD: &str = "seal-of-approval";
 async fn the_manifests_grant_what_the_supervisor_needs() -> anyhow::Result<()> {
     let cluster = Cluster::shared().await?;
     let email = "installed@example.com".to_string();
-    let dex = Dex::start(&[DexUser {
-        email: email.clone(),
-        password: PASSWORD.into(),
-        user_id: "id-installed".into(),
-        groups: vec!["seals".into()],
-    }])
+    let port = selkie_e2e::free_port()?;
+    // Dex sends browsers back to the installed Supervisor's callback (the web application's login).
+    let dex = Dex::start_with_redirects(
+        &[DexUser {
+            email: email.clone(),
+            password: PASSWORD.into(),
+            user_id: "id-installed".into(),
+            groups: vec!["seals".into()],
+        }],
+        &[format!(
+            "{}/callback",
+            Supervisor::issuer_for(port, "pinniped-supervisor")
+        )],
+    )
     .await?;
-    let mut supervisor = Supervisor::install(cluster, &dex, "Dex Users").await?;
+    let mut supervisor = Supervisor::install_on(cluster, &dex, "Dex Users", port).await?;
     let namespace = supervisor.namespace().to_string();
     let kubectl = cluster.kubectl();
 
@@ -158,6 +168,14 @@ async fn the_manifests_grant_what_the_supervisor_needs() -> anyhow::Result<()> {
         ])
         .await?;
     anyhow::ensure!(stored.lines().count() == 1, "{stored}");
+
+    crate::supervisor_oidc_client::a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kubectl(
+        cluster,
+        &supervisor,
+        &email,
+        PASSWORD,
+    )
+    .await?;
     supervisor.check_running()?;
     Ok(())
 }

@@ -15,8 +15,10 @@ use crate::supervisor_oauth::{dex_user_namespace, DexUserNamespace, PASSWORD};
 
 const REDIRECT: &str = "http://127.0.0.1:48124/callback";
 
-#[tokio::test]
-async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Result<()> {
+/// The directory where e2e/scripts/setup.sh installed openid-client, with e2e/rp/rp.mjs copied
+/// there (ES modules resolve packages from the script's directory). Fails, saying so, when
+/// openid-client is not installed.
+pub(crate) fn rp_cache() -> anyhow::Result<std::path::PathBuf> {
     let cache = std::env::var_os("SELKIE_CACHE_DIR")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| std::path::PathBuf::from(home).join(".cache/selkie")))
@@ -27,12 +29,20 @@ async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Resu
         "openid-client is not installed in {}: run e2e/scripts/setup.sh",
         cache.display()
     );
-    // ES modules resolve packages from the script's directory: the script runs from the cache.
-    let script = cache.join("rp.mjs");
+    // Tests run in parallel: the copy is renamed into place, never seen half written.
+    let copy = tempfile::NamedTempFile::new_in(&cache)?;
     std::fs::copy(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rp/rp.mjs"),
-        &script,
+        copy.path(),
     )?;
+    copy.persist(cache.join("rp.mjs"))?;
+    Ok(cache)
+}
+
+#[tokio::test]
+async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Result<()> {
+    let cache = rp_cache()?;
+    let script = cache.join("rp.mjs");
 
     let DexUserNamespace {
         cluster,
