@@ -1003,3 +1003,86 @@ async fn get_kubeconfig_discovers_the_concierge_and_the_jwt_authenticator_and_it
     anyhow::ensure!(!args.to_string().contains("--issuer"), "{args}");
     Ok(())
 }
+
+/// Deployment strategy 4, minimal (CLI only): no Concierge, no Supervisor. kube-apiserver trusts
+/// Dex directly through a structured `--authentication-config`, and kubectl's credential plugin is
+/// `selkie login oidc` straight against Dex (`--enable-concierge` off): Chromium logs in at Dex's
+/// form once, kubectl acts as the Dex user with their groups, and the next call uses the cached
+/// ID token without a browser.
+#[tokio::test]
+async fn deployment_strategy_minimal_cli_only_against_dex_and_a_kube_apiserver_trusting_it() -> anyhow::Result<()> {
+    let setup = Setup::start("strategy-minimal").await?;
+    let authentication = setup.path("authentication.yaml");
+    let config = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1beta1",
+        "kind": "AuthenticationConfiguration",
+        "jwt": [{
+            "issuer": {
+                "url": setup.dex.issuer(),
+                "audiences": [PUBLIC_CLIENT_ID],
+                "certificateAuthority": setup.dex.ca_pem(),
+            },
+            "claimMappings": {
+                "username": {"claim": "email", "prefix": ""},
+                "groups": {"claim": "groups", "prefix": ""},
+            },
+        }],
+    });
+    std::fs::write(&authentication, serde_yaml::to_string(&config)?)?;
+    let cluster = Cluster::builder()
+        .dir(setup.path("cluster"))
+        .apiserver_arg(format!("--authentication-config={}", authentication.display()))
+        .start()
+        .await?;
+    let kubeconfig = setup.path("minimal.kubeconfig");
+    let exec = json!({"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1",
+        "command": setup.selkie,
+        "args": setup.args(false, &[]),
+        "env": [{"name": "BROWSER", "value": setup.browser_script()?.display().to_string()}],
+        "interactiveMode": "IfAvailable",
+    }});
+    write_kubeconfig_for_user(
+        &kubeconfig,
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+        "minimal",
+        exec,
+    )?;
+    let kubectl = cluster.kubectl().with_kubeconfig(&kubeconfig);
+    let browser = Browser::start().await?;
+    let login = async {
+        let url = crate::eventually(Duration::from_secs(60), || async {
+            (setup.browser_urls().into_iter().next())
+                .ok_or_else(|| anyhow::anyhow!("the plugin has not opened the browser"))
+        })
+        .await?;
+        anyhow::ensure!(url.starts_with(&format!("{}/auth?", setup.dex.issuer())), "{url}");
+        browser.dex_login(&url, &setup.email, PASSWORD).await?;
+        Ok(())
+    };
+    // kube-apiserver fetches Dex's keys in the background after it starts: the first answer may
+    // be a 401, after which kubectl runs the plugin again (with the cached token).
+    let whoami = || async {
+        crate::eventually(Duration::from_secs(60), || async {
+            let out = kubectl.run(&["auth", "whoami", "-o", "json"]).await?;
+            Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
+        })
+        .await
+    };
+    let (user, logged_in) = tokio::join!(whoami(), login);
+    logged_in?;
+    let user = user?;
+    anyhow::ensure!(user["username"] == setup.email.as_str(), "{user}");
+    anyhow::ensure!(
+        user["groups"]
+            .as_array()
+            .is_some_and(|groups| groups.iter().any(|group| group == "oidc-devs")),
+        "{user}"
+    );
+    // The next call: the cached ID token, no second browser.
+    let again = whoami().await?;
+    anyhow::ensure!(again["username"] == setup.email.as_str(), "{again}");
+    anyhow::ensure!(setup.browser_urls().len() == 1, "{:?}", setup.browser_urls());
+    Ok(())
+}

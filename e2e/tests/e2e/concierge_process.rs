@@ -672,7 +672,7 @@ async fn kubectl_as_pinny(
 /// to Dex with the password flow, exchanges the ID token at the proxy, and works through it; the
 /// next calls reuse the caches without another TokenCredentialRequest.
 #[tokio::test]
-async fn selkie_get_kubeconfig_for_the_installed_concierge_gives_kubectl_a_working_login(
+async fn deployment_strategy_dynamic_cluster_authentication_jwt_get_kubeconfig_for_the_installed_concierge_logs_kubectl_in(
 ) -> anyhow::Result<()> {
     let cluster = &Cluster::start().await?;
     let concierge = InstalledConcierge::install(cluster).await?;
@@ -871,7 +871,7 @@ async fn the_cluster_signing_key_is_read_from_files_on_the_node() -> anyhow::Res
 /// uses against kube-apiserver with the service account's RBAC. A value the CRD does not know is
 /// refused by kube-apiserver and leaves the working authenticator in place.
 #[tokio::test]
-async fn a_webhook_authenticator_on_kube_apiservers_token_review_exchanges_service_account_tokens(
+async fn deployment_strategy_dynamic_cluster_authentication_webhook_on_kube_apiservers_token_review_exchanges_service_account_tokens(
 ) -> anyhow::Result<()> {
     let cluster = &Cluster::start().await?;
     let aggregated_port = free_port()?;

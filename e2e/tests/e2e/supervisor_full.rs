@@ -143,7 +143,7 @@ async fn whoami(cluster: &Cluster, kubeconfig: &Path) -> anyhow::Result<Value> {
 }
 
 #[tokio::test]
-async fn full_integration_one_browser_login_reaches_two_clusters_with_their_own_concierges(
+async fn deployment_strategy_full_integration_one_browser_login_reaches_two_clusters_with_their_own_concierges(
 ) -> anyhow::Result<()> {
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
     // The Supervisor runs on the shared cluster; the clusters users reach are two others.
