@@ -184,7 +184,18 @@ fn other_client() -> OAuthError {
     )
 }
 
+/// The OAuth error of a session store failure: a stored session that cannot be read (written by
+/// another Supervisor version — Pinniped's, after a migration — or damaged) will never be, so
+/// the user must log in again (`invalid_grant`, which makes the CLI start a new login); anything
+/// else is the store being unreachable, worth a retry.
 fn store_failed(error: &StoreError) -> OAuthError {
+    if matches!(error, StoreError::Session(_) | StoreError::Storage(_)) {
+        tracing::warn!(%error, "a stored session cannot be read; the user must log in again");
+        return OAuthError::new(
+            Code::InvalidGrant,
+            "The stored session cannot be read (it was written by another version of the Supervisor, or is damaged); log in again.",
+        );
+    }
     tracing::error!(%error, "the session store failed");
     OAuthError::new(
         Code::TemporarilyUnavailable,
@@ -636,4 +647,24 @@ async fn exchange(
         "token_type": "N_A",
         "expires_in": id_token::LIFETIME.whole_seconds(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_session_means_log_in_again_and_an_unreachable_store_means_retry() {
+        let unreadable = store_failed(&StoreError::Session("missing field `request_id`".into()));
+        assert_eq!(unreadable.code, Code::InvalidGrant);
+        assert!(
+            unreadable.json().contains("log in again"),
+            "{}",
+            unreadable.json()
+        );
+        let wrong_version = store_failed(&StoreError::Storage(crate::storage::StorageError::WrongVersion));
+        assert_eq!(wrong_version.code, Code::InvalidGrant);
+        let busy = store_failed(&StoreError::Conflict);
+        assert_eq!(busy.code, Code::TemporarilyUnavailable);
+    }
 }
