@@ -45,20 +45,34 @@ pub async fn apply(
     Ok(names)
 }
 
-/// Applies `conf/crds/` to the shared cluster once per test process (every later call waits for
-/// that first one and shares its result). Discovery of the new kinds may lag a moment behind the
-/// Established condition, so the first use of a kind should retry.
-pub async fn install_conf_crds(cluster: &'static Cluster) -> Result<(), HarnessError> {
-    static INSTALLED: OnceCell<Result<(), String>> = OnceCell::const_new();
-    INSTALLED
-        .get_or_init(|| async {
-            let dir = conf_crds_dir();
-            apply(cluster, &["-f", &dir.to_string_lossy()], None)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .clone()
-        .map_err(|e| HarnessError::NotReady(format!("installing conf/crds: {e}")))
+/// Applies `conf/crds/` to `cluster` once per test process and cluster (every later call for the
+/// same cluster waits for that first one and shares its result). Discovery of the new kinds may
+/// lag a moment behind the Established condition, so the first use of a kind should retry.
+pub async fn install_conf_crds(cluster: &Cluster) -> Result<(), HarnessError> {
+    type Once = std::sync::Arc<OnceCell<Result<(), String>>>;
+    static INSTALLED: std::sync::Mutex<Vec<(String, Once)>> = std::sync::Mutex::new(Vec::new());
+    let once: Once = {
+        let mut installed = INSTALLED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let server = cluster.server_url().to_string();
+        match installed.iter().find(|(url, _)| *url == server) {
+            Some((_, once)) => once.clone(),
+            None => {
+                let once = Once::default();
+                installed.push((server, once.clone()));
+                once
+            }
+        }
+    };
+    once.get_or_init(|| async {
+        let dir = conf_crds_dir();
+        apply(cluster, &["-f", &dir.to_string_lossy()], None)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .clone()
+    .map_err(|e| HarnessError::NotReady(format!("installing conf/crds: {e}")))
 }

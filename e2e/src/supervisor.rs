@@ -240,7 +240,7 @@ impl Supervisor {
     /// listing it as `idp_display_name`. Returns once the issuer is served with the identity
     /// provider in its identity-provider discovery.
     pub async fn start(
-        cluster: &'static Cluster,
+        cluster: &Cluster,
         namespace: &str,
         upstream: &dyn Upstream,
         idp_display_name: &str,
@@ -263,7 +263,7 @@ impl Supervisor {
 
     /// [`Supervisor::start`] on a chosen loopback `port`.
     pub async fn start_on(
-        cluster: &'static Cluster,
+        cluster: &Cluster,
         namespace: &str,
         upstream: &dyn Upstream,
         idp_display_name: &str,
@@ -284,7 +284,7 @@ impl Supervisor {
     /// `signingKeyRotationInterval`, or `sessionGarbageCollectionInterval`, otherwise `1s`) added to
     /// the configuration.
     pub async fn start_with(
-        cluster: &'static Cluster,
+        cluster: &Cluster,
         namespace: &str,
         upstream: &dyn Upstream,
         idp_display_name: &str,
@@ -304,7 +304,7 @@ impl Supervisor {
     /// [`Supervisor::start_with`] with several identity providers, each `(upstream, display name)`,
     /// listed in the FederationDomain in that order.
     pub async fn start_many(
-        cluster: &'static Cluster,
+        cluster: &Cluster,
         namespace: &str,
         upstreams: &[(&dyn Upstream, &str)],
         port: u16,
@@ -333,7 +333,7 @@ impl Supervisor {
     /// has no kubelet); returns once that APIService is Available, and deletes it when dropped.
     /// One test at a time may install (one namespace, one APIService per cluster).
     pub async fn install(
-        cluster: &'static Cluster,
+        cluster: &Cluster,
         upstream: &dyn Upstream,
         idp_display_name: &str,
     ) -> Result<Self, HarnessError> {
@@ -343,7 +343,7 @@ impl Supervisor {
     /// [`Supervisor::install`] serving HTTPS on `port` (so an upstream can be told the issuer's
     /// callback beforehand: [`Supervisor::issuer_for`] with `pinniped-supervisor`).
     pub async fn install_on(
-        cluster: &'static Cluster,
+        cluster: &Cluster,
         upstream: &dyn Upstream,
         idp_display_name: &str,
         port: u16,
@@ -449,7 +449,7 @@ impl Supervisor {
     /// Creates the TLS Secret `config` names, the identity provider and the FederationDomain in
     /// `namespace`, and starts the process with `config` listening on `port`.
     async fn launch(
-        cluster: &'static Cluster,
+        cluster: &Cluster,
         namespace: &str,
         upstreams: &[(&dyn Upstream, &str)],
         port: u16,

@@ -1,20 +1,31 @@
-//! `selkie-demo`: the local demo behind `make demo`. Starts a real control plane (etcd +
-//! kube-apiserver) and Dex as the identity provider; installs Selkie's Concierge from its
-//! manifests (`conf/`) and runs it — impersonation proxy, control plane and aggregated API in one
-//! process — with the permissions the manifests grant; configures it the GitOps way (`kubectl
-//! apply` of a JWTAuthenticator); lets `selkie get kubeconfig` write a kubeconfig from what the
-//! Concierge publishes; and uses the real kubectl with it: the first call logs in to Dex (password
-//! flow), exchanges the ID token for a short-lived certificate at the Concierge, and reaches the
-//! cluster through the impersonation proxy. Everything runs on loopback and stops at the end.
+//! `selkie-demo`: the local demo behind `make demo` — Pinniped's full integration, Dex →
+//! Supervisor → Concierge → kubectl. Starts a real control plane (etcd + kube-apiserver) and Dex
+//! as the upstream identity provider; installs Selkie's Supervisor from its manifests
+//! (`conf/install/supervisor.yaml`) with a FederationDomain federating Dex, and Selkie's Concierge
+//! (`conf/install/concierge.yaml`) — impersonation proxy, control plane and aggregated API in one
+//! process — each with the permissions its manifests grant; configures the Concierge the GitOps
+//! way (`kubectl apply` of a JWTAuthenticator trusting the FederationDomain); lets `selkie get
+//! kubeconfig` write a kubeconfig from what the Concierge publishes; and uses the real kubectl with
+//! it: the first call logs in through the Supervisor (in the browser when there is a display,
+//! else with the password flow), exchanges the Supervisor's token for a cluster-scoped one and that
+//! for a short-lived certificate at the Concierge, and reaches the cluster through the
+//! impersonation proxy. Everything runs on loopback and stops at the end — unless `KEEP=1`: then
+//! it prints the kubeconfig's path and keeps running until Ctrl-C.
 
 use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result};
 use selkie_e2e::{
     concierge::InstalledConcierge,
-    dex::{Dex, DexUser, PUBLIC_CLIENT_ID},
+    dex::{Dex, DexUser},
+    supervisor::Supervisor,
     Cluster,
 };
+
+/// The display name of Dex in the FederationDomain.
+const IDP_NAME: &str = "Dex Users";
+/// The audience of the demo cluster's tokens.
+const AUDIENCE: &str = "demo-cluster";
 
 fn step(text: &str) {
     println!("\n\x1b[1m== {text}\x1b[0m");
@@ -46,8 +57,11 @@ fn run(
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    let keep = std::env::var("KEEP").is_ok_and(|value| !value.is_empty() && value != "0");
+    let browser = std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
     step("Starting etcd and kube-apiserver on loopback (the real components)");
-    let cluster = Cluster::start().await?;
+    let owned = Cluster::start().await?;
+    let cluster = &owned;
     println!(
         "kube-apiserver {} at {}",
         cluster.kubernetes_version(),
@@ -61,19 +75,35 @@ async fn main() -> Result<()> {
         user_id: "4f1c2a9e-demo-4000-8000-000000000001".into(),
         groups: vec!["demo-viewers".into()],
     };
-    let dex = Dex::start(std::slice::from_ref(&user)).await?;
+    let port = selkie_e2e::free_port()?;
+    let callback = format!("{}/callback", Supervisor::issuer_for(port, "pinniped-supervisor"));
+    let dex = Dex::start_with_redirects(std::slice::from_ref(&user), &[callback]).await?;
     println!("issuer {}", dex.issuer());
 
+    step("Installing Selkie's Supervisor from conf/crds and conf/install/supervisor.yaml");
+    let supervisor = Supervisor::install_on(cluster, &dex, IDP_NAME, port).await?;
+    println!(
+        "selkie-supervisor runs as the pinniped-supervisor service account; FederationDomain issuer {}",
+        supervisor.issuer()
+    );
+
     step("Installing Selkie's Concierge from conf/crds and conf/install/concierge.yaml");
-    let concierge = InstalledConcierge::install(&cluster).await?;
+    let concierge = InstalledConcierge::install(cluster).await?;
     println!(
         "selkie-concierge (proxy {}) runs as the pinniped-concierge service account",
         concierge.process().url()
     );
 
-    step("Configuring it the GitOps way: kubectl apply of a JWTAuthenticator for Dex");
+    step("Configuring it the GitOps way: kubectl apply of a JWTAuthenticator trusting the Supervisor");
     concierge
-        .apply_jwt_authenticator(&cluster, "dex", dex.issuer(), PUBLIC_CLIENT_ID, &dex.ca_pem())
+        .apply_jwt_authenticator_with_claims(
+            cluster,
+            "supervisor",
+            supervisor.issuer(),
+            AUDIENCE,
+            &supervisor.ca_pem(),
+            "username",
+        )
         .await?;
     let admin = cluster.admin_kubeconfig().to_path_buf();
     let admin_env = [("KUBECONFIG", admin.to_str().context("a UTF-8 path")?)];
@@ -87,7 +117,7 @@ async fn main() -> Result<()> {
     )?;
 
     step("Exposing the impersonation proxy (CredentialIssuer: service type None, loopback endpoint)");
-    let (endpoint, _) = concierge.expose_proxy(&cluster).await?;
+    let (endpoint, _) = concierge.expose_proxy(cluster).await?;
     println!("impersonation proxy at {endpoint}");
     run(
         &kubectl,
@@ -130,25 +160,21 @@ async fn main() -> Result<()> {
     let dir = concierge.dir();
     let sessions = format!("--oidc-session-cache={}", dir.join("sessions.yaml").display());
     let credentials = format!("--credential-cache={}", dir.join("credentials.yaml").display());
-    let kubeconfig = run(
-        &selkie,
-        "selkie",
-        &[
-            "get",
-            "kubeconfig",
-            "--oidc-scopes=openid,offline_access,email,groups",
-            "--upstream-identity-provider-flow=cli_password",
-            &sessions,
-            &credentials,
-        ],
-        &admin_env,
-        false,
-    )?;
+    let mut args = vec!["get", "kubeconfig", &sessions, &credentials];
+    if !browser {
+        // No display: the password flow (the Supervisor asks Dex with the password grant).
+        args.push("--upstream-identity-provider-flow=cli_password");
+    }
+    let kubeconfig = run(&selkie, "selkie", &args, &admin_env, false)?;
     let pinny = dir.join("pinny.kubeconfig");
     std::fs::write(&pinny, &kubeconfig)?;
     println!("wrote {} (no secrets in it)", pinny.display());
 
-    step("kubectl as pinny: the first call logs in (password flow), the next ones use the cache");
+    if browser {
+        step("kubectl as pinny: the first call opens your browser at the Supervisor (log in at Dex as pinny@example.com / password123), the next ones use the cache");
+    } else {
+        step("kubectl as pinny: the first call logs in through the Supervisor (password flow), the next ones use the cache");
+    }
     let pinny_env = [
         ("KUBECONFIG", pinny.to_str().context("a UTF-8 path")?),
         ("PINNIPED_USERNAME", user.email.as_str()),
@@ -164,10 +190,25 @@ async fn main() -> Result<()> {
     eprint!("{}", String::from_utf8_lossy(&refused.stderr));
     anyhow::ensure!(!refused.status.success(), "pinny must not read secrets");
 
+    if keep {
+        step("Everything keeps running (KEEP=1); Ctrl-C stops it");
+        println!(
+            "export KUBECONFIG={}   # pinny, through the Concierge",
+            pinny.display()
+        );
+        println!("kubeconfig of the cluster admin: {}", admin.display());
+        println!(
+            "Supervisor issuer: {}   Dex: {}",
+            supervisor.issuer(),
+            dex.issuer()
+        );
+        tokio::signal::ctrl_c().await?;
+    }
     step("Stopping everything");
     drop(concierge);
+    drop(supervisor);
     drop(dex);
-    cluster.stop();
+    owned.stop();
     println!("done");
     Ok(())
 }

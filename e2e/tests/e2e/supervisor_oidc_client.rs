@@ -45,7 +45,7 @@ async fn secret_request(
 /// A web application logs a user in with an OIDCClient on the installed Supervisor (see the
 /// module documentation). Run by `supervisor_install`'s test, after its own checks.
 pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kubectl(
-    cluster: &'static Cluster,
+    cluster: &Cluster,
     supervisor: &Supervisor,
     email: &str,
     password: &str,
