@@ -1010,7 +1010,8 @@ async fn get_kubeconfig_discovers_the_concierge_and_the_jwt_authenticator_and_it
 /// form once, kubectl acts as the Dex user with their groups, and the next call uses the cached
 /// ID token without a browser.
 #[tokio::test]
-async fn deployment_strategy_minimal_cli_only_against_dex_and_a_kube_apiserver_trusting_it() -> anyhow::Result<()> {
+async fn deployment_strategy_minimal_cli_only_against_dex_and_a_kube_apiserver_trusting_it(
+) -> anyhow::Result<()> {
     let setup = Setup::start("strategy-minimal").await?;
     let authentication = setup.path("authentication.yaml");
     let config = json!({

@@ -544,7 +544,8 @@ async fn sessions_refresh_silently_until_the_user_is_gone_upstream() -> anyhow::
 /// `--authentication-config` whose JWT issuer is the FederationDomain accepts the Supervisor's
 /// token for its audience directly; a token for another audience is refused.
 #[tokio::test]
-async fn deployment_strategy_static_cluster_integration_a_kube_apiserver_with_the_supervisor_as_jwt_issuer_accepts_its_tokens() -> anyhow::Result<()> {
+async fn deployment_strategy_static_cluster_integration_a_kube_apiserver_with_the_supervisor_as_jwt_issuer_accepts_its_tokens(
+) -> anyhow::Result<()> {
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
     let DexUserNamespace {
         cluster,
