@@ -16,6 +16,7 @@ mod harness_failures;
 mod harness_lifecycle;
 mod jwt_dex;
 mod ldap_directory;
+mod migration;
 mod proxy_bad_input;
 mod proxy_certificates;
 mod proxy_kubectl;
