@@ -31,6 +31,7 @@ mod resources;
 mod supervisor_active_directory;
 mod supervisor_callback;
 mod supervisor_full;
+mod supervisor_github;
 mod supervisor_install;
 mod supervisor_keys;
 mod supervisor_ldap;
