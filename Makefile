@@ -6,7 +6,7 @@ CLUSTER_DIR ?= .selkie/cluster
 SELKIE_CLUSTER := target/debug/selkie-cluster
 FUZZ_SECONDS ?= 20
 
-.PHONY: setup test lint unit demo cluster-up cluster-down components fuzz crds
+.PHONY: setup test lint unit demo cluster-up cluster-down components fuzz crds manifests
 
 ## setup: install what the build and tests need (idempotent; seconds when warm)
 setup:
@@ -41,6 +41,28 @@ fuzz: setup
 crds:
 	$(CARGO) run --locked -q -p selkie-api --example crdgen
 
+## manifests: render conf/install/concierge.yaml and supervisor.yaml from the Helm chart
+## conf/helm/selkie with its default values, and copy conf/crds/ into the chart's crds/ (the e2e
+## test helm_chart fails when they drift)
+manifests:
+	@helm="$$(bash e2e/scripts/build-components.sh helm | sed -n 's/^helm=//p')/helm"; \
+	rm -f conf/helm/selkie/crds/*.yaml; \
+	cp conf/crds/*.yaml conf/helm/selkie/crds/; \
+	for component in concierge supervisor; do \
+	  other=supervisor; [[ $$component == concierge ]] || other=concierge; \
+	  { printf '%s\n' \
+	      "# Generated from the Helm chart conf/helm/selkie by \`make manifests\` (helm template with" \
+	      "# the default values, $$other.enabled=false); do not edit: change the chart, run" \
+	      "# \`make manifests\` and commit both. The e2e test helm_chart fails when they differ." \
+	      "#" \
+	      "#   kubectl apply --server-side -f conf/crds/" \
+	      "#   kubectl apply -f conf/install/$$component.yaml"; \
+	    "$$helm" template selkie conf/helm/selkie --set "$$other.enabled=false"; \
+	  } >"conf/install/$$component.yaml.tmp"; \
+	  mv "conf/install/$$component.yaml.tmp" "conf/install/$$component.yaml"; \
+	  echo "wrote conf/install/$$component.yaml"; \
+	done
+
 $(SELKIE_CLUSTER): FORCE
 	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-cluster
 
@@ -52,11 +74,12 @@ cluster-up: setup $(SELKIE_CLUSTER)
 cluster-down: $(SELKIE_CLUSTER)
 	@$(SELKIE_CLUSTER) --dir $(CLUSTER_DIR) down
 
-## demo: a real control plane, Dex, the Concierge from conf/, selkie get kubeconfig, a login,
-## kubectl through the proxy; then stop
+## demo: the full integration on real components — Dex, the Supervisor and the Concierge from
+## conf/, selkie get kubeconfig, a login (browser with a display, else the password flow),
+## kubectl through the proxy; then stop. `make demo KEEP=1` leaves it running until Ctrl-C.
 demo: setup
-	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-demo -p selkie-concierge -p selkie
-	@bash e2e/scripts/demo.sh target/debug/selkie-demo
+	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-demo -p selkie-concierge -p selkie-supervisor -p selkie
+	@KEEP='$(KEEP)' bash e2e/scripts/demo.sh target/debug/selkie-demo
 
 .PHONY: FORCE
 FORCE:

@@ -6,13 +6,15 @@
 #   keycloak                  org.keycloak:keycloak-quarkus-dist from Maven Central (an upstream
 #                             with token revocation, which Dex lacks), run on a JDK >= 21 from
 #                             /usr/lib/jvm (printed as keycloak_java_home)
+#   helm                      from helm.sh/helm/v3 (renders conf/install/ from the chart in
+#                             conf/helm/selkie/; the chart's e2e test installs it)
 # Each build lives in a cache outside the repository, keyed by version:
 #   ${SELKIE_CACHE_DIR:-~/.cache/selkie}/components/<name>-<version>/bin/
 # A finished build is marked by a stamp file, so a second run only checks the stamp (seconds).
 # Concurrent runs serialise on a lock file. Prints `<name>=<bin-dir>` and `<name>_version=<version>`
 # per component on stdout; progress and errors go to stderr.
 #
-# usage: build-components.sh [kubernetes|etcd|dex|keycloak|all]      (default: all)
+# usage: build-components.sh [kubernetes|etcd|dex|keycloak|helm|all]      (default: all)
 set -euo pipefail
 
 K8S_VERSION="${SELKIE_K8S_VERSION:-1.35.4}"
@@ -21,6 +23,7 @@ ETCD_VERSION="${SELKIE_ETCD_VERSION:-3.6.16}"
 # of the v2.45.1 tag's commit (11d2eeb52b42, 2026-03-03) is the way to name that release.
 DEX_VERSION="${SELKIE_DEX_VERSION:-0.0.0-20260303133905-11d2eeb52b42}"
 KEYCLOAK_VERSION="${SELKIE_KEYCLOAK_VERSION:-26.4.7}"
+HELM_VERSION="${SELKIE_HELM_VERSION:-3.22.0}"
 CACHE_DIR="${SELKIE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/selkie}/components"
 # Bump when the recipe below changes, so cached builds made by an older recipe are rebuilt.
 RECIPE=1
@@ -107,16 +110,17 @@ GO
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
 }
 
-# build_go_binary COMPONENT WORK MODULE@VERSION PACKAGE BINARY: a throwaway tools module requiring
-# MODULE@VERSION builds PACKAGE (without cgo) into WORK/bin/BINARY.
+# build_go_binary COMPONENT WORK MODULE@VERSION PACKAGE BINARY [LDFLAGS]: a throwaway tools module
+# requiring MODULE@VERSION builds PACKAGE (without cgo) into WORK/bin/BINARY, with LDFLAGS (such
+# as -X version stamps) added to the stripping flags.
 build_go_binary() {
-  local component=$1 work=$2 module=$3 package=$4 binary=$5
+  local component=$1 work=$2 module=$3 package=$4 binary=$5 ldflags=${6:-}
   printf 'module local/selkie-%s-tools\n\ngo 1.24\n' "$component" >"$work/go.mod"
   printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$package" >"$work/tools.go"
   run_logged "$component" "$work" go get "$module"
   run_logged "$component" "$work" go mod tidy
   mkdir -p "$work/bin"
-  run_logged "$component" "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "bin/$binary" "$package"
+  run_logged "$component" "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w${ldflags:+ $ldflags}" -o "bin/$binary" "$package"
 }
 
 build_etcd() {
@@ -127,6 +131,12 @@ build_etcd() {
 # same code. No cgo: the tests use Dex's in-memory storage, not sqlite.
 build_dex() {
   build_go_binary dex "$1" "github.com/dexidp/dex@v$2" github.com/dexidp/dex/cmd/dex dex
+}
+
+# Helm stamps its version at link time (its Makefile does the same), so `helm version` names it.
+build_helm() {
+  build_go_binary helm "$1" "helm.sh/helm/v3@v$2" helm.sh/helm/v3/cmd/helm helm \
+    "-X helm.sh/helm/v3/internal/version.version=v$2 -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 }
 
 # Keycloak's server distribution, unpacked so that WORK/bin/kc.sh is its start script.
@@ -159,12 +169,14 @@ case "${1:-all}" in
   etcd) with_cache etcd "$ETCD_VERSION" build_etcd ;;
   dex) with_cache dex "$DEX_VERSION" build_dex ;;
   keycloak) with_cache keycloak "$KEYCLOAK_VERSION" build_keycloak; keycloak_java_home ;;
+  helm) with_cache helm "$HELM_VERSION" build_helm ;;
   all)
     with_cache etcd "$ETCD_VERSION" build_etcd
     with_cache kubernetes "$K8S_VERSION" build_kubernetes
     with_cache dex "$DEX_VERSION" build_dex
     with_cache keycloak "$KEYCLOAK_VERSION" build_keycloak
     keycloak_java_home
+    with_cache helm "$HELM_VERSION" build_helm
     ;;
-  *) die "usage: $0 [kubernetes|etcd|dex|keycloak|all]" ;;
+  *) die "usage: $0 [kubernetes|etcd|dex|keycloak|helm|all]" ;;
 esac

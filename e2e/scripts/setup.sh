@@ -9,7 +9,7 @@
 #     controller of the AD tests, provisioned into a temporary directory by e2e/src/samba.rs);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
-#     (build-components.sh);
+#     (build-components.sh all: kube-apiserver, kubectl, etcd, Dex, helm; and Keycloak);
 #   * openid-client from npm (e2e/rp/, exactly as its package-lock.json pins it), the outside
 #     relying party of the Supervisor's e2e test, installed into the same cache.
 # Go and Rust themselves come with the machine image; their absence is a clear error.

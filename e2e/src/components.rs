@@ -22,6 +22,10 @@ pub struct Components {
     pub keycloak: PathBuf,
     /// The JDK Keycloak runs on (21 or newer).
     pub keycloak_java_home: PathBuf,
+    /// `helm`, which renders and installs the chart in `conf/helm/selkie/`.
+    pub helm: PathBuf,
+    /// The helm version, without the leading `v`.
+    pub helm_version: String,
     /// The Kubernetes version, without the leading `v` (for example `1.35.4`).
     pub kubernetes_version: String,
     /// The etcd version, without the leading `v`.
@@ -79,6 +83,7 @@ fn build() -> Result<Components, HarnessError> {
     let etcd_bin = PathBuf::from(get("etcd")?);
     let dex_bin = PathBuf::from(get("dex")?);
     let keycloak_bin = PathBuf::from(get("keycloak")?);
+    let helm_bin = PathBuf::from(get("helm")?);
     let components = Components {
         kube_apiserver: kube_bin.join("kube-apiserver"),
         kubectl: kube_bin.join("kubectl"),
@@ -86,6 +91,8 @@ fn build() -> Result<Components, HarnessError> {
         dex: dex_bin.join("dex"),
         keycloak: keycloak_bin.join("kc.sh"),
         keycloak_java_home: PathBuf::from(get("keycloak_java_home")?),
+        helm: helm_bin.join("helm"),
+        helm_version: get("helm_version")?,
         kubernetes_version: get("kubernetes_version")?,
         etcd_version: get("etcd_version")?,
     };
@@ -96,6 +103,7 @@ fn build() -> Result<Components, HarnessError> {
         &components.dex,
         &components.keycloak,
         &components.keycloak_java_home.join("bin/java"),
+        &components.helm,
     ] {
         if !path.is_file() {
             return Err(HarnessError::Build {

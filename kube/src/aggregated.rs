@@ -164,6 +164,28 @@ impl Discovery {
         }
     }
 
+    /// What an aggregated server answers before its own routes: [`common`] (health and OpenAPI
+    /// titled `title`; `/readyz` fails until `ready`, the serving certificate and the front
+    /// proxy's settings loaded), then these discovery documents. `None`: the request is for the
+    /// server's own routes.
+    pub fn answer_shared(
+        &self,
+        segments: &[&str],
+        method: &Method,
+        headers: &HeaderMap,
+        ready: bool,
+        title: &str,
+    ) -> Option<Response<Body>> {
+        common(
+            segments,
+            method,
+            ready,
+            "serving certificate or extension-apiserver-authentication not loaded yet",
+            title,
+        )
+        .or_else(|| self.respond(segments, method, headers))
+    }
+
     /// The answer to a discovery request: `/apis` (aggregated when asked for, v2 before v2beta1,
     /// with `ETag` and `304` on `If-None-Match`), `/apis/<group>` and `/apis/<group>/<version>`
     /// (`404` for groups and versions not served, `405` for other methods). `None` when `segments`

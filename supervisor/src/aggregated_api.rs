@@ -24,7 +24,7 @@ use selkie_api::{
 };
 use selkie_filters::identity::UserInfo;
 use selkie_kube::aggregated::{
-    common, created, json_response, method_not_allowed, not_acceptable, not_found, read_object, status,
+    created, json_response, method_not_allowed, not_acceptable, not_found, read_object, status,
     ApiResource as ServedResource, Body, Discovery,
 };
 use serde_json::json;
@@ -103,15 +103,13 @@ impl Routes {
         let path = request.uri().path().to_string();
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         let method = request.method().clone();
-        if let Some(response) = common(
+        if let Some(response) = self.discovery.answer_shared(
             &segments,
             &method,
+            request.headers(),
             ready,
-            "serving certificate or extension-apiserver-authentication not loaded yet",
             "Selkie Supervisor aggregated API",
-        )
-        .or_else(|| self.discovery.respond(&segments, &method, request.headers()))
-        {
+        ) {
             return response;
         }
         match segments.as_slice() {

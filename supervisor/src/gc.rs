@@ -19,7 +19,7 @@ use time::OffsetDateTime;
 use crate::{
     issuer::Issuers,
     session::Session,
-    storage::{garbage_collect_after, Resource, TYPE_LABEL},
+    storage::{garbage_collect_after, Resource},
     store::{Store, StoreError},
     upstream::{OidcUpstream, Upstream},
 };
@@ -79,13 +79,7 @@ pub async fn sweep(store: &Store, issuers: &Issuers, now: OffsetDateTime) -> Res
     let mut sweep = Sweep::default();
     for secret in store.collectable(now).await? {
         let name = secret.metadata.name.clone().unwrap_or_default();
-        let label = secret
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(TYPE_LABEL))
-            .cloned()
-            .unwrap_or_default();
+        let label = crate::storage::type_label(&secret);
         match revoke_upstream(issuers, &secret, &label).await {
             Ok(true) => sweep.revoked += 1,
             Ok(false) => {}

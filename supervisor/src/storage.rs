@@ -132,6 +132,17 @@ pub fn secret_name(label: &str, signature: &str) -> String {
     format!("pinniped-storage-{label}-{}", base32_lower(&bytes))
 }
 
+/// A storage Secret's `storage.pinniped.dev/type` label (empty when it has none).
+pub fn type_label(secret: &Secret) -> String {
+    secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(TYPE_LABEL))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// The JSON a storage Secret of type label `label` holds. Fails, naming what is wrong, when the
 /// Secret is of another type, label or version, or its data is not JSON.
 pub fn read(secret: &Secret, label: &str) -> Result<serde_json::Value, StorageError> {
@@ -143,13 +154,7 @@ pub fn read(secret: &Secret, label: &str) -> Result<serde_json::Value, StorageEr
             expected,
         });
     }
-    let found_label = secret
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|labels| labels.get(TYPE_LABEL))
-        .cloned()
-        .unwrap_or_default();
+    let found_label = type_label(secret);
     if found_label != label {
         return Err(StorageError::WrongLabel(found_label));
     }

@@ -7,7 +7,7 @@ use http::{Method, Request, Response, StatusCode};
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 use selkie_filters::{identity::UserInfo, issuing::login_api::ConciergeApi as _};
 use selkie_kube::aggregated::{
-    common, created, json_response, method_not_allowed, not_acceptable, not_found, read_object, ApiResource,
+    created, json_response, method_not_allowed, not_acceptable, not_found, read_object, ApiResource,
     Discovery,
 };
 pub use selkie_kube::aggregated::{status, Body, MAX_BODY_BYTES};
@@ -97,15 +97,13 @@ impl Routes {
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         let method = request.method().clone();
         let get = method == Method::GET || method == Method::HEAD;
-        if let Some(response) = common(
+        if let Some(response) = self.discovery.answer_shared(
             &segments,
             &method,
+            request.headers(),
             context.ready,
-            "serving certificate or extension-apiserver-authentication not loaded yet",
             "Selkie Concierge aggregated API",
-        )
-        .or_else(|| self.discovery.respond(&segments, &method, request.headers()))
-        {
+        ) {
             return response;
         }
         match segments.as_slice() {

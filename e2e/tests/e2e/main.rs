@@ -14,6 +14,7 @@ mod concierge_process;
 mod crds;
 mod harness_failures;
 mod harness_lifecycle;
+mod helm_chart;
 mod jwt_dex;
 mod ldap_directory;
 mod migration;
