@@ -247,3 +247,115 @@ async fn migration_from_pinniped_keeps_the_crs_and_the_signing_key_and_old_sessi
     .map_err(|e| e.context(supervisor.log()))?;
     Ok(())
 }
+
+/// The Concierge's half: Selkie's Concierge installed from `conf/install/concierge.yaml` over a
+/// cluster where Pinniped's ran — its JWTAuthenticator, and its impersonation proxy's signer CA
+/// (the Secret `pinniped-concierge-impersonation-proxy-signer-ca-certificate`, key in SEC1 as
+/// Pinniped writes it). The CA is kept, not regenerated, so a client certificate Pinniped's
+/// proxy issued (a user's cached credential) still works through Selkie's proxy, with its groups;
+/// the JWTAuthenticator serves unchanged.
+#[tokio::test]
+async fn migration_from_pinniped_keeps_the_concierges_signer_and_cached_certificates_work(
+) -> anyhow::Result<()> {
+    use selkie_e2e::{concierge::InstalledConcierge, dex::Dex, pki::CertificateAuthority, Cluster};
+    let cluster = Cluster::start().await?;
+    let kubectl = cluster.kubectl();
+
+    // Pinniped's signer CA, its key as Pinniped stores it (SEC1, "EC PRIVATE KEY").
+    let ca = CertificateAuthority::new("Pinniped Impersonation Proxy Signer CA")?;
+    let sec1 = {
+        use p256::pkcs8::DecodePrivateKey as _;
+        p256::SecretKey::from_pkcs8_pem(&ca.key_pem())?.to_sec1_pem(p256::pkcs8::LineEnding::LF)?
+    };
+    let leftovers = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pinniped-concierge"}},
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": "pinniped-concierge-impersonation-proxy-signer-ca-certificate",
+                      "namespace": "pinniped-concierge", "labels": {"app": "pinniped-concierge"}},
+         "type": "Opaque",
+         "data": {"ca.crt": B64.encode(ca.cert_pem()), "ca.key": B64.encode(sec1.as_bytes())}},
+    ]});
+    kubectl
+        .run_with_stdin(&["apply", "-f", "-"], Some(&leftovers.to_string()))
+        .await?;
+    // A user's credential cached from Pinniped's proxy: a client certificate of that CA.
+    let cached = ca.issue_client("pinny@example.com", &["seals"])?;
+
+    let concierge = InstalledConcierge::install(&cluster).await?;
+    let dex = Dex::start(&[]).await?;
+    concierge
+        .apply_jwt_authenticator(&cluster, "dex", dex.issuer(), "pinniped-cli", &dex.ca_pem())
+        .await?;
+    let (endpoint, proxy_ca) = concierge.expose_proxy(&cluster).await?;
+    kubectl
+        .run(&[
+            "create",
+            "clusterrole",
+            "ns-reader",
+            "--verb=get,list",
+            "--resource=namespaces",
+        ])
+        .await?;
+    kubectl
+        .run(&[
+            "create",
+            "clusterrolebinding",
+            "seals-read",
+            "--clusterrole=ns-reader",
+            "--group=seals",
+        ])
+        .await?;
+
+    let dir = tempfile::Builder::new()
+        .prefix("selkie-migration-concierge-")
+        .tempdir()?;
+    let kubeconfig = dir.path().join("cached.kubeconfig");
+    write_kubeconfig_for_user(
+        &kubeconfig,
+        &if endpoint.starts_with("https://") {
+            endpoint.clone()
+        } else {
+            format!("https://{endpoint}")
+        },
+        &proxy_ca,
+        "pinny",
+        json!({"client-certificate-data": B64.encode(&cached.cert_pem),
+               "client-key-data": B64.encode(&cached.key_pem)}),
+    )?;
+    let through_proxy = kubectl.with_kubeconfig(&kubeconfig);
+    let user = selkie_e2e::eventually(Duration::from_secs(30), || async {
+        let out = through_proxy.run(&["auth", "whoami", "-o", "json"]).await?;
+        Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
+    })
+    .await
+    .map_err(|e| e.context(concierge.process().log()))?;
+    anyhow::ensure!(user["username"] == "pinny@example.com", "{user}");
+    anyhow::ensure!(
+        user["groups"]
+            .as_array()
+            .is_some_and(|groups| groups.iter().any(|g| g == "seals")),
+        "{user}"
+    );
+    through_proxy.run(&["get", "namespaces"]).await?;
+    // The CA was kept as it was.
+    let kept = kubectl
+        .run(&[
+            "get",
+            "secret",
+            "-n",
+            "pinniped-concierge",
+            "pinniped-concierge-impersonation-proxy-signer-ca-certificate",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ])
+        .await?;
+    anyhow::ensure!(
+        B64.decode(kept.trim())? == ca.cert_pem().as_bytes(),
+        "the signer CA was replaced"
+    );
+    let phase = kubectl
+        .run(&["get", "jwtauthenticator", "dex", "-o", "jsonpath={.status.phase}"])
+        .await?;
+    anyhow::ensure!(phase == "Ready", "{phase}");
+    Ok(())
+}

@@ -87,13 +87,21 @@ impl std::fmt::Debug for ClientCertificateSigner {
 }
 
 impl ClientCertificateSigner {
-    /// Reads the CA certificate (the first PEM block) and its PKCS#8 P-256 key; fails if either
-    /// is unreadable or the key is not the certificate's.
+    /// Reads the CA certificate (the first PEM block) and its P-256 key, PKCS#8 (`PRIVATE KEY`)
+    /// or SEC1 (`EC PRIVATE KEY`, as Pinniped writes its CAs' keys); fails if either is
+    /// unreadable or the key is not the certificate's.
     pub fn from_pem(ca_cert_pem: &str, ca_key_pem: &str) -> Result<Self, SignerError> {
         let certificate = x509_cert::Certificate::from_pem(ca_cert_pem.as_bytes())
             .map_err(|e| SignerError::InvalidCertificate(e.to_string()))?;
-        let signing_key =
-            SigningKey::from_pkcs8_pem(ca_key_pem).map_err(|e| SignerError::InvalidKey(e.to_string()))?;
+        let signing_key = match SigningKey::from_pkcs8_pem(ca_key_pem) {
+            Ok(key) => key,
+            Err(pkcs8) if ca_key_pem.contains("-----BEGIN EC PRIVATE KEY-----") => {
+                p256::SecretKey::from_sec1_pem(ca_key_pem)
+                    .map(SigningKey::from)
+                    .map_err(|sec1| SignerError::InvalidKey(format!("not PKCS#8 ({pkcs8}) nor SEC1 ({sec1})")))?
+            }
+            Err(pkcs8) => return Err(SignerError::InvalidKey(pkcs8.to_string())),
+        };
         let public = SubjectPublicKeyInfoOwned::from_key(*signing_key.verifying_key())
             .map_err(|e| SignerError::InvalidKey(e.to_string()))?;
         if public != certificate.tbs_certificate.subject_public_key_info {
@@ -324,6 +332,30 @@ mod tests {
             Err(SignerError::Issue(_))
         ));
         assert!(matches!(public_point(&[0; 10]), Err(SignerError::Issue(_))));
+    }
+
+    #[test]
+    fn a_sec1_key_as_pinniped_writes_it_signs_too() {
+        let (cert_pem, key_pem) = ca();
+        let key = SigningKey::from_pkcs8_pem(&key_pem).unwrap();
+        let sec1 = p256::SecretKey::from(&key)
+            .to_sec1_pem(LineEnding::LF)
+            .unwrap();
+        assert!(sec1.starts_with("-----BEGIN EC PRIVATE KEY-----"));
+        let signer = ClientCertificateSigner::from_pem(&cert_pem, &sec1).unwrap();
+        let now = SystemTime::now();
+        let issued = signer.issue("carol", &["x"], now, now + Duration::from_secs(60)).unwrap();
+        let certificate = x509_cert::Certificate::from_pem(issued.cert_pem.as_bytes()).unwrap();
+        let ca_certificate = x509_cert::Certificate::from_pem(cert_pem.as_bytes()).unwrap();
+        assert_eq!(certificate.tbs_certificate.issuer, ca_certificate.tbs_certificate.subject);
+        let (_, other_key) = ca();
+        let other_sec1 = p256::SecretKey::from(&SigningKey::from_pkcs8_pem(&other_key).unwrap())
+            .to_sec1_pem(LineEnding::LF)
+            .unwrap();
+        assert!(matches!(
+            ClientCertificateSigner::from_pem(&cert_pem, &other_sec1),
+            Err(SignerError::InvalidKey(_))
+        ));
     }
 
     #[test]
