@@ -98,7 +98,9 @@ impl ClientCertificateSigner {
             Err(pkcs8) if ca_key_pem.contains("-----BEGIN EC PRIVATE KEY-----") => {
                 p256::SecretKey::from_sec1_pem(ca_key_pem)
                     .map(SigningKey::from)
-                    .map_err(|sec1| SignerError::InvalidKey(format!("not PKCS#8 ({pkcs8}) nor SEC1 ({sec1})")))?
+                    .map_err(|sec1| {
+                        SignerError::InvalidKey(format!("not PKCS#8 ({pkcs8}) nor SEC1 ({sec1})"))
+                    })?
             }
             Err(pkcs8) => return Err(SignerError::InvalidKey(pkcs8.to_string())),
         };
@@ -338,16 +340,19 @@ mod tests {
     fn a_sec1_key_as_pinniped_writes_it_signs_too() {
         let (cert_pem, key_pem) = ca();
         let key = SigningKey::from_pkcs8_pem(&key_pem).unwrap();
-        let sec1 = p256::SecretKey::from(&key)
-            .to_sec1_pem(LineEnding::LF)
-            .unwrap();
+        let sec1 = p256::SecretKey::from(&key).to_sec1_pem(LineEnding::LF).unwrap();
         assert!(sec1.starts_with("-----BEGIN EC PRIVATE KEY-----"));
         let signer = ClientCertificateSigner::from_pem(&cert_pem, &sec1).unwrap();
         let now = SystemTime::now();
-        let issued = signer.issue("carol", &["x"], now, now + Duration::from_secs(60)).unwrap();
+        let issued = signer
+            .issue("carol", &["x"], now, now + Duration::from_secs(60))
+            .unwrap();
         let certificate = x509_cert::Certificate::from_pem(issued.cert_pem.as_bytes()).unwrap();
         let ca_certificate = x509_cert::Certificate::from_pem(cert_pem.as_bytes()).unwrap();
-        assert_eq!(certificate.tbs_certificate.issuer, ca_certificate.tbs_certificate.subject);
+        assert_eq!(
+            certificate.tbs_certificate.issuer,
+            ca_certificate.tbs_certificate.subject
+        );
         let (_, other_key) = ca();
         let other_sec1 = p256::SecretKey::from(&SigningKey::from_pkcs8_pem(&other_key).unwrap())
             .to_sec1_pem(LineEnding::LF)
