@@ -527,13 +527,9 @@ impl ClientController {
                         oidc_client.metadata.generation,
                         &conditions::now(),
                     ),
-                    total_client_secrets: i32::try_from(
-                        storage
-                            .as_deref()
-                            .and_then(|secret| read_hashes(secret).ok())
-                            .map_or(0, |hashes| hashes.len()),
-                    )
-                    .unwrap_or(i32::MAX),
+                    // Pinniped's count: the usable stored secrets (none when any is unusable).
+                    total_client_secrets: i32::try_from(validate_secret(storage.as_deref()).1.len())
+                        .unwrap_or(i32::MAX),
                 };
                 self.statuses.write(&self.resource, &name, &current, status).await;
             }

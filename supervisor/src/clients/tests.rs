@@ -106,8 +106,11 @@ fn missing_and_weak_secrets_are_named_and_leave_no_hashes() {
         "no client secret found (empty list in storage)"
     );
     let weak = bcrypt::hash("x", 4).unwrap();
-    let (checks, hashes) = validate(&spec, Some(&stored(&[weak, "not-a-hash".into()])));
+    let unusable = stored(&[weak, "not-a-hash".into()]);
+    let (checks, hashes) = validate(&spec, Some(&unusable));
     assert!(hashes.is_empty());
+    // The status counts usable secrets only, as Pinniped's does.
+    assert!(validate_secret(Some(&unusable)).1.is_empty());
     assert_eq!(
         message(&checks, "ClientSecretExists"),
         (
