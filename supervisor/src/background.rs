@@ -82,6 +82,17 @@ impl<T: Clone + Send + 'static> Background<T> {
     }
 }
 
+impl<T> Background<T> {
+    /// Forgets the checks whose key `keep` refuses (their objects are gone); a running one's
+    /// outcome is dropped when it finishes.
+    pub(crate) fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.checks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|key, _| keep(key));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -567,6 +567,16 @@ impl Controller {
                 }
             }
         }
+        // GitHub upstreams of deleted GitHubIdentityProviders, and their probes, are forgotten.
+        let github_keys: std::collections::HashSet<String> = watched
+            .other_identity_providers
+            .iter()
+            .filter(|(kind, _)| *kind == "GitHubIdentityProvider")
+            .flat_map(|(_, store)| store.state())
+            .map(|object| format!("GitHubIdentityProvider/{namespace}/{}", object.name_any()))
+            .collect();
+        self.githubs.retain(|key, _| github_keys.contains(key));
+        self.github_probes.retain(|key| github_keys.contains(key));
 
         // FederationDomains.
         let fds: Vec<FederationDomain> = watched
