@@ -754,9 +754,6 @@ impl KindContext {
     /// Writes `checks` (plus `Ready`) and the phase into the status, if this replica leads and
     /// anything changed.
     async fn write_status(&self, object: &DynamicObject, checks: &[Check]) -> Result<(), ReconcileError> {
-        let (ready, phase) = conditions::ready(self.kind.name(), checks);
-        let mut all = checks.to_vec();
-        all.push(ready);
         let status = object.data.get("status");
         let existing: Vec<Condition> = status
             .and_then(|status| status.get("conditions"))
@@ -765,7 +762,8 @@ impl KindContext {
         let existing_phase: Option<Phase> = status
             .and_then(|status| status.get("phase"))
             .and_then(|phase| serde_json::from_value(phase.clone()).ok());
-        let merged = conditions::merge(&existing, &all, object.metadata.generation, &conditions::now());
+        let (phase, merged) =
+            conditions::with_ready(self.kind.name(), checks, &existing, object.metadata.generation);
         if merged == existing && existing_phase == Some(phase) {
             return Ok(());
         }

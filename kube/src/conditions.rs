@@ -166,6 +166,19 @@ pub fn ready<P: ReadyPhase>(kind: &str, checks: &[Check]) -> (Check, P) {
     }
 }
 
+/// An object's phase and conditions once `checks` and their `Ready` summary for `kind` ([`ready`])
+/// are merged into its `existing` conditions ([`merge`], now) for `generation`.
+pub fn with_ready<P: ReadyPhase>(
+    kind: &str,
+    checks: &[Check],
+    existing: &[Condition],
+    generation: Option<i64>,
+) -> (P, Vec<Condition>) {
+    let (ready, phase) = ready::<P>(kind, checks);
+    let all: Vec<Check> = checks.iter().cloned().chain([ready]).collect();
+    (phase, merge(existing, &all, generation, &now()))
+}
+
 /// The current time at the precision `metav1.Time` is stored with (whole seconds), so that a
 /// merged status compares equal to what the apiserver hands back.
 pub fn now() -> Time {

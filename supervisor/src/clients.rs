@@ -516,17 +516,16 @@ impl ClientController {
                 by_id.insert(name.clone(), client);
             }
             if leading {
-                let (ready, phase) = conditions::ready::<Phase>("OIDCClient", &checks);
-                let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
                 let current = oidc_client.status.clone();
+                let (phase, conditions) = conditions::with_ready::<Phase>(
+                    "OIDCClient",
+                    &checks,
+                    &current.clone().unwrap_or_default().conditions,
+                    oidc_client.metadata.generation,
+                );
                 let status = OIDCClientStatus {
                     phase,
-                    conditions: conditions::merge(
-                        &current.clone().unwrap_or_default().conditions,
-                        &all,
-                        oidc_client.metadata.generation,
-                        &conditions::now(),
-                    ),
+                    conditions,
                     // Pinniped's count: the usable stored secrets (none when any is unusable).
                     total_client_secrets: i32::try_from(validate_secret(storage.as_deref()).1.len())
                         .unwrap_or(i32::MAX),

@@ -467,17 +467,13 @@ impl Controller {
                 idps.insert(("OIDCIdentityProvider".to_string(), name.clone()), upstream);
             }
             if leading {
-                let (ready, phase) = conditions::ready::<Phase>("OIDCIdentityProvider", &checks);
-                let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
-                let status = OIDCIdentityProviderStatus {
-                    phase,
-                    conditions: conditions::merge(
-                        &idp.status.clone().unwrap_or_default().conditions,
-                        &all,
-                        idp.metadata.generation,
-                        &conditions::now(),
-                    ),
-                };
+                let (phase, conditions) = conditions::with_ready::<Phase>(
+                    "OIDCIdentityProvider",
+                    &checks,
+                    &idp.status.clone().unwrap_or_default().conditions,
+                    idp.metadata.generation,
+                );
+                let status = OIDCIdentityProviderStatus { phase, conditions };
                 self.statuses
                     .write(&self.idp_resource, &name, &idp.status, status)
                     .await;
@@ -552,17 +548,13 @@ impl Controller {
                     idps.insert((kind.to_string(), name.clone()), upstream);
                 }
                 if leading {
-                    let (ready, phase) = conditions::ready::<Phase>(kind, &checks);
-                    let all: Vec<Check> = checks.into_iter().chain([ready]).collect();
-                    let status = DirectoryStatus {
-                        phase,
-                        conditions: conditions::merge(
-                            &current.as_ref().map(|c| c.conditions.clone()).unwrap_or_default(),
-                            &all,
-                            object.metadata.generation,
-                            &conditions::now(),
-                        ),
-                    };
+                    let (phase, conditions) = conditions::with_ready::<Phase>(
+                        kind,
+                        &checks,
+                        &current.as_ref().map(|c| c.conditions.clone()).unwrap_or_default(),
+                        object.metadata.generation,
+                    );
+                    let status = DirectoryStatus { phase, conditions };
                     self.statuses.write(&resource, &name, &current, status).await;
                 }
             }
