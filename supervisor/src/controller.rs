@@ -997,16 +997,8 @@ impl Controller {
         // The probe depends on where GitHub is and which CAs are trusted, nothing else.
         let probe_key = format!("{}|{:?}", endpoints.address, tls.ca_bundle_pem);
         let probed = self.github_probes.poll(&key, &probe_key, LDAP_RETRY, {
-            let probe = github::GitHub::new(
-                endpoints.clone(),
-                String::new(),
-                String::new(),
-                selkie_api::supervisor_idp::GitHubUsernameAttribute::LoginAndID,
-                selkie_api::supervisor_idp::GitHubGroupNameAttribute::Slug,
-                &[],
-                https.clone(),
-            );
-            async move { probe.probe().await }
+            let (endpoints, https) = (endpoints.clone(), https.clone());
+            async move { github::probe(&endpoints, &https).await }
         });
         checks.push(match &probed {
             None => Check::unknown(

@@ -105,6 +105,24 @@ impl Endpoints {
     }
 }
 
+/// Checks that the API at `endpoints` answers over TLS with `https` (`GET <api>/rate_limit`, any
+/// status): Pinniped's connection probe, made before any credentials are used. The error is the
+/// reason.
+pub async fn probe(endpoints: &Endpoints, https: &HttpsClient) -> Result<(), String> {
+    https
+        .send(
+            Method::GET,
+            &format!("{}/rate_limit", endpoints.api),
+            &api_headers(None),
+            Bytes::new(),
+            64 * 1024,
+            Some(TIMEOUT),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|error| error.to_string())
+}
+
 /// A GitHubIdentityProvider ready to use.
 #[derive(Clone)]
 pub struct GitHub {
@@ -223,23 +241,6 @@ impl GitHub {
             .append_pair("state", state)
             .finish();
         format!("{}/authorize?{query}", self.endpoints.oauth)
-    }
-
-    /// Checks that the API answers over TLS (`GET <api>/rate_limit`, any status): Pinniped's
-    /// connection probe. The error is the reason.
-    pub async fn probe(&self) -> Result<(), String> {
-        self.https
-            .send(
-                Method::GET,
-                &format!("{}/rate_limit", self.endpoints.api),
-                &api_headers(None),
-                Bytes::new(),
-                64 * 1024,
-                Some(TIMEOUT),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|error| error.to_string())
     }
 
     /// Redeems an authorization code (sent back to `redirect_uri`) for the user's access token.
