@@ -7,12 +7,12 @@
 //! an admin gets wrong is refused with a clear message. (In `supervisor_install`'s module: both
 //! install into the one `pinniped-supervisor` namespace, so they run one after the other.)
 
-use std::{process::Stdio, time::Duration};
+use std::time::Duration;
 
+use crate::supervisor_rp::RelyingParty;
 use bytes::Bytes;
 use selkie_e2e::{browser::Browser, kubectl::Kubectl, supervisor::Supervisor, Cluster};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
 const CLIENT: &str = "client.oauth.pinniped.dev-webapp";
 const REDIRECT: &str = "http://127.0.0.1:48125/auth/callback";
@@ -50,7 +50,6 @@ pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kube
     email: &str,
     password: &str,
 ) -> anyhow::Result<()> {
-    let cache = crate::supervisor_rp::rp_cache()?;
     let namespace = supervisor.namespace().to_string();
     let kubectl = cluster.kubectl();
 
@@ -135,26 +134,17 @@ pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kube
     );
 
     // The web application logs the user in.
-    let script = cache.join("rp.mjs");
-    let ca = tempfile::NamedTempFile::new()?;
-    std::fs::write(ca.path(), supervisor.ca_pem())?;
-    let mut rp = tokio::process::Command::new("node")
-        .arg(&script)
-        .args([supervisor.issuer(), REDIRECT, "Dex Users"])
-        .env("NODE_EXTRA_CA_CERTS", ca.path())
-        .env("RP_CLIENT_ID", CLIENT)
-        .env("RP_CLIENT_SECRET", &secret)
-        .env("RP_SCOPE", "openid offline_access username groups")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut stdout =
-        tokio::io::BufReader::new(rp.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?).lines();
-    let authorize = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
-        .await??
-        .ok_or_else(|| anyhow::anyhow!("openid-client printed no authorization URL"))?;
+    let (rp, authorize) = RelyingParty::start(
+        supervisor,
+        REDIRECT,
+        "Dex Users",
+        &[
+            ("RP_CLIENT_ID", CLIENT),
+            ("RP_CLIENT_SECRET", &secret),
+            ("RP_SCOPE", "openid offline_access username groups"),
+        ],
+    )
+    .await?;
     let browser = Browser::start().await?;
     let landed = browser.dex_login(&authorize, email, password).await?;
     anyhow::ensure!(
@@ -162,18 +152,7 @@ pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kube
         "{landed}\n{}",
         supervisor.log()
     );
-    let mut stdin = rp.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?;
-    stdin.write_all(format!("{landed}\n").as_bytes()).await?;
-    drop(stdin);
-    let result = tokio::time::timeout(Duration::from_secs(30), stdout.next_line()).await??;
-    let output = rp.wait_with_output().await?;
-    let result: Value = serde_json::from_str(&result.ok_or_else(|| {
-        anyhow::anyhow!(
-            "openid-client failed: {}\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            supervisor.log()
-        )
-    })?)?;
+    let result = rp.finish(&landed, supervisor).await?;
     let claims = &result["claims"];
     anyhow::ensure!(claims["aud"] == json!([CLIENT]), "{result}");
     anyhow::ensure!(claims["azp"] == CLIENT, "{result}");

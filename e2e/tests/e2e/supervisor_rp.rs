@@ -39,11 +39,85 @@ pub(crate) fn rp_cache() -> anyhow::Result<std::path::PathBuf> {
     Ok(cache)
 }
 
+/// openid-client (`rp.mjs`, from [`rp_cache`]) running against a Supervisor: it has printed its
+/// authorization URL and waits for the callback URL.
+pub(crate) struct RelyingParty {
+    child: tokio::process::Child,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    _ca: tempfile::NamedTempFile,
+}
+
+impl RelyingParty {
+    /// Starts `rp.mjs` for `supervisor`'s issuer (trusting its CA) with `redirect` and the
+    /// identity provider `idp`, and `env` (`RP_CLIENT_ID`, `RP_CLIENT_SECRET`, `RP_SCOPE`); returns
+    /// it with the authorization URL it built, which must be the issuer's (within 30 s).
+    pub(crate) async fn start(
+        supervisor: &Supervisor,
+        redirect: &str,
+        idp: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<(Self, String)> {
+        let script = rp_cache()?.join("rp.mjs");
+        let ca = tempfile::NamedTempFile::new()?;
+        std::fs::write(ca.path(), supervisor.ca_pem())?;
+        let mut child = tokio::process::Command::new("node")
+            .arg(&script)
+            .args([supervisor.issuer(), redirect, idp])
+            .env("NODE_EXTRA_CA_CERTS", ca.path())
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut stdout =
+            tokio::io::BufReader::new(child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?)
+                .lines();
+        let authorize = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+            .await??
+            .ok_or_else(|| anyhow::anyhow!("openid-client printed no authorization URL"))?;
+        anyhow::ensure!(
+            authorize.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
+            "{authorize}"
+        );
+        Ok((
+            Self {
+                child,
+                stdout,
+                _ca: ca,
+            },
+            authorize,
+        ))
+    }
+
+    /// Hands it the `callback` URL (with the code) and returns what it printed (its JSON result,
+    /// within 30 s); fails, with its stderr and `supervisor`'s log, when it printed nothing or
+    /// exited unsuccessfully.
+    pub(crate) async fn finish(mut self, callback: &str, supervisor: &Supervisor) -> anyhow::Result<Value> {
+        let mut stdin = self
+            .child
+            .stdin
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdin"))?;
+        stdin.write_all(format!("{callback}\n").as_bytes()).await?;
+        drop(stdin);
+        let result = tokio::time::timeout(Duration::from_secs(30), self.stdout.next_line()).await??;
+        let output = self.child.wait_with_output().await?;
+        let failed = || {
+            anyhow::anyhow!(
+                "openid-client failed: {}\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                supervisor.log()
+            )
+        };
+        let result = result.ok_or_else(failed)?;
+        anyhow::ensure!(output.status.success(), failed());
+        Ok(serde_json::from_str(&result)?)
+    }
+}
+
 #[tokio::test]
 async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Result<()> {
-    let cache = rp_cache()?;
-    let script = cache.join("rp.mjs");
-
     let DexUserNamespace {
         cluster,
         namespace,
@@ -52,27 +126,7 @@ async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Resu
         ..
     } = dex_user_namespace("supervisor-rp", &["seals"], None).await?;
     let supervisor = Supervisor::start(cluster, &namespace, &dex, "Dex Users").await?;
-    let ca = tempfile::NamedTempFile::new()?;
-    std::fs::write(ca.path(), supervisor.ca_pem())?;
-
-    let mut rp = tokio::process::Command::new("node")
-        .arg(&script)
-        .args([supervisor.issuer(), REDIRECT, "Dex Users"])
-        .env("NODE_EXTRA_CA_CERTS", ca.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut stdout =
-        tokio::io::BufReader::new(rp.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?).lines();
-    let authorize = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
-        .await??
-        .ok_or_else(|| anyhow::anyhow!("openid-client printed no authorization URL"))?;
-    anyhow::ensure!(
-        authorize.starts_with(&format!("{}/oauth2/authorize?", supervisor.issuer())),
-        "{authorize}"
-    );
+    let (rp, authorize) = RelyingParty::start(&supervisor, REDIRECT, "Dex Users", &[]).await?;
 
     // The user's agent: the authorization request the library built, with the password headers.
     let response = supervisor
@@ -107,30 +161,12 @@ async fn openid_client_from_npm_logs_in_through_the_supervisor() -> anyhow::Resu
         response.status,
         supervisor.log()
     );
-    let mut stdin = rp.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?;
-    stdin.write_all(format!("{location}\n").as_bytes()).await?;
-    drop(stdin);
-
-    let result = tokio::time::timeout(Duration::from_secs(30), stdout.next_line()).await??;
-    let output = rp.wait_with_output().await?;
-    let result = result.ok_or_else(|| {
-        anyhow::anyhow!(
-            "openid-client failed: {}\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            supervisor.log()
-        )
-    })?;
-    let result: Value = serde_json::from_str(&result)?;
+    let result = rp.finish(&location, &supervisor).await?;
     let claims = &result["claims"];
     anyhow::ensure!(claims["iss"] == supervisor.issuer(), "{result}");
     anyhow::ensure!(claims["aud"] == serde_json::json!(["pinniped-cli"]), "{result}");
     anyhow::ensure!(claims["username"] == email.as_str(), "{result}");
     anyhow::ensure!(claims["groups"] == serde_json::json!(["seals"]), "{result}");
     anyhow::ensure!(result["token_type"] == "bearer", "{result}");
-    anyhow::ensure!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     Ok(())
 }
