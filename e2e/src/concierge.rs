@@ -72,22 +72,16 @@ impl InstalledConcierge {
 
         let aggregated_port = crate::free_port()?;
         kubectl
-            .run(&["delete", "service", "-n", NAMESPACE, "pinniped-concierge-api"])
+            .serve_api_services_on_loopback(
+                NAMESPACE,
+                "pinniped-concierge-api",
+                &[
+                    "v1alpha1.login.concierge.pinniped.dev",
+                    "v1alpha1.identity.concierge.pinniped.dev",
+                ],
+                aggregated_port,
+            )
             .await?;
-        let service = json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "pinniped-concierge-api", "namespace": NAMESPACE},
-            "spec": {"type": "ExternalName", "externalName": "localhost"}})
-        .to_string();
-        kubectl
-            .run_with_stdin(&["create", "-f", "-"], Some(&service))
-            .await?;
-        let patch = json!({"spec": {"service": {"port": aggregated_port}}}).to_string();
-        for group in ["login", "identity"] {
-            let name = format!("v1alpha1.{group}.concierge.pinniped.dev");
-            kubectl
-                .run(&["patch", "apiservice", &name, "--type=merge", "-p", &patch])
-                .await?;
-        }
 
         let token = kubectl
             .run(&[

@@ -102,6 +102,31 @@ impl Kubectl {
         })
     }
 
+    /// Points an installed aggregated API at a process on loopback (the harness has no kubelet):
+    /// replaces the Service `namespace/service` the manifests created with an `ExternalName` to
+    /// `localhost`, and sets the port of each APIService of `api_services` to `port`.
+    pub async fn serve_api_services_on_loopback(
+        &self,
+        namespace: &str,
+        service: &str,
+        api_services: &[&str],
+        port: u16,
+    ) -> Result<(), HarnessError> {
+        self.run(&["delete", "service", "-n", namespace, service]).await?;
+        let external = serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": service, "namespace": namespace},
+            "spec": {"type": "ExternalName", "externalName": "localhost"}})
+        .to_string();
+        self.run_with_stdin(&["create", "-f", "-"], Some(&external))
+            .await?;
+        let patch = serde_json::json!({"spec": {"service": {"port": port}}}).to_string();
+        for api_service in api_services {
+            self.run(&["patch", "apiservice", api_service, "--type=merge", "-p", &patch])
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Runs `kubectl <args>` and returns its stdout; a non-zero exit is an error carrying stderr.
     pub async fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Result<String, HarnessError> {
         self.run_with_stdin(args, None).await

@@ -398,32 +398,12 @@ impl Supervisor {
         let aggregated_port = crate::free_port()?;
         config["listen"]["aggregatedApi"] = serde_json::json!(format!("127.0.0.1:{aggregated_port}"));
         kubectl
-            .run(&[
-                "delete",
-                "service",
-                "-n",
+            .serve_api_services_on_loopback(
                 NAMESPACE,
                 "pinniped-supervisor-api",
-                "--ignore-not-found",
-            ])
-            .await?;
-        let service = serde_json::json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "pinniped-supervisor-api", "namespace": NAMESPACE},
-            "spec": {"type": "ExternalName", "externalName": "localhost"}})
-        .to_string();
-        kubectl
-            .run_with_stdin(&["create", "-f", "-"], Some(&service))
-            .await?;
-        let patch = serde_json::json!({"spec": {"service": {"port": aggregated_port}}}).to_string();
-        kubectl
-            .run(&[
-                "patch",
-                "apiservice",
-                CLIENT_SECRET_API_SERVICE,
-                "--type=merge",
-                "-p",
-                &patch,
-            ])
+                &[CLIENT_SECRET_API_SERVICE],
+                aggregated_port,
+            )
             .await?;
         let guard = ApiServiceGuard {
             kubectl: kubectl.binary().to_path_buf(),
