@@ -681,25 +681,7 @@ async fn deployment_strategy_dynamic_cluster_authentication_jwt_get_kubeconfig_f
         .apply_jwt_authenticator(cluster, "dex", dex.issuer(), PUBLIC_CLIENT_ID, &dex.ca_pem())
         .await?;
     let (proxy_endpoint, _) = concierge.expose_proxy(cluster).await?;
-    let admin = cluster.kubectl();
-    admin
-        .run(&[
-            "create",
-            "clusterrole",
-            "ns-reader",
-            "--verb=get,list",
-            "--resource=namespaces",
-        ])
-        .await?;
-    admin
-        .run(&[
-            "create",
-            "clusterrolebinding",
-            "ops-read-ns",
-            "--clusterrole=ns-reader",
-            "--group=ops",
-        ])
-        .await?;
+    crate::proxy_kubectl::grant_namespace_reading(cluster, "ops").await?;
 
     let dir = concierge.dir();
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;

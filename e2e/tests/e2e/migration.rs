@@ -287,24 +287,7 @@ async fn migration_from_pinniped_keeps_the_concierges_signer_and_cached_certific
         .apply_jwt_authenticator(&cluster, "dex", dex.issuer(), "pinniped-cli", &dex.ca_pem())
         .await?;
     let (endpoint, proxy_ca) = concierge.expose_proxy(&cluster).await?;
-    kubectl
-        .run(&[
-            "create",
-            "clusterrole",
-            "ns-reader",
-            "--verb=get,list",
-            "--resource=namespaces",
-        ])
-        .await?;
-    kubectl
-        .run(&[
-            "create",
-            "clusterrolebinding",
-            "seals-read",
-            "--clusterrole=ns-reader",
-            "--group=seals",
-        ])
-        .await?;
+    crate::proxy_kubectl::grant_namespace_reading(&cluster, "seals").await?;
 
     let dir = tempfile::Builder::new()
         .prefix("selkie-migration-concierge-")

@@ -26,6 +26,30 @@ fn whoami(json: &str) -> anyhow::Result<(String, Vec<String>)> {
         .collect();
     Ok((user["username"].as_str().unwrap_or_default().to_string(), groups))
 }
+/// Lets the members of `group` list and read namespaces in `cluster` (a ClusterRole `ns-reader`
+/// and its binding `<group>-read-ns`): what a freshly logged-in user is shown doing.
+pub(crate) async fn grant_namespace_reading(cluster: &Cluster, group: &str) -> anyhow::Result<()> {
+    let kubectl = cluster.kubectl();
+    kubectl
+        .run(&[
+            "create",
+            "clusterrole",
+            "ns-reader",
+            "--verb=get,list",
+            "--resource=namespaces",
+        ])
+        .await?;
+    kubectl
+        .run(&[
+            "create",
+            "clusterrolebinding",
+            &format!("{group}-read-ns"),
+            "--clusterrole=ns-reader",
+            &format!("--group={group}"),
+        ])
+        .await?;
+    Ok(())
+}
 
 /// Lets `subject` (a `User` or `Group`) work with ConfigMaps in `namespace`. (The harness runs no
 /// controller manager, so the aggregated `edit` ClusterRole has no rules; a Role says it directly.)

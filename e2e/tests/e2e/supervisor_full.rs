@@ -40,25 +40,7 @@ async fn member_cluster(
         )
         .await?;
     concierge.expose_proxy(&cluster).await?;
-    let kubectl = cluster.kubectl();
-    kubectl
-        .run(&[
-            "create",
-            "clusterrole",
-            "ns-reader",
-            "--verb=get,list",
-            "--resource=namespaces",
-        ])
-        .await?;
-    kubectl
-        .run(&[
-            "create",
-            "clusterrolebinding",
-            "seals-read-ns",
-            "--clusterrole=ns-reader",
-            "--group=seals",
-        ])
-        .await?;
+    crate::proxy_kubectl::grant_namespace_reading(&cluster, "seals").await?;
     Ok((cluster, concierge))
 }
 
