@@ -169,7 +169,9 @@ pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kube
     // A wrong secret is refused at the token endpoint, with RFC 6749's answer.
     let https = supervisor.client()?;
     use base64::Engine as _;
-    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{CLIENT}:{}0", &secret[..63]));
+    // The secret with its last hex digit changed (a fixed digit would be the secret itself one time in 16).
+    let last = if secret.ends_with('0') { '1' } else { '0' };
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{CLIENT}:{}{last}", &secret[..63]));
     let refused = https
         .send(
             http::Method::POST,
