@@ -58,8 +58,13 @@ pub struct ClusterPki {
 }
 
 impl ClusterPki {
-    fn generate() -> Result<Self, HarnessError> {
-        let client_ca = CertificateAuthority::new("selkie-test-cluster-client-ca")?;
+    fn generate(rsa_client_ca: bool) -> Result<Self, HarnessError> {
+        const CLIENT_CA: &str = "selkie-test-cluster-client-ca";
+        let client_ca = if rsa_client_ca {
+            CertificateAuthority::new_rsa(CLIENT_CA)?
+        } else {
+            CertificateAuthority::new(CLIENT_CA)?
+        };
         let front_proxy_ca = CertificateAuthority::new("selkie-test-front-proxy-ca")?;
         Ok(Self {
             server_ca: CertificateAuthority::new("selkie-test-cluster-server-ca")?,
@@ -79,6 +84,7 @@ pub struct ClusterBuilder {
     apiserver_port: Option<u16>,
     extra_apiserver_args: Vec<String>,
     apiserver_ready_timeout: Option<Duration>,
+    rsa_client_ca: bool,
 }
 
 impl ClusterBuilder {
@@ -99,6 +105,13 @@ impl ClusterBuilder {
     /// so list-valued flags such as `--etcd-servers` are replaced rather than appended to.
     pub fn apiserver_arg(mut self, arg: impl Into<String>) -> Self {
         self.extra_apiserver_args.push(arg.into());
+        self
+    }
+
+    /// Make the client CA (the cluster signing key) RSA-2048 with its key in PKCS#1, as kubeadm
+    /// makes `/etc/kubernetes/pki/ca.{crt,key}`, instead of P-256.
+    pub fn rsa_client_ca(mut self) -> Self {
+        self.rsa_client_ca = true;
         self
     }
 
@@ -192,7 +205,7 @@ impl Cluster {
             None => RunDir::Temporary(new_temp_run_dir()?),
         };
         let root = dir.path().to_path_buf();
-        let pki = ClusterPki::generate()?;
+        let pki = ClusterPki::generate(options.rsa_client_ca)?;
         let files = write_pki(&root, &pki)?;
 
         let etcd_client_port = crate::free_port()?;

@@ -3,7 +3,8 @@
 //! CAs and serving certificates come from rcgen. Client certificates come from Selkie's own
 //! signer (`selkie_filters::issuing::signer`, on `x509-cert`), the one TokenCredentialRequests use,
 //! because Kubernetes reads one group per `O=` attribute and rcgen keeps only one value per
-//! attribute type. All keys are ECDSA P-256.
+//! attribute type. All keys are ECDSA P-256 except an RSA CA on request
+//! ([`CertificateAuthority::new_rsa`], kubeadm's default cluster CA).
 
 use std::time::{Duration, SystemTime};
 
@@ -42,6 +43,8 @@ impl std::fmt::Debug for CertAndKey {
 /// A self-signed certificate authority that can issue serving and client certificates.
 pub struct CertificateAuthority {
     issuer: CertifiedIssuer<'static, KeyPair>,
+    /// The private key as [`CertificateAuthority::key_pem`] gives it.
+    key_pem: String,
     /// Client certificates come from the same signer TokenCredentialRequests use.
     client_signer: ClientCertificateSigner,
     issuer_name: Name,
@@ -65,9 +68,35 @@ fn validity_window() -> (SystemTime, SystemTime) {
 }
 
 impl CertificateAuthority {
-    /// Generates a new CA with the given common name.
+    /// Generates a new CA with the given common name and a new P-256 key.
     pub fn new(common_name: &str) -> Result<Self, HarnessError> {
         let key = KeyPair::generate().map_err(pki_err("generating a CA key"))?;
+        let key_pem = key.serialize_pem();
+        Self::with_key(common_name, key, key_pem)
+    }
+
+    /// A new CA with the given common name for the harness's RSA-2048 test key (`keys/`; ring
+    /// cannot generate RSA keys), its key given in PKCS#1 as kubeadm writes `ca.key`.
+    pub fn new_rsa(common_name: &str) -> Result<Self, HarnessError> {
+        const RSA_KEY: &str = include_str!("keys/rsa-2048-cluster-ca.pem");
+        let key = KeyPair::from_pkcs8_pem_and_sign_algo(RSA_KEY, &rcgen::PKCS_RSA_SHA256)
+            .map_err(pki_err("reading the RSA test key"))?;
+        let pkcs1 = x509_cert::der::pem::decode_vec(RSA_KEY.as_bytes())
+            .map_err(|e| e.to_string())
+            .and_then(|(_, der)| {
+                let info = pkcs8::PrivateKeyInfo::from_der(&der).map_err(|e| e.to_string())?;
+                x509_cert::der::pem::encode_string(
+                    "RSA PRIVATE KEY",
+                    x509_cert::der::pem::LineEnding::LF,
+                    info.private_key,
+                )
+                .map_err(|e| e.to_string())
+            })
+            .map_err(|e| HarnessError::Pki(format!("the RSA test key as PKCS#1: {e}")))?;
+        Self::with_key(common_name, key, pkcs1)
+    }
+
+    fn with_key(common_name: &str, key: KeyPair, key_pem: String) -> Result<Self, HarnessError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::CommonName, common_name);
@@ -85,11 +114,11 @@ impl CertificateAuthority {
             .map_err(|e| HarnessError::Pki(format!("parsing the CA certificate: {e}")))?
             .tbs_certificate
             .subject;
-        let client_signer =
-            ClientCertificateSigner::from_pem(&issuer.pem(), &issuer.key().serialize_pem())
-                .map_err(|e| HarnessError::Pki(format!("the CA as a client-certificate signer: {e}")))?;
+        let client_signer = ClientCertificateSigner::from_pem(&issuer.pem(), &key_pem)
+            .map_err(|e| HarnessError::Pki(format!("the CA as a client-certificate signer: {e}")))?;
         Ok(Self {
             issuer,
+            key_pem,
             client_signer,
             issuer_name,
         })
@@ -100,10 +129,11 @@ impl CertificateAuthority {
         self.issuer.pem()
     }
 
-    /// The CA private key, PKCS#8 PEM. For the cluster client CA this stands in for the cluster
-    /// signing key (what kube-controller-manager's `--cluster-signing-key-file` would hold).
+    /// The CA private key, PEM: PKCS#8 for P-256, PKCS#1 for RSA. For the cluster client CA this
+    /// stands in for the cluster signing key (what kube-controller-manager's
+    /// `--cluster-signing-key-file` would hold).
     pub fn key_pem(&self) -> String {
-        self.issuer.key().serialize_pem()
+        self.key_pem.clone()
     }
 
     /// Issues a TLS serving certificate for `sans` (DNS names or IP addresses).

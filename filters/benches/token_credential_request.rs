@@ -7,7 +7,8 @@
 //!   named authenticator, a cache hit, the audit event (no subscriber here), a fresh P-256 key, a
 //!   signed certificate, both PEM-encoded, the expiry formatted. The request is cloned from a
 //!   template in the untimed setup.
-//! * `signer/issue`: [`ClientCertificateSigner::issue`] alone (`alice`, two groups).
+//! * `signer/issue`: [`ClientCertificateSigner::issue`] alone (`alice`, two groups);
+//!   `signer/issue/rsa-2048-ca` the same with an RSA-2048 CA (kubeadm's default cluster CA).
 //! * `signer/parts/*`: the steps of `issue` one by one, done the way `filters/src/signer.rs`
 //!   does them with the same crates: `keygen` (ring: a P-256 key pair as PKCS#8), `spki` (the
 //!   public point checked by p256 and encoded as a SubjectPublicKeyInfo), `build-tbs` (the
@@ -71,17 +72,24 @@ use x509_cert::{
 const ISSUER: &str = "https://issuer.example";
 const AUDIENCE: &str = "selkie-bench";
 const GROUPS: [&str; 2] = ["devs", "ops"];
+/// The authenticators' API group (`selkie_api::authentication::GROUP`, behind a feature this
+/// crate does not turn on).
+const AUTHENTICATION_GROUP: &str = "authentication.concierge.pinniped.dev";
 
 /// An ECDSA P-256 CA (rcgen), as PEM certificate and PKCS#8 key.
 fn ca() -> (String, String) {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    (ca_certificate(&key), key.serialize_pem())
+}
+
+/// A self-signed CA certificate (PEM) for `key`.
+fn ca_certificate(key: &rcgen::KeyPair) -> String {
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "selkie-bench-signer");
-    let cert = params.self_signed(&key).unwrap();
-    (cert.pem(), key.serialize_pem())
+    params.self_signed(key).unwrap().pem()
 }
 
 /// A JWT authenticator for [`ISSUER`] trusting `key` (ES256), and a valid token for `alice` in
@@ -169,11 +177,7 @@ fn token_credential_request(c: &mut Criterion) {
         ..TokenCredentialRequest::default()
     };
     // The first request verifies the token and caches the result; the timed ones hit.
-    assert_issued(&rt.block_on(api.token_credential_request(
-        &chain,
-        selkie_api::authentication::GROUP,
-        template.clone(),
-    )));
+    assert_issued(&rt.block_on(api.token_credential_request(&chain, AUTHENTICATION_GROUP, template.clone())));
     common::assert_alice(&rt.block_on(chain.token_authenticators()[0].authenticate(&template.spec.token)));
 
     c.bench_function("tcr/end-to-end", |b| {
@@ -182,7 +186,7 @@ fn token_credential_request(c: &mut Criterion) {
             |request| {
                 let (api, chain) = (&api, &chain);
                 async move {
-                    api.token_credential_request(chain, selkie_api::authentication::GROUP, request)
+                    api.token_credential_request(chain, AUTHENTICATION_GROUP, request)
                         .await
                 }
             },
@@ -196,6 +200,21 @@ fn token_credential_request(c: &mut Criterion) {
     c.bench_function("signer/issue", |b| {
         b.iter(|| {
             signer
+                .issue(black_box("alice"), black_box(&GROUPS), not_before, not_after)
+                .unwrap()
+        })
+    });
+
+    // kubeadm's default cluster CA is RSA-2048 (here the RS256 benches' test key): the CA's
+    // signature is an RSA one.
+    let rsa_key = include_str!("keys/rs256-test-key.pem");
+    let rsa_ca = ca_certificate(
+        &rcgen::KeyPair::from_pkcs8_pem_and_sign_algo(rsa_key, &rcgen::PKCS_RSA_SHA256).unwrap(),
+    );
+    let rsa_signer = ClientCertificateSigner::from_pem(&rsa_ca, rsa_key).unwrap();
+    c.bench_function("signer/issue/rsa-2048-ca", |b| {
+        b.iter(|| {
+            rsa_signer
                 .issue(black_box("alice"), black_box(&GROUPS), not_before, not_after)
                 .unwrap()
         })

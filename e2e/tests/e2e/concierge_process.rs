@@ -751,15 +751,22 @@ async fn deployment_strategy_dynamic_cluster_authentication_jwt_get_kubeconfig_f
 }
 
 /// The cluster signing key read from files on a control-plane node (kube-controller-manager's
-/// `--cluster-signing-{cert,key}-file`): certificates signed with it work directly against
-/// kube-apiserver, the strategy says so, and a broken rewrite of the files keeps the last good
-/// key signing while the strategy reports the failure.
+/// `--cluster-signing-{cert,key}-file`), an RSA-2048 CA with a PKCS#1 key as kubeadm makes it:
+/// certificates signed with it (SHA-256 with RSA) work directly against kube-apiserver, the
+/// strategy says so, and a broken rewrite of the files keeps the last good key signing while the
+/// strategy reports the failure.
 #[tokio::test]
 async fn the_cluster_signing_key_is_read_from_files_on_the_node() -> anyhow::Result<()> {
     use selkie_control_plane::{config::ControlPlaneConfig, published::Publisher, signing};
     use std::sync::{Arc, Mutex};
+    use x509_cert::der::DecodePem as _;
 
-    let cluster = &Cluster::start().await?;
+    let cluster = &Cluster::builder().rsa_client_ca().start().await?;
+    ensure!(cluster
+        .pki()
+        .client_ca
+        .key_pem()
+        .starts_with("-----BEGIN RSA PRIVATE KEY-----"));
     let client = cluster.client().await?;
     let namespace = cluster.create_namespace(&client, "signing-files").await?;
     let dir = tempfile::tempdir()?;
@@ -814,6 +821,12 @@ async fn the_cluster_signing_key_is_read_from_files_on_the_node() -> anyhow::Res
         now - Duration::from_secs(60),
         now + Duration::from_secs(300),
     )?;
+    let certificate = x509_cert::Certificate::from_pem(issued.cert_pem.as_bytes())?;
+    assert_eq!(
+        certificate.signature_algorithm.oid.to_string(),
+        "1.2.840.113549.1.1.11",
+        "sha256WithRSAEncryption"
+    );
     let installation = Installation {
         cluster,
         namespace,

@@ -264,8 +264,8 @@ async fn migration_from_pinniped_keeps_the_concierges_signer_and_cached_certific
     // Pinniped's signer CA, its key as Pinniped stores it (SEC1, "EC PRIVATE KEY").
     let ca = CertificateAuthority::new("Pinniped Impersonation Proxy Signer CA")?;
     let sec1 = {
-        use p256::pkcs8::DecodePrivateKey as _;
-        p256::SecretKey::from_pkcs8_pem(&ca.key_pem())?.to_sec1_pem(p256::pkcs8::LineEnding::LF)?
+        use pkcs8::DecodePrivateKey as _;
+        p256::SecretKey::from_pkcs8_pem(&ca.key_pem())?.to_sec1_pem(pkcs8::LineEnding::LF)?
     };
     let leftovers = json!({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pinniped-concierge"}},
