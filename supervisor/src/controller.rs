@@ -163,7 +163,7 @@ pub struct Controller {
     upstreams: HashMap<String, BuiltUpstream>,
     /// OIDC discoveries of upstreams, by `namespace/name`: run in tasks of their own, a failure
     /// standing for [`RESYNC`] before it is tried again.
-    discoveries: Arc<std::sync::Mutex<HashMap<String, Discovery>>>,
+    discoveries: Background<Arc<Provider>>,
     /// Writes statuses, only changes.
     statuses: StatusWriter,
     /// How long a signing key signs before it is rotated; `None`: never.
@@ -186,13 +186,6 @@ pub struct Controller {
     githubs: HashMap<String, (github::GitHub, Arc<Upstream>)>,
     /// GitHub connection probes, by the same key.
     github_probes: Background<()>,
-}
-
-/// An upstream's OIDC discovery: what it was made from, and, once finished, the provider or the
-/// failure's message, and when.
-struct Discovery {
-    fingerprint: String,
-    outcome: Option<(Result<Arc<Provider>, String>, Instant)>,
 }
 
 /// A directory's connection check: what it was made from, and its outcome once finished (the
@@ -345,6 +338,7 @@ impl Controller {
             probes: Arc::default(),
             githubs: HashMap::new(),
             github_probes: Background::new(wake.clone()),
+            discoveries: Background::new(wake.clone()),
             wake,
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
@@ -379,7 +373,6 @@ impl Controller {
             outputs,
             leader,
             upstreams: HashMap::new(),
-            discoveries: Arc::default(),
         })
     }
 
@@ -479,6 +472,16 @@ impl Controller {
                     .await;
             }
         }
+
+        // Upstreams of deleted OIDCIdentityProviders, and their discoveries, are forgotten.
+        let oidc_keys: std::collections::HashSet<String> = watched
+            .identity_providers
+            .state()
+            .iter()
+            .map(|object| format!("{namespace}/{}", object.name_any()))
+            .collect();
+        self.upstreams.retain(|key, _| oidc_keys.contains(key));
+        self.discoveries.retain(|key| oidc_keys.contains(key));
 
         // LDAP and Active Directory identity providers.
         for (kind, store) in &watched.other_identity_providers {
@@ -768,58 +771,17 @@ impl Controller {
         }
         // Discovery runs in a task of its own (an issuer that never answers must not hold up the
         // sync); a failure stands for RESYNC before it is tried again.
-        let finished = {
-            let mut discoveries = self
-                .discoveries
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let retry = match discoveries.get(&key) {
-                Some(discovery) if discovery.fingerprint == fingerprint => match &discovery.outcome {
-                    None => None,
-                    Some((Ok(provider), _)) => Some(Ok(provider.clone())),
-                    Some((Err(message), at)) if at.elapsed() < RESYNC => Some(Err(message.clone())),
-                    Some((Err(_), _)) => None,
-                },
-                _ => None,
-            };
-            let in_flight = discoveries
-                .get(&key)
-                .is_some_and(|discovery| discovery.fingerprint == fingerprint && discovery.outcome.is_none());
-            if retry.is_none() && !in_flight {
-                discoveries.insert(
-                    key.clone(),
-                    Discovery {
-                        fingerprint: fingerprint.clone(),
-                        outcome: None,
-                    },
-                );
-                let (discoveries, wake) = (self.discoveries.clone(), self.wake.clone());
-                let (key, made_from, issuer) = (key.clone(), fingerprint.clone(), idp.spec.issuer.clone());
-                let options = TlsOptions {
-                    ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
-                    ..TlsOptions::default()
-                };
-                tokio::spawn(async move {
-                    let outcome =
-                        Provider::discover(&issuer, &options)
-                            .await
-                            .map(Arc::new)
-                            .map_err(|error| {
-                                format!("failed to perform OIDC discovery against {issuer:?}:\n{error}")
-                            });
-                    if let Some(discovery) = discoveries
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .get_mut(&key)
-                        .filter(|discovery| discovery.fingerprint == made_from)
-                    {
-                        discovery.outcome = Some((outcome, Instant::now()));
-                    }
-                    wake.notify_one();
-                });
-            }
-            retry
+        let issuer = idp.spec.issuer.clone();
+        let options = TlsOptions {
+            ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
+            ..TlsOptions::default()
         };
+        let finished = self.discoveries.poll(&key, &fingerprint, RESYNC, async move {
+            Provider::discover(&issuer, &options)
+                .await
+                .map(Arc::new)
+                .map_err(|error| format!("failed to perform OIDC discovery against {issuer:?}:\n{error}"))
+        });
         let provider = match finished {
             Some(Ok(provider)) => provider,
             Some(Err(message)) => {
@@ -834,10 +796,6 @@ impl Controller {
                 return (checks, previous);
             }
         };
-        self.discoveries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&key);
         checks.push(Check::success(
             "OIDCDiscoverySucceeded",
             "discovered issuer configuration",

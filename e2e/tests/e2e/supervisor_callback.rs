@@ -119,6 +119,84 @@ async fn the_callback_refuses_foreign_csrf_cookies_and_reports_upstream_failures
         "{params:?}"
     );
 
+    // The identity provider is pointed at an issuer that does not answer: its status says so,
+    // naming the issuer, and the working upstream keeps serving logins meanwhile; pointed back,
+    // it is discovered again.
+    let kubectl = cluster.kubectl();
+    let unreachable = format!("https://127.0.0.1:{}/nobody", selkie_e2e::free_port()?);
+    let set_issuer = |issuer: String| {
+        let kubectl = kubectl.clone();
+        let namespace = namespace.clone();
+        async move {
+            let patch = serde_json::json!({"spec": {"issuer": issuer}}).to_string();
+            kubectl
+                .run(&[
+                    "-n",
+                    &namespace,
+                    "patch",
+                    "oidcidentityprovider",
+                    "dex",
+                    "--type=merge",
+                    "-p",
+                    &patch,
+                ])
+                .await
+        }
+    };
+    let discovery_condition = || async {
+        let idp: serde_json::Value = serde_json::from_str(
+            &kubectl
+                .run(&[
+                    "-n",
+                    &namespace,
+                    "get",
+                    "oidcidentityprovider",
+                    "dex",
+                    "-o",
+                    "json",
+                ])
+                .await?,
+        )?;
+        let condition = idp["status"]["conditions"]
+            .as_array()
+            .and_then(|conditions| conditions.iter().find(|c| c["type"] == "OIDCDiscoverySucceeded"))
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no OIDCDiscoverySucceeded condition: {idp}"))?;
+        anyhow::Ok((idp, condition))
+    };
+    set_issuer(unreachable.clone()).await?;
+    let (idp, condition) = crate::eventually(Duration::from_secs(30), || async {
+        let (idp, condition) = discovery_condition().await?;
+        anyhow::ensure!(condition["status"] == "False", "{condition}");
+        Ok((idp, condition))
+    })
+    .await?;
+    anyhow::ensure!(
+        condition["reason"] == "Unreachable"
+            && condition["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(&format!(
+                    "failed to perform OIDC discovery against {unreachable:?}"
+                ))),
+        "{condition}"
+    );
+    anyhow::ensure!(idp["status"]["phase"] == "Error", "{idp}");
+    let params = redirected(&get(&http, &authorize, Some(PASSWORD), &email).await?)?;
+    anyhow::ensure!(
+        param(&params, "code").is_some(),
+        "the working upstream stopped serving: {params:?}"
+    );
+    set_issuer(dex.issuer().to_string()).await?;
+    crate::eventually(Duration::from_secs(30), || async {
+        let (idp, condition) = discovery_condition().await?;
+        anyhow::ensure!(
+            condition["status"] == "True" && idp["status"]["phase"] == "Ready",
+            "{idp}"
+        );
+        Ok(())
+    })
+    .await?;
+
     // Dex goes away: the same steps now fail as unreachable — not as a wrong password.
     drop(dex);
     let params = redirected(&get_with_cookie(&http, &code_callback, Some(&cookie)).await?)?;
