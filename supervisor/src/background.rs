@@ -14,18 +14,19 @@ use std::{
 use tokio::sync::Notify;
 
 /// One check: its inputs and, once finished, its outcome and when it finished.
-struct Entry<T> {
+struct Entry<T, E> {
     made_from: String,
-    outcome: Option<(Result<T, String>, Instant)>,
+    outcome: Option<(Result<T, E>, Instant)>,
 }
 
-/// Checks run in the background, by key; a finished one wakes the controller's loop.
-pub(crate) struct Background<T> {
-    checks: Arc<Mutex<HashMap<String, Entry<T>>>>,
+/// Checks run in the background, by key; a finished one wakes the controller's loop. A check
+/// succeeds with a `T` or fails with an `E` (a message unless said otherwise).
+pub(crate) struct Background<T, E = String> {
+    checks: Arc<Mutex<HashMap<String, Entry<T, E>>>>,
     wake: Arc<Notify>,
 }
 
-impl<T: Clone + Send + 'static> Background<T> {
+impl<T: Clone + Send + 'static, E: Clone + Send + 'static> Background<T, E> {
     /// No checks yet; finished ones notify `wake`.
     pub(crate) fn new(wake: Arc<Notify>) -> Self {
         Self {
@@ -44,9 +45,9 @@ impl<T: Clone + Send + 'static> Background<T> {
         made_from: &str,
         retry: Duration,
         check: F,
-    ) -> Option<Result<T, String>>
+    ) -> Option<Result<T, E>>
     where
-        F: Future<Output = Result<T, String>> + Send + 'static,
+        F: Future<Output = Result<T, E>> + Send + 'static,
     {
         let mut checks = self.checks.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = checks.get(key).filter(|entry| entry.made_from == made_from) {
@@ -82,7 +83,7 @@ impl<T: Clone + Send + 'static> Background<T> {
     }
 }
 
-impl<T> Background<T> {
+impl<T, E> Background<T, E> {
     /// Forgets the checks whose key `keep` refuses (their objects are gone); a running one's
     /// outcome is dropped when it finishes.
     pub(crate) fn retain(&self, keep: impl Fn(&str) -> bool) {

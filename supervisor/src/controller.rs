@@ -10,11 +10,7 @@
 //! valid form until the new one works (Pinniped's behaviour for an invalid update is to stop; a
 //! login in progress should not break because someone mistyped a Secret name).
 
-use std::{
-    collections::HashMap,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -172,13 +168,11 @@ pub struct Controller {
     /// with what they were made from and their connection and search-base checks: probed again
     /// only when that changes, kept serving while a change does not work yet.
     directories: HashMap<String, BuiltDirectory>,
-    /// The directories whose last probe failed, with what they were made from, when, and the
-    /// checks it gave: not probed again for [`LDAP_RETRY`] (a directory that does not answer
-    /// must not hold up every sync).
-    failed_directories: HashMap<String, (String, Instant, Vec<Check>)>,
     /// Connection checks of directories, by `kind/namespace/name`: run in tasks of their own so
-    /// a directory that does not answer never holds up a sync; a finished one wakes the loop.
-    probes: Arc<std::sync::Mutex<HashMap<String, Probe>>>,
+    /// a directory that does not answer never holds up a sync. A passing probe gives its checks
+    /// and the configuration with the search bases found; a failing one its checks, which stand
+    /// for [`LDAP_RETRY`] before it runs again.
+    probes: Background<(Vec<Check>, DirectoryConfig), Vec<Check>>,
     /// Wakes the sync loop (a watch event, a finished probe).
     wake: Arc<Notify>,
     /// GitHubIdentityProviders built before, by `kind/namespace/name`: reused while unchanged,
@@ -186,13 +180,6 @@ pub struct Controller {
     githubs: HashMap<String, (github::GitHub, Arc<Upstream>)>,
     /// GitHub connection probes, by the same key.
     github_probes: Background<()>,
-}
-
-/// A directory's connection check: what it was made from, and its outcome once finished (the
-/// checks, and the configuration with the search bases found).
-struct Probe {
-    fingerprint: String,
-    outcome: Option<(Vec<Check>, DirectoryConfig)>,
 }
 
 /// A directory that passed its checks, and what it was made from.
@@ -334,11 +321,10 @@ impl Controller {
             statuses: StatusWriter::new(client.clone(), &config.namespace),
             rotation_interval,
             directories: HashMap::new(),
-            failed_directories: HashMap::new(),
-            probes: Arc::default(),
             githubs: HashMap::new(),
             github_probes: Background::new(wake.clone()),
             discoveries: Background::new(wake.clone()),
+            probes: Background::new(wake.clone()),
             wake,
             fd_resource: resource(
                 selkie_api::crds::api_resource_with_group_suffix::<FederationDomain>(
@@ -562,16 +548,23 @@ impl Controller {
                 }
             }
         }
-        // GitHub upstreams of deleted GitHubIdentityProviders, and their probes, are forgotten.
-        let github_keys: std::collections::HashSet<String> = watched
+        // Directories and GitHub upstreams of deleted identity providers, and their probes, are
+        // forgotten (their keys are `kind/namespace/name`).
+        let other_keys: std::collections::HashSet<String> = watched
             .other_identity_providers
             .iter()
-            .filter(|(kind, _)| *kind == "GitHubIdentityProvider")
-            .flat_map(|(_, store)| store.state())
-            .map(|object| format!("GitHubIdentityProvider/{namespace}/{}", object.name_any()))
+            .flat_map(|(kind, store)| {
+                let namespace = &namespace;
+                store
+                    .state()
+                    .into_iter()
+                    .map(move |object| format!("{kind}/{namespace}/{}", object.name_any()))
+            })
             .collect();
-        self.githubs.retain(|key, _| github_keys.contains(key));
-        self.github_probes.retain(|key| github_keys.contains(key));
+        self.directories.retain(|key, _| other_keys.contains(key));
+        self.probes.retain(|key| other_keys.contains(key));
+        self.githubs.retain(|key, _| other_keys.contains(key));
+        self.github_probes.retain(|key| other_keys.contains(key));
 
         // FederationDomains.
         let fds: Vec<FederationDomain> = watched
@@ -1069,14 +1062,6 @@ impl Controller {
             checks.extend(built.checks.iter().cloned());
             return (checks, Some(built.upstream.clone()));
         }
-        if let Some((_, _, failed)) = self
-            .failed_directories
-            .get(&key)
-            .filter(|(made_from, at, _)| *made_from == fingerprint && at.elapsed() < LDAP_RETRY)
-        {
-            checks.extend(failed.iter().cloned());
-            return (checks, previous);
-        }
         let options = TlsOptions {
             ca_pem: tls.ca_bundle_pem.as_ref().map(|pem| pem.as_bytes().to_vec()),
             ..TlsOptions::default()
@@ -1105,69 +1090,38 @@ impl Controller {
             timeout: LDAP_TIMEOUT,
             flavor: spec.flavor,
         };
-        let finished = {
-            let mut probes = self
-                .probes
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match probes.remove(&key) {
-                Some(Probe {
-                    fingerprint: made_from,
-                    outcome: Some(outcome),
-                }) if made_from == fingerprint => Some(outcome),
-                Some(in_flight) if in_flight.fingerprint == fingerprint => {
-                    probes.insert(key.clone(), in_flight);
-                    None
+        let described = format!(
+            "successfully able to connect to \"{}\" and bind as user \"{dn}\" [validated with Secret \"{}\" at version \"{version}\"]",
+            spec.host, spec.bind_secret
+        );
+        let probed = self.probes.poll(&key, &fingerprint, LDAP_RETRY, async move {
+            let (found, config) = probe_directory(config, described).await;
+            // A failure is probed again after LDAP_RETRY; the last working form keeps
+            // serving meanwhile.
+            if found.iter().all(Check::is_true) {
+                Ok((found, config))
+            } else {
+                Err(found)
+            }
+        });
+        let (found, config) = match probed {
+            Some(Ok(passed)) => passed,
+            Some(Err(failed)) => {
+                checks.extend(failed);
+                return (checks, previous);
+            }
+            None => {
+                checks.push(Check::unknown(
+                    CONNECTION,
+                    format!("checking the connection to \"{}\"", spec.host),
+                ));
+                if active_directory {
+                    checks.push(Check::unable_to_validate(SEARCH_BASE));
                 }
-                _ => {
-                    probes.insert(
-                        key.clone(),
-                        Probe {
-                            fingerprint: fingerprint.clone(),
-                            outcome: None,
-                        },
-                    );
-                    let (probes, wake) = (self.probes.clone(), self.wake.clone());
-                    let (key, made_from) = (key.clone(), fingerprint.clone());
-                    let described = format!(
-                        "successfully able to connect to \"{}\" and bind as user \"{dn}\" [validated with Secret \"{}\" at version \"{version}\"]",
-                        spec.host, spec.bind_secret
-                    );
-                    tokio::spawn(async move {
-                        let outcome = probe_directory(config, described).await;
-                        if let Some(probe) = probes
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .get_mut(&key)
-                            .filter(|probe| probe.fingerprint == made_from)
-                        {
-                            probe.outcome = Some(outcome);
-                        }
-                        wake.notify_one();
-                    });
-                    None
-                }
+                return (checks, previous);
             }
         };
-        let Some((found, config)) = finished else {
-            checks.push(Check::unknown(
-                CONNECTION,
-                format!("checking the connection to \"{}\"", spec.host),
-            ));
-            if active_directory {
-                checks.push(Check::unable_to_validate(SEARCH_BASE));
-            }
-            return (checks, previous);
-        };
-        let passed = found.iter().all(Check::is_true);
         checks.extend(found.iter().cloned());
-        if !passed {
-            // Probed again after LDAP_RETRY; the last working form keeps serving meanwhile.
-            self.failed_directories
-                .insert(key, (fingerprint, Instant::now(), found));
-            return (checks, previous);
-        }
-        self.failed_directories.remove(&key);
         let upstream = Arc::new(Upstream::Ldap(LdapUpstream {
             display_name: spec.name.clone(),
             resource_name: spec.name.clone(),
