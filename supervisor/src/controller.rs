@@ -1210,6 +1210,7 @@ impl Controller {
             Ok(_) => tracing::info!(
                 federation_domain = %name,
                 new_key = rotation.new_kid.as_deref().unwrap_or("-"),
+                next_key = rotation.next_kid.as_deref().unwrap_or("-"),
                 dropped = ?rotation.dropped,
                 "rotated the signing keys"
             ),

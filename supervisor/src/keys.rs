@@ -15,6 +15,13 @@
 //! token it signed lives — so no token is refused because of a rotation. When a key became
 //! active and when a retired key may go are the annotations [`ACTIVE_SINCE_ANNOTATION`] and
 //! [`RETIRED_KEYS_ANNOTATION`]; a Secret without them (Pinniped's) counts from its creation.
+//!
+//! **The next key is published before it signs**: [`NEXT_KEY_LEAD`] before a rotation is due the
+//! leader generates the next key, keeps it (private) in the data key [`NEXT_JWK_KEY`] and adds
+//! its public key to `jwks`; the rotation then makes that key active. Relying parties that
+//! refresh their key sets (Selkie's JWTAuthenticator at least hourly) already hold the key when
+//! its first token arrives, and replicas that see the rotation late serve a `jwks.json` that
+//! already lists it. Pinniped reads only `activeJWK` and `jwks` and ignores the extra data key.
 
 use std::collections::BTreeMap;
 
@@ -33,6 +40,11 @@ use serde_json::{json, Value};
 pub const ACTIVE_JWK_KEY: &str = "activeJWK";
 /// The data key of the published JWKS.
 pub const JWKS_KEY: &str = "jwks";
+/// The data key of the next signing key (a private JWK), already published in `jwks`.
+pub const NEXT_JWK_KEY: &str = "nextJWK";
+/// How long before a rotation the next key is published (at most half the rotation interval):
+/// longer than the hour after which Selkie's JWTAuthenticator refreshes a key set.
+pub const NEXT_KEY_LEAD: time::Duration = time::Duration::hours(2);
 /// The data key of a symmetric key.
 pub const SYMMETRIC_KEY: &str = "key";
 /// The `kid` of the first signing key of a FederationDomain (Pinniped's); rotated keys get a
@@ -102,7 +114,7 @@ impl KeySecret {
         let data = match self {
             Self::Jwks => {
                 let key = SigningKey::generate(KEY_ID).map_err(|_| KeyError::Random)?;
-                jwks_data(&key, &[])
+                jwks_data(&key, &[], None)
             }
             _ => {
                 let mut key = vec![0u8; 32];
@@ -209,13 +221,38 @@ pub fn read_jwks(secret: &Secret) -> Result<(SigningKey, Value), KeyError> {
     Ok((key, jwks))
 }
 
-/// The data of a `jwks` Secret whose active key is `active` and whose published keys are it and
-/// `retired` (public JWKs).
-fn jwks_data(active: &SigningKey, retired: &[Value]) -> BTreeMap<String, ByteString> {
+/// The next signing key of a `jwks` Secret whose published keys are `jwks`: `None` when there is
+/// none, or it is unreadable or not published (then it is never used; a new one replaces it).
+fn read_next(secret: &Secret, jwks: &Value) -> Option<SigningKey> {
+    let data = secret.data.as_ref()?.get(NEXT_JWK_KEY)?;
+    let next = serde_json::from_slice(&data.0)
+        .ok()
+        .and_then(|jwk: Value| SigningKey::from_private_jwk(&jwk).ok())?;
+    let public = next.public_jwk();
+    jwks["keys"]
+        .as_array()?
+        .iter()
+        .any(|jwk| jwk["kid"] == public["kid"] && jwk["x"] == public["x"] && jwk["y"] == public["y"])
+        .then_some(next)
+}
+
+/// The data of a `jwks` Secret whose active key is `active`, whose next key is `next`, and whose
+/// published keys are the active one and `others` (public JWKs; the next key's among them).
+fn jwks_data(
+    active: &SigningKey,
+    others: &[Value],
+    next: Option<&SigningKey>,
+) -> BTreeMap<String, ByteString> {
     let published: Vec<Value> = std::iter::once(active.public_jwk())
-        .chain(retired.iter().cloned())
+        .chain(others.iter().cloned())
         .collect();
-    BTreeMap::from([
+    let next = next.map(|next| {
+        (
+            NEXT_JWK_KEY.to_string(),
+            ByteString(next.private_jwk().to_string().into_bytes()),
+        )
+    });
+    BTreeMap::from_iter([
         (
             ACTIVE_JWK_KEY.to_string(),
             ByteString(active.private_jwk().to_string().into_bytes()),
@@ -225,6 +262,9 @@ fn jwks_data(active: &SigningKey, retired: &[Value]) -> BTreeMap<String, ByteStr
             ByteString(json!({"keys": published}).to_string().into_bytes()),
         ),
     ])
+    .into_iter()
+    .chain(next)
+    .collect()
 }
 
 /// A fresh random `kid` for a rotated key: `selkie-` and 16 hex digits.
@@ -251,14 +291,18 @@ fn rfc3339(at: OffsetDateTime) -> String {
 pub struct Rotation {
     /// The `kid` of the new active key, when there is one.
     pub new_kid: Option<String>,
+    /// The `kid` of a next key published now, when there is one.
+    pub next_kid: Option<String>,
     /// The `kid`s dropped from `jwks` because their overlap is over.
     pub dropped: Vec<String>,
 }
 
 /// The `jwks` Secret as it should be at `now` with keys rotated every `interval` (`None`: never):
-/// a new active key once the active one has been active for `interval` (the old one retired,
-/// published until `now` + [`RETIRED_KEY_OVERLAP`]), and the retired keys whose time is over
-/// dropped. Keys in `jwks` that are neither active nor retired by Selkie (an admin's) are left
+/// a next key published once the active one has been active for `interval` less the lead
+/// ([`NEXT_KEY_LEAD`], at most half of `interval`); a new active key — the next one, or a fresh
+/// one when none was published in time — once it has been active for `interval` (the old one
+/// retired, published until `now` + [`RETIRED_KEY_OVERLAP`]); and the retired keys whose time is
+/// over dropped. Keys in `jwks` that are neither active nor retired by Selkie (an admin's) are left
 /// alone. Returns `Ok(None)` when nothing changes, and fails when the Secret is unusable (see
 /// [`read_jwks`]; the caller leaves it as it is) or no randomness is available.
 pub fn rotate(
@@ -267,6 +311,7 @@ pub fn rotate(
     interval: Option<std::time::Duration>,
 ) -> Result<Option<(Secret, Rotation)>, KeyError> {
     let (active, published) = read_jwks(secret)?;
+    let next = read_next(secret, &published);
     let annotations = secret.metadata.annotations.clone().unwrap_or_default();
     let parse_time = |text: &str| OffsetDateTime::parse(text, &Rfc3339).ok();
     let since = annotations
@@ -302,23 +347,34 @@ pub fn rotate(
     });
     others.retain(|jwk| !dropped.iter().any(|kid| jwk["kid"] == kid.as_str()));
 
-    let due = interval.is_some_and(|interval| {
-        now - since >= time::Duration::try_from(interval).unwrap_or(time::Duration::MAX)
-    });
-    let (active, new_kid) = if due {
-        let next = SigningKey::generate(&rotated_kid()?).map_err(|_| KeyError::Random)?;
+    let interval = interval.map(|interval| time::Duration::try_from(interval).unwrap_or(time::Duration::MAX));
+    let active_for = now - since;
+    let due = interval.is_some_and(|interval| active_for >= interval);
+    let publish_next = interval
+        .is_some_and(|interval| active_for >= interval - NEXT_KEY_LEAD.min(interval / 2) && next.is_none());
+    let (active, next, new_kid, next_kid) = if due {
+        let promoted = match next {
+            Some(next) => next,
+            None => SigningKey::generate(&rotated_kid()?).map_err(|_| KeyError::Random)?,
+        };
         retired.insert(active.kid().to_string(), rfc3339(now + RETIRED_KEY_OVERLAP));
+        others.retain(|jwk| jwk["kid"] != promoted.kid());
         others.insert(0, active.public_jwk());
+        let kid = promoted.kid().to_string();
+        (promoted, None, Some(kid), None)
+    } else if publish_next {
+        let next = SigningKey::generate(&rotated_kid()?).map_err(|_| KeyError::Random)?;
+        others.push(next.public_jwk());
         let kid = next.kid().to_string();
-        (next, Some(kid))
+        (active, Some(next), None, Some(kid))
     } else {
-        (active, None)
+        (active, next, None, None)
     };
-    if new_kid.is_none() && dropped.is_empty() {
+    if new_kid.is_none() && next_kid.is_none() && dropped.is_empty() {
         return Ok(None);
     }
     let mut updated = secret.clone();
-    updated.data = Some(jwks_data(&active, &others));
+    updated.data = Some(jwks_data(&active, &others, next.as_ref()));
     let annotations = updated.metadata.annotations.get_or_insert_with(BTreeMap::new);
     if new_kid.is_some() {
         annotations.insert(ACTIVE_SINCE_ANNOTATION.to_string(), rfc3339(now));
@@ -331,7 +387,14 @@ pub fn rotate(
             serde_json::to_string(&retired).unwrap_or_default(),
         );
     }
-    Ok(Some((updated, Rotation { new_kid, dropped })))
+    Ok(Some((
+        updated,
+        Rotation {
+            new_kid,
+            next_kid,
+            dropped,
+        },
+    )))
 }
 
 /// The 32-byte key of a symmetric key Secret.
@@ -439,7 +502,7 @@ mod tests {
         )]));
         // Not yet due; rotation off.
         assert_eq!(
-            rotate(&secret, start + time::Duration::hours(23), Some(day)).unwrap(),
+            rotate(&secret, start + time::Duration::hours(21), Some(day)).unwrap(),
             None
         );
         assert_eq!(
@@ -447,10 +510,60 @@ mod tests {
             None
         );
 
-        // Due: a new active key with a fresh kid; the old one still published.
+        // Due with no next key published (the Supervisor was down): a fresh key at once.
         let at = start + time::Duration::days(1);
+        let (fresh, rotation) = rotate(&secret, at, Some(day)).unwrap().unwrap();
+        assert_eq!(rotation.next_kid, None);
+        assert_ne!(read_jwks(&fresh).unwrap().0.kid(), KEY_ID);
+
+        // Two hours before it is due: the next key is published, the active one still signs.
+        let (with_next, rotation) = rotate(&secret, start + time::Duration::hours(22), Some(day))
+            .unwrap()
+            .unwrap();
+        assert_eq!(rotation.new_kid, None);
+        let next_kid = rotation.next_kid.clone().unwrap();
+        assert!(
+            next_kid.starts_with("selkie-") && next_kid.len() == 23,
+            "{next_kid}"
+        );
+        assert_eq!(read_jwks(&with_next).unwrap().0.kid(), KEY_ID);
+        assert_eq!(published_kids(&with_next), [KEY_ID.to_string(), next_kid.clone()]);
+        let data = with_next.data.clone().unwrap();
+        assert!(data.contains_key(NEXT_JWK_KEY));
+        let (_, jwks) = read_jwks(&with_next).unwrap();
+        assert!(jwks["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|jwk| jwk.get("d").is_none()));
+        // Published once: nothing more changes until the rotation.
+        assert_eq!(
+            rotate(&with_next, start + time::Duration::hours(23), Some(day)).unwrap(),
+            None
+        );
+        // A next key that is not published is never promoted; a new one is published instead.
+        let mut unpublished = with_next.clone();
+        unpublished.data.as_mut().unwrap().insert(
+            NEXT_JWK_KEY.into(),
+            ByteString(
+                SigningKey::generate("stray")
+                    .unwrap()
+                    .private_jwk()
+                    .to_string()
+                    .into_bytes(),
+            ),
+        );
+        let (_, rotation) = rotate(&unpublished, start + time::Duration::hours(23), Some(day))
+            .unwrap()
+            .unwrap();
+        assert!(rotation.next_kid.is_some_and(|kid| kid != "stray"));
+        let secret = with_next;
+
+        // Due: the published next key becomes active; the old one is still published.
         let (rotated, rotation) = rotate(&secret, at, Some(day)).unwrap().unwrap();
         let new_kid = rotation.new_kid.clone().unwrap();
+        assert_eq!(new_kid, next_kid);
+        assert!(!rotated.data.as_ref().unwrap().contains_key(NEXT_JWK_KEY));
         assert!(new_kid.starts_with("selkie-") && new_kid.len() == 23, "{new_kid}");
         assert!(rotation.dropped.is_empty());
         let (active, _) = read_jwks(&rotated).unwrap();
@@ -480,10 +593,21 @@ mod tests {
             rotation,
             Rotation {
                 new_kid: None,
+                next_kid: None,
                 dropped: vec![KEY_ID.to_string()]
             }
         );
         assert_eq!(published_kids(&pruned), [new_kid]);
+        // A short interval: the lead is half of it.
+        let minute = std::time::Duration::from_secs(60);
+        assert_eq!(
+            rotate(&pruned, at + time::Duration::seconds(29), Some(minute)).unwrap(),
+            None
+        );
+        let (_, rotation) = rotate(&pruned, at + time::Duration::seconds(30), Some(minute))
+            .unwrap()
+            .unwrap();
+        assert!(rotation.next_kid.is_some() && rotation.new_kid.is_none());
         assert!(!pruned
             .metadata
             .annotations
@@ -502,7 +626,7 @@ mod tests {
             serde_json::from_value(json!(rfc3339(start - time::Duration::days(40)))).unwrap();
         let extra = SigningKey::generate("admins-key").unwrap().public_jwk();
         let (active, _) = read_jwks(&secret).unwrap();
-        secret.data = Some(jwks_data(&active, &[extra]));
+        secret.data = Some(jwks_data(&active, &[extra], None));
         let (rotated, rotation) = rotate(&secret, start, Some(DEFAULT_ROTATION_INTERVAL))
             .unwrap()
             .unwrap();

@@ -1,6 +1,7 @@
 //! Signing-key rotation with overlap, on real components: a Supervisor whose keys rotate every
-//! few seconds keeps publishing the retired key in `jwks.json`, so a cluster (Selkie's proxy with
-//! a JWTAuthenticator for the FederationDomain) accepts the tokens of the old key and of the new
+//! 40 seconds publishes the next key in `jwks.json` before it signs with it (half the interval
+//! ahead here) and keeps publishing the retired key, so a cluster (Selkie's proxy with a
+//! JWTAuthenticator for the FederationDomain) accepts the tokens of the old key and of the new
 //! one alike; the `jwks` Secret keeps Pinniped's data keys and records when the old key goes.
 
 use std::time::Duration;
@@ -63,7 +64,7 @@ async fn signing_keys_rotate_and_tokens_of_the_retired_key_stay_valid() -> anyho
         &dex,
         IDP_NAME,
         selkie_e2e::free_port()?,
-        json!({"signingKeyRotationInterval": "3s"}),
+        json!({"signingKeyRotationInterval": "40s"}),
     )
     .await?;
     let proxy = Proxy::start(
@@ -101,7 +102,46 @@ async fn signing_keys_rotate_and_tokens_of_the_retired_key_stay_valid() -> anyho
     let user = whoami(&proxy, dir.path(), "old", &old).await?;
     anyhow::ensure!(user["username"] == email.as_str(), "{user}");
 
-    // Within seconds the leader rotates: new tokens carry another key.
+    let jwks = || async {
+        let response = http
+            .send(
+                http::Method::GET,
+                &format!("{}/jwks.json", supervisor.issuer()),
+                &[],
+                bytes::Bytes::new(),
+                1 << 20,
+                Some(Duration::from_secs(10)),
+            )
+            .await?;
+        let jwks: Value = serde_json::from_slice(&response.body)?;
+        let kids: Vec<String> = jwks["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|key| key["kid"].as_str().map(str::to_string))
+            .collect();
+        anyhow::Ok((jwks, kids))
+    };
+
+    // Before the rotation the next key is published while the old one still signs.
+    let next_kid = selkie_e2e::eventually(Duration::from_secs(60), || async {
+        let (_, kids) = jwks().await?;
+        let next = kids
+            .iter()
+            .find(|kid| **kid != old_kid)
+            .ok_or_else(|| anyhow::anyhow!("only {kids:?} published"))?
+            .clone();
+        let token = cluster_token().await?;
+        anyhow::ensure!(
+            kid(&token)? == old_kid,
+            "{next} signed before it was seen published"
+        );
+        Ok(next)
+    })
+    .await
+    .map_err(|e| e.context(supervisor.log()))?;
+
+    // Then the leader rotates: new tokens carry the key published ahead.
     let new = selkie_e2e::eventually(Duration::from_secs(60), || async {
         let token = cluster_token().await?;
         anyhow::ensure!(kid(&token)? != old_kid, "still signed with {old_kid}");
@@ -110,27 +150,15 @@ async fn signing_keys_rotate_and_tokens_of_the_retired_key_stay_valid() -> anyho
     .await
     .map_err(|e| e.context(supervisor.log()))?;
     let new_kid = kid(&new)?;
+    anyhow::ensure!(
+        new_kid == next_kid,
+        "signed with {new_kid}, {next_kid} was published ahead"
+    );
 
     // jwks.json publishes both: the retired key is there until its tokens have expired.
-    let jwks = http
-        .send(
-            http::Method::GET,
-            &format!("{}/jwks.json", supervisor.issuer()),
-            &[],
-            bytes::Bytes::new(),
-            1 << 20,
-            Some(Duration::from_secs(10)),
-        )
-        .await?;
-    let jwks: Value = serde_json::from_slice(&jwks.body)?;
-    let published: Vec<&str> = jwks["keys"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|key| key["kid"].as_str())
-        .collect();
+    let (jwks, published) = jwks().await?;
     anyhow::ensure!(
-        published.contains(&old_kid.as_str()) && published.contains(&new_kid.as_str()),
+        published.contains(&old_kid) && published.contains(&new_kid),
         "{old_kid} and {new_kid} not both in {jwks}"
     );
     anyhow::ensure!(
