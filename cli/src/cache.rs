@@ -290,6 +290,20 @@ impl CredentialCache {
         sibling(&self.path, ".corrupt")
     }
 
+    /// Forgets every cached credential (at logout: a cached cluster credential would otherwise
+    /// keep working until it expires) and returns how many there were. Under the lock; fails when
+    /// the file cannot be locked, read or written (a file that is not a credential cache is set
+    /// aside, a warning, and counts as empty).
+    pub async fn clear(&self, warn: &mut (dyn FnMut(CacheWarning) + Send)) -> Result<usize, CacheWarning> {
+        let lock = self.lock().await?;
+        let mut file = self.read(warn)?;
+        let removed = file.credentials.len();
+        file.credentials.clear();
+        self.write(&file)?;
+        drop(lock);
+        Ok(removed)
+    }
+
     /// The credential stored under `key` if it has at least [`MIN_REMAINING_VALIDITY`] left
     /// (its last-used time is updated); otherwise the result of `fetch`, stored under `key`. The
     /// lock is held from the read until the write, `fetch` included. Problems with the cache

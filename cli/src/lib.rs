@@ -17,6 +17,8 @@
 //!   keys it ([`gojson`] reproduces Go's JSON bytes for the key).
 //! * [`whoami`]: `selkie whoami`, a WhoAmIRequest with the kubeconfig's own credential
 //!   ([`kubeconfig`]: loading, contexts, client certificates, tokens and exec plugins).
+//! * [`logout`]: `selkie logout` (Selkie's own): a kubeconfig context's OIDC sessions removed
+//!   from the cache and revoked at the issuer, and the cached cluster credentials dropped.
 //! * [`version`]: `selkie version`.
 //!
 //! Everything the binary prints besides its answer goes to stderr as one line per message, and
@@ -31,6 +33,7 @@ pub mod http;
 pub mod kubeconfig;
 pub mod login_oidc;
 pub mod login_static;
+pub mod logout;
 pub mod sessions;
 pub mod timestamp;
 pub mod version;

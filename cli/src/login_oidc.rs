@@ -740,7 +740,7 @@ async fn callback(
 }
 
 /// The CA bundle from `--ca-bundle` files and `--ca-bundle-data`; `None` for the system roots.
-fn ca_bundle(options: &OidcLoginOptions) -> anyhow::Result<Option<Vec<u8>>> {
+pub(crate) fn ca_bundle(options: &OidcLoginOptions) -> anyhow::Result<Option<Vec<u8>>> {
     let mut pem = Vec::new();
     for file in &options.ca_bundle_files {
         let bytes = std::fs::read(file)

@@ -25,9 +25,10 @@ use selkie::{
     concierge::DEFAULT_API_GROUP_SUFFIX,
     exec::ExecInfo,
     get_kubeconfig::{self, GetKubeconfigOptions},
+    kubeconfig::Kubeconfig,
     login_oidc::{self, OidcLoginOptions},
     login_static::{self, Reporter, StaticLoginOptions},
-    version,
+    logout, version,
     whoami::{self, parse_go_duration, WhoamiOptions},
 };
 
@@ -59,6 +60,13 @@ enum Command {
     },
     /// Print information about the current user
     Whoami(WhoamiArgs),
+    /// Log out of the OIDC issuer a kubeconfig context logs in to (Selkie's own command)
+    ///
+    /// Reads the context's `login oidc` exec arguments, removes that issuer's sessions from the
+    /// session cache, revokes their refresh tokens at the issuer (when it has a revocation
+    /// endpoint, as the Selkie Supervisor does), and empties the credential cache. The next
+    /// kubectl call logs in again.
+    Logout(LogoutArgs),
     /// Print the version of this CLI
     Version(VersionArgs),
 }
@@ -352,6 +360,16 @@ struct WhoamiArgs {
 }
 
 #[derive(Args)]
+struct LogoutArgs {
+    /// Path to kubeconfig file [default: $KUBECONFIG, then ~/.kube/config]
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context name (default: current active context)
+    #[arg(long = "kubeconfig-context")]
+    kubeconfig_context: Option<String>,
+}
+
+#[derive(Args)]
 struct VersionArgs {
     /// One of 'yaml' or 'json'
     #[arg(short = 'o', long = "output", default_value = "")]
@@ -395,6 +413,83 @@ fn cache_path(flag: Option<String>, name: &str, option: &str) -> anyhow::Result<
     }
 }
 
+/// The options of `login oidc` from its arguments; fails when `--issuer` is missing or a cache
+/// has no default path.
+fn oidc_options(args: OidcArgs) -> anyhow::Result<OidcLoginOptions> {
+    let _deprecated_and_ignored = args.concierge.concierge_namespace;
+    if args.issuer.is_empty() {
+        anyhow::bail!("required flag \"issuer\" not set: pass --issuer https://…");
+    }
+    Ok(OidcLoginOptions {
+        issuer: args.issuer,
+        client_id: args.client_id,
+        listen_port: args.listen_port,
+        scopes: args.scopes.into_iter().filter(|s| !s.is_empty()).collect(),
+        skip_browser: args.skip_browser,
+        skip_listen: args.skip_listen,
+        session_cache: cache_path(args.session_cache, "sessions.yaml", "--session-cache")?,
+        ca_bundle_files: args.ca_bundle,
+        ca_bundle_data: args.ca_bundle_data,
+        request_audience: args.request_audience,
+        enable_concierge: args.concierge.enable_concierge,
+        concierge_authenticator_type: args.concierge.concierge_authenticator_type,
+        concierge_authenticator_name: args.concierge.concierge_authenticator_name,
+        concierge_endpoint: args.concierge.concierge_endpoint,
+        concierge_ca_bundle_data: args.concierge.concierge_ca_bundle_data,
+        concierge_api_group_suffix: args.concierge.concierge_api_group_suffix,
+        credential_cache: cache_path(
+            args.concierge.credential_cache,
+            "credentials.yaml",
+            "--credential-cache",
+        )?,
+        upstream_identity_provider_name: args.upstream_identity_provider_name,
+        upstream_identity_provider_type: args.upstream_identity_provider_type,
+        upstream_identity_provider_flow: args.upstream_identity_provider_flow,
+    })
+}
+
+/// `selkie logout`: the `login oidc` options of the kubeconfig context's exec plugin, then
+/// [`logout::run`].
+async fn run_logout(args: LogoutArgs) -> anyhow::Result<String> {
+    let kubeconfig = Kubeconfig::load(args.kubeconfig.as_deref())?;
+    let selected = kubeconfig.select(args.kubeconfig_context.as_deref())?;
+    let exec = selected.user.exec.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "the user {:?} of context {:?} has no exec credential plugin: there is no OIDC login to log out of",
+            selected.user_name,
+            selected.context
+        )
+    })?;
+    let exec_args = exec.args.clone().unwrap_or_default();
+    let not_oidc = || {
+        anyhow::anyhow!(
+            "the user {:?} of context {:?} does not log in with `login oidc` (its plugin is {:?}): there is no OIDC login to log out of",
+            selected.user_name,
+            selected.context,
+            exec.command
+        )
+    };
+    let parsed =
+        Cli::try_parse_from(std::iter::once("selkie".to_string()).chain(exec_args)).map_err(|error| {
+            anyhow::anyhow!(
+                "the context's `login oidc` arguments are not valid: {}",
+                usage_error(&error)
+            )
+        })?;
+    let Command::Login {
+        method: Login::Oidc(oidc),
+    } = parsed.command
+    else {
+        return Err(not_oidc());
+    };
+    let options = oidc_options(*oidc)?;
+    let done = logout::run(&options, &mut |warning| {
+        eprintln!("selkie: warning: {}", one_line(&warning));
+    })
+    .await?;
+    Ok(done.render(&options.issuer))
+}
+
 /// The process arguments after the program name, as the pinniped CLI hashes `os.Args[1:]`.
 fn argv() -> Vec<String> {
     std::env::args_os()
@@ -429,37 +524,7 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
         Command::Login {
             method: Login::Oidc(args),
         } => {
-            let args = *args;
-            let _deprecated_and_ignored = args.concierge.concierge_namespace;
-            if args.issuer.is_empty() {
-                anyhow::bail!("required flag \"issuer\" not set: pass --issuer https://…");
-            }
-            let options = OidcLoginOptions {
-                issuer: args.issuer,
-                client_id: args.client_id,
-                listen_port: args.listen_port,
-                scopes: args.scopes.into_iter().filter(|s| !s.is_empty()).collect(),
-                skip_browser: args.skip_browser,
-                skip_listen: args.skip_listen,
-                session_cache: cache_path(args.session_cache, "sessions.yaml", "--session-cache")?,
-                ca_bundle_files: args.ca_bundle,
-                ca_bundle_data: args.ca_bundle_data,
-                request_audience: args.request_audience,
-                enable_concierge: args.concierge.enable_concierge,
-                concierge_authenticator_type: args.concierge.concierge_authenticator_type,
-                concierge_authenticator_name: args.concierge.concierge_authenticator_name,
-                concierge_endpoint: args.concierge.concierge_endpoint,
-                concierge_ca_bundle_data: args.concierge.concierge_ca_bundle_data,
-                concierge_api_group_suffix: args.concierge.concierge_api_group_suffix,
-                credential_cache: cache_path(
-                    args.concierge.credential_cache,
-                    "credentials.yaml",
-                    "--credential-cache",
-                )?,
-                upstream_identity_provider_name: args.upstream_identity_provider_name,
-                upstream_identity_provider_type: args.upstream_identity_provider_type,
-                upstream_identity_provider_flow: args.upstream_identity_provider_flow,
-            };
+            let options = oidc_options(*args)?;
             let exec_info = ExecInfo::from_env()?;
             let lookup_env = |name: &str| -> Option<String> { std::env::var(name).ok() };
             let mut reporter = Stderr {
@@ -560,6 +625,7 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
             };
             whoami::run(&options).await
         }
+        Command::Logout(args) => run_logout(args).await,
         Command::Version(args) => version::render(&args.output),
     }
 }

@@ -368,6 +368,29 @@ impl SessionCache {
         .await
     }
 
+    /// Removes every session whose key `matches` and returns their tokens (to revoke them). A
+    /// problem with the file goes to `warn` as for a login: then nothing was removed, which the
+    /// caller must not report as a logout.
+    pub async fn remove(
+        &self,
+        matches: impl Fn(&SessionKey) -> bool,
+        warn: &mut dyn FnMut(SessionWarning),
+    ) -> Result<Vec<Tokens>, SessionError> {
+        let mut removed = Vec::new();
+        self.update(warn, |file, _| {
+            file.sessions.retain(|entry| {
+                if matches(&entry.key) {
+                    removed.push(entry.tokens.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        })
+        .await?;
+        Ok(removed)
+    }
+
     /// Lock, read (pruned), change, write back.
     async fn update(
         &self,

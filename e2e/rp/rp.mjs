@@ -11,7 +11,9 @@
 // As a confidential web application (a dynamic OIDCClient): with RP_CLIENT_ID and
 // RP_CLIENT_SECRET set it authenticates with client_secret_basic, asks for RP_SCOPE, and after
 // the code also redeems the refresh token, printing the refreshed ID token's claims as
-// `refreshed`.
+// `refreshed`; then it logs out as a web app does, revoking the new refresh token at the
+// issuer's revocation_endpoint (RFC 7009), tries to refresh with it once more and prints the
+// OAuth error it gets as `after_revocation`.
 import * as readline from 'node:readline/promises';
 import * as client from 'openid-client';
 
@@ -50,5 +52,12 @@ const result = { claims: tokens.claims(), scope: tokens.scope, token_type: token
 if (secret && tokens.refresh_token) {
   const refreshed = await client.refreshTokenGrant(config, tokens.refresh_token);
   result.refreshed = refreshed.claims();
+  await client.tokenRevocation(config, refreshed.refresh_token);
+  try {
+    await client.refreshTokenGrant(config, refreshed.refresh_token);
+    result.after_revocation = 'refreshed';
+  } catch (error) {
+    result.after_revocation = error.error ?? String(error);
+  }
 }
 console.log(JSON.stringify(result));

@@ -102,6 +102,15 @@ impl Kubectl {
         })
     }
 
+    /// The names (`secret/<name>`) of the Secrets in `namespace` that the label `selector`
+    /// selects (`kubectl get secrets -l`), in kubectl's order; fails as [`Kubectl::run`].
+    pub async fn secret_names(&self, namespace: &str, selector: &str) -> Result<Vec<String>, HarnessError> {
+        let listed = self
+            .run(&["get", "secrets", "-n", namespace, "-l", selector, "-o", "name"])
+            .await?;
+        Ok(listed.lines().map(str::to_string).collect())
+    }
+
     /// Points an installed aggregated API at a process on loopback (the harness has no kubelet):
     /// replaces the Service `namespace/service` the manifests created with an `ExternalName` to
     /// `localhost`, and sets the port of each APIService of `api_services` to `port`.

@@ -465,7 +465,7 @@ impl Provider {
         self.tokens(what, config, response, None, true).await
     }
 
-    /// RFC 7009: asks the issuer to revoke `token`, an upstream refresh or access token
+    /// RFC 7009: asks the issuer to revoke `token`, a refresh or access token it issued
     /// (`hint`). Returns `false`, having sent nothing, when the issuer announced no
     /// `revocation_endpoint`; `true` once it answered 200 (which RFC 7009 also answers for a token
     /// it no longer knows). Fails with [`OidcError::Request`] when it cannot be reached and
@@ -481,8 +481,8 @@ impl Provider {
             return Ok(false);
         }
         let what = match hint {
-            TokenTypeHint::RefreshToken => "revoking the upstream refresh token",
-            TokenTypeHint::AccessToken => "revoking the upstream access token",
+            TokenTypeHint::RefreshToken => "revoking the refresh token",
+            TokenTypeHint::AccessToken => "revoking the access token",
         };
         let body = form_urlencoded::Serializer::new(String::new())
             .append_pair("token", token)

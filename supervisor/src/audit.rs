@@ -116,6 +116,19 @@ impl Audit {
         );
     }
 
+    /// A client revoked a login's tokens (`/oauth2/revoke`, as at logout).
+    pub fn session_revoked(&self, issuer: &str, session: &crate::session::Session) {
+        tracing::info!(
+            target: "audit",
+            issuer,
+            session_id = %session.request_id,
+            client_id = %session.client_id,
+            idp = %session.upstream.idp_name,
+            username = self.identity(&session.identity.username),
+            "Session Revoked"
+        );
+    }
+
     /// A FederationDomain's policy refused a login or a refresh of the upstream user `username`.
     pub fn rejected_by_transforms(&self, issuer: &str, idp: &str, username: &str, message: &str) {
         tracing::info!(

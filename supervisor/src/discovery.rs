@@ -1,7 +1,8 @@
 //! What a FederationDomain publishes about itself: its endpoint paths, its OpenID Connect
-//! discovery document (exactly the members and values Pinniped's Supervisor publishes, so the
-//! pinniped CLI and any OIDC library find what they look for), and its identity-provider discovery
-//! document.
+//! discovery document (the members and values Pinniped's Supervisor publishes, so the pinniped
+//! CLI and any OIDC library find what they look for, plus `revocation_endpoint` for Selkie's
+//! RFC 7009 endpoint, which clients that do not know it ignore), and its identity-provider
+//! discovery document.
 
 use selkie_api::supervisor_oidc::{IDPDiscoveryResponse, IDPType, PinnipedIDP, PinnipedSupportedIDPType};
 use serde_json::{json, Value};
@@ -12,6 +13,8 @@ pub const WELL_KNOWN_PATH: &str = "/.well-known/openid-configuration";
 pub const AUTHORIZE_PATH: &str = "/oauth2/authorize";
 /// `/oauth2/token`.
 pub const TOKEN_PATH: &str = "/oauth2/token";
+/// `/oauth2/revoke` (RFC 7009; Pinniped has none).
+pub const REVOKE_PATH: &str = "/oauth2/revoke";
 /// `/callback`: where upstream identity providers send the browser back.
 pub const CALLBACK_PATH: &str = "/callback";
 /// `/choose_identity_provider`.
@@ -40,6 +43,7 @@ pub fn openid_configuration(issuer: &str) -> Value {
         "issuer": issuer,
         "authorization_endpoint": format!("{issuer}{AUTHORIZE_PATH}"),
         "token_endpoint": format!("{issuer}{TOKEN_PATH}"),
+        "revocation_endpoint": format!("{issuer}{REVOKE_PATH}"),
         "jwks_uri": format!("{issuer}{JWKS_PATH}"),
         "response_types_supported": ["code"],
         "response_modes_supported": ["query", "form_post"],
@@ -87,6 +91,10 @@ mod tests {
             "https://sso.example.com/team-a/oauth2/token"
         );
         assert_eq!(document["jwks_uri"], "https://sso.example.com/team-a/jwks.json");
+        assert_eq!(
+            document["revocation_endpoint"],
+            "https://sso.example.com/team-a/oauth2/revoke"
+        );
         assert_eq!(document["code_challenge_methods_supported"], json!(["S256"]));
         assert_eq!(
             document["id_token_signing_alg_values_supported"],

@@ -123,6 +123,7 @@ impl Endpoints {
             discovery::LOGIN_PATH => Endpoint::login,
             discovery::CHOOSE_IDP_PATH => Endpoint::choose_idp,
             discovery::TOKEN_PATH => Endpoint::token,
+            discovery::REVOKE_PATH => Endpoint::revoke,
             _ => return not_found(),
         };
         let response = match kind {
@@ -146,6 +147,7 @@ impl Endpoints {
                 login::login_page(self, &issuer, request).await
             }
             Endpoint::token if method == Method::POST => token::token(self, &issuer, request).await,
+            Endpoint::revoke if method == Method::POST => token::revoke(self, &issuer, request).await,
             _ => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
         };
         (kind, response)

@@ -65,11 +65,19 @@ pub fn token_to_revoke(resource: Resource, session: &Session) -> Option<(&str, T
 }
 
 /// Why a revocation did not happen.
-enum RevokeFailure {
+pub(crate) enum RevokeFailure {
     /// Trying again later may help.
     Retryable(String),
     /// It never will.
     Final(String),
+}
+
+impl std::fmt::Display for RevokeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Retryable(message) | Self::Final(message) => f.write_str(message),
+        }
+    }
 }
 
 /// One sweep at `now`: lists the expired storage Secrets (one list call), revokes what they
@@ -126,7 +134,18 @@ async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Res
             selkie_api::json::error_without_values(&error)
         ))
     })?;
-    let Some((token, hint)) = token_to_revoke(resource, &session) else {
+    revoke_upstream_of(issuers, resource, &session).await
+}
+
+/// Revokes the upstream token the `resource` Secret holding `session` must revoke
+/// ([`token_to_revoke`]) at its OIDC identity provider: `Ok(true)` when one was revoked,
+/// `Ok(false)` when there was none to revoke or the upstream has no revocation endpoint.
+pub(crate) async fn revoke_upstream_of(
+    issuers: &Issuers,
+    resource: Resource,
+    session: &Session,
+) -> Result<bool, RevokeFailure> {
+    let Some((token, hint)) = token_to_revoke(resource, session) else {
         return Ok(false);
     };
     let Some(oidc) = find_oidc(

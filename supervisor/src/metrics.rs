@@ -51,6 +51,8 @@ pub enum Endpoint {
     choose_idp,
     /// `/oauth2/token`.
     token,
+    /// `/oauth2/revoke`.
+    revoke,
     /// No endpoint (404) or no FederationDomain for the host and path.
     none,
 }

@@ -229,18 +229,12 @@ async fn migration_from_pinniped_keeps_the_crs_and_the_signing_key_and_old_sessi
     // Pinniped's expired session Secret is collected, though Selkie cannot read it.
     selkie_e2e::eventually(Duration::from_secs(30), || async {
         let left = kubectl
-            .run(&[
-                "get",
-                "secrets",
-                "-n",
+            .secret_names(
                 &namespace,
-                "-l",
                 "storage.pinniped.dev/request-id=0c2f3e74-9d3c-4b7e-8d0a-0d6c1f6f0a11",
-                "-o",
-                "name",
-            ])
+            )
             .await?;
-        anyhow::ensure!(left.trim().is_empty(), "still there: {left}");
+        anyhow::ensure!(left.is_empty(), "still there: {left:?}");
         Ok(())
     })
     .await

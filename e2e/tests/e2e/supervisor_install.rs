@@ -156,18 +156,9 @@ async fn the_manifests_grant_what_the_supervisor_needs() -> anyhow::Result<()> {
         supervisor.log()
     );
     let stored = kubectl
-        .run(&[
-            "get",
-            "secrets",
-            "-n",
-            &namespace,
-            "-l",
-            "storage.pinniped.dev/type=authcode",
-            "-o",
-            "name",
-        ])
+        .secret_names(&namespace, "storage.pinniped.dev/type=authcode")
         .await?;
-    anyhow::ensure!(stored.lines().count() == 1, "{stored}");
+    anyhow::ensure!(stored.len() == 1, "{stored:?}");
 
     crate::supervisor_oidc_client::a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kubectl(
         cluster,

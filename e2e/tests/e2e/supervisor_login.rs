@@ -284,6 +284,84 @@ async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> any
         );
     }
 
+    // `selkie logout` with cluster A's kubeconfig: the session leaves the cache and its refresh
+    // token is revoked at the Supervisor, the cached cluster credentials go, and the next kubectl
+    // call must log in again (cluster B's kubeconfig, with its wrong password, no longer gets in).
+    let sessions_file = dir.path().join("sessions.yaml");
+    let cached: Value = serde_yaml::from_str(&std::fs::read_to_string(&sessions_file)?)?;
+    let refresh_token = cached["sessions"][0]["tokens"]["refresh"]["token"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("no refresh token in the session cache"))?
+        .to_string();
+    let logout = tokio::process::Command::new(&selkie)
+        .args(["logout", "--kubeconfig"])
+        .arg(&config_a)
+        .output()
+        .await?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&logout.stdout),
+        String::from_utf8_lossy(&logout.stderr),
+    );
+    anyhow::ensure!(
+        logout.status.success()
+            && stdout.starts_with(&format!(
+                "logged out of {}: 1 session removed; 1 revoked at the issuer; ",
+                supervisor.issuer()
+            ))
+            && stderr.is_empty(),
+        "{stdout}{stderr}"
+    );
+    anyhow::ensure!(
+        !stdout.contains("pin_") && !stderr.contains("pin_"),
+        "a token was printed"
+    );
+    let cached: Value = serde_yaml::from_str(&std::fs::read_to_string(&sessions_file)?)?;
+    anyhow::ensure!(
+        cached["sessions"].as_array().is_none_or(Vec::is_empty),
+        "{cached}"
+    );
+    let credentials: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir.path().join("credentials.yaml"))?)?;
+    anyhow::ensure!(
+        credentials["credentials"].as_array().is_none_or(Vec::is_empty),
+        "cluster credentials are still cached"
+    );
+    let refused = supervisor
+        .client()?
+        .send(
+            http::Method::POST,
+            &format!("{}/oauth2/token", supervisor.issuer()),
+            &[(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+            )],
+            bytes::Bytes::from(format!(
+                "grant_type=refresh_token&client_id=pinniped-cli&refresh_token={refresh_token}"
+            )),
+            1 << 16,
+            Some(Duration::from_secs(30)),
+        )
+        .await?;
+    anyhow::ensure!(
+        refused.status == 400 && String::from_utf8_lossy(&refused.body).contains("invalid_grant"),
+        "the revoked refresh token still works: {}",
+        refused.status
+    );
+    for kind in ["access-token", "refresh-token"] {
+        let left = kubectl
+            .secret_names(&namespace, &format!("storage.pinniped.dev/type={kind}"))
+            .await?;
+        anyhow::ensure!(left.is_empty(), "{kind} Secrets left: {left:?}");
+    }
+    let refused = cluster_b
+        .kubectl(&config_b)
+        .output(&["get", "configmaps", "-n", &namespace], None)
+        .await?;
+    anyhow::ensure!(!refused.success, "cluster B still got in after the logout");
+    let user = whoami(&cluster_a, &config_a).await?;
+    anyhow::ensure!(user["username"] == email.as_str(), "logging in again: {user}");
+    anyhow::ensure!(supervisor.log().contains("Session Revoked"), "no audit event");
+
     // No password, token or code in the Supervisor's log.
     let log = supervisor.log();
     for secret in [PASSWORD, "pin_ac_", "pin_at_", "pin_rt_"] {

@@ -165,40 +165,65 @@ pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kube
     let refreshed = &result["refreshed"];
     anyhow::ensure!(refreshed["sub"] == claims["sub"], "{result}");
     anyhow::ensure!(refreshed["username"] == email, "{result}");
+    // Logout: the refresh token the library revoked at the revocation endpoint refreshes no more.
+    anyhow::ensure!(result["after_revocation"] == "invalid_grant", "{result}");
 
-    // A wrong secret is refused at the token endpoint, with RFC 6749's answer.
+    // A wrong secret is refused at the token and revocation endpoints, with RFC 6749's answer.
     let https = supervisor.client()?;
     use base64::Engine as _;
+    let basic = |secret: &str| base64::engine::general_purpose::STANDARD.encode(format!("{CLIENT}:{secret}"));
+    let post = |path: &'static str, basic: String, body: String| {
+        let https = https.clone();
+        let url = format!("{}{path}", supervisor.issuer());
+        async move {
+            let response = https
+                .send(
+                    http::Method::POST,
+                    &url,
+                    &[
+                        (
+                            http::header::AUTHORIZATION,
+                            http::HeaderValue::from_str(&format!("Basic {basic}"))?,
+                        ),
+                        (
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+                        ),
+                    ],
+                    Bytes::from(body),
+                    1 << 16,
+                    Some(Duration::from_secs(30)),
+                )
+                .await?;
+            anyhow::Ok(response)
+        }
+    };
     // The secret with its last hex digit changed (a fixed digit would be the secret itself one time in 16).
     let last = if secret.ends_with('0') { '1' } else { '0' };
-    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{CLIENT}:{}{last}", &secret[..63]));
-    let refused = https
-        .send(
-            http::Method::POST,
-            &format!("{}/oauth2/token", supervisor.issuer()),
-            &[
-                (
-                    http::header::AUTHORIZATION,
-                    http::HeaderValue::from_str(&format!("Basic {basic}"))?,
-                ),
-                (
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/x-www-form-urlencoded"),
-                ),
-            ],
-            Bytes::from(format!(
-                "grant_type=authorization_code&code=pin_ac_x.y&redirect_uri={REDIRECT}&code_verifier={}",
-                "v".repeat(43)
-            )),
-            1 << 16,
-            Some(Duration::from_secs(30)),
-        )
-        .await?;
-    let body: Value = serde_json::from_slice(&refused.body)?;
+    let wrong = basic(&format!("{}{last}", &secret[..63]));
+    let code_grant = format!(
+        "grant_type=authorization_code&code=pin_ac_x.y&redirect_uri={REDIRECT}&code_verifier={}",
+        "v".repeat(43)
+    );
+    for (path, body) in [
+        ("/oauth2/token", code_grant),
+        ("/oauth2/revoke", "token=pin_rt_x.y".to_string()),
+    ] {
+        let refused = post(path, wrong.clone(), body).await?;
+        let answer: Value = serde_json::from_slice(&refused.body)?;
+        anyhow::ensure!(
+            refused.status == 401 && answer["error"] == "invalid_client",
+            "{path}: {}: {answer}",
+            refused.status
+        );
+    }
+    // An unknown token is revoked as if it were known (RFC 7009 §2.2): 200, nothing to say.
+    let unknown = post("/oauth2/revoke", basic(&secret), "token=pin_rt_x.y".into()).await?;
     anyhow::ensure!(
-        refused.status == 401 && body["error"] == "invalid_client",
-        "{}: {body}",
-        refused.status
+        unknown.status == 200 && unknown.body.is_empty(),
+        "{}: {:?}",
+        unknown.status,
+        unknown.body
     );
 
     // Secrets: at most five; revoking keeps only the newest.

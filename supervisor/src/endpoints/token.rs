@@ -1,6 +1,7 @@
 //! `POST /oauth2/token`: the authorization code grant (PKCE required), the refresh token grant
 //! (rotating: the old refresh token and its access tokens are revoked; the upstream is checked
-//! again), and RFC 8693 token exchange for a cluster-scoped ID token.
+//! again), and RFC 8693 token exchange for a cluster-scoped ID token. `POST /oauth2/revoke`
+//! ([`revoke`], RFC 7009): a client ends a login.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -36,21 +37,10 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (parts, body) = request.into_parts();
-    let Some(form) = read_form(body).await else {
-        return oauth_error(&OAuthError::new(
-            Code::InvalidRequest,
-            "The request body is too large or unreadable.",
-        ));
+    let params = match form_params(body).await {
+        Ok(params) => params,
+        Err(error) => return oauth_error(&error),
     };
-    let mut params: HashMap<String, String> = HashMap::new();
-    for (name, value) in form {
-        if params.insert(name.clone(), value).is_some() {
-            return oauth_error(&OAuthError::new(
-                Code::InvalidRequest,
-                &format!("The parameter '{name}' must not be given more than once."),
-            ));
-        }
-    }
     let grant = match params.get("grant_type").map(String::as_str) {
         Some("authorization_code") => Grant::authorization_code,
         Some("refresh_token") => Grant::refresh_token,
@@ -86,16 +76,119 @@ where
         .grant(grant, result.as_ref().err().map(|error| error.code));
     match result {
         Ok(body) => json(StatusCode::OK, Bytes::from(body.to_string())),
-        Err(error) => {
-            let mut response = oauth_error(&error);
-            if error.code == Code::InvalidClient {
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
-            }
-            response
+        Err(error) => client_error(&error),
+    }
+}
+
+/// The form parameters of a token or revocation request: each at most once.
+async fn form_params<B>(body: B) -> Result<HashMap<String, String>, OAuthError>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(form) = read_form(body).await else {
+        return Err(OAuthError::new(
+            Code::InvalidRequest,
+            "The request body is too large or unreadable.",
+        ));
+    };
+    let mut params: HashMap<String, String> = HashMap::new();
+    for (name, value) in form {
+        if params.insert(name.clone(), value).is_some() {
+            return Err(OAuthError::new(
+                Code::InvalidRequest,
+                &format!("The parameter '{name}' must not be given more than once."),
+            ));
         }
     }
+    Ok(params)
+}
+
+/// The response of a refused token or revocation request; `invalid_client` asks for Basic
+/// authentication (RFC 6749 §5.2).
+fn client_error(error: &OAuthError) -> Response<Body> {
+    let mut response = oauth_error(error);
+    if error.code == Code::InvalidClient {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
+    }
+    response
+}
+
+/// `POST /oauth2/revoke` (RFC 7009; beyond Pinniped, which has no revocation endpoint): a client
+/// ends a login with one of its tokens, as at logout. The client authenticates as at the token
+/// endpoint ([`authenticate`]); `token` is a refresh or an access token of this FederationDomain
+/// (its prefix says which; `token_type_hint` is not needed and is ignored). Every refresh and
+/// access token of that login is deleted, then the upstream OIDC refresh token is revoked (best
+/// effort: a failure is logged, the login is over anyway). Answers 200 with an empty body,
+/// also — RFC 7009 §2.2 — for a token that is unknown, expired, malformed or revoked already;
+/// `unauthorized_client` for a token of another client; 503 `temporarily_unavailable` when the
+/// session store cannot be reached (nothing may have been revoked; the client should retry).
+pub async fn revoke<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let revoked = async {
+        let params = form_params(body).await?;
+        let client = authenticate(endpoints, &parts.headers, &params)?;
+        let token = param(&params, "token")?;
+        revoke_token(endpoints, issuer, &client, token).await
+    };
+    match revoked.await {
+        Ok(()) => json(StatusCode::OK, Bytes::new()),
+        Err(error) => client_error(&error),
+    }
+}
+
+/// Revokes the login of `token` for `client` (see [`revoke`]).
+async fn revoke_token(
+    endpoints: &Endpoints,
+    issuer: &Issuer,
+    client: &TokenClient,
+    token: &str,
+) -> Result<(), OAuthError> {
+    let Some((kind, resource)) = [
+        (Kind::RefreshToken, Resource::RefreshToken),
+        (Kind::AccessToken, Resource::AccessToken),
+    ]
+    .into_iter()
+    .find(|(kind, _)| token.starts_with(kind.prefix())) else {
+        return Ok(()); // not a token this endpoint revokes: as an unknown one
+    };
+    let Ok(signature) = issuer.token_key.signature_of(kind, token) else {
+        return Ok(()); // malformed, or not this FederationDomain's
+    };
+    let session = match endpoints.store.get(resource, &signature).await {
+        Ok(Some((session, _))) => session,
+        Ok(None) => return Ok(()),
+        // A session no Supervisor can read again: its holder may as well delete it.
+        Err(StoreError::Session(_) | StoreError::Storage(_)) => {
+            return endpoints
+                .store
+                .delete(resource, &signature)
+                .await
+                .map_err(|e| store_failed(&e));
+        }
+        Err(error) => return Err(store_failed(&error)),
+    };
+    if session.client_id != client.id {
+        return Err(OAuthError::new(
+            Code::UnauthorizedClient,
+            "The token was issued to another client.",
+        ));
+    }
+    delete_login_tokens(endpoints, &session.request_id)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    endpoints.audit.session_revoked(&issuer.issuer, &session);
+    let issuers = endpoints.issuers.load();
+    if let Err(error) = crate::gc::revoke_upstream_of(&issuers, Resource::RefreshToken, &session).await {
+        tracing::warn!(idp = %session.upstream.provider_name, %error, "revoking the upstream token at logout failed");
+    }
+    Ok(())
 }
 
 /// The client a token request comes from, authenticated.
@@ -277,13 +370,20 @@ async fn authorization_code(
     issue_tokens(endpoints, issuer, session, true, client.id_token_lifetime, now).await
 }
 
-/// Deletes every token of a login (its code stays, marked used, until it is collected).
+/// Deletes every token of a login (its code stays, marked used, until it is collected), logging
+/// a failure.
 async fn revoke_login(endpoints: &Endpoints, request_id: &str) {
-    for resource in [Resource::AccessToken, Resource::RefreshToken] {
-        if let Err(error) = endpoints.store.delete_login(resource, request_id).await {
-            tracing::error!(%error, "revoking the tokens of a replayed or reused grant failed");
-        }
+    if let Err(error) = delete_login_tokens(endpoints, request_id).await {
+        tracing::error!(%error, "revoking the tokens of a replayed or reused grant failed");
     }
+}
+
+/// Deletes every access and refresh token of a login; stops at the first failure.
+async fn delete_login_tokens(endpoints: &Endpoints, request_id: &str) -> Result<(), StoreError> {
+    for resource in [Resource::AccessToken, Resource::RefreshToken] {
+        endpoints.store.delete_login(resource, request_id).await?;
+    }
+    Ok(())
 }
 
 /// Mints and stores an access token, a refresh token (with `offline_access`) and an ID token (with
