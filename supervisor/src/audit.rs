@@ -141,6 +141,18 @@ impl Audit {
         );
     }
 
+    /// A password was not even checked: `username` failed too many times in a row at `idp`
+    /// ([`crate::throttle`]).
+    pub fn too_many_failed_passwords(&self, issuer: &str, idp: &str, username: &str) {
+        tracing::info!(
+            target: "audit",
+            issuer,
+            idp,
+            username = self.identity(username),
+            "Too Many Failed Passwords"
+        );
+    }
+
     /// A username and password were refused by the identity provider (unknown user or wrong
     /// password: the event does not tell them apart either).
     pub fn incorrect_password(&self, issuer: &str, idp: &str, username: &str) {

@@ -45,6 +45,8 @@ pub struct Endpoints {
     pub audit: crate::audit::Audit,
     /// The valid OIDCClients, replaced whole when one changes.
     pub clients: Arc<ArcSwap<Clients>>,
+    /// Failed passwords by identity provider and username, to slow guessing down.
+    pub passwords: crate::throttle::PasswordThrottle,
 }
 
 impl Endpoints {

@@ -52,6 +52,7 @@ pub mod session;
 pub mod storage;
 pub mod store;
 pub mod subject;
+pub mod throttle;
 pub mod tokens;
 pub mod transforms;
 pub mod upstream;

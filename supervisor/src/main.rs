@@ -58,6 +58,7 @@ async fn main() -> anyhow::Result<()> {
         store: store.clone(),
         metrics: metrics.clone(),
         audit: selkie_supervisor::audit::Audit::new(&config.audit)?,
+        passwords: selkie_supervisor::throttle::PasswordThrottle::new(),
     });
     let https = server::bind(config.listen.https).await?;
     let http = match config.listen.http {

@@ -330,6 +330,62 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     anyhow::ensure!(user["username"] == "walrus", "{user}");
     anyhow::ensure!(groups(&user) == ["ops"], "{user}");
 
+    // Password guessing is slowed down: after five wrong passwords in a row, each further one
+    // makes the username wait (1 s, 2 s, 4 s, 8 s …) before the Supervisor asks the directory
+    // again — even the right password is refused meanwhile, saying how long to wait — and then
+    // the right one logs in.
+    let http = supervisor.client()?;
+    let (base, path) = selkie_e2e::pinniped_cli::split_issuer(supervisor.issuer());
+    let authorize = selkie_e2e::pinniped_cli::authorize_url(
+        &base,
+        &path,
+        &["pinniped_idp_name"],
+        &[("pinniped_idp_name", IDP_NAME)],
+    );
+    let attempt = |password: &'static str| {
+        let (http, authorize) = (http.clone(), authorize.clone());
+        async move {
+            let response = selkie_e2e::pinniped_cli::get(&http, &authorize, Some(password), "walrus").await?;
+            selkie_e2e::pinniped_cli::redirected(&response)
+        }
+    };
+    let wrong_password_checked = || async {
+        let params = attempt("not-the-password").await?;
+        anyhow::ensure!(
+            selkie_e2e::pinniped_cli::param(&params, "error_description")
+                .is_some_and(|d| d.contains("Username/password not accepted by LDAP provider")),
+            "{params:?}"
+        );
+        Ok(())
+    };
+    for _ in 0..6 {
+        wrong_password_checked().await?;
+    }
+    // The sixth failure made walrus wait; three more failures, each once the wait is over.
+    for _ in 0..3 {
+        selkie_e2e::eventually(Duration::from_secs(20), wrong_password_checked).await?;
+    }
+    let params = attempt(WALRUS_PASSWORD).await?;
+    let description = selkie_e2e::pinniped_cli::param(&params, "error_description").unwrap_or_default();
+    let wait: u64 = description
+        .split_once("Reason: too many failed logins for this username; try again in ")
+        .and_then(|(_, rest)| rest.strip_suffix(" seconds."))
+        .and_then(|seconds| seconds.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("the right password was checked while walrus waits: {params:?}"))?;
+    anyhow::ensure!(
+        selkie_e2e::pinniped_cli::param(&params, "error") == Some("access_denied") && (1..=8).contains(&wait),
+        "{params:?}"
+    );
+    selkie_e2e::eventually(Duration::from_secs(20), || async {
+        let params = attempt(WALRUS_PASSWORD).await?;
+        anyhow::ensure!(
+            selkie_e2e::pinniped_cli::param(&params, "code").is_some(),
+            "{params:?}"
+        );
+        Ok(())
+    })
+    .await?;
+
     // Deleted from the directory: pinny's next refresh is refused, and the password no longer
     // logs in.
     slapd
@@ -362,7 +418,15 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         !events("Session Refreshed").is_empty() && !events("Incorrect Username Or Password").is_empty(),
         "missing audit events: {log}"
     );
-    for line in started.iter().chain(&events("Incorrect Username Or Password")) {
+    anyhow::ensure!(
+        !events("Too Many Failed Passwords").is_empty(),
+        "no Too Many Failed Passwords event: {log}"
+    );
+    for line in started
+        .iter()
+        .chain(&events("Incorrect Username Or Password"))
+        .chain(&events("Too Many Failed Passwords"))
+    {
         anyhow::ensure!(
             line.contains("redacted") && !line.contains("pinny") && !line.contains("walrus"),
             "an audit event names the user: {line}"

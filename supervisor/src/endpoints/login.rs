@@ -13,7 +13,7 @@
 //! * LDAP and Active Directory in a browser: the Supervisor's own page, `/login`, with the same
 //!   sealed `state` and CSRF cookie; its form posts the username and password back to `/login`.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
@@ -155,14 +155,37 @@ async fn password_login(
             state: Some(request.state.clone()),
         })
     };
+    let throttled = throttle_key(issuer, idp);
+    if let Err(wait) = endpoints.passwords.check(&throttled, username, Instant::now()) {
+        endpoints
+            .audit
+            .too_many_failed_passwords(&issuer.issuer, idp.display_name(), username);
+        return back(OAuthError::new(
+            Code::AccessDenied,
+            &format!(
+                "Reason: too many failed logins for this username; try again in {} seconds.",
+                wait.as_secs()
+            ),
+        ));
+    }
     let (identity, upstream) = match idp.as_ref() {
         Upstream::Oidc(oidc) => match oidc_password_login(issuer, oidc, username, password).await {
             Ok(found) => found,
-            Err(error) => return back(error),
+            Err((error, wrong_password)) => {
+                if wrong_password {
+                    endpoints.passwords.failed(&throttled, username, Instant::now());
+                }
+                return back(error);
+            }
         },
         Upstream::Ldap(ldap) => match ldap.login(username, password).await {
             Ok(found) => found,
-            Err(error) => return back(ldap_refusal(endpoints, issuer, ldap, username, &error)),
+            Err(error) => {
+                if error == LdapError::InvalidCredentials {
+                    endpoints.passwords.failed(&throttled, username, Instant::now());
+                }
+                return back(ldap_refusal(endpoints, issuer, ldap, username, &error));
+            }
         },
         Upstream::GitHub(_) => {
             return back(OAuthError::new(
@@ -171,22 +194,32 @@ async fn password_login(
             ))
         }
     };
+    endpoints.passwords.succeeded(&throttled, username);
     let mut request = request;
     request.response_mode = ResponseMode::Query;
     issue_code(endpoints, issuer, &request, identity, upstream).await
 }
 
-/// The OIDC `cli_password` flow: the upstream's password grant, when it is allowed.
+/// What [`crate::throttle::PasswordThrottle`] knows `idp` of `issuer` by.
+fn throttle_key(issuer: &Issuer, idp: &Upstream) -> String {
+    format!("{} {}", issuer.issuer, idp.display_name())
+}
+
+/// The OIDC `cli_password` flow: the upstream's password grant, when it is allowed. A refusal
+/// comes with whether the upstream refused the username or password (a failure to count).
 async fn oidc_password_login(
     issuer: &Arc<Issuer>,
     oidc: &OidcUpstream,
     username: &str,
     password: &str,
-) -> Result<(Identity, session::Upstream), OAuthError> {
+) -> Result<(Identity, session::Upstream), (OAuthError, bool)> {
     if !oidc.allow_password_grant {
-        return Err(OAuthError::new(
-            Code::AccessDenied,
-            "Resource owner password credentials grant is not allowed for this upstream provider according to its configuration.",
+        return Err((
+            OAuthError::new(
+                Code::AccessDenied,
+                "Resource owner password credentials grant is not allowed for this upstream provider according to its configuration.",
+            ),
+            false,
         ));
     }
     let tokens = match oidc
@@ -197,18 +230,21 @@ async fn oidc_password_login(
         Ok(tokens) => tokens,
         Err(error) if error.is_retryable() => {
             tracing::warn!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "the upstream password grant failed");
-            return Err(unreachable_upstream());
+            return Err((unreachable_upstream(), false));
         }
         Err(error) => {
             tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream password grant refused");
-            return Err(OAuthError::new(
-                Code::AccessDenied,
-                "Reason: the upstream identity provider did not accept the username or password.",
+            return Err((
+                OAuthError::new(
+                    Code::AccessDenied,
+                    "Reason: the upstream identity provider did not accept the username or password.",
+                ),
+                true,
             ));
         }
     };
     oidc.login(tokens)
-        .map_err(|reason| OAuthError::new(Code::AccessDenied, &reason))
+        .map_err(|reason| (OAuthError::new(Code::AccessDenied, &reason), false))
 }
 
 /// The OAuth error of a failed LDAP login (logged, without the password): the directory's
@@ -506,6 +542,9 @@ enum LoginAlert {
     Incorrect,
     /// `internal_error`: the directory could not be asked, or something else failed.
     Internal,
+    /// `too_many_failures`: the username failed too often in a row; it must wait
+    /// ([`crate::throttle`]). Selkie's own (Pinniped does not throttle).
+    TooManyFailures,
 }
 
 impl LoginAlert {
@@ -513,6 +552,7 @@ impl LoginAlert {
         match self {
             Self::Incorrect => "incorrect_username_or_password",
             Self::Internal => "internal_error",
+            Self::TooManyFailures => "too_many_failures",
         }
     }
 
@@ -520,6 +560,9 @@ impl LoginAlert {
         match self {
             Self::Incorrect => "Incorrect username or password.",
             Self::Internal => "An internal error occurred. Please contact your administrator for help.",
+            Self::TooManyFailures => {
+                "Too many failed logins for this username. Wait a few minutes, then try again."
+            }
         }
     }
 }
@@ -592,6 +635,7 @@ where
         let alert = match field("err") {
             None | Some("") => None,
             Some("incorrect_username_or_password") => Some(LoginAlert::Incorrect),
+            Some("too_many_failures") => Some(LoginAlert::TooManyFailures),
             Some(_) => Some(LoginAlert::Internal),
         };
         return login_form(&ldap.display_name, sealed, alert);
@@ -607,14 +651,31 @@ where
     if username.is_empty() || password.is_empty() {
         return redirect(&login_page_url(issuer, sealed, Some(LoginAlert::Incorrect)));
     }
+    let throttled = throttle_key(issuer, idp);
+    if endpoints
+        .passwords
+        .check(&throttled, username, Instant::now())
+        .is_err()
+    {
+        endpoints
+            .audit
+            .too_many_failed_passwords(&issuer.issuer, &ldap.display_name, username);
+        return redirect(&login_page_url(issuer, sealed, Some(LoginAlert::TooManyFailures)));
+    }
     match ldap.login(username, password).await {
-        Ok((identity, upstream)) => issue_code(endpoints, issuer, &request, identity, upstream).await,
+        Ok((identity, upstream)) => {
+            endpoints.passwords.succeeded(&throttled, username);
+            issue_code(endpoints, issuer, &request, identity, upstream).await
+        }
         Err(error) => {
             let alert = if error.is_unavailable() {
                 LoginAlert::Internal
             } else {
                 LoginAlert::Incorrect
             };
+            if error == LdapError::InvalidCredentials {
+                endpoints.passwords.failed(&throttled, username, Instant::now());
+            }
             // Logged as the CLI flow logs it; the page says no more than the alert.
             let _ = ldap_refusal(endpoints, issuer, ldap, username, &error);
             redirect(&login_page_url(issuer, sealed, Some(alert)))
