@@ -19,8 +19,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Failed passwords in a row a pair gets before it must wait.
-pub const FREE_FAILURES: u32 = 5;
+/// Failed passwords in a row a pair gets before it must wait. Generous because kubectl runs a
+/// credential plugin that failed again for the same command, so one mistyped password is
+/// several failures.
+pub const FREE_FAILURES: u32 = 10;
 /// The longest wait.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
 /// A pair with no failure for this long starts again from zero.
@@ -128,7 +130,7 @@ mod tests {
             throttle.failed("ldap", "pinny", start);
         }
         assert_eq!(throttle.check("ldap", "pinny", start), Ok(()));
-        // The sixth failure: one second.
+        // The first failure past the free ones: one second.
         throttle.failed("ldap", "Pinny", start);
         assert_eq!(
             throttle.check("ldap", "PINNY", start),

@@ -330,7 +330,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     anyhow::ensure!(user["username"] == "walrus", "{user}");
     anyhow::ensure!(groups(&user) == ["ops"], "{user}");
 
-    // Password guessing is slowed down: after five wrong passwords in a row, each further one
+    // Password guessing is slowed down: after ten wrong passwords in a row, each further one
     // makes the username wait (1 s, 2 s, 4 s, 8 s …) before the Supervisor asks the directory
     // again — even the right password is refused meanwhile, saying how long to wait — and then
     // the right one logs in.
@@ -358,10 +358,10 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         );
         Ok(())
     };
-    for _ in 0..6 {
+    for _ in 0..11 {
         wrong_password_checked().await?;
     }
-    // The sixth failure made walrus wait; three more failures, each once the wait is over.
+    // The eleventh failure made walrus wait; three more failures, each once the wait is over.
     for _ in 0..3 {
         selkie_e2e::eventually(Duration::from_secs(20), wrong_password_checked).await?;
     }

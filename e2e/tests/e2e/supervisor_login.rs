@@ -358,7 +358,11 @@ async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> any
         .output(&["get", "configmaps", "-n", &namespace], None)
         .await?;
     anyhow::ensure!(!refused.success, "cluster B still got in after the logout");
-    let user = whoami(&cluster_a, &config_a).await?;
+    // Logging in again works — once any wait for the wrong passwords above is over (kubectl runs
+    // a failing plugin more than once per command, so they were many).
+    let user = selkie_e2e::eventually(Duration::from_secs(60), || whoami(&cluster_a, &config_a))
+        .await
+        .map_err(|e| e.context(supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "logging in again: {user}");
     anyhow::ensure!(supervisor.log().contains("Session Revoked"), "no audit event");
 

@@ -1046,6 +1046,13 @@ mod tests {
     fn the_alerts_use_pinnipeds_error_values_and_messages() {
         assert_eq!(LoginAlert::Incorrect.param(), "incorrect_username_or_password");
         assert_eq!(LoginAlert::Internal.param(), "internal_error");
+        // Selkie's own, for a username that must wait (crate::throttle).
+        assert_eq!(LoginAlert::TooManyFailures.param(), "too_many_failures");
+        let page = body_text(login_form("Corp", "s", Some(LoginAlert::TooManyFailures)));
+        assert!(
+            page.contains("Too many failed logins for this username."),
+            "{page}"
+        );
         assert_eq!(
             LoginAlert::Internal.message(),
             "An internal error occurred. Please contact your administrator for help."
