@@ -5,9 +5,10 @@
 //! provider and username (case-insensitive) may fail [`FREE_FAILURES`] times in a row; after
 //! that each failure makes the pair wait before its next attempt, twice as long as the last
 //! time: 1 s, 2 s, 4 s … at most [`MAX_WAIT`]. While it waits, an attempt is refused without
-//! asking the upstream — so guessing is slow, and guesses do not lock the account in a
-//! directory that locks accounts after failures (Active Directory). A password the upstream
-//! accepts resets the pair; so does [`FORGET_AFTER`] without a failure.
+//! asking the upstream — so guessing is slow, and waiting attempts add nothing to a directory's
+//! own lockout count (Active Directory's; a lockout threshold below [`FREE_FAILURES`] is still
+//! reached first). A password the upstream accepts resets the pair; so does [`FORGET_AFTER`]
+//! without a failure.
 //!
 //! State is in memory, per replica: N replicas allow N times the attempts. At most
 //! [`MAX_ENTRIES`] pairs are tracked; past that the entries that are not waiting are dropped
