@@ -378,12 +378,18 @@ async fn revoke_login(endpoints: &Endpoints, request_id: &str) {
     }
 }
 
-/// Deletes every access and refresh token of a login; stops at the first failure.
+/// Deletes every access and refresh token of a login: both kinds are tried whatever happens to
+/// the other; the first failure is returned.
 async fn delete_login_tokens(endpoints: &Endpoints, request_id: &str) -> Result<(), StoreError> {
-    for resource in [Resource::AccessToken, Resource::RefreshToken] {
-        endpoints.store.delete_login(resource, request_id).await?;
-    }
-    Ok(())
+    let access = endpoints
+        .store
+        .delete_login(Resource::AccessToken, request_id)
+        .await;
+    let refresh = endpoints
+        .store
+        .delete_login(Resource::RefreshToken, request_id)
+        .await;
+    access.and(refresh).map(|_| ())
 }
 
 /// Mints and stores an access token, a refresh token (with `offline_access`) and an ID token (with
