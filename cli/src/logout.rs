@@ -63,11 +63,11 @@ pub async fn run(
     options: &OidcLoginOptions,
     warn: &mut (dyn FnMut(String) + Send),
 ) -> anyhow::Result<Logout> {
-    let mut problem = None;
     let removed = match &options.session_cache {
         None => Vec::new(),
         Some(path) => {
             let cache = SessionCache::new(path);
+            let mut problem = None;
             let mut note = |warning: SessionWarning| match warning {
                 SessionWarning::SetAside { .. } => warn(warning.to_string()),
                 other => problem = Some(other.to_string()),

@@ -378,14 +378,11 @@ impl SessionCache {
     ) -> Result<Vec<Tokens>, SessionError> {
         let mut removed = Vec::new();
         self.update(warn, |file, _| {
-            file.sessions.retain(|entry| {
-                if matches(&entry.key) {
-                    removed.push(entry.tokens.clone());
-                    false
-                } else {
-                    true
-                }
-            });
+            removed = file
+                .sessions
+                .extract_if(.., |entry| matches(&entry.key))
+                .map(|entry| entry.tokens)
+                .collect();
         })
         .await?;
         Ok(removed)

@@ -76,3 +76,12 @@ pub async fn install_conf_crds(cluster: &Cluster) -> Result<(), HarnessError> {
     .clone()
     .map_err(|e| HarnessError::NotReady(format!("installing conf/crds: {e}")))
 }
+
+/// The status condition `type_` of a resource read as JSON (`kubectl get -o json`):
+/// `status.conditions[]` with that `type`, `Null` when there is none.
+pub fn condition<'a>(resource: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
+    resource["status"]["conditions"]
+        .as_array()
+        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&serde_json::Value::Null)
+}

@@ -208,32 +208,29 @@ pub fn read_jwks(secret: &Secret) -> Result<(SigningKey, Value), KeyError> {
     let jwks: Value = data
         .get(JWKS_KEY)
         .and_then(|bytes| serde_json::from_slice(&bytes.0).ok())
-        .filter(|jwks: &Value| {
-            // The active key must be published, or its tokens would not verify.
-            let public = key.public_jwk();
-            jwks["keys"].as_array().is_some_and(|keys| {
-                keys.iter().any(|jwk| {
-                    jwk["kid"] == public["kid"] && jwk["x"] == public["x"] && jwk["y"] == public["y"]
-                })
-            })
-        })
+        // The active key must be published, or its tokens would not verify.
+        .filter(|jwks: &Value| publishes(jwks, &key))
         .ok_or_else(|| unusable(JWKS_KEY))?;
     Ok((key, jwks))
+}
+
+/// Whether the JWKS `jwks` holds the public half of `key` (same `kid` and point).
+fn publishes(jwks: &Value, key: &SigningKey) -> bool {
+    let public = key.public_jwk();
+    jwks["keys"].as_array().is_some_and(|keys| {
+        keys.iter()
+            .any(|jwk| jwk["kid"] == public["kid"] && jwk["x"] == public["x"] && jwk["y"] == public["y"])
+    })
 }
 
 /// The next signing key of a `jwks` Secret whose published keys are `jwks`: `None` when there is
 /// none, or it is unreadable or not published (then it is never used; a new one replaces it).
 fn read_next(secret: &Secret, jwks: &Value) -> Option<SigningKey> {
     let data = secret.data.as_ref()?.get(NEXT_JWK_KEY)?;
-    let next = serde_json::from_slice(&data.0)
+    serde_json::from_slice(&data.0)
         .ok()
-        .and_then(|jwk: Value| SigningKey::from_private_jwk(&jwk).ok())?;
-    let public = next.public_jwk();
-    jwks["keys"]
-        .as_array()?
-        .iter()
-        .any(|jwk| jwk["kid"] == public["kid"] && jwk["x"] == public["x"] && jwk["y"] == public["y"])
-        .then_some(next)
+        .and_then(|jwk: Value| SigningKey::from_private_jwk(&jwk).ok())
+        .filter(|next| publishes(jwks, next))
 }
 
 /// The data of a `jwks` Secret whose active key is `active`, whose next key is `next`, and whose
@@ -265,6 +262,11 @@ fn jwks_data(
     .into_iter()
     .chain(next)
     .collect()
+}
+
+/// A new signing key for a rotation, with a fresh [`rotated_kid`].
+fn rotated_key() -> Result<SigningKey, KeyError> {
+    SigningKey::generate(&rotated_kid()?).map_err(|_| KeyError::Random)
 }
 
 /// A fresh random `kid` for a rotated key: `selkie-` and 16 hex digits.
@@ -355,7 +357,7 @@ pub fn rotate(
     let (active, next, new_kid, next_kid) = if due {
         let promoted = match next {
             Some(next) => next,
-            None => SigningKey::generate(&rotated_kid()?).map_err(|_| KeyError::Random)?,
+            None => rotated_key()?,
         };
         retired.insert(active.kid().to_string(), rfc3339(now + RETIRED_KEY_OVERLAP));
         others.retain(|jwk| jwk["kid"] != promoted.kid());
@@ -363,7 +365,7 @@ pub fn rotate(
         let kid = promoted.kid().to_string();
         (promoted, None, Some(kid), None)
     } else if publish_next {
-        let next = SigningKey::generate(&rotated_kid()?).map_err(|_| KeyError::Random)?;
+        let next = rotated_key()?;
         others.push(next.public_jwk());
         let kid = next.kid().to_string();
         (active, Some(next), None, Some(kid))

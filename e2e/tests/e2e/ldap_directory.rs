@@ -7,6 +7,7 @@
 use std::{sync::Arc, time::Duration};
 
 use rustls_pki_types::{pem::PemObject as _, CertificateDer};
+use selkie_e2e::crds::condition;
 use selkie_e2e::ldap::{LdapUser, Slapd, BIND_DN, BIND_PASSWORD, GROUPS_BASE, POSIX_GROUPS_BASE, USERS_BASE};
 use selkie_supervisor::ldap::{Directory, DirectoryConfig, Flavor, GroupSearch, LdapError, UserSearch};
 
@@ -238,13 +239,6 @@ async fn silent_directory() -> anyhow::Result<(String, tokio::task::JoinHandle<(
         }
     });
     Ok((host, held))
-}
-
-fn condition<'a>(idp: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
-    idp["status"]["conditions"]
-        .as_array()
-        .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
-        .unwrap_or(&serde_json::Value::Null)
 }
 
 #[tokio::test]

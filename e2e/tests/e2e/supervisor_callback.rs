@@ -157,11 +157,7 @@ async fn the_callback_refuses_foreign_csrf_cookies_and_reports_upstream_failures
                 ])
                 .await?,
         )?;
-        let condition = idp["status"]["conditions"]
-            .as_array()
-            .and_then(|conditions| conditions.iter().find(|c| c["type"] == "OIDCDiscoverySucceeded"))
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no OIDCDiscoverySucceeded condition: {idp}"))?;
+        let condition = selkie_e2e::crds::condition(&idp, "OIDCDiscoverySucceeded").clone();
         anyhow::Ok((idp, condition))
     };
     set_issuer(unreachable.clone()).await?;

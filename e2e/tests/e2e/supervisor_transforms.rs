@@ -68,11 +68,7 @@ async fn condition_when(
                 ])
                 .await?,
         )?;
-        let condition = fd["status"]["conditions"]
-            .as_array()
-            .and_then(|conditions| conditions.iter().find(|c| c["type"] == type_))
-            .cloned()
-            .unwrap_or_default();
+        let condition = selkie_e2e::crds::condition(&fd, type_).clone();
         anyhow::ensure!(check(&condition), "{type_}: {condition}");
         Ok(condition)
     })

@@ -144,7 +144,6 @@ impl ClientCertificateSigner {
             .map_err(|e| SignerError::InvalidCertificate(e.to_string()))?;
         let spki = certificate.tbs_certificate.subject_public_key_info;
         let invalid = |message: &str| SignerError::InvalidKey(message.to_string());
-        let not_the_certificates = || invalid("it does not belong to the CA certificate");
         let rng = SystemRandom::new();
         let key = PrivateKeyDer::from_pem_slice(ca_key_pem.as_bytes())
             .map_err(|_| invalid("no PEM private key (PKCS#1, SEC1 or PKCS#8) found"))?;
@@ -170,11 +169,6 @@ impl ClientCertificateSigner {
             }
             _ => return Err(invalid("an unknown kind of private key")),
         };
-        if let CaKey::Rsa(rsa) = &key {
-            if rsa.public().as_ref() != spki.subject_public_key.raw_bytes() {
-                return Err(not_the_certificates());
-            }
-        }
         Ok(Self {
             key,
             naming: CaNaming {
@@ -252,7 +246,8 @@ impl ClientCertificateSigner {
     }
 }
 
-/// An RSA CA key ring accepted (or why not) and Go's signature algorithm for it.
+/// An RSA CA key ring accepted (or why not), checked to be the certificate's, and Go's signature
+/// algorithm for it.
 fn rsa_key(
     key: Result<RsaKeyPair, ring::error::KeyRejected>,
     spki: &SubjectPublicKeyInfoOwned,
@@ -261,6 +256,12 @@ fn rsa_key(
     if spki.algorithm.oid != rfc5912::RSA_ENCRYPTION {
         return Err(SignerError::InvalidKey(
             "an RSA key, but the CA certificate's key is not RSA".into(),
+        ));
+    }
+    // The certificate's subjectPublicKey is the key's RSAPublicKey (DER).
+    if key.public().as_ref() != spki.subject_public_key.raw_bytes() {
+        return Err(SignerError::InvalidKey(
+            "it does not belong to the CA certificate".into(),
         ));
     }
     // sha256WithRSAEncryption's parameters are an explicit NULL (RFC 4055).

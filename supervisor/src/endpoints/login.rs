@@ -155,19 +155,18 @@ async fn password_login(
             state: Some(request.state.clone()),
         })
     };
-    let throttled = throttle_key(issuer, idp);
-    if let Err(wait) = endpoints.passwords.check(&throttled, username, Instant::now()) {
-        endpoints
-            .audit
-            .too_many_failed_passwords(&issuer.issuer, idp.display_name(), username);
-        return back(OAuthError::new(
-            Code::AccessDenied,
-            &format!(
-                "Reason: too many failed logins for this username; try again in {} seconds.",
-                wait.as_secs()
-            ),
-        ));
-    }
+    let throttled = match may_try_password(endpoints, issuer, idp, username) {
+        Ok(throttled) => throttled,
+        Err(wait) => {
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                &format!(
+                    "Reason: too many failed logins for this username; try again in {} seconds.",
+                    wait.as_secs()
+                ),
+            ))
+        }
+    };
     let (identity, upstream) = match idp.as_ref() {
         Upstream::Oidc(oidc) => match oidc_password_login(issuer, oidc, username, password).await {
             Ok(found) => found,
@@ -200,9 +199,25 @@ async fn password_login(
     issue_code(endpoints, issuer, &request, identity, upstream).await
 }
 
-/// What [`crate::throttle::PasswordThrottle`] knows `idp` of `issuer` by.
-fn throttle_key(issuer: &Issuer, idp: &Upstream) -> String {
-    format!("{} {}", issuer.issuer, idp.display_name())
+/// When `username` may try a password at `idp` of `issuer` now ([`crate::throttle`]), the name
+/// the throttle knows `idp` by (to count the outcome under); otherwise — audited — how long it
+/// must still wait.
+fn may_try_password(
+    endpoints: &Endpoints,
+    issuer: &Issuer,
+    idp: &Upstream,
+    username: &str,
+) -> Result<String, std::time::Duration> {
+    let throttled = format!("{} {}", issuer.issuer, idp.display_name());
+    endpoints
+        .passwords
+        .check(&throttled, username, Instant::now())
+        .inspect_err(|_| {
+            endpoints
+                .audit
+                .too_many_failed_passwords(&issuer.issuer, idp.display_name(), username);
+        })
+        .map(|()| throttled)
 }
 
 /// The OIDC `cli_password` flow: the upstream's password grant, when it is allowed. A refusal
@@ -651,17 +666,9 @@ where
     if username.is_empty() || password.is_empty() {
         return redirect(&login_page_url(issuer, sealed, Some(LoginAlert::Incorrect)));
     }
-    let throttled = throttle_key(issuer, idp);
-    if endpoints
-        .passwords
-        .check(&throttled, username, Instant::now())
-        .is_err()
-    {
-        endpoints
-            .audit
-            .too_many_failed_passwords(&issuer.issuer, &ldap.display_name, username);
+    let Ok(throttled) = may_try_password(endpoints, issuer, idp, username) else {
         return redirect(&login_page_url(issuer, sealed, Some(LoginAlert::TooManyFailures)));
-    }
+    };
     match ldap.login(username, password).await {
         Ok((identity, upstream)) => {
             endpoints.passwords.succeeded(&throttled, username);
