@@ -52,9 +52,9 @@ pub struct SupervisorConfig {
     /// duration, `1s` … `8760h`, or `0s` for never; default `720h`).
     #[serde(default)]
     pub signing_key_rotation_interval: Option<String>,
-    /// The audit events' options ([`crate::audit`]).
+    /// The audit events' options ([`crate::server::audit`]).
     #[serde(default)]
-    pub audit: crate::audit::AuditConfig,
+    pub audit: crate::server::audit::AuditConfig,
 }
 
 /// Where the Supervisor listens.
@@ -135,15 +135,16 @@ impl SupervisorConfig {
         }
         config.garbage_collection_interval()?;
         config.signing_key_rotation_interval()?;
-        crate::audit::Audit::new(&config.audit).map_err(|e| ConfigError::Invalid(format!("audit: {e}")))?;
+        crate::server::audit::Audit::new(&config.audit)
+            .map_err(|e| ConfigError::Invalid(format!("audit: {e}")))?;
         Ok(config)
     }
 
     /// How often expired sessions are collected: `sessionGarbageCollectionInterval`, whole and
-    /// between a second and an hour, or [`crate::gc::DEFAULT_INTERVAL`].
+    /// between a second and an hour, or [`crate::session::gc::DEFAULT_INTERVAL`].
     pub fn garbage_collection_interval(&self) -> Result<std::time::Duration, ConfigError> {
         let Some(text) = &self.session_garbage_collection_interval else {
-            return Ok(crate::gc::DEFAULT_INTERVAL);
+            return Ok(crate::session::gc::DEFAULT_INTERVAL);
         };
         let invalid = |reason: String| {
             ConfigError::Invalid(format!("sessionGarbageCollectionInterval {text:?}: {reason}"))
@@ -156,12 +157,12 @@ impl SupervisorConfig {
         Ok(parsed.magnitude)
     }
 
-    /// How long a signing key signs before it is rotated (see [`crate::keys::rotate`]):
+    /// How long a signing key signs before it is rotated (see [`crate::controller::keys::rotate`]):
     /// `signingKeyRotationInterval`, whole and between a second and a year, `None` for `0s`
-    /// (never), or [`crate::keys::DEFAULT_ROTATION_INTERVAL`].
+    /// (never), or [`crate::controller::keys::DEFAULT_ROTATION_INTERVAL`].
     pub fn signing_key_rotation_interval(&self) -> Result<Option<std::time::Duration>, ConfigError> {
         let Some(text) = &self.signing_key_rotation_interval else {
-            return Ok(Some(crate::keys::DEFAULT_ROTATION_INTERVAL));
+            return Ok(Some(crate::controller::keys::DEFAULT_ROTATION_INTERVAL));
         };
         let invalid =
             |reason: String| ConfigError::Invalid(format!("signingKeyRotationInterval {text:?}: {reason}"));
@@ -225,12 +226,12 @@ mod tests {
         assert_eq!(audited.audit.log_usernames_and_groups, "enabled");
         assert_eq!(
             config.garbage_collection_interval().unwrap(),
-            crate::gc::DEFAULT_INTERVAL
+            crate::session::gc::DEFAULT_INTERVAL
         );
         let default = SupervisorConfig::parse("namespace: sso\n").unwrap();
         assert_eq!(
             default.signing_key_rotation_interval().unwrap(),
-            Some(crate::keys::DEFAULT_ROTATION_INTERVAL)
+            Some(crate::controller::keys::DEFAULT_ROTATION_INTERVAL)
         );
         let never = SupervisorConfig::parse("namespace: sso\nsigningKeyRotationInterval: 0s\n").unwrap();
         assert_eq!(never.signing_key_rotation_interval().unwrap(), None);

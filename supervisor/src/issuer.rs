@@ -9,13 +9,11 @@ use bytes::Bytes;
 use selkie_api::supervisor_oidc::PinnipedIDP;
 use selkie_oidc::jose::sign::SigningKey;
 
-use crate::{
-    discovery,
-    sealed::Sealer,
-    tokens::TokenKey,
-    transforms::{Outcome, Transforms},
-    upstream::Upstream,
-};
+use crate::endpoints::discovery;
+use crate::idp::transforms::{Outcome, Transforms};
+use crate::idp::Upstream;
+use crate::sealed::Sealer;
+use crate::session::tokens::TokenKey;
 
 /// A FederationDomain ready to serve.
 #[derive(Debug)]
@@ -56,7 +54,7 @@ pub enum IssuerError {
 }
 
 /// The host (lower-case, without port) and path (no trailing slash) of an issuer URL.
-pub fn split_issuer(issuer: &str) -> Result<(String, String), IssuerError> {
+pub(crate) fn split_issuer(issuer: &str) -> Result<(String, String), IssuerError> {
     let invalid = || IssuerError::Invalid(issuer.to_string());
     let uri: http::Uri = issuer.parse().map_err(|_| invalid())?;
     if uri.scheme_str() != Some("https")

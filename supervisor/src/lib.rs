@@ -4,55 +4,66 @@
 //! providers (OIDC, LDAP, Active Directory, GitHub) and issues per-cluster ID tokens, with sessions
 //! stored in Kubernetes Secrets so any replica can serve any step of a login.
 //!
-//! The process (`main.rs`) runs the [`controller`] (FederationDomains, identity providers, keys,
-//! certificates), the [`clients`] controller (OIDCClients), the session garbage collector
-//! ([`gc`]) and the listeners ([`server`]) answering with [`endpoints`]. The pieces:
+//! The process (`main.rs`) runs the [`Controller`] (FederationDomains, identity providers, keys,
+//! certificates), the [`ClientController`] (OIDCClients), the session garbage collector
+//! ([`sweep_sessions`]) and the listeners ([`serve_https`], [`serve_http`], [`serve_metrics`])
+//! answering with the [`Endpoints`]. Everything else is private to this crate; the folders answer
+//! a newcomer's questions:
 //!
-//! * [`authorize`]: the authorization request's checks (clients, loopback redirects, PKCE S256
-//!   only, state and nonce entropy) and where a refusal goes; [`oauth`]: the error responses;
-//! * [`clients`]: dynamic clients (OIDCClient), their secrets' storage and validation;
-//! * [`federation_domain`]: a FederationDomain's conditions (Pinniped's types, reasons and
-//!   messages) and the identity providers it serves; [`issuer`]: what one serves;
-//! * [`upstream`], [`ldap`]: the upstream identity providers; [`transforms`]: CEL identity
-//!   transforms and policies; [`audit`]: login events;
-//! * [`discovery`]: the endpoint paths, the OpenID Connect discovery document and the
-//!   identity-provider discovery document, as Pinniped publishes them;
-//! * [`id_token`]: ES256 ID tokens with Pinniped's claims (`username`, `groups`,
-//!   `additionalClaims`, `at_hash`, `rat`, ...), two minutes long by default;
-//! * [`subject`]: the `sub` of downstream ID tokens, byte for byte Pinniped's;
-//! * [`tokens`]: opaque authorization codes, access and refresh tokens (`pin_ac_`, `pin_at_`,
-//!   `pin_rt_`) minted and checked with a FederationDomain's token-signing key;
-//! * [`sealed`]: values handed out and read back unchanged (the upstream `state` of a login in
-//!   progress, the CSRF cookie), encrypted and authenticated with AES-256-GCM, bound to their
-//!   purpose and FederationDomain, with an expiry;
-//! * [`storage`], [`store`]: the session Secrets, with Pinniped's names, types, labels, data keys
-//!   and garbage-collection annotation.
+//! * **Where is the controller?** `controller/`: the watches of FederationDomains and
+//!   identity providers, what it builds from them, the statuses it writes (`federation_domain`:
+//!   Pinniped's conditions of a FederationDomain), the generated keys (`keys`) and the background
+//!   connection probes (`background`). It publishes [`Issuers`] and nothing else reaches the
+//!   endpoints from it.
+//! * **What do the endpoints see?** `issuer`: the published snapshot — each FederationDomain as
+//!   requests find it (issuer URL, keys, identity providers, transforms). Endpoints read the
+//!   snapshot, never the controller. `sealed`: values handed out and read back unchanged (the
+//!   upstream `state`, the CSRF cookie), encrypted and authenticated.
+//! * **Where is an identity provider?** `idp/`: the upstream kinds as logins use them behind one
+//!   enum (`idp::Upstream`: OIDC, LDAP/Active Directory, GitHub), the directory client
+//!   (`idp::ldap`), GitHub's API (`idp::github`), CEL identity transforms and policies
+//!   (`idp::transforms`), the downstream `sub` (`idp::subject`) and the password throttle
+//!   (`idp::throttle`).
+//! * **Where is a session?** `session/`: a login's session (`session::Session`), how it is kept
+//!   in Secrets as Pinniped keeps them (`session::storage`, `session::store`), the opaque codes
+//!   and tokens (`session::tokens`), the ID tokens (`session::id_token`) and the garbage
+//!   collector (`session::gc`).
+//! * **Where is an endpoint?** `endpoints/`: the router (`endpoints::Endpoints`), discovery, the
+//!   authorization request's checks (`endpoints::authorize`), the login (authorize, callback,
+//!   login page), the IdP chooser, the token endpoint and revocation, OAuth error responses
+//!   (`endpoints::oauth`).
+//! * **Where are the dynamic clients?** `clients/`: OIDCClients, their secrets' storage and
+//!   validation, and the `OIDCClientSecretRequest` aggregated API (`clients::secret_request`).
+//! * **Where are the listeners?** `server/`: HTTPS/HTTP/metrics listeners, Prometheus metrics
+//!   (`server::metrics`) and the audit events (`server::audit`).
+//! * `config`: the Supervisor's own configuration file.
 
-pub mod aggregated_api;
-pub mod audit;
-pub mod authorize;
-mod background;
-pub mod clients;
-pub mod config;
-pub mod controller;
-pub mod discovery;
-pub mod endpoints;
-pub mod federation_domain;
-pub mod gc;
-pub mod github;
-pub mod id_token;
-pub mod issuer;
-pub mod keys;
-pub mod ldap;
-pub mod metrics;
-pub mod oauth;
-pub mod sealed;
-pub mod server;
-pub mod session;
-pub mod storage;
-pub mod store;
-pub mod subject;
-pub mod throttle;
-pub mod tokens;
-pub mod transforms;
-pub mod upstream;
+mod clients;
+mod config;
+mod controller;
+mod endpoints;
+mod idp;
+mod issuer;
+mod sealed;
+mod server;
+mod session;
+
+pub use clients::{
+    secret_request::{Routes as SecretRequestRoutes, VERSION as SECRET_REQUEST_VERSION},
+    ClientController, Clients,
+};
+pub use config::SupervisorConfig;
+pub use controller::{keys::KeySecret, Controller, ControllerError, Outputs};
+pub use endpoints::Endpoints;
+pub use idp::{
+    ldap::{Directory, DirectoryConfig, Flavor, GroupSearch, LdapError, UserSearch},
+    throttle::PasswordThrottle,
+};
+pub use issuer::Issuers;
+pub use server::{
+    audit::Audit, bind, metrics::Metrics, serve_http, serve_https, serve_metrics, ServerError, DRAIN_TIMEOUT,
+};
+pub use session::{
+    gc::{sweep as sweep_sessions, Sweep},
+    store::Store,
+};

@@ -9,16 +9,9 @@ use arc_swap::ArcSwap;
 use clap::Parser;
 use selkie_kube::{aggregated::server as aggregated, leader, serving::ServingCert};
 use selkie_supervisor::{
-    aggregated_api,
-    clients::{ClientController, Clients},
-    config::SupervisorConfig,
-    controller::{Controller, Outputs},
-    endpoints::Endpoints,
-    gc,
-    issuer::Issuers,
-    metrics::Metrics,
-    server,
-    store::Store,
+    self as server, sweep_sessions, Audit, ClientController, Clients, Controller, Endpoints, Issuers,
+    Metrics, Outputs, PasswordThrottle, SecretRequestRoutes, Store, SupervisorConfig, Sweep,
+    SECRET_REQUEST_VERSION,
 };
 use tokio::sync::watch;
 
@@ -57,8 +50,8 @@ async fn main() -> anyhow::Result<()> {
         issuers: issuers.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
-        audit: selkie_supervisor::audit::Audit::new(&config.audit)?,
-        passwords: selkie_supervisor::throttle::PasswordThrottle::new(),
+        audit: Audit::new(&config.audit)?,
+        passwords: PasswordThrottle::new(),
     });
     let https = server::bind(config.listen.https).await?;
     let http = match config.listen.http {
@@ -135,8 +128,8 @@ async fn main() -> anyhow::Result<()> {
                     continue;
                 }
                 let issuers = issuers.load_full();
-                match gc::sweep(&store, &issuers, time::OffsetDateTime::now_utc()).await {
-                    Ok(sweep) if sweep == gc::Sweep::default() => {}
+                match sweep_sessions(&store, &issuers, time::OffsetDateTime::now_utc()).await {
+                    Ok(sweep) if sweep == Sweep::default() => {}
                     Ok(sweep) => {
                         metrics.sweep(&sweep);
                         tracing::info!(
@@ -166,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if let Some(listener) = aggregated_listener {
-        let routes = Arc::new(aggregated_api::Routes::new(
+        let routes = Arc::new(SecretRequestRoutes::new(
             client.clone(),
             &config.namespace,
             &config.api_group_suffix,
@@ -174,7 +167,7 @@ async fn main() -> anyhow::Result<()> {
         let names = aggregated::Names::new(
             &config.name_prefix,
             &config.namespace,
-            aggregated_api::VERSION,
+            SECRET_REQUEST_VERSION,
             &[routes.group()],
         );
         let (client, leader, stop) = (client.clone(), leader_receiver.clone(), stop.clone());

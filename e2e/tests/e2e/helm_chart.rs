@@ -30,7 +30,7 @@ use std::{
 use anyhow::{bail, ensure, Context as _};
 use selkie_control_plane::config::ControlPlaneConfig;
 use selkie_e2e::{cluster::write_kubeconfig_for_user, components::Components, kubectl::Kubectl, Cluster};
-use selkie_supervisor::{config::SupervisorConfig, keys::KeySecret};
+use selkie_supervisor::{KeySecret, SupervisorConfig};
 use serde_json::{json, Value};
 
 use crate::eventually;

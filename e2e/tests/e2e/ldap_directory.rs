@@ -1,4 +1,4 @@
-//! The Supervisor's LDAP client (`selkie_supervisor::ldap`, issue 17's base) against the real
+//! The Supervisor's LDAP client (`selkie_supervisor`'s directory client, issue 17's base) against the real
 //! OpenLDAP: a login over TLS or, when the port speaks no TLS, StartTLS; the user found by an
 //! escaped filter and checked by binding as them; groups by `member` DN, by another attribute of
 //! the user, or as whole DNs; wrong, unknown, empty and injected credentials refused alike; an
@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 use rustls_pki_types::{pem::PemObject as _, CertificateDer};
 use selkie_e2e::crds::condition;
 use selkie_e2e::ldap::{LdapUser, Slapd, BIND_DN, BIND_PASSWORD, GROUPS_BASE, POSIX_GROUPS_BASE, USERS_BASE};
-use selkie_supervisor::ldap::{Directory, DirectoryConfig, Flavor, GroupSearch, LdapError, UserSearch};
+use selkie_supervisor::{Directory, DirectoryConfig, Flavor, GroupSearch, LdapError, UserSearch};
 
 fn tls_trusting(ca_pem: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     let mut roots = rustls::RootCertStore::empty();

@@ -10,12 +10,14 @@ use super::{
     login::{html_escape, html_page},
     text, Body,
 };
-use crate::{discovery::AUTHORIZE_PATH, issuer::Issuer, subject::query_escape};
+use crate::endpoints::discovery::AUTHORIZE_PATH;
+use crate::idp::subject::query_escape;
+use crate::issuer::Issuer;
 
 /// The chooser page for the authorization request `query` (its raw query string): 400 when it
 /// lacks `client_id`, `redirect_uri`, `scope` or `response_type`, 500 when the FederationDomain
 /// has no identity provider to offer.
-pub fn choose(issuer: &Issuer, query: &str) -> Response<Body> {
+pub(super) fn choose(issuer: &Issuer, query: &str) -> Response<Body> {
     let has = |name: &str| form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == name);
     if !["client_id", "redirect_uri", "scope", "response_type"]
         .iter()
@@ -72,12 +74,10 @@ mod tests {
     use super::*;
     use selkie_oidc::jose::sign::SigningKey;
 
-    use crate::{
-        ldap::{Directory, DirectoryConfig, Flavor},
-        sealed::Sealer,
-        tokens::TokenKey,
-        upstream::{LdapUpstream, Upstream},
-    };
+    use crate::idp::ldap::{Directory, DirectoryConfig, Flavor};
+    use crate::idp::{LdapUpstream, Upstream};
+    use crate::sealed::Sealer;
+    use crate::session::tokens::TokenKey;
 
     fn issuer(names: &[&str]) -> Issuer {
         let url = "https://sso.example.com/fd";

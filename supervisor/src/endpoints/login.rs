@@ -23,22 +23,20 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use super::{oauth_error, read_form, text, Body, Endpoints};
-use crate::{
-    authorize::{self, AuthorizeRequest, Refusal, ResponseMode},
-    discovery::{CALLBACK_PATH, CHOOSE_IDP_PATH, LOGIN_PATH},
-    github::GitHubError,
-    issuer::Issuer,
-    ldap::LdapError,
-    oauth::{Code, OAuthError},
-    session::{self, Identity, Session},
-    storage::Resource,
-    tokens::Kind,
-    transforms::Outcome,
-    upstream::{GitHubUpstream, LdapUpstream, OidcUpstream, Upstream},
-};
+use crate::endpoints::authorize::{self, AuthorizeRequest, Refusal, ResponseMode};
+use crate::endpoints::discovery::{CALLBACK_PATH, CHOOSE_IDP_PATH, LOGIN_PATH};
+use crate::endpoints::oauth::{Code, OAuthError};
+use crate::idp::github::GitHubError;
+use crate::idp::ldap::LdapError;
+use crate::idp::transforms::Outcome;
+use crate::idp::{GitHubUpstream, LdapUpstream, OidcUpstream, Upstream};
+use crate::issuer::Issuer;
+use crate::session::storage::Resource;
+use crate::session::tokens::Kind;
+use crate::session::{self, Identity, Session};
 
 /// The CSRF cookie (the `__Host-` prefix: Secure, Path=/, no Domain).
-pub const CSRF_COOKIE: &str = "__Host-pinniped-csrf-v2";
+pub(super) const CSRF_COOKIE: &str = "__Host-pinniped-csrf-v2";
 /// How long the CSRF cookie lives.
 const CSRF_LIFETIME: time::Duration = time::Duration::days(7);
 /// How long the upstream state of a login in progress is honoured.
@@ -62,7 +60,11 @@ struct UpstreamState {
 }
 
 /// `GET|POST /oauth2/authorize`.
-pub async fn authorize<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+pub(super) async fn authorize<B>(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: Request<B>,
+) -> Response<Body>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -199,7 +201,7 @@ async fn password_login(
     issue_code(endpoints, issuer, &request, identity, upstream).await
 }
 
-/// When `username` may try a password at `idp` of `issuer` now ([`crate::throttle`]), the name
+/// When `username` may try a password at `idp` of `issuer` now ([`crate::idp::throttle`]), the name
 /// the throttle knows `idp` by (to count the outcome under); otherwise — audited — how long it
 /// must still wait.
 fn may_try_password(
@@ -373,7 +375,11 @@ fn browser_login(
 }
 
 /// `GET|POST /callback`: the upstream sends the browser back.
-pub async fn callback<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+pub(super) async fn callback<B>(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: Request<B>,
+) -> Response<Body>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -558,7 +564,7 @@ enum LoginAlert {
     /// `internal_error`: the directory could not be asked, or something else failed.
     Internal,
     /// `too_many_failures`: the username failed too often in a row; it must wait
-    /// ([`crate::throttle`]). Selkie's own (Pinniped does not throttle).
+    /// ([`crate::idp::throttle`]). Selkie's own (Pinniped does not throttle).
     TooManyFailures,
 }
 
@@ -599,7 +605,11 @@ fn login_page_url(issuer: &Issuer, sealed_state: &str, alert: Option<LoginAlert>
 /// "Incorrect username or password."; a directory that cannot be asked, with the internal error;
 /// a good one ends like every login, with the client's code. Both need the login's `state` and
 /// its CSRF cookie (400 / 403 otherwise).
-pub async fn login_page<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+pub(super) async fn login_page<B>(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: Request<B>,
+) -> Response<Body>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -728,7 +738,7 @@ pub(super) fn html_page(page: String, csp: &'static str) -> Response<Body> {
 
 /// The scopes a client is granted: what it asked for, and for the CLI always `username` and
 /// `groups` (as Pinniped grants them, for old CLIs that did not ask).
-pub fn granted_scopes(request: &AuthorizeRequest) -> Vec<String> {
+pub(super) fn granted_scopes(request: &AuthorizeRequest) -> Vec<String> {
     let mut scopes = request.scopes.clone();
     if request.client_id == authorize::PINNIPED_CLI {
         for always in ["username", "groups"] {
@@ -852,7 +862,7 @@ async fn issue_code(
 }
 
 /// The answer to a refused authorization request.
-pub fn refused(refusal: Refusal) -> Response<Body> {
+pub(super) fn refused(refusal: Refusal) -> Response<Body> {
     match refusal {
         Refusal::Direct(error) => oauth_error(&error),
         Refusal::Redirect {
@@ -957,7 +967,7 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// 32 random bytes, base64url.
-pub fn random_string() -> Option<String> {
+pub(super) fn random_string() -> Option<String> {
     use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
     let mut bytes = [0u8; 32];
     ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
@@ -1053,7 +1063,7 @@ mod tests {
     fn the_alerts_use_pinnipeds_error_values_and_messages() {
         assert_eq!(LoginAlert::Incorrect.param(), "incorrect_username_or_password");
         assert_eq!(LoginAlert::Internal.param(), "internal_error");
-        // Selkie's own, for a username that must wait (crate::throttle).
+        // Selkie's own, for a username that must wait (crate::idp::throttle).
         assert_eq!(LoginAlert::TooManyFailures.param(), "too_many_failures");
         let page = body_text(login_form("Corp", "s", Some(LoginAlert::TooManyFailures)));
         assert!(

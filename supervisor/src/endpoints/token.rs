@@ -12,26 +12,28 @@ use serde_json::json;
 use time::OffsetDateTime;
 
 use super::{json, oauth_error, read_form, Body, Endpoints};
-use crate::{
-    authorize::{self, verifier_matches, Client},
-    id_token::{self, IdTokenClaims},
-    issuer::Issuer,
-    metrics::Grant,
-    oauth::{Code, OAuthError},
-    session::{self, Session},
-    storage::Resource,
-    store::StoreError,
-    tokens::Kind,
-    transforms::Outcome,
-    upstream::Upstream,
-};
+use crate::endpoints::authorize::{self, verifier_matches, Client};
+use crate::endpoints::oauth::{Code, OAuthError};
+use crate::idp::transforms::Outcome;
+use crate::idp::Upstream;
+use crate::issuer::Issuer;
+use crate::server::metrics::Grant;
+use crate::session::id_token::{self, IdTokenClaims};
+use crate::session::storage::Resource;
+use crate::session::store::StoreError;
+use crate::session::tokens::Kind;
+use crate::session::{self, Session};
 
 const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
 const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 
 /// `POST /oauth2/token`.
-pub async fn token<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+pub(super) async fn token<B>(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: Request<B>,
+) -> Response<Body>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -125,7 +127,11 @@ fn client_error(error: &OAuthError) -> Response<Body> {
 /// also — RFC 7009 §2.2 — for a token that is unknown, expired, malformed or revoked already;
 /// `unauthorized_client` for a token of another client; 503 `temporarily_unavailable` when the
 /// session store cannot be reached (nothing may have been revoked; the client should retry).
-pub async fn revoke<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
+pub(super) async fn revoke<B>(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: Request<B>,
+) -> Response<Body>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -185,7 +191,7 @@ async fn revoke_token(
         .map_err(|e| store_failed(&e))?;
     endpoints.audit.session_revoked(&issuer.issuer, &session);
     let issuers = endpoints.issuers.load();
-    if let Err(error) = crate::gc::revoke_upstream_of(&issuers, Resource::RefreshToken, &session).await {
+    if let Err(error) = session::gc::revoke_upstream_of(&issuers, Resource::RefreshToken, &session).await {
         tracing::warn!(idp = %session.upstream.provider_name, %error, "revoking the upstream token at logout failed");
     }
     Ok(())
@@ -579,8 +585,8 @@ async fn upstream_refresh(
 
 /// Checks the user again at the upstream and returns their upstream username and groups now, or
 /// `None` when the upstream said nothing new (a userinfo answer without the username claim).
-/// LDAP and Active Directory: [`crate::upstream::LdapUpstream::refresh`]. GitHub:
-/// [`crate::upstream::GitHubUpstream::refresh`], the username unchanged. OIDC: the upstream
+/// LDAP and Active Directory: [`crate::idp::LdapUpstream::refresh`]. GitHub:
+/// [`crate::idp::GitHubUpstream::refresh`], the username unchanged. OIDC: the upstream
 /// refresh grant when the session holds an upstream refresh token, else the upstream's userinfo
 /// endpoint with the upstream access token it holds; the upstream subject must be the same and
 /// the upstream username unchanged; the additional claims become what the upstream says now.
@@ -768,7 +774,7 @@ mod tests {
             "{}",
             unreadable.json()
         );
-        let wrong_version = store_failed(&StoreError::Storage(crate::storage::StorageError::WrongVersion));
+        let wrong_version = store_failed(&StoreError::Storage(session::storage::StorageError::WrongVersion));
         assert_eq!(wrong_version.code, Code::InvalidGrant);
         let busy = store_failed(&StoreError::Conflict);
         assert_eq!(busy.code, Code::TemporarilyUnavailable);

@@ -37,31 +37,32 @@ use selkie_oidc::jose::sign::SigningKey;
 use serde_json::{json, Value};
 
 /// The data key of the private signing JWK.
-pub const ACTIVE_JWK_KEY: &str = "activeJWK";
+pub(crate) const ACTIVE_JWK_KEY: &str = "activeJWK";
 /// The data key of the published JWKS.
-pub const JWKS_KEY: &str = "jwks";
+pub(crate) const JWKS_KEY: &str = "jwks";
 /// The data key of the next signing key (a private JWK), already published in `jwks`.
-pub const NEXT_JWK_KEY: &str = "nextJWK";
+pub(crate) const NEXT_JWK_KEY: &str = "nextJWK";
 /// How long before a rotation the next key is published (at most half the rotation interval):
 /// longer than the hour after which Selkie's JWTAuthenticator refreshes a key set.
-pub const NEXT_KEY_LEAD: time::Duration = time::Duration::hours(2);
+pub(crate) const NEXT_KEY_LEAD: time::Duration = time::Duration::hours(2);
 /// The data key of a symmetric key.
-pub const SYMMETRIC_KEY: &str = "key";
+pub(crate) const SYMMETRIC_KEY: &str = "key";
 /// The `kid` of the first signing key of a FederationDomain (Pinniped's); rotated keys get a
 /// random one ([`rotated_kid`]).
-pub const KEY_ID: &str = "pinniped-supervisor-key";
+pub(crate) const KEY_ID: &str = "pinniped-supervisor-key";
 /// The `jwks` Secret's annotation: when its active key became active (RFC 3339).
-pub const ACTIVE_SINCE_ANNOTATION: &str = "supervisor.selkie.dev/active-key-since";
+pub(crate) const ACTIVE_SINCE_ANNOTATION: &str = "supervisor.selkie.dev/active-key-since";
 /// The `jwks` Secret's annotation: the retired keys still published, as a JSON object from `kid`
 /// to the time (RFC 3339) after which the key is dropped from `jwks`.
-pub const RETIRED_KEYS_ANNOTATION: &str = "supervisor.selkie.dev/retired-keys";
+pub(crate) const RETIRED_KEYS_ANNOTATION: &str = "supervisor.selkie.dev/retired-keys";
 /// How long a retired key stays published: the lifetime of the ID tokens it signed, plus five
 /// minutes for clocks that disagree.
-pub const RETIRED_KEY_OVERLAP: time::Duration =
-    crate::id_token::LIFETIME.saturating_add(time::Duration::minutes(5));
+pub(crate) const RETIRED_KEY_OVERLAP: time::Duration =
+    crate::session::id_token::LIFETIME.saturating_add(time::Duration::minutes(5));
 /// How long a signing key signs before the leader rotates it, unless `signingKeyRotationInterval`
 /// says otherwise: 30 days.
-pub const DEFAULT_ROTATION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+pub(crate) const DEFAULT_ROTATION_INTERVAL: std::time::Duration =
+    std::time::Duration::from_secs(30 * 24 * 3600);
 
 /// One of a FederationDomain's generated Secrets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +194,7 @@ fn checked(secret: &Secret, kind: KeySecret) -> Result<&BTreeMap<String, ByteStr
 }
 
 /// The signing key and the published JWKS of a `jwks` Secret.
-pub fn read_jwks(secret: &Secret) -> Result<(SigningKey, Value), KeyError> {
+pub(crate) fn read_jwks(secret: &Secret) -> Result<(SigningKey, Value), KeyError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     let data = checked(secret, KeySecret::Jwks)?;
     let unusable = |key| KeyError::Unusable {
@@ -270,7 +271,7 @@ fn rotated_key() -> Result<SigningKey, KeyError> {
 }
 
 /// A fresh random `kid` for a rotated key: `selkie-` and 16 hex digits.
-pub fn rotated_kid() -> Result<String, KeyError> {
+pub(crate) fn rotated_kid() -> Result<String, KeyError> {
     let mut bytes = [0u8; 8];
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)
@@ -290,7 +291,7 @@ fn rfc3339(at: OffsetDateTime) -> String {
 
 /// What [`rotate`] changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rotation {
+pub(crate) struct Rotation {
     /// The `kid` of the new active key, when there is one.
     pub new_kid: Option<String>,
     /// The `kid` of a next key published now, when there is one.
@@ -307,7 +308,7 @@ pub struct Rotation {
 /// over dropped. Keys in `jwks` that are neither active nor retired by Selkie (an admin's) are left
 /// alone. Returns `Ok(None)` when nothing changes, and fails when the Secret is unusable (see
 /// [`read_jwks`]; the caller leaves it as it is) or no randomness is available.
-pub fn rotate(
+pub(crate) fn rotate(
     secret: &Secret,
     now: OffsetDateTime,
     interval: Option<std::time::Duration>,
@@ -400,7 +401,7 @@ pub fn rotate(
 }
 
 /// The 32-byte key of a symmetric key Secret.
-pub fn read_symmetric(secret: &Secret, kind: KeySecret) -> Result<Vec<u8>, KeyError> {
+pub(crate) fn read_symmetric(secret: &Secret, kind: KeySecret) -> Result<Vec<u8>, KeyError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     let data = checked(secret, kind)?;
     data.get(SYMMETRIC_KEY)

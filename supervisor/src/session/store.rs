@@ -1,4 +1,4 @@
-//! Sessions kept in Kubernetes Secrets of the Supervisor's namespace ([`crate::storage`] names
+//! Sessions kept in Kubernetes Secrets of the Supervisor's namespace ([`crate::session::storage`] names
 //! and shapes them): written when a code is issued, read and rewritten by the token endpoint on
 //! any replica, deleted when revoked or expired.
 //!
@@ -18,13 +18,11 @@ use kube::{
 };
 use time::OffsetDateTime;
 
-use crate::{
-    session::Session,
-    storage::{garbage_collect_after, Resource, StorageError, TYPE_LABEL},
-};
+use crate::session::storage::{garbage_collect_after, Resource, StorageError, TYPE_LABEL};
+use crate::session::Session;
 
 /// The label tying a login's tokens together, for revoking them all at once.
-pub const REQUEST_ID_LABEL: &str = "storage.pinniped.dev/request-id";
+pub(crate) const REQUEST_ID_LABEL: &str = "storage.pinniped.dev/request-id";
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +92,7 @@ impl Store {
             Err(error) if is_status(&error, 404) => return Ok(None),
             Err(error) => return Err(error.into()),
         };
-        let data = resource.from_secret(&secret)?;
+        let data = resource.read_secret(&secret)?;
         let session: Session = serde_json::from_value(data)
             .map_err(|e| StoreError::Session(selkie_api::json::error_without_values(&e)))?;
         Ok(Some((session, secret)))

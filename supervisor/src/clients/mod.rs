@@ -17,6 +17,8 @@
 //! [`BCRYPT_COST`]) are stored, at most [`MAX_CLIENT_SECRETS`]. A client authenticates with HTTP
 //! Basic (`client_secret_basic`) only.
 
+pub(crate) mod secret_request;
+
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
@@ -41,18 +43,16 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 use tokio::sync::{watch, Notify};
 
-use crate::{
-    authorize,
-    controller::{follow, parse, StatusWriter},
-    storage::{self, StorageError},
-};
+use crate::controller::{follow, parse, StatusWriter};
+use crate::endpoints::authorize;
+use crate::session::storage::{self, StorageError};
 
 /// The storage type (label value) of the client-secret Secrets.
-pub const SECRET_LABEL: &str = "oidc-client-secret";
+pub(crate) const SECRET_LABEL: &str = "oidc-client-secret";
 /// The bcrypt cost of new hashes, and the least accepted in stored ones (Pinniped's).
-pub const BCRYPT_COST: u32 = 12;
+pub(crate) const BCRYPT_COST: u32 = 12;
 /// The most client secrets an OIDCClient may have.
-pub const MAX_CLIENT_SECRETS: usize = 5;
+pub(crate) const MAX_CLIENT_SECRETS: usize = 5;
 /// How often everything is computed again, besides after every change.
 const RESYNC: Duration = Duration::from_secs(30);
 /// How long a burst of watch events is let settle.
@@ -141,13 +141,13 @@ struct Stored {
 
 /// The name of the storage Secret of the OIDCClient with UID `uid` (Pinniped's: the signature is
 /// the unpadded base64url of the UID).
-pub fn storage_name(uid: &str) -> String {
+pub(crate) fn storage_name(uid: &str) -> String {
     storage::secret_name(SECRET_LABEL, &URL_SAFE_NO_PAD.encode(uid.as_bytes()))
 }
 
 /// The hashes a storage Secret holds. Fails, naming what is wrong, when it is not a client-secret
 /// storage Secret of version 1.
-pub fn read_hashes(secret: &Secret) -> Result<Vec<String>, StorageError> {
+pub(crate) fn read_hashes(secret: &Secret) -> Result<Vec<String>, StorageError> {
     let value = storage::read(secret, SECRET_LABEL)?;
     let stored: Stored = serde_json::from_value(value)
         .map_err(|e| StorageError::NotJson(selkie_api::json::error_without_values(&e)))?;
@@ -159,7 +159,7 @@ pub fn read_hashes(secret: &Secret) -> Result<Vec<String>, StorageError> {
 
 /// The storage Secret holding `hashes` for the OIDCClient `name` with UID `uid`, owned by it
 /// (`api_version` is the OIDCClient's, under the installation's group suffix).
-pub fn storage_secret(name: &str, uid: &str, api_version: &str, hashes: &[String]) -> Secret {
+pub(crate) fn storage_secret(name: &str, uid: &str, api_version: &str, hashes: &[String]) -> Secret {
     let stored = Stored {
         hashes: hashes.to_vec(),
         version: storage::VERSION.into(),
@@ -196,7 +196,7 @@ pub fn storage_secret(name: &str, uid: &str, api_version: &str, hashes: &[String
 /// Checks an OIDCClient's spec with its storage Secret (`None`: there is none) as Pinniped does:
 /// the three conditions, in Pinniped's words, and the hashes to authenticate with — empty unless
 /// a secret exists and every stored hash is bcrypt of cost ≥ [`BCRYPT_COST`].
-pub fn validate(spec: &OIDCClientSpec, storage: Option<&Secret>) -> (Vec<Check>, Vec<String>) {
+pub(crate) fn validate(spec: &OIDCClientSpec, storage: Option<&Secret>) -> (Vec<Check>, Vec<String>) {
     let (secret_check, hashes) = validate_secret(storage);
     let grants = |grant: GrantType| spec.allowed_grant_types.contains(&grant);
     let scopes = |scope: Scope| spec.allowed_scopes.contains(&scope);
@@ -342,7 +342,7 @@ fn wire<T: Serialize>(value: &T) -> String {
 
 /// Reads and writes OIDCClients' storage Secrets in one namespace.
 #[derive(Clone)]
-pub struct SecretStorage {
+pub(crate) struct SecretStorage {
     secrets: Api<Secret>,
 }
 
@@ -355,7 +355,7 @@ impl std::fmt::Debug for SecretStorage {
 /// Why a storage Secret could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SecretStorageError {
+pub(crate) enum SecretStorageError {
     /// kube-apiserver refused or could not be reached.
     #[error("the client secret storage: {0}")]
     Kube(#[from] kube::Error),
@@ -369,13 +369,13 @@ pub enum SecretStorageError {
 
 impl SecretStorage {
     /// Storage in `secrets` (the Supervisor's namespace).
-    pub fn new(secrets: Api<Secret>) -> Self {
+    pub(crate) fn new(secrets: Api<Secret>) -> Self {
         Self { secrets }
     }
 
     /// The hashes of the OIDCClient with UID `uid`, with the resourceVersion of the Secret they
     /// were read from (`None`: there is no Secret, and no hashes).
-    pub async fn get(&self, uid: &str) -> Result<(Option<String>, Vec<String>), SecretStorageError> {
+    pub(crate) async fn get(&self, uid: &str) -> Result<(Option<String>, Vec<String>), SecretStorageError> {
         match self.secrets.get_opt(&storage_name(uid)).await? {
             None => Ok((None, Vec::new())),
             Some(secret) => {
@@ -388,7 +388,7 @@ impl SecretStorage {
     /// Writes `hashes` for the OIDCClient: creates the Secret when `resource_version` is `None`,
     /// else replaces it only if it is still at that version ([`SecretStorageError::Conflict`]
     /// otherwise, as when another request created it first).
-    pub async fn set(
+    pub(crate) async fn set(
         &self,
         resource_version: Option<String>,
         name: &str,

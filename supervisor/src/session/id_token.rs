@@ -1,5 +1,5 @@
 //! The Supervisor's ID tokens: ES256 JWTs signed with a FederationDomain's active key, with the
-//! claims Pinniped's Supervisor puts in them — `iss`, `sub` (see [`crate::subject`]), `aud`,
+//! claims Pinniped's Supervisor puts in them — `iss`, `sub` (see [`crate::idp::subject`]), `aud`,
 //! `azp`, `iat`, `exp`, `auth_time`, `rat`, `jti`, `nonce` and `at_hash` when there are any, and
 //! the Supervisor's own `username`, `groups` and `additionalClaims`.
 
@@ -13,11 +13,11 @@ use time::OffsetDateTime;
 
 /// How long ID tokens live by default (authorization code, refresh and token exchange alike; an
 /// OIDCClient may set its own for the first two).
-pub const LIFETIME: time::Duration = time::Duration::minutes(2);
+pub(crate) const LIFETIME: time::Duration = time::Duration::minutes(2);
 
 /// Who the token is about and for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdTokenClaims {
+pub(crate) struct IdTokenClaims {
     /// The FederationDomain's issuer.
     pub issuer: String,
     /// The downstream subject.
@@ -46,7 +46,7 @@ pub struct IdTokenClaims {
 
 impl IdTokenClaims {
     /// The JSON claims of a token issued at `now`, with a fresh `jti`.
-    pub fn to_json(&self, now: OffsetDateTime) -> Result<Value, JoseError> {
+    pub(crate) fn to_json(&self, now: OffsetDateTime) -> Result<Value, JoseError> {
         let jti = crate::session::new_request_id().ok_or(JoseError::Signing)?;
         let mut claims = Map::new();
         let mut put = |name: &str, value: Value| {
@@ -80,13 +80,13 @@ impl IdTokenClaims {
     }
 
     /// The signed token, issued at `now`.
-    pub fn sign(&self, key: &SigningKey, now: OffsetDateTime) -> Result<String, JoseError> {
+    pub(crate) fn sign(&self, key: &SigningKey, now: OffsetDateTime) -> Result<String, JoseError> {
         key.sign(&self.to_json(now)?)
     }
 }
 
 /// OIDC's `at_hash`: the left half of the SHA-256 of the access token, base64url.
-pub fn at_hash(access_token: &str) -> String {
+pub(crate) fn at_hash(access_token: &str) -> String {
     let digest = Sha256::digest(access_token.as_bytes());
     B64URL.encode(&digest[..16])
 }

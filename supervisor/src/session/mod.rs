@@ -1,7 +1,13 @@
 //! A login's session: who logged in, through which upstream, what the client was granted, and
 //! what the Supervisor needs to check the upstream again on every refresh. It is the JSON of the
-//! storage Secrets ([`crate::storage`]) of the login's authorization code, access and refresh
+//! storage Secrets ([`crate::session::storage`]) of the login's authorization code, access and refresh
 //! tokens, and is never logged (it holds the upstream refresh token).
+
+pub(crate) mod gc;
+pub(crate) mod id_token;
+pub(crate) mod storage;
+pub(crate) mod store;
+pub(crate) mod tokens;
 
 use std::collections::BTreeMap;
 
@@ -10,11 +16,11 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 /// How long a session lasts from the initial login; refreshes never extend it.
-pub const MAX_SESSION: time::Duration = time::Duration::hours(9);
+pub(crate) const MAX_SESSION: time::Duration = time::Duration::hours(9);
 /// How long an authorization code may be redeemed.
-pub const AUTHORIZATION_CODE_LIFETIME: time::Duration = time::Duration::minutes(10);
+pub(crate) const AUTHORIZATION_CODE_LIFETIME: time::Duration = time::Duration::minutes(10);
 /// How long an access token is good for.
-pub const ACCESS_TOKEN_LIFETIME: time::Duration = time::Duration::minutes(2);
+pub(crate) const ACCESS_TOKEN_LIFETIME: time::Duration = time::Duration::minutes(2);
 
 /// The identity the Supervisor vouches for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,7 +98,7 @@ impl std::fmt::Debug for Upstream {
 /// A new login's request ID, as fosite makes one for Pinniped: a random (version 4) UUID in its
 /// lowercase hyphenated form, so it is always a valid label value. `None` only when the system's
 /// random source fails.
-pub fn new_request_id() -> Option<String> {
+pub(crate) fn new_request_id() -> Option<String> {
     use ring::rand::SecureRandom as _;
     let mut bytes = [0u8; 16];
     ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
@@ -102,7 +108,7 @@ pub fn new_request_id() -> Option<String> {
 }
 
 /// 16 bytes in a UUID's text form: lowercase hex, 8-4-4-4-12.
-pub fn uuid_text(bytes: &[u8; 16]) -> String {
+pub(crate) fn uuid_text(bytes: &[u8; 16]) -> String {
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!(
         "{}-{}-{}-{}-{}",

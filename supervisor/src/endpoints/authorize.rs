@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 
-use crate::oauth::{Code, OAuthError};
+use crate::endpoints::oauth::{Code, OAuthError};
 
 /// The CLI's client ID: a public client with loopback redirects.
-pub const PINNIPED_CLI: &str = "pinniped-cli";
+pub(crate) const PINNIPED_CLI: &str = "pinniped-cli";
 /// The least length of `state` (and `nonce`, when present).
-pub const MIN_PARAMETER_ENTROPY: usize = 8;
+pub(crate) const MIN_PARAMETER_ENTROPY: usize = 8;
 
 /// A client that may ask for authorization.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +82,7 @@ fn loopback_match(registered: &str, requested: &str) -> bool {
 
 /// How the authorization response is delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResponseMode {
+pub(crate) enum ResponseMode {
     /// In the redirect's query.
     Query,
     /// In an auto-submitted HTML form POSTed to the redirect URI.
@@ -91,7 +91,7 @@ pub enum ResponseMode {
 
 /// An authorization request whose every parameter checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuthorizeRequest {
+pub(crate) struct AuthorizeRequest {
     /// The client.
     pub client_id: String,
     /// Where the response goes.
@@ -114,7 +114,7 @@ pub struct AuthorizeRequest {
 
 /// Why an authorization request is refused, and where the answer goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Answered directly (the client or its redirect URI cannot be trusted).
     Direct(OAuthError),
     /// Sent back to the client's redirect URI, with its `state` if it gave one.
@@ -132,7 +132,10 @@ pub enum Refusal {
 
 /// Checks the query parameters of an authorization request against `clients` (looked up by ID).
 /// Every parameter may appear once; the first refusal found is returned.
-pub fn parse(query: &str, clients: &dyn Fn(&str) -> Option<Client>) -> Result<AuthorizeRequest, Refusal> {
+pub(crate) fn parse(
+    query: &str,
+    clients: &dyn Fn(&str) -> Option<Client>,
+) -> Result<AuthorizeRequest, Refusal> {
     let mut params: HashMap<String, String> = HashMap::new();
     let mut repeated = None;
     for (name, value) in form_urlencoded::parse(query.as_bytes()) {
@@ -290,7 +293,7 @@ pub fn parse(query: &str, clients: &dyn Fn(&str) -> Option<Client>) -> Result<Au
 
 /// Whether a PKCE `verifier` (43 to 128 unreserved characters, RFC 7636 §4.1) is the one whose
 /// S256 `challenge` the authorization request carried.
-pub fn verifier_matches(challenge: &str, verifier: &str) -> bool {
+pub(crate) fn verifier_matches(challenge: &str, verifier: &str) -> bool {
     use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
     use sha2::Digest as _;
     let well_formed = (43..=128).contains(&verifier.len())

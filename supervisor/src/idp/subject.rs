@@ -10,7 +10,7 @@
 //! Values are escaped as Go's `url.QueryEscape` escapes them (space as `+`).
 
 /// The `sub` of a user of an OIDC upstream.
-pub fn oidc(upstream_issuer: &str, upstream_subject: &str, idp_display_name: &str) -> String {
+pub(crate) fn oidc(upstream_issuer: &str, upstream_subject: &str, idp_display_name: &str) -> String {
     format!(
         "{upstream_issuer}?idpName={}&sub={}",
         query_escape(idp_display_name),
@@ -19,7 +19,7 @@ pub fn oidc(upstream_issuer: &str, upstream_subject: &str, idp_display_name: &st
 }
 
 /// The `sub` of a user of a GitHub upstream.
-pub fn github(api_base_url: &str, idp_display_name: &str, login: &str, id: &str) -> String {
+pub(crate) fn github(api_base_url: &str, idp_display_name: &str, login: &str, id: &str) -> String {
     format!(
         "{api_base_url}?idpName={}&login={}&id={}",
         query_escape(idp_display_name),
@@ -30,7 +30,7 @@ pub fn github(api_base_url: &str, idp_display_name: &str, login: &str, id: &str)
 
 /// The `sub` of a user of an LDAP or Active Directory upstream whose URL is `ldap_url`
 /// (`ldaps://host[:port]` with an optional query, e.g. `?base=<user search base>`).
-pub fn ldap(ldap_url: &str, idp_display_name: &str, uid: &str) -> String {
+pub(crate) fn ldap(ldap_url: &str, idp_display_name: &str, uid: &str) -> String {
     let (base, query) = ldap_url.split_once('?').unwrap_or((ldap_url, ""));
     let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
         .map(|(name, value)| (name.into_owned(), value.into_owned()))
@@ -49,7 +49,7 @@ pub fn ldap(ldap_url: &str, idp_display_name: &str, uid: &str) -> String {
 
 /// Go's `url.QueryEscape`: every byte but ASCII letters, digits and `-_.~` is percent-encoded
 /// (upper-case hex), and a space becomes `+`.
-pub fn query_escape(value: &str) -> String {
+pub(crate) fn query_escape(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for byte in value.bytes() {
         match byte {

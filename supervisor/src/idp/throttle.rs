@@ -23,13 +23,13 @@ use std::{
 /// Failed passwords in a row a pair gets before it must wait. Generous because kubectl runs a
 /// credential plugin that failed again for the same command, so one mistyped password is
 /// several failures.
-pub const FREE_FAILURES: u32 = 10;
+pub(crate) const FREE_FAILURES: u32 = 10;
 /// The longest wait.
-pub const MAX_WAIT: Duration = Duration::from_secs(300);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(300);
 /// A pair with no failure for this long starts again from zero.
-pub const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+pub(crate) const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
 /// The most pairs tracked.
-pub const MAX_ENTRIES: usize = 10_000;
+pub(crate) const MAX_ENTRIES: usize = 10_000;
 
 /// One pair's failures in a row, and until when it waits.
 #[derive(Debug, Clone, Copy)]

@@ -21,10 +21,10 @@ use selkie_api::supervisor_idp::{GitHubGroupNameAttribute, GitHubUsernameAttribu
 use selkie_oidc::https::{HttpError, HttpsClient};
 use serde::Deserialize;
 
-use crate::subject;
+use crate::idp::subject;
 
 /// How long one call to GitHub may take.
-pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
 /// Entries asked for per page (GitHub's maximum).
 const PAGE_SIZE: u32 = 100;
 /// The most pages read of one list (10,000 organizations or teams).
@@ -32,7 +32,7 @@ const MAX_PAGES: usize = 100;
 /// The largest answer read.
 const MAX_BODY: usize = 4 * 1024 * 1024;
 /// The scopes asked for.
-pub const SCOPES: &str = "read:user read:org";
+pub(crate) const SCOPES: &str = "read:user read:org";
 
 /// Why GitHub could not tell who a user is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,7 +108,7 @@ impl Endpoints {
 /// Checks that the API at `endpoints` answers over TLS with `https` (`GET <api>/rate_limit`, any
 /// status): Pinniped's connection probe, made before any credentials are used. The error is the
 /// reason.
-pub async fn probe(endpoints: &Endpoints, https: &HttpsClient) -> Result<(), String> {
+pub(crate) async fn probe(endpoints: &Endpoints, https: &HttpsClient) -> Result<(), String> {
     https
         .send(
             Method::GET,

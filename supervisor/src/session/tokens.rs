@@ -4,7 +4,7 @@
 //! A token is `<prefix><key>.<signature>`: `pin_ac_`, `pin_at_` or `pin_rt_` (so a user who
 //! finds one knows what it is), 32 random bytes and their HMAC-SHA256 under the token-signing
 //! key, both base64url. The signature names the token's storage Secret
-//! ([`crate::storage::Resource::secret_name`]); only a holder of the whole token can present it,
+//! ([`crate::session::storage::Resource::secret_name`]); only a holder of the whole token can present it,
 //! and only the Supervisor can make a token whose signature checks.
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};

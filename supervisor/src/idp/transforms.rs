@@ -19,7 +19,7 @@ use selkie_api::supervisor_config::{ConstantType, ExpressionType, FederationDoma
 use selkie_filters::expression::Expression;
 
 /// A policy's refusal when it has no message of its own (Pinniped's words).
-pub const DEFAULT_REJECTION: &str = "authentication was rejected by a configured policy";
+pub(crate) const DEFAULT_REJECTION: &str = "authentication was rejected by a configured policy";
 
 /// The variables expressions may use.
 const VARIABLES: [&str; 4] = ["username", "groups", "strConst", "strListConst"];

@@ -10,6 +10,10 @@
 //! valid form until the new one works (Pinniped's behaviour for an invalid update is to stop; a
 //! login in progress should not break because someone mistyped a Secret name).
 
+pub(crate) mod background;
+pub(crate) mod federation_domain;
+pub(crate) mod keys;
+
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use arc_swap::ArcSwap;
@@ -47,17 +51,15 @@ use selkie_oidc::{
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
-use crate::{
-    background::Background,
-    config::SupervisorConfig,
-    federation_domain, github,
-    issuer::{split_issuer, Issuer, Issuers},
-    keys::{self, KeySecret},
-    ldap::{self, Directory, DirectoryConfig, Flavor, GroupSearch, UserSearch},
-    sealed::Sealer,
-    tokens::TokenKey,
-    upstream::{GitHubUpstream, LdapUpstream, OidcUpstream, Upstream},
-};
+use crate::config::SupervisorConfig;
+use crate::controller::background::Background;
+use crate::controller::keys::KeySecret;
+use crate::idp::github;
+use crate::idp::ldap::{self, Directory, DirectoryConfig, Flavor, GroupSearch, UserSearch};
+use crate::idp::{GitHubUpstream, LdapUpstream, OidcUpstream, Upstream};
+use crate::issuer::{split_issuer, Issuer, Issuers};
+use crate::sealed::Sealer;
+use crate::session::tokens::TokenKey;
 
 /// How often everything is computed again without a change (to retry discovery and key reads).
 const RESYNC: Duration = Duration::from_secs(10);
@@ -70,11 +72,11 @@ const LDAP_RETRY: Duration = Duration::from_secs(30);
 /// How long after a change the computation waits for more changes.
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// The Secret type of an OIDC upstream's client credentials.
-pub const OIDC_CLIENT_SECRET_TYPE: &str = "secrets.pinniped.dev/oidc-client";
+pub(crate) const OIDC_CLIENT_SECRET_TYPE: &str = "secrets.pinniped.dev/oidc-client";
 /// The type of a GitHubIdentityProvider's client Secret.
-pub const GITHUB_CLIENT_SECRET_TYPE: &str = "secrets.pinniped.dev/github-client";
+pub(crate) const GITHUB_CLIENT_SECRET_TYPE: &str = "secrets.pinniped.dev/github-client";
 /// Authorization request parameters an upstream's configuration may not set.
-pub const DISALLOWED_AUTHORIZE_PARAMETERS: [&str; 9] = [
+pub(crate) const DISALLOWED_AUTHORIZE_PARAMETERS: [&str; 9] = [
     "response_type",
     "scope",
     "client_id",
@@ -397,7 +399,8 @@ impl Controller {
             Api::<DynamicObject>::namespaced_with(self.client.clone(), &namespace, &self.idp_resource);
         let secrets_api = Api::<Secret>::namespaced(self.client.clone(), &namespace);
         // Not the sessions: they are many, change with every login, and nothing here reads them.
-        let secrets_config = watcher::Config::default().labels(&format!("!{}", crate::storage::TYPE_LABEL));
+        let secrets_config =
+            watcher::Config::default().labels(&format!("!{}", crate::session::storage::TYPE_LABEL));
         let config_maps_api = Api::<ConfigMap>::namespaced(self.client.clone(), &namespace);
         let watch_all = async {
             tokio::select! {
@@ -1302,7 +1305,7 @@ impl StatusWriter {
 
 /// Pinniped's upstream scopes: `openid offline_access email profile` when none are configured,
 /// else the configured ones with `openid`, de-duplicated and sorted.
-pub fn compute_scopes(additional: &[String]) -> Vec<String> {
+pub(crate) fn compute_scopes(additional: &[String]) -> Vec<String> {
     if additional.is_empty() {
         return ["openid", "offline_access", "email", "profile"]
             .map(String::from)

@@ -142,7 +142,7 @@ impl Audit {
     }
 
     /// A password was not even checked: `username` failed too many times in a row at `idp`
-    /// ([`crate::throttle`]).
+    /// ([`crate::idp::throttle`]).
     pub fn too_many_failed_passwords(&self, issuer: &str, idp: &str, username: &str) {
         tracing::info!(
             target: "audit",

@@ -84,7 +84,7 @@ impl Code {
 
 /// One error response.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct OAuthError {
+pub(crate) struct OAuthError {
     /// The code.
     #[serde(rename = "error", serialize_with = "serialize_code")]
     pub code: Code,
@@ -99,7 +99,7 @@ fn serialize_code<S: serde::Serializer>(code: &Code, serializer: S) -> Result<S:
 
 impl OAuthError {
     /// `code` with `hint` (what exactly is wrong; may be empty).
-    pub fn new(code: Code, hint: &str) -> Self {
+    pub(crate) fn new(code: Code, hint: &str) -> Self {
         let description = if hint.is_empty() {
             code.meaning().to_string()
         } else {
@@ -109,7 +109,7 @@ impl OAuthError {
     }
 
     /// The JSON body of a direct error response.
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         serde_json::json!({"error": self.code.as_str(), "error_description": self.description}).to_string()
     }
 }

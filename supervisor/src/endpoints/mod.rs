@@ -5,9 +5,13 @@
 //! it finds the FederationDomain by host and path, and never fails — errors are OAuth error
 //! responses (or a plain 404/405 for what is no endpoint).
 
-pub mod chooser;
-pub mod login;
-pub mod token;
+pub(crate) mod authorize;
+pub(crate) mod discovery;
+pub(crate) mod oauth;
+
+mod chooser;
+mod login;
+mod token;
 
 use std::sync::Arc;
 
@@ -16,21 +20,18 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 
-use crate::{
-    authorize::{self, Client},
-    clients::Clients,
-    discovery,
-    issuer::Issuers,
-    metrics::{Endpoint, Metrics},
-    oauth::OAuthError,
-    store::Store,
-};
+use crate::clients::Clients;
+use crate::endpoints::authorize::Client;
+use crate::endpoints::oauth::OAuthError;
+use crate::issuer::Issuers;
+use crate::server::metrics::{Endpoint, Metrics};
+use crate::session::store::Store;
 
 /// A response body.
-pub type Body = Full<Bytes>;
+pub(crate) type Body = Full<Bytes>;
 
 /// The largest form body read (token requests, form_post callbacks).
-pub const MAX_FORM_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_FORM_BYTES: usize = 64 * 1024;
 
 /// What every request needs.
 #[derive(Debug)]
@@ -42,11 +43,11 @@ pub struct Endpoints {
     /// What is counted.
     pub metrics: Arc<Metrics>,
     /// Where login events are written.
-    pub audit: crate::audit::Audit,
+    pub audit: crate::server::audit::Audit,
     /// The valid OIDCClients, replaced whole when one changes.
     pub clients: Arc<ArcSwap<Clients>>,
     /// Failed passwords by identity provider and username, to slow guessing down.
-    pub passwords: crate::throttle::PasswordThrottle,
+    pub passwords: crate::idp::throttle::PasswordThrottle,
 }
 
 impl Endpoints {
@@ -157,7 +158,7 @@ impl Endpoints {
 }
 
 /// A plain-text response.
-pub fn text(status: StatusCode, body: &str) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, body: &str) -> Response<Body> {
     let mut response = Response::new(Body::new(Bytes::from(body.to_string())));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -168,7 +169,7 @@ pub fn text(status: StatusCode, body: &str) -> Response<Body> {
 }
 
 /// A JSON response that no cache may keep (token and error responses, RFC 6749 §5.1).
-pub fn json(status: StatusCode, body: Bytes) -> Response<Body> {
+pub(crate) fn json(status: StatusCode, body: Bytes) -> Response<Body> {
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -179,14 +180,14 @@ pub fn json(status: StatusCode, body: Bytes) -> Response<Body> {
 }
 
 /// An OAuth error answered directly, with its HTTP status.
-pub fn oauth_error(error: &OAuthError) -> Response<Body> {
+pub(crate) fn oauth_error(error: &OAuthError) -> Response<Body> {
     let status = StatusCode::from_u16(error.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
     json(status, Bytes::from(error.json()))
 }
 
 /// Reads an `application/x-www-form-urlencoded` body of at most [`MAX_FORM_BYTES`]. `None` when it
 /// is larger or cannot be read.
-pub async fn read_form<B>(body: B) -> Option<Vec<(String, String)>>
+pub(crate) async fn read_form<B>(body: B) -> Option<Vec<(String, String)>>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

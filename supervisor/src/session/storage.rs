@@ -18,15 +18,15 @@ use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::Obje
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 /// The label naming what a storage Secret holds.
-pub const TYPE_LABEL: &str = "storage.pinniped.dev/type";
+pub(crate) const TYPE_LABEL: &str = "storage.pinniped.dev/type";
 /// The annotation saying when a storage Secret may be deleted.
-pub const GARBAGE_COLLECT_AFTER: &str = "storage.pinniped.dev/garbage-collect-after";
+pub(crate) const GARBAGE_COLLECT_AFTER: &str = "storage.pinniped.dev/garbage-collect-after";
 /// The data key of the stored JSON.
-pub const DATA_KEY: &str = "pinniped-storage-data";
+pub(crate) const DATA_KEY: &str = "pinniped-storage-data";
 /// The data key of the storage format's version.
-pub const VERSION_KEY: &str = "pinniped-storage-version";
+pub(crate) const VERSION_KEY: &str = "pinniped-storage-version";
 /// The storage format's version.
-pub const VERSION: &str = "1";
+pub(crate) const VERSION: &str = "1";
 
 /// What a storage Secret holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,7 +116,7 @@ impl Resource {
     }
 
     /// The JSON a storage Secret of this resource holds: [`read`] of this resource.
-    pub fn from_secret(self, secret: &Secret) -> Result<serde_json::Value, StorageError> {
+    pub fn read_secret(self, secret: &Secret) -> Result<serde_json::Value, StorageError> {
         read(secret, self.as_str())
     }
 }
@@ -124,7 +124,7 @@ impl Resource {
 /// The name of the storage Secret of type label `label` (a resource's name, e.g. `authcode` or
 /// `oidc-client-secret`) for `signature` (a token's or code's signature, usually base64url): its
 /// bytes (decoded when it is base64 of any kind) in lower-case unpadded base32.
-pub fn secret_name(label: &str, signature: &str) -> String {
+pub(crate) fn secret_name(label: &str, signature: &str) -> String {
     let bytes = [URL_SAFE_NO_PAD, URL_SAFE, STANDARD_NO_PAD, STANDARD]
         .iter()
         .find_map(|engine| engine.decode(signature).ok())
@@ -133,7 +133,7 @@ pub fn secret_name(label: &str, signature: &str) -> String {
 }
 
 /// A storage Secret's `storage.pinniped.dev/type` label (empty when it has none).
-pub fn type_label(secret: &Secret) -> String {
+pub(crate) fn type_label(secret: &Secret) -> String {
     secret
         .metadata
         .labels
@@ -145,7 +145,7 @@ pub fn type_label(secret: &Secret) -> String {
 
 /// The JSON a storage Secret of type label `label` holds. Fails, naming what is wrong, when the
 /// Secret is of another type, label or version, or its data is not JSON.
-pub fn read(secret: &Secret, label: &str) -> Result<serde_json::Value, StorageError> {
+pub(crate) fn read(secret: &Secret, label: &str) -> Result<serde_json::Value, StorageError> {
     let expected = format!("storage.pinniped.dev/{label}");
     let found_type = secret.type_.clone().unwrap_or_default();
     if found_type != expected {
@@ -175,7 +175,7 @@ pub fn read(secret: &Secret, label: &str) -> Result<serde_json::Value, StorageEr
 
 /// When a storage Secret may be deleted, from its annotation. `None` when it has none or it does
 /// not parse (such a Secret is not the garbage collector's to delete).
-pub fn garbage_collect_after(secret: &Secret) -> Option<OffsetDateTime> {
+pub(crate) fn garbage_collect_after(secret: &Secret) -> Option<OffsetDateTime> {
     let value = secret.metadata.annotations.as_ref()?.get(GARBAGE_COLLECT_AFTER)?;
     OffsetDateTime::parse(value, &Rfc3339).ok()
 }
@@ -278,7 +278,7 @@ mod tests {
             garbage_collect_after(&secret),
             Some(now + time::Duration::minutes(2))
         );
-        assert_eq!(Resource::AccessToken.from_secret(&secret).unwrap(), data);
+        assert_eq!(Resource::AccessToken.read_secret(&secret).unwrap(), data);
     }
 
     #[test]
@@ -292,13 +292,13 @@ mod tests {
             now,
         );
         assert!(matches!(
-            Resource::Oidc.from_secret(&secret),
+            Resource::Oidc.read_secret(&secret),
             Err(StorageError::WrongType { .. })
         ));
         let mut relabelled = secret.clone();
         relabelled.metadata.labels = Some(BTreeMap::from([(TYPE_LABEL.to_string(), "oidc".to_string())]));
         assert_eq!(
-            Resource::Pkce.from_secret(&relabelled),
+            Resource::Pkce.read_secret(&relabelled),
             Err(StorageError::WrongLabel("oidc".into()))
         );
         let mut old = secret.clone();
@@ -306,14 +306,14 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(VERSION_KEY.into(), ByteString(b"2".to_vec()));
-        assert_eq!(Resource::Pkce.from_secret(&old), Err(StorageError::WrongVersion));
+        assert_eq!(Resource::Pkce.read_secret(&old), Err(StorageError::WrongVersion));
         let mut garbage = secret;
         garbage
             .data
             .as_mut()
             .unwrap()
             .insert(DATA_KEY.into(), ByteString(b"{\"token\": tru".to_vec()));
-        let error = Resource::Pkce.from_secret(&garbage).unwrap_err();
+        let error = Resource::Pkce.read_secret(&garbage).unwrap_err();
         assert!(matches!(error, StorageError::NotJson(_)), "{error}");
     }
 }

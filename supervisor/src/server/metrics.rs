@@ -22,7 +22,8 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::{gc::Sweep, oauth::Code};
+use crate::endpoints::oauth::Code;
+use crate::session::gc::Sweep;
 
 /// Latency bucket bounds, in seconds: 100 µs (discovery from memory) to 30 s (an upstream login).
 const DURATION_BUCKETS: [f64; 15] = [

@@ -4,6 +4,9 @@
 //! plain-HTTP metrics listener ([`serve_metrics`]). Each stops accepting when `shutdown`
 //! resolves, letting open connections finish for up to [`DRAIN_TIMEOUT`].
 
+pub(crate) mod audit;
+pub(crate) mod metrics;
+
 use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use http::{Request, Response};
@@ -16,10 +19,8 @@ use selkie_kube::serving::ServingCert;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::{
-    endpoints::{text, Body, Endpoints},
-    metrics::Metrics,
-};
+use crate::endpoints::{text, Body, Endpoints};
+use crate::server::metrics::Metrics;
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -8,26 +8,26 @@ use selkie_api::supervisor_oidc::{IDPDiscoveryResponse, IDPType, PinnipedIDP, Pi
 use serde_json::{json, Value};
 
 /// `/.well-known/openid-configuration`.
-pub const WELL_KNOWN_PATH: &str = "/.well-known/openid-configuration";
+pub(crate) const WELL_KNOWN_PATH: &str = "/.well-known/openid-configuration";
 /// `/oauth2/authorize`.
-pub const AUTHORIZE_PATH: &str = "/oauth2/authorize";
+pub(crate) const AUTHORIZE_PATH: &str = "/oauth2/authorize";
 /// `/oauth2/token`.
-pub const TOKEN_PATH: &str = "/oauth2/token";
+pub(crate) const TOKEN_PATH: &str = "/oauth2/token";
 /// `/oauth2/revoke` (RFC 7009; Pinniped has none).
-pub const REVOKE_PATH: &str = "/oauth2/revoke";
+pub(crate) const REVOKE_PATH: &str = "/oauth2/revoke";
 /// `/callback`: where upstream identity providers send the browser back.
-pub const CALLBACK_PATH: &str = "/callback";
+pub(crate) const CALLBACK_PATH: &str = "/callback";
 /// `/choose_identity_provider`.
-pub const CHOOSE_IDP_PATH: &str = "/choose_identity_provider";
+pub(crate) const CHOOSE_IDP_PATH: &str = "/choose_identity_provider";
 /// `/jwks.json`.
-pub const JWKS_PATH: &str = "/jwks.json";
+pub(crate) const JWKS_PATH: &str = "/jwks.json";
 /// `/v1alpha1/pinniped_identity_providers`.
-pub const IDP_DISCOVERY_PATH: &str = "/v1alpha1/pinniped_identity_providers";
+pub(crate) const IDP_DISCOVERY_PATH: &str = "/v1alpha1/pinniped_identity_providers";
 /// `/login`: the Supervisor's own login form (LDAP and Active Directory in a browser).
-pub const LOGIN_PATH: &str = "/login";
+pub(crate) const LOGIN_PATH: &str = "/login";
 
 /// The scopes a FederationDomain supports.
-pub const SCOPES: [&str; 5] = [
+pub(crate) const SCOPES: [&str; 5] = [
     "openid",
     "offline_access",
     "pinniped:request-audience",
@@ -35,10 +35,10 @@ pub const SCOPES: [&str; 5] = [
     "groups",
 ];
 /// The custom claims of its ID tokens.
-pub const CLAIMS: [&str; 3] = ["username", "groups", "additionalClaims"];
+pub(crate) const CLAIMS: [&str; 3] = ["username", "groups", "additionalClaims"];
 
 /// The discovery document of `issuer` (as configured, without a trailing slash).
-pub fn openid_configuration(issuer: &str) -> Value {
+pub(crate) fn openid_configuration(issuer: &str) -> Value {
     json!({
         "issuer": issuer,
         "authorization_endpoint": format!("{issuer}{AUTHORIZE_PATH}"),
@@ -61,7 +61,7 @@ pub fn openid_configuration(issuer: &str) -> Value {
 
 /// The identity-provider discovery document: the FederationDomain's providers (sorted by name, as
 /// Pinniped sorts them) and the types this Supervisor supports.
-pub fn identity_providers(idps: &[PinnipedIDP]) -> IDPDiscoveryResponse {
+pub(crate) fn identity_providers(idps: &[PinnipedIDP]) -> IDPDiscoveryResponse {
     let mut sorted = idps.to_vec();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     IDPDiscoveryResponse {

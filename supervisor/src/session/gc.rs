@@ -16,19 +16,17 @@ use k8s_openapi::api::core::v1::Secret;
 use selkie_oidc::rp::TokenTypeHint;
 use time::OffsetDateTime;
 
-use crate::{
-    issuer::Issuers,
-    session::Session,
-    storage::{garbage_collect_after, Resource},
-    store::{Store, StoreError},
-    upstream::{OidcUpstream, Upstream},
-};
+use crate::idp::{OidcUpstream, Upstream};
+use crate::issuer::Issuers;
+use crate::session::storage::{garbage_collect_after, Resource};
+use crate::session::store::{Store, StoreError};
+use crate::session::Session;
 
 /// How often the leader sweeps.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 /// How long past its collection time a Secret is kept while its upstream revocation may still
 /// succeed (Pinniped: four hours).
-pub const RETRY_REVOCATION_FOR: time::Duration = time::Duration::hours(4);
+pub(crate) const RETRY_REVOCATION_FOR: time::Duration = time::Duration::hours(4);
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +44,7 @@ pub struct Sweep {
 /// The upstream token the deletion of an expired `resource` Secret holding `session` must
 /// revoke, by the rules in the module's documentation; `None` when another Secret of the same
 /// login holds the latest one or there is none.
-pub fn token_to_revoke(resource: Resource, session: &Session) -> Option<(&str, TokenTypeHint)> {
+pub(crate) fn token_to_revoke(resource: Resource, session: &Session) -> Option<(&str, TokenTypeHint)> {
     let holds_latest = match resource {
         Resource::AuthCode => session.code_active,
         Resource::AccessToken => !session.scopes.iter().any(|scope| scope == "offline_access"),
@@ -87,7 +85,7 @@ pub async fn sweep(store: &Store, issuers: &Issuers, now: OffsetDateTime) -> Res
     let mut sweep = Sweep::default();
     for secret in store.collectable(now).await? {
         let name = secret.metadata.name.clone().unwrap_or_default();
-        let label = crate::storage::type_label(&secret);
+        let label = crate::session::storage::type_label(&secret);
         match revoke_upstream(issuers, &secret, &label).await {
             Ok(true) => sweep.revoked += 1,
             Ok(false) => {}
@@ -126,7 +124,7 @@ async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Res
         return Ok(false);
     }
     let data = resource
-        .from_secret(secret)
+        .read_secret(secret)
         .map_err(|error| RevokeFailure::Final(error.to_string()))?;
     let session: Session = serde_json::from_value(data).map_err(|error| {
         RevokeFailure::Final(format!(

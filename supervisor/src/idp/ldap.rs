@@ -30,7 +30,7 @@ use ldap3::{
 };
 
 /// How many logins and refreshes may be in flight against one directory.
-pub const MAX_IN_FLIGHT: usize = 64;
+pub(crate) const MAX_IN_FLIGHT: usize = 64;
 /// How many idle connections for users' binds are kept.
 const MAX_IDLE_BINDERS: usize = 8;
 /// The page size of group searches.
@@ -49,24 +49,24 @@ pub enum Flavor {
 }
 
 /// Active Directory's defaults, Pinniped's.
-pub mod active_directory {
+pub(crate) mod active_directory {
     /// The username attribute.
-    pub const USERNAME_ATTRIBUTE: &str = "userPrincipalName";
+    pub(crate) const USERNAME_ATTRIBUTE: &str = "userPrincipalName";
     /// The UID attribute.
-    pub const UID_ATTRIBUTE: &str = "objectGUID";
+    pub(crate) const UID_ATTRIBUTE: &str = "objectGUID";
     /// The group name attribute (as `<sAMAccountName>@<domain>`).
-    pub const GROUP_NAME_ATTRIBUTE: &str = "sAMAccountName";
+    pub(crate) const GROUP_NAME_ATTRIBUTE: &str = "sAMAccountName";
     /// The user filter: a person, not a computer, not an advanced-view-only account, whose
     /// `sAMAccountName`, `mail` or `userPrincipalName` is the username, of a normal account type.
-    pub const USER_FILTER: &str = "(&(objectClass=person)(!(objectClass=computer))(!(showInAdvancedViewOnly=TRUE))(|(sAMAccountName={})(mail={})(userPrincipalName={}))(sAMAccountType=805306368))";
+    pub(crate) const USER_FILTER: &str = "(&(objectClass=person)(!(objectClass=computer))(!(showInAdvancedViewOnly=TRUE))(|(sAMAccountName={})(mail={})(userPrincipalName={}))(sAMAccountType=805306368))";
     /// The group filter: groups with the user as a member, nested groups included.
-    pub const GROUP_FILTER: &str = "(&(objectClass=group)(member:1.2.840.113556.1.4.1941:={}))";
+    pub(crate) const GROUP_FILTER: &str = "(&(objectClass=group)(member:1.2.840.113556.1.4.1941:={}))";
     /// The attributes a refresh checks against the login's values.
-    pub const PWD_LAST_SET: &str = "pwdLastSet";
+    pub(crate) const PWD_LAST_SET: &str = "pwdLastSet";
     /// The account's flags; bit 0x2 is "disabled".
-    pub const USER_ACCOUNT_CONTROL: &str = "userAccountControl";
+    pub(crate) const USER_ACCOUNT_CONTROL: &str = "userAccountControl";
     /// The account's computed flags; bit 0x10 is "locked out".
-    pub const USER_ACCOUNT_CONTROL_COMPUTED: &str = "msDS-User-Account-Control-Computed";
+    pub(crate) const USER_ACCOUNT_CONTROL_COMPUTED: &str = "msDS-User-Account-Control-Computed";
 }
 
 /// Where and how to search for users.
@@ -234,7 +234,7 @@ impl std::fmt::Debug for Directory {
 
 /// `filter` with every `{}` replaced by `value` escaped for a filter (RFC 4515), wrapped in
 /// parentheses when it is not already.
-pub fn fill_filter(filter: &str, value: &str) -> String {
+pub(crate) fn fill_filter(filter: &str, value: &str) -> String {
     let filled = filter.replace("{}", &ldap3::ldap_escape(value));
     if filled.starts_with('(') && filled.ends_with(')') {
         filled
@@ -755,7 +755,7 @@ fn active_directory_checks(
 
 /// Active Directory's `objectGUID` bytes as a GUID string: the first three fields are stored
 /// little-endian. `None` unless 16 bytes.
-pub fn microsoft_guid(raw: &[u8]) -> Option<String> {
+pub(crate) fn microsoft_guid(raw: &[u8]) -> Option<String> {
     let b: [u8; 16] = raw.try_into().ok()?;
     let ordered = [
         b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15],

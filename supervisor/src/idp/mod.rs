@@ -6,6 +6,12 @@
 //! (default: `<issuer>?sub=<sub>`; `email` only when `email_verified` is not false), the groups
 //! claim (a string or a list of strings), additional claim mappings.
 
+pub(crate) mod github;
+pub(crate) mod ldap;
+pub(crate) mod subject;
+pub(crate) mod throttle;
+pub(crate) mod transforms;
+
 use std::{collections::BTreeMap, sync::Arc};
 
 use selkie_oidc::rp::{ClientConfig, Provider, Tokens};
@@ -13,12 +19,9 @@ use serde_json::{Map, Value};
 
 use selkie_api::supervisor_oidc::{IDPFlow, IDPType};
 
-use crate::{
-    github::{GitHub, GitHubError},
-    ldap::{Directory, LdapError, StoredLogin},
-    session::{self, Identity, LdapSession},
-    subject,
-};
+use crate::idp::github::{GitHub, GitHubError};
+use crate::idp::ldap::{Directory, LdapError, StoredLogin};
+use crate::session::{self, Identity, LdapSession};
 
 /// A configured upstream identity provider.
 #[derive(Debug)]

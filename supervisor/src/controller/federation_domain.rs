@@ -11,10 +11,12 @@ use std::{
 use selkie_api::supervisor_config::FederationDomain;
 use selkie_kube::conditions::Check;
 
-use crate::{issuer::split_issuer, transforms::Transforms, upstream::Upstream};
+use crate::idp::transforms::Transforms;
+use crate::idp::Upstream;
+use crate::issuer::split_issuer;
 
 /// The identity-provider kinds a FederationDomain may name.
-pub const KINDS: [&str; 4] = [
+pub(crate) const KINDS: [&str; 4] = [
     "ActiveDirectoryIdentityProvider",
     "GitHubIdentityProvider",
     "LDAPIdentityProvider",
@@ -23,7 +25,7 @@ pub const KINDS: [&str; 4] = [
 
 /// What the namespace holds besides FederationDomains.
 #[derive(Debug, Default)]
-pub struct Namespace {
+pub(crate) struct Namespace {
     /// The identity provider objects that exist, by (kind, name).
     pub existing: HashSet<(String, String)>,
     /// The upstreams that are ready to use, by kind (`OIDCIdentityProvider`, ...) and name.
@@ -47,7 +49,7 @@ fn host(issuer: &str) -> Option<String> {
 /// The conditions of `fd` among `all` (its namespace's FederationDomains, itself included), and
 /// the upstreams it serves, in its order and under its display names — `None` when it cannot be
 /// served (a condition says why).
-pub fn check(
+pub(crate) fn check(
     fd: &FederationDomain,
     all: &[FederationDomain],
     namespace: &Namespace,
@@ -344,7 +346,7 @@ fn transforms_checks(fd: &FederationDomain) -> [Check; 2] {
 
 /// The compiled transforms of a FederationDomain's identity providers, by display name (only
 /// those that compile: a FederationDomain with an invalid one is not served, [`check`]).
-pub fn transforms(fd: &FederationDomain) -> HashMap<String, Arc<Transforms>> {
+pub(crate) fn transforms(fd: &FederationDomain) -> HashMap<String, Arc<Transforms>> {
     fd.spec
         .identity_providers
         .iter()
@@ -367,7 +369,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::upstream::OidcUpstream;
+    use crate::idp::OidcUpstream;
 
     const GROUP: &str = "idp.supervisor.pinniped.dev";
 
