@@ -27,48 +27,41 @@ mod jwt;
 mod webhook;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
-    convert::Infallible,
+    collections::{BTreeMap, HashSet},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
-use futures::{future, stream, Stream, StreamExt};
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Secret},
     apimachinery::pkg::apis::meta::v1::Condition,
 };
 use kube::{
-    api::{Api, DynamicObject, Patch, PatchParams},
+    api::{Api, DynamicObject},
     core::ApiResource,
     runtime::{
-        controller::{self, applier, Action},
-        reflector::{self, reflector, ObjectRef, Store},
-        watcher::{self, watcher, Event},
-        WatchStreamExt,
+        controller::Action,
+        reflector::{self, ObjectRef, Store},
+        watcher,
     },
-    Client, Resource, ResourceExt,
+    Client, ResourceExt,
 };
 use selkie_api::authentication::{
     JWTAuthenticator, JWTAuthenticatorSpec, Phase, WebhookAuthenticator, WebhookAuthenticatorSpec,
 };
 use selkie_filters::chain::{Chain, TokenAuthenticator};
-use serde_json::{json, Value};
-use tokio::sync::watch;
-
 use selkie_kube::{
     conditions::{self, Check},
+    reconcile::{self, watch_sources, PendingSources, Reconciler, SourceEvent, SourceKind},
     tls_spec::{self, CaSources},
 };
+use serde_json::{json, Value};
+use tokio::sync::watch;
 
 use crate::{config::ControlPlaneConfig, published::Publisher};
 
 /// How often a healthy CR is reconciled again without any event (cheap: nothing is probed).
 const RESYNC: Duration = Duration::from_secs(600);
-/// The first retry delay after a failure; doubled per consecutive failure.
-const FIRST_RETRY: Duration = Duration::from_millis(500);
-/// The longest retry delay.
-const MAX_RETRY: Duration = Duration::from_secs(60);
 /// The field manager of status writes.
 const FIELD_MANAGER: &str = "selkie-control-plane";
 
@@ -125,18 +118,20 @@ pub async fn run(
     tokio::select! {
         () = watch_sources(
             Api::<Secret>::namespaced(client.clone(), &namespace),
+            watcher::Config::default(),
             secrets_writer,
             SourceKind::Secret,
             senders.clone(),
         ) => Err(AuthenticatorsError::WatchEnded("Secret")),
         () = watch_sources(
             Api::<ConfigMap>::namespaced(client.clone(), &namespace),
+            watcher::Config::default(),
             config_maps_writer,
             SourceKind::ConfigMap,
             senders,
         ) => Err(AuthenticatorsError::WatchEnded("ConfigMap")),
-        () = jwt.run(jwt_writer, jwt_source_events, leader.clone()) => Err(AuthenticatorsError::WatchEnded("JWTAuthenticator")),
-        () = webhook.run(webhook_writer, webhook_source_events, leader) => Err(AuthenticatorsError::WatchEnded("WebhookAuthenticator")),
+        () = reconcile::run(jwt.clone(), jwt.api.clone(), jwt.resource.clone(), jwt_writer, jwt_source_events, leader.clone()) => Err(AuthenticatorsError::WatchEnded("JWTAuthenticator")),
+        () = reconcile::run(webhook.clone(), webhook.api.clone(), webhook.resource.clone(), webhook_writer, webhook_source_events, leader) => Err(AuthenticatorsError::WatchEnded("WebhookAuthenticator")),
     }
 }
 
@@ -200,8 +195,6 @@ struct Served {
 struct State {
     /// The authenticators in use, in chain order: by kind, then by name.
     served: BTreeMap<(Kind, String), Served>,
-    /// Consecutive failures per CR, for the retry backoff.
-    failures: HashMap<(Kind, String), u32>,
 }
 
 struct Shared {
@@ -252,7 +245,6 @@ impl Shared {
     fn forget(&self, kind: Kind, name: &str, uid: Option<&str>) {
         let mut state = self.state();
         let key = (kind, name.to_string());
-        state.failures.remove(&key);
         let matches = state
             .served
             .get(&key)
@@ -270,9 +262,6 @@ impl Shared {
         let before = state.served.len();
         state
             .served
-            .retain(|(k, name), _| *k != kind || names.contains(name));
-        state
-            .failures
             .retain(|(k, name), _| *k != kind || names.contains(name));
         if state.served.len() != before {
             self.publish(&state);
@@ -320,154 +309,6 @@ impl CaSources for NoSources {
     fn config_map(&self, _: &str) -> Option<Arc<ConfigMap>> {
         None
     }
-}
-
-/// A change to the CA sources: one object, or (after a re-list) possibly any.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum SourceEvent {
-    Changed(SourceKind, String),
-    All,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum SourceKind {
-    Secret,
-    ConfigMap,
-}
-
-/// Most changed CA sources remembered by name for one reconciler; beyond that they collapse into
-/// [`SourceEvent::All`] (every CR using any source is looked at again).
-const MAX_PENDING_SOURCES: usize = 1_024;
-
-/// The CA-source changes one reconciler has not taken yet, coalesced: a source that changes a
-/// thousand times before the reconciler looks is one entry, and at most
-/// [`MAX_PENDING_SOURCES`] names are kept before they collapse into "all". So a flood of Secret
-/// and ConfigMap events costs bounded memory, and the last change is always acted on.
-#[derive(Debug, Default)]
-struct PendingSources {
-    pending: Mutex<Pending>,
-    changed: tokio::sync::Notify,
-}
-
-#[derive(Debug, Default)]
-struct Pending {
-    all: bool,
-    sources: HashSet<(SourceKind, String)>,
-}
-
-impl PendingSources {
-    /// Records `event` for the reconciler (never waits).
-    fn push(&self, event: SourceEvent) {
-        {
-            let mut pending = self
-                .pending
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match event {
-                SourceEvent::All => pending.all = true,
-                SourceEvent::Changed(..) if pending.all => {}
-                SourceEvent::Changed(kind, name) => {
-                    pending.sources.insert((kind, name));
-                    if pending.sources.len() > MAX_PENDING_SOURCES {
-                        pending.sources.clear();
-                        pending.all = true;
-                    }
-                }
-            }
-        }
-        self.changed.notify_one();
-    }
-
-    /// Waits for changes and takes all of them: `[All]`, or one event per changed source.
-    async fn take(&self) -> Vec<SourceEvent> {
-        loop {
-            {
-                let mut pending = self
-                    .pending
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if std::mem::take(&mut pending.all) {
-                    pending.sources.clear();
-                    return vec![SourceEvent::All];
-                }
-                if !pending.sources.is_empty() {
-                    return pending
-                        .sources
-                        .drain()
-                        .map(|(kind, name)| SourceEvent::Changed(kind, name))
-                        .collect();
-                }
-            }
-            // A push between the check above and this wait leaves a permit: no change is missed.
-            self.changed.notified().await;
-        }
-    }
-
-    /// The changes as a stream, for the reconciler's queue.
-    fn events(self: Arc<Self>) -> impl Stream<Item = SourceEvent> + Send + 'static {
-        stream::unfold(self, |pending| async move {
-            let events = pending.take().await;
-            Some((stream::iter(events), pending))
-        })
-        .flatten()
-    }
-
-    /// How many changes are waiting (for tests).
-    #[cfg(test)]
-    fn waiting(&self) -> (bool, usize) {
-        let pending = self
-            .pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        (pending.all, pending.sources.len())
-    }
-}
-
-impl SourceKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            SourceKind::Secret => "Secret",
-            SourceKind::ConfigMap => "ConfigMap",
-        }
-    }
-}
-
-/// Keeps `writer`'s cache of `api` current and tells every sender which object changed.
-async fn watch_sources<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    kind: SourceKind,
-    senders: Vec<Arc<PendingSources>>,
-) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
-        .for_each(|event| {
-            let change = match event {
-                Ok(Event::Apply(object) | Event::Delete(object)) => {
-                    Some(SourceEvent::Changed(kind, object.name_any()))
-                }
-                Ok(Event::InitDone) => Some(SourceEvent::All),
-                Ok(Event::Init | Event::InitApply(_)) => None,
-                Err(error) => {
-                    tracing::warn!(kind = kind.as_str(), %error, "watching CA sources failed; retrying");
-                    None
-                }
-            };
-            if let Some(change) = change {
-                for sender in &senders {
-                    sender.push(change.clone());
-                }
-            }
-            future::ready(())
-        })
-        .await;
 }
 
 /// Whether the CR `object` reads its CA bundle from the source `event` names.
@@ -529,133 +370,8 @@ impl KindContext {
         ObjectRef::from_obj_with(object, self.resource.clone())
     }
 
-    /// Runs this kind's watch and reconciles until dropped.
-    async fn run(
-        self: Arc<Self>,
-        writer: reflector::store::Writer<DynamicObject>,
-        sources: Arc<PendingSources>,
-        leader: watch::Receiver<bool>,
-    ) {
-        let queue = self.queue(writer, sources, leader);
-        let kind = self.kind.name();
-        applier(
-            |object, context: Arc<KindContext>| Box::pin(context.reconcile(object)),
-            |object, error, context: Arc<KindContext>| context.error_policy(&object, error),
-            self.clone(),
-            self.store.clone(),
-            queue,
-            controller::Config::default(),
-        )
-        .for_each(|result| {
-            match result {
-                Ok(_) => {}
-                Err(controller::Error::ReconcilerFailed(error, object)) => {
-                    tracing::info!(kind, name = %object.name, %error, "reconcile failed; retrying");
-                }
-                Err(controller::Error::ObjectNotFound(_)) => {}
-                Err(error) => tracing::warn!(kind, %error, "reconciler error"),
-            }
-            future::ready(())
-        })
-        .await;
-    }
-
-    /// What to reconcile: the CRs whose spec (generation) or identity changed, the CRs using a
-    /// CA source that changed, and every CR when this replica becomes leader. Deletions (and CRs
-    /// gone after a re-list) are removed from the chain right here.
-    fn queue(
-        self: &Arc<Self>,
-        writer: reflector::store::Writer<DynamicObject>,
-        sources: Arc<PendingSources>,
-        leader: watch::Receiver<bool>,
-    ) -> impl Stream<Item = Result<ObjectRef<DynamicObject>, Infallible>> + Send + 'static {
-        let context = self.clone();
-        let mut seen: HashMap<String, (Option<String>, Option<i64>)> = HashMap::new();
-        let mut listing: Option<HashSet<String>> = None;
-        let objects = reflector(
-            writer,
-            watcher(self.api.clone(), watcher::Config::default()).default_backoff(),
-        )
-        .map(move |event| {
-            let mut refs = Vec::new();
-            match event {
-                Ok(Event::Apply(object) | Event::InitApply(object)) => {
-                    let name = object.name_any();
-                    if let Some(listing) = &mut listing {
-                        listing.insert(name.clone());
-                    }
-                    let identity = (object.metadata.uid.clone(), object.metadata.generation);
-                    if seen.get(&name) != Some(&identity) {
-                        seen.insert(name, identity);
-                        refs.push(context.object_ref(&object));
-                    }
-                }
-                Ok(Event::Delete(object)) => {
-                    let name = object.name_any();
-                    seen.remove(&name);
-                    context
-                        .shared
-                        .forget(context.kind, &name, object.metadata.uid.as_deref());
-                }
-                Ok(Event::Init) => listing = Some(HashSet::new()),
-                Ok(Event::InitDone) => {
-                    if let Some(names) = listing.take() {
-                        seen.retain(|name, _| names.contains(name));
-                        context.shared.retain(context.kind, &names);
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(kind = context.kind.name(), %error, "watching authenticators failed; retrying");
-                }
-            }
-            stream::iter(refs)
-        })
-        .flatten();
-
-        let context = self.clone();
-        let related = sources.events().flat_map(move |event| {
-            let refs: Vec<_> = context
-                .store
-                .state()
-                .iter()
-                .filter(|object| uses_source(object, &event))
-                .map(|object| context.object_ref(object))
-                .collect();
-            stream::iter(refs)
-        });
-
-        let context = self.clone();
-        let became_leader = stream::unfold(leader, |mut leader| async move {
-            leader.changed().await.ok()?;
-            let is_leader = *leader.borrow_and_update();
-            Some((is_leader, leader))
-        })
-        .filter(|is_leader| future::ready(*is_leader))
-        .flat_map(move |_| {
-            let refs: Vec<_> = context
-                .store
-                .state()
-                .iter()
-                .map(|object| context.object_ref(object))
-                .collect();
-            stream::iter(refs)
-        });
-
-        stream::select(objects, stream::select(related, became_leader)).map(Ok)
-    }
-
-    fn error_policy(&self, object: &DynamicObject, error: &ReconcileError) -> Action {
-        if let ReconcileError::Spec(_) = error {
-            return Action::await_change();
-        }
-        let mut state = self.shared.state();
-        let failures = state.failures.entry((self.kind, object.name_any())).or_insert(0);
-        *failures = failures.saturating_add(1);
-        Action::requeue(retry_delay(*failures))
-    }
-
     /// One pass over `object`; see the module documentation.
-    async fn reconcile(self: Arc<Self>, object: Arc<DynamicObject>) -> Result<Action, ReconcileError> {
+    async fn evaluate_and_serve(self: Arc<Self>, object: Arc<DynamicObject>) -> Result<Action, ReconcileError> {
         let shared = &self.shared;
         // Reading a CA source before the first listing would report it missing.
         let _ = shared.secrets.wait_until_ready().await;
@@ -706,7 +422,6 @@ impl KindContext {
                 .collect();
             return Err(ReconcileError::Unavailable(failed.join("; ")));
         }
-        shared.state().failures.remove(&key);
         Ok(Action::requeue(RESYNC))
     }
 
@@ -752,59 +467,58 @@ impl KindContext {
     }
 
     /// Writes `checks` (plus `Ready`) and the phase into the status, if this replica leads and
-    /// anything changed.
+    /// anything changed ([`reconcile::write_status`]).
     async fn write_status(&self, object: &DynamicObject, checks: &[Check]) -> Result<(), ReconcileError> {
-        let status = object.data.get("status");
-        let existing: Vec<Condition> = status
-            .and_then(|status| status.get("conditions"))
+        let existing: Vec<Condition> = object
+            .data
+            .pointer("/status/conditions")
             .and_then(|conditions| serde_json::from_value(conditions.clone()).ok())
             .unwrap_or_default();
-        let existing_phase: Option<Phase> = status
-            .and_then(|status| status.get("phase"))
-            .and_then(|phase| serde_json::from_value(phase.clone()).ok());
-        let (phase, merged) =
+        let (phase, merged): (Phase, _) =
             conditions::with_ready(self.kind.name(), checks, &existing, object.metadata.generation);
-        if merged == existing && existing_phase == Some(phase) {
-            return Ok(());
-        }
-        if !*self.shared.leader.borrow() {
-            return Ok(());
-        }
-        let patch = json!({
-            // The object the status was computed for, not one created since under its name.
-            "metadata": {"uid": object.metadata.uid},
-            "status": {"conditions": merged, "phase": phase},
-        });
-        self.api
-            .patch_status(
-                &object.name_any(),
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Merge(&patch),
-            )
+        let status = json!({"conditions": merged, "phase": phase});
+        let leading = *self.shared.leader.borrow();
+        reconcile::write_status(&self.api, object, &status, leading, FIELD_MANAGER)
             .await
             .map_err(ReconcileError::Status)?;
         Ok(())
     }
 }
 
-/// The delay before retry number `failures` (1-based): 0.5 s doubling up to 60 s.
-fn retry_delay(failures: u32) -> Duration {
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
-    FIRST_RETRY.saturating_mul(factor).min(MAX_RETRY)
+impl Reconciler for KindContext {
+    type Error = ReconcileError;
+
+    fn kind(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    fn reconcile(
+        self: Arc<Self>,
+        object: Arc<DynamicObject>,
+    ) -> impl std::future::Future<Output = Result<Action, ReconcileError>> + Send + 'static {
+        self.evaluate_and_serve(object)
+    }
+
+    fn waits_for_change(&self, error: &ReconcileError) -> bool {
+        matches!(error, ReconcileError::Spec(_))
+    }
+
+    fn uses_source(&self, object: &DynamicObject, event: &SourceEvent) -> bool {
+        uses_source(object, event)
+    }
+
+    fn forget(&self, name: &str, uid: Option<&str>) {
+        self.shared.forget(self.kind, name, uid);
+    }
+
+    fn retain(&self, names: &HashSet<String>) {
+        self.shared.retain(self.kind, names);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retries_back_off_exponentially_up_to_a_minute() {
-        assert_eq!(retry_delay(1), Duration::from_millis(500));
-        assert_eq!(retry_delay(2), Duration::from_secs(1));
-        assert_eq!(retry_delay(4), Duration::from_secs(4));
-        assert_eq!(retry_delay(8), Duration::from_secs(60));
-        assert_eq!(retry_delay(u32::MAX), Duration::from_secs(60));
-    }
 
     #[test]
     fn crs_are_related_to_the_sources_they_name() {
@@ -862,54 +576,5 @@ mod tests {
             "equal configuration, another instance"
         );
         assert!(!same_authenticators(one, &[]));
-    }
-}
-
-#[cfg(test)]
-mod pending_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_flood_of_source_events_stays_bounded_and_the_last_change_is_taken() {
-        let pending = PendingSources::default();
-        // The same Secret changing over and over is one entry.
-        for _ in 0..100_000 {
-            pending.push(SourceEvent::Changed(SourceKind::Secret, "ca".into()));
-        }
-        assert_eq!(pending.waiting(), (false, 1));
-        pending.push(SourceEvent::Changed(SourceKind::ConfigMap, "ca".into()));
-        let mut taken = pending.take().await;
-        taken.sort_by_key(|event| format!("{event:?}"));
-        assert_eq!(
-            taken,
-            [
-                SourceEvent::Changed(SourceKind::ConfigMap, "ca".into()),
-                SourceEvent::Changed(SourceKind::Secret, "ca".into()),
-            ]
-        );
-        assert_eq!(pending.waiting(), (false, 0));
-
-        // Many distinct sources collapse into "all" beyond the bound.
-        for n in 0..(MAX_PENDING_SOURCES + 10) {
-            pending.push(SourceEvent::Changed(SourceKind::Secret, format!("ca-{n}")));
-        }
-        assert_eq!(pending.waiting(), (true, 0));
-        pending.push(SourceEvent::Changed(SourceKind::Secret, "late".into()));
-        assert_eq!(pending.waiting(), (true, 0), "covered by all");
-        assert_eq!(pending.take().await, [SourceEvent::All]);
-    }
-
-    #[tokio::test]
-    async fn a_waiting_reconciler_wakes_for_a_change() {
-        let pending = Arc::new(PendingSources::default());
-        let mut events = Box::pin(pending.clone().events());
-        let waiter = tokio::spawn(async move { events.next().await });
-        tokio::task::yield_now().await;
-        pending.push(SourceEvent::Changed(SourceKind::Secret, "ca".into()));
-        let event = tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .expect("woken")
-            .unwrap();
-        assert_eq!(event, Some(SourceEvent::Changed(SourceKind::Secret, "ca".into())));
     }
 }

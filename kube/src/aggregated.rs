@@ -26,6 +26,9 @@ pub type Body = Full<Bytes>;
 
 /// The largest request body read (kube-apiserver's limit is larger; these objects are small).
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// How long a request's whole body may take to arrive (a slow body would keep its connection and
+/// task forever).
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// `Accept` (and `Content-Type`) of the aggregated discovery document, v2.
 pub const DISCOVERY_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 /// The same, v2beta1 (still asked for by kube-apiserver 1.35, after v2).
@@ -394,14 +397,26 @@ where
     if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
-        Err(error) => {
+    let reading = Limited::new(request.into_body(), MAX_BODY_BYTES).collect();
+    let body = match tokio::time::timeout(BODY_READ_TIMEOUT, reading).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "reading a request body failed");
             return Err(Box::new(status(
                 StatusCode::BAD_REQUEST,
                 "BadRequest",
-                &format!("reading the request body failed: {error}"),
+                "the request body could not be read",
+            )));
+        }
+        Err(_) => {
+            return Err(Box::new(status(
+                StatusCode::REQUEST_TIMEOUT,
+                "Timeout",
+                &format!(
+                    "the request body was not received within {} seconds",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
             )))
         }
     };

@@ -11,7 +11,9 @@
 //!   serving Secret and APIService CA bundles ([`serving_secret`]), and the rest of an aggregated
 //!   API server's kit: discovery, health, request objects ([`aggregated`]) and the server that
 //!   runs one behind kube-apiserver ([`aggregated::server`]); and `spec.tls` of outbound
-//!   connections, inline or from a Secret or ConfigMap ([`tls_spec`]).
+//!   connections, inline or from a Secret or ConfigMap ([`tls_spec`]); the [`reconcile`]r
+//!   machinery every custom resource of both servers runs on (per-object reconciles, backoff,
+//!   source changes, the one status writer).
 //!
 //! Only the `api` feature depends on `filters`, for who calls an aggregated API server (the front
 //! proxy's settings, the possession-only client certificate verifier); `filters` never depends on
@@ -26,6 +28,8 @@ pub mod client;
 pub mod conditions;
 #[cfg(feature = "api")]
 pub mod leader;
+#[cfg(feature = "api")]
+pub mod reconcile;
 pub mod serving;
 #[cfg(feature = "api")]
 pub mod serving_secret;
