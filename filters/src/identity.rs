@@ -2,6 +2,12 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
+/// kube-apiserver's extra key naming the credential a request was authenticated with (since
+/// Kubernetes 1.32): `X509SHA256=<hex>` for a client certificate
+/// ([`crate::x509::credential_id`]), `JTI=<id>` for a service-account token. It names the
+/// credential, not the user, so audit logs can tell two credentials of one user apart.
+pub const CREDENTIAL_ID_EXTRA: &str = "authentication.kubernetes.io/credential-id";
+
 /// A Kubernetes user as kube-apiserver understands it (`authentication.k8s.io/v1` `UserInfo`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UserInfo {

@@ -1,5 +1,8 @@
 //! Client certificates: verify the chain, then read the user from the subject the way
-//! kube-apiserver does (`CN` is the user name, every `O` is a group).
+//! kube-apiserver does (`CN` is the user name, every `O` is a group), and name the certificate in
+//! the extra [`CREDENTIAL_ID_EXTRA`] as kube-apiserver does since Kubernetes 1.32
+//! ([`credential_id`]), so the audit log of a request made through the proxy names the
+//! certificate as it would for a request made directly.
 //!
 //! A verdict is not for ever: [`X509Authenticator::verdict_at`] also says when it must be
 //! computed again (the first moment one of the chain's certificates is past its `notAfter`), and
@@ -18,7 +21,7 @@ use webpki::{EndEntityCert, KeyUsage};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::{
-    identity::{Forwarding, Identity, UserInfo},
+    identity::{Forwarding, Identity, UserInfo, CREDENTIAL_ID_EXTRA},
     outcome::{Outcome, RejectReason},
 };
 
@@ -180,6 +183,10 @@ impl X509Authenticator {
     ///   `UntrustedCertificate`;
     /// * empty, missing or repeated `CN`, or a subject value that is not a string: `EmptyUsername`
     ///   or `Malformed`.
+    ///
+    /// An authenticated user has no UID and exactly one extra, [`CREDENTIAL_ID_EXTRA`], whose one
+    /// value is the leaf's [`credential_id`]. Callers keep the verdict per connection, so the
+    /// digest is computed once per connection (again only when the verdict must be recomputed).
     pub fn authenticate_at(&self, chain: &[CertificateDer<'_>], now: UnixTime) -> Outcome {
         let Some((leaf, intermediates)) = chain.split_first() else {
             return Outcome::NotMine;
@@ -188,12 +195,16 @@ impl X509Authenticator {
             return Outcome::Rejected(reason);
         }
         match user_from_subject(leaf) {
-            Ok(user) => Outcome::Authenticated(Arc::new(Identity {
-                user,
-                authenticator: self.name.clone(),
-                audiences: Vec::new(),
-                forwarding: Forwarding::Impersonate,
-            })),
+            Ok(mut user) => {
+                user.extra
+                    .insert(CREDENTIAL_ID_EXTRA.to_string(), vec![credential_id(leaf)]);
+                Outcome::Authenticated(Arc::new(Identity {
+                    user,
+                    authenticator: self.name.clone(),
+                    audiences: Vec::new(),
+                    forwarding: Forwarding::Impersonate,
+                }))
+            }
             Err(reason) => Outcome::Rejected(reason),
         }
     }
@@ -247,6 +258,21 @@ fn reason_of(error: &webpki::Error) -> RejectReason {
         }
         _ => RejectReason::UntrustedCertificate,
     }
+}
+
+/// The credential id kube-apiserver's x509 authenticator gives a client certificate:
+/// `X509SHA256=` followed by the lowercase hex SHA-256 of the certificate's DER (the leaf's, not
+/// the chain's).
+pub fn credential_id(certificate: &CertificateDer<'_>) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = ring::digest::digest(&ring::digest::SHA256, certificate);
+    let mut id = String::with_capacity("X509SHA256=".len() + 2 * digest.as_ref().len());
+    id.push_str("X509SHA256=");
+    for byte in digest.as_ref() {
+        id.push(char::from(HEX[usize::from(byte >> 4)]));
+        id.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    id
 }
 
 /// `CN` → user name, every `O` (in order) → a group, as kube-apiserver's x509 authenticator does.

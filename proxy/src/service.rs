@@ -461,6 +461,23 @@ fn local_api(path: &str, paths: &ConciergePaths) -> Option<LocalApi> {
     }
 }
 
+/// What was wrong with the JSON body of a `kind` request: its syntax, its end, or its shape, and
+/// where. Never serde's own message, which quotes values of the body (a token sent in the wrong
+/// field would come back in the answer and go into the audit log).
+fn invalid_body(kind: LocalApi, error: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let (line, column) = (error.line(), error.column());
+    match error.classify() {
+        Category::Eof => format!("the request body is not a valid {kind:?}: the JSON ends early"),
+        Category::Data => format!(
+            "the request body is not a valid {kind:?}: the JSON does not match the {kind:?} schema at line {line}, column {column}"
+        ),
+        Category::Syntax | Category::Io => format!(
+            "the request body is not a valid {kind:?}: it is not JSON (syntax error at line {line}, column {column})"
+        ),
+    }
+}
+
 /// Reads the whole request body, refusing more than `limit` bytes.
 async fn read_body(session: &mut Session, limit: usize) -> Result<std::result::Result<Vec<u8>, ()>> {
     let mut body = Vec::new();
@@ -542,7 +559,7 @@ async fn answer_locally(
     let answer = match answer {
         Ok(answer) => answer,
         Err(error) => {
-            let message = format!("the request body is not a valid {kind:?}: {error}");
+            let message = invalid_body(kind, &error);
             ctx.refusal = Some(message.clone());
             return refuse_with(session, 400, "BadRequest", &message).await;
         }
@@ -764,21 +781,32 @@ impl ProxyHttp for ImpersonationProxy {
         ctx.upstream_stream = None;
     }
 
+    /// pingora's own error line would print the error's whole chain, with the upstream peer it
+    /// adds (address, SNI, the proxy's client-certificate subject and expiry);
+    /// [`ProxyHttp::fail_to_proxy`] logs what matters instead ([`log_failure`]).
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {
+        true
+    }
+
+    /// Answers a request that failed after it was accepted with the `metav1.Status` of
+    /// [`failure_of`] (unless a response was already under way), and logs the failure.
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
         error: &Error,
         ctx: &mut Self::CTX,
     ) -> pingora::proxy::FailToProxy {
-        let (code, reason, message) = failure_of(error);
-        let code = if session.response_written().is_some() {
+        let failure = failure_of(error);
+        let written = session.response_written().is_some();
+        log_failure(error, failure, written);
+        let code = if written {
             0
         } else {
-            if code == 400 {
-                ctx.refusal = Some(message.clone());
+            if failure.code == 400 {
+                ctx.refusal = Some(failure.message.to_string());
             }
-            let _ = refuse_with(session, code, reason, &message).await;
-            code
+            let _ = refuse(session, failure).await;
+            failure.code
         };
         pingora::proxy::FailToProxy {
             error_code: code,
@@ -787,69 +815,104 @@ impl ProxyHttp for ImpersonationProxy {
     }
 }
 
+/// pingora's error type for a malformed chunk of a chunked body (its `v1::body` module, which
+/// defines it, is private).
+const INVALID_CHUNK: pingora::ErrorType = pingora::ErrorType::new("InvalidChunk");
+/// pingora's error type for a malformed trailer section after the last chunk.
+const INVALID_TRAILER_END: pingora::ErrorType = pingora::ErrorType::new("InvalidTrailerEnd");
+/// pingora's error type for a body that ended before its `Content-Length`.
+const PREMATURE_BODY_END: pingora::ErrorType = pingora::ErrorType::new("PrematureBodyEnd");
+
 /// The answer to a request that failed after it was accepted: what the client sent could not be
-/// read (a malformed chunked body, a broken HTTP/2 stream: 400, saying what was wrong; too slow:
-/// 408), kube-apiserver could not be reached (502), or anything else (503, not ready).
-fn failure_of(error: &Error) -> (u16, &'static str, String) {
+/// read (400 saying what was wrong — a malformed chunked body, a truncated body, a broken HTTP/2
+/// stream; 408 when the body stopped arriving), kube-apiserver could not be reached (502) or
+/// failed mid-exchange (503), or anything else (503, not ready).
+///
+/// Chosen from where the error came from and its type only, never from its context: on the way
+/// up pingora replaces that with the upstream peer (its address and SNI, the proxy's own
+/// client-certificate subject and expiry), and the libraries below it (rustls, h2, I/O) describe
+/// the proxy's side of the exchange. A [`Failure`]'s message is a fixed string, so none of that
+/// can reach a client; the details go to the server's log ([`log_failure`]).
+fn failure_of(error: &Error) -> Failure {
     use pingora::{ErrorSource, ErrorType};
-    let fixed = |failure: Failure| (failure.code, failure.reason, failure.message.to_string());
     match (error.esource(), error.etype()) {
-        (ErrorSource::Downstream, ErrorType::ReadTimedout) => (
-            408,
-            "Timeout",
-            "the request body did not arrive in time".to_string(),
-        ),
-        (ErrorSource::Downstream, etype) => {
-            let mut message = format!("the request is malformed ({})", etype.as_str());
-            if let Some(context) = error.context.as_ref() {
-                message.push_str(": ");
-                message.push_str(context.as_str());
-            }
-            (400, "BadRequest", message)
-        }
+        (ErrorSource::Downstream, etype) => downstream_failure(etype),
         (
             _,
             ErrorType::ConnectTimedout
             | ErrorType::ConnectRefused
             | ErrorType::ConnectNoRoute
-            | ErrorType::TLSHandshakeFailure,
-        ) => fixed(Failure::BAD_GATEWAY),
-        _ => fixed(Failure::NOT_READY),
+            | ErrorType::ConnectError
+            | ErrorType::TLSHandshakeFailure
+            | ErrorType::TLSHandshakeTimedout
+            | ErrorType::InvalidCert
+            | ErrorType::HandshakeError,
+        ) => Failure::BAD_GATEWAY,
+        (ErrorSource::Upstream, etype) if *etype != ErrorType::InternalError => Failure::UPSTREAM_FAILED,
+        _ => Failure::NOT_READY,
+    }
+}
+
+/// What was wrong with a request whose reading failed with `etype`.
+fn downstream_failure(etype: &pingora::ErrorType) -> Failure {
+    use pingora::ErrorType;
+    match etype {
+        ErrorType::ReadTimedout => Failure::BODY_TIMED_OUT,
+        etype if *etype == INVALID_CHUNK => Failure::MALFORMED_CHUNKED_BODY,
+        etype if *etype == INVALID_TRAILER_END => Failure::MALFORMED_CHUNKED_TRAILER,
+        etype if *etype == PREMATURE_BODY_END => Failure::TRUNCATED_BODY,
+        ErrorType::InvalidHTTPHeader | ErrorType::H1Error => Failure::MALFORMED_HEAD,
+        ErrorType::H2Error | ErrorType::InvalidH2 => Failure::MALFORMED_H2_STREAM,
+        _ => Failure::UNREADABLE_REQUEST,
+    }
+}
+
+/// Logs a failed request for the operator: the error's source and type, the answer, and the
+/// detail at the bottom of its chain ([`root_detail`]). A client's mistake is logged at debug
+/// level (clients must not be able to flood the log), everything else as a warning.
+fn log_failure(error: &Error, failure: Failure, response_written: bool) {
+    let source = error.esource().as_str();
+    let etype = error.etype().as_str();
+    let detail = root_detail(error);
+    let status = if response_written { 0 } else { failure.code };
+    if *error.esource() == pingora::ErrorSource::Downstream {
+        tracing::debug!(source, etype, %detail, status, "a request failed");
+    } else {
+        tracing::warn!(source, etype, %detail, status, "a request failed");
+    }
+}
+
+/// The context pingora adds when an error passes the upstream peer on its way up (its
+/// `error_while_proxy`): `Peer: addr: …, sni: …, client cert: …`.
+const PEER_CONTEXT: &str = "Peer: ";
+
+/// What went wrong at the bottom of `error`'s chain: the library error pingora wraps (I/O, TLS,
+/// HTTP/2), else the innermost context pingora gave (e.g. `Invalid chunked encoding:
+/// InvalidChunkSize`). Leaves out the upstream peer pingora adds on the way up ([`PEER_CONTEXT`]),
+/// which names the proxy's own client certificate and says nothing about the failure.
+fn root_detail(error: &Error) -> String {
+    let mut detail = None;
+    let mut current = error;
+    loop {
+        if let Some(context) = current.context.as_ref() {
+            if !context.as_str().starts_with(PEER_CONTEXT) {
+                detail = Some(context.as_str().to_string());
+            }
+        }
+        let Some(cause) = current.cause.as_deref() else {
+            return detail.unwrap_or_default();
+        };
+        // pingora keeps a wrapped pingora error as a `Box<Error>` inside the trait object.
+        match cause
+            .downcast_ref::<Box<Error>>()
+            .map(|boxed| &**boxed)
+            .or_else(|| cause.downcast_ref::<Error>())
+        {
+            Some(inner) => current = inner,
+            None => return cause.to_string(),
+        }
     }
 }
 
 #[cfg(test)]
-mod failure_tests {
-    use super::*;
-
-    #[test]
-    fn malformed_requests_are_bad_requests_and_say_why() {
-        let chunk = pingora::ErrorType::new("InvalidChunk");
-        let error = Error::explain(chunk, "Invalid chunk size").into_down();
-        let (code, reason, message) = failure_of(&error);
-        assert_eq!((code, reason), (400, "BadRequest"));
-        assert_eq!(
-            message,
-            "the request is malformed (InvalidChunk): Invalid chunk size"
-        );
-
-        let h2 = Error::new(pingora::ErrorType::H2Error).into_down();
-        assert_eq!(failure_of(&h2).0, 400);
-        let slow = Error::new(pingora::ErrorType::ReadTimedout).into_down();
-        assert_eq!(failure_of(&slow).0, 408);
-    }
-
-    #[test]
-    fn upstream_and_internal_failures_keep_their_answers() {
-        let refused = Error::new(pingora::ErrorType::ConnectRefused).into_up();
-        assert_eq!(failure_of(&refused).0, 502);
-        let internal = Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded");
-        let (code, _, message) = failure_of(&internal);
-        assert_eq!(
-            (code, message.as_str()),
-            (503, "the impersonation proxy is not ready")
-        );
-        let upstream_read = Error::new(pingora::ErrorType::ReadError).into_up();
-        assert_eq!(failure_of(&upstream_read).0, 503);
-    }
-}
+mod failure_tests;

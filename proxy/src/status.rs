@@ -4,7 +4,10 @@ use bytes::Bytes;
 
 /// A failure as kube-apiserver would report it. The message is generic on purpose where it
 /// concerns authentication: the reason a credential was refused goes to the audit log, not to
-/// the client.
+/// the client. It is a `&'static str` on purpose too: a failure the proxy reports for an error
+/// of a library (pingora, rustls, h2, I/O) is one of these fixed constants, so no context such
+/// an error carries (the upstream's address, the proxy's own client certificate) can reach a
+/// client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failure {
     /// HTTP status code.
@@ -52,6 +55,59 @@ impl Failure {
         code: 500,
         reason: "InternalError",
         message: "the caller's permission to impersonate could not be checked",
+    };
+
+    /// 503: kube-apiserver was reached, but the exchange with it failed before its response
+    /// arrived (the connection broke, or its answer could not be read).
+    pub const UPSTREAM_FAILED: Self = Self {
+        code: 503,
+        reason: "ServiceUnavailable",
+        message: "the request to the Kubernetes API server failed",
+    };
+
+    /// 400: a chunk of an HTTP/1.1 `Transfer-Encoding: chunked` request body is malformed (a
+    /// size that is not hexadecimal or too large, a chunk longer than its size, a line not ended
+    /// by CRLF).
+    pub const MALFORMED_CHUNKED_BODY: Self = Self {
+        code: 400,
+        reason: "BadRequest",
+        message: "the request body's chunked encoding is malformed",
+    };
+    /// 400: the trailer section after the last chunk of a chunked request body is malformed.
+    pub const MALFORMED_CHUNKED_TRAILER: Self = Self {
+        code: 400,
+        reason: "BadRequest",
+        message: "the trailer section of the request body's chunked encoding is malformed",
+    };
+    /// 400: the request body ended before the length its head announced.
+    pub const TRUNCATED_BODY: Self = Self {
+        code: 400,
+        reason: "BadRequest",
+        message: "the request body ended before its announced length",
+    };
+    /// 400: the request head cannot be used as HTTP.
+    pub const MALFORMED_HEAD: Self = Self {
+        code: 400,
+        reason: "BadRequest",
+        message: "the request head is malformed",
+    };
+    /// 400: the client's HTTP/2 stream broke the protocol or was reset.
+    pub const MALFORMED_H2_STREAM: Self = Self {
+        code: 400,
+        reason: "BadRequest",
+        message: "the request's HTTP/2 stream is malformed or was reset",
+    };
+    /// 400: the request (its body, usually) could not be read from the client's connection.
+    pub const UNREADABLE_REQUEST: Self = Self {
+        code: 400,
+        reason: "BadRequest",
+        message: "the request could not be read from the connection",
+    };
+    /// 408: the request body stopped arriving.
+    pub const BODY_TIMED_OUT: Self = Self {
+        code: 408,
+        reason: "Timeout",
+        message: "the request body did not arrive in time",
     };
 
     /// The JSON body.

@@ -168,3 +168,6 @@ impl TlsAccept for IdentityCallback {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests;

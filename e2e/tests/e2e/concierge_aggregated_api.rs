@@ -810,10 +810,15 @@ async fn who_am_i_reports_the_front_proxy_user_and_forged_headers_are_not_truste
         anonymous,
         "the front-proxy CA, but a name requestheader-allowed-names does not list"
     );
+    // A cluster user's certificate is that user, whatever the headers say, named by its
+    // credential id as kube-apiserver's x509 authenticator names it.
+    let carol = pki.client_ca.issue_client("carol", &["qa"])?;
+    let carol_id = crate::proxy_kubectl::certificate_credential_id(&carol.cert_pem)?;
     assert_eq!(
-        ask(Some(pki.client_ca.issue_client("carol", &["qa"])?)).await?,
-        json!({"username": "carol", "groups": ["qa", "system:authenticated"]}),
-        "a cluster user's certificate is that user, whatever the headers say"
+        ask(Some(carol)).await?,
+        json!({"username": "carol", "groups": ["qa", "system:authenticated"],
+               "extra": {"authentication.kubernetes.io/credential-id": [carol_id]}}),
+        "a cluster user's certificate"
     );
     // The control: the real front-proxy certificate makes the same headers count.
     assert_eq!(

@@ -14,6 +14,16 @@ use serde_json::Value;
 const UNAUTHORIZED: &str =
     "error: You must be logged in to the server (the server has asked for the client to provide credentials)";
 
+/// The credential id kube-apiserver gives a client certificate (Kubernetes 1.32 and later):
+/// `X509SHA256=` and the lowercase hex SHA-256 of the leaf's DER. Computed here without Selkie's
+/// code, to check the proxy against.
+pub(crate) fn certificate_credential_id(cert_pem: &str) -> anyhow::Result<String> {
+    use rustls_pki_types::{pem::PemObject as _, CertificateDer};
+    use sha2::Digest as _;
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())?;
+    Ok(format!("X509SHA256={:x}", sha2::Sha256::digest(&der)))
+}
+
 fn whoami(json: &str) -> anyhow::Result<(String, Vec<String>)> {
     let review: Value = serde_json::from_str(json)?;
     let user = &review["status"]["userInfo"];
@@ -108,13 +118,24 @@ async fn kubectl_through_the_proxy_with_a_client_certificate() -> anyhow::Result
     let alice = proxy.signer().issue_client("alice", &[&team, "readers"])?;
     let kubectl = proxy.kubectl(&proxy.kubeconfig_with_cert("alice", &alice)?);
 
-    let (user, groups) = whoami(&kubectl.run(&["auth", "whoami", "-o", "json"]).await?)?;
+    let review = kubectl.run(&["auth", "whoami", "-o", "json"]).await?;
+    let (user, groups) = whoami(&review)?;
     assert_eq!(user, "alice");
     assert!(
         groups.contains(&team) && groups.contains(&"readers".to_string()),
         "{groups:?}"
     );
     assert!(groups.contains(&"system:authenticated".to_string()), "{groups:?}");
+    // kube-apiserver sees the certificate's credential id, as it would without the proxy (its
+    // audit log names the credential), and nothing else in the extras.
+    let review: Value = serde_json::from_str(&review)?;
+    assert_eq!(
+        review["status"]["userInfo"]["extra"],
+        serde_json::json!({
+            "authentication.kubernetes.io/credential-id": [certificate_credential_id(&alice.cert_pem)?]
+        }),
+        "{review}"
+    );
 
     // The verbs of everyday use, as alice.
     let ns = ["-n", namespace.as_str()];

@@ -15,7 +15,7 @@ use selkie_e2e::{
 use serde_json::{json, Value};
 use x509_cert::der::DecodePem;
 
-use crate::proxy_kubectl::{grant_configmaps, proxy_client, ProxyClient};
+use crate::proxy_kubectl::{certificate_credential_id, grant_configmaps, proxy_client, ProxyClient};
 
 const TCR_PATH: &str = "/apis/login.concierge.pinniped.dev/v1alpha1/tokencredentialrequests";
 const WHOAMI_PATH: &str = "/apis/identity.concierge.pinniped.dev/v1alpha1/whoamirequests";
@@ -162,6 +162,13 @@ async fn a_dex_token_becomes_a_client_certificate_that_works_through_the_proxy()
     assert_eq!(
         who["groups"],
         json!(["ops", "devs", "system:authenticated"]),
+        "{answer}"
+    );
+    // The certificate's credential id, as kube-apiserver reports it for a certificate (and as
+    // Pinniped's proxy passes it on).
+    assert_eq!(
+        who["extra"],
+        json!({"authentication.kubernetes.io/credential-id": [certificate_credential_id(&issued.cert_pem)?]}),
         "{answer}"
     );
     let anonymous = proxy_client(&proxy, None, true)?;

@@ -125,6 +125,22 @@ async fn kubectl_as_works_only_where_rbac_grants_impersonate() -> anyhow::Result
         strings(&original["groups"]).contains(&"team-a".to_string()),
         "{original}"
     );
+    // With her certificate's credential id, as Pinniped records the original caller; bob
+    // himself gets none (his extras are what was asked for, and the original caller).
+    assert_eq!(
+        original["extra"],
+        serde_json::json!({
+            "authentication.kubernetes.io/credential-id":
+                [crate::proxy_kubectl::certificate_credential_id(&alice_cert.cert_pem)?]
+        }),
+        "{original}"
+    );
+    assert!(
+        info["extra"]
+            .get("authentication.kubernetes.io/credential-id")
+            .is_none(),
+        "{review}"
+    );
 
     // Alice without --as is still alice: RBAC for bob's ConfigMaps does not apply to her.
     let own = kubectl

@@ -51,6 +51,17 @@ async fn x509_authenticator_agrees_with_kube_apiserver_on_user_and_groups() -> a
     );
     assert_eq!(apiserver_groups, identity.user.groups);
     assert_eq!(identity.user.groups, vec!["team:a", "team:b", "team:c"]);
+    // The extras too: kube-apiserver names the certificate by its credential id.
+    assert_eq!(
+        whoami["status"]["userInfo"]["extra"],
+        serde_json::to_value(&identity.user.extra)?,
+        "{whoami}"
+    );
+    assert!(
+        identity.user.extra[selkie_filters::identity::CREDENTIAL_ID_EXTRA][0].starts_with("X509SHA256="),
+        "{:?}",
+        identity.user.extra
+    );
 
     // A certificate from another CA is refused by both.
     let stranger = cluster

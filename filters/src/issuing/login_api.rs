@@ -19,7 +19,7 @@ use std::{
 
 use crate::{
     chain::{Chain, TokenAuthenticator},
-    identity::{CertificateIdentity, UserInfo},
+    identity::{CertificateIdentity, UserInfo, CREDENTIAL_ID_EXTRA},
     issuing::signer::ClientCertificateSigner,
     outcome::Outcome,
 };
@@ -38,8 +38,6 @@ pub const CLIENT_CERTIFICATE_TTL: Duration = Duration::from_secs(5 * 60);
 /// How far back an issued certificate's validity starts, for clock skew (Pinniped's
 /// `certBackdate`).
 pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
-/// The one extra a credential may carry; it names the credential, not the user.
-const CREDENTIAL_ID_EXTRA: &str = "authentication.kubernetes.io/credential-id";
 
 /// Answers the Concierge's login API. Runs once per TokenCredentialRequest that reaches the proxy
 /// or the aggregated API server.

@@ -288,3 +288,34 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn credential_ids_are_the_lowercase_hex_sha256_of_the_der() {
+    // SHA-256 test vectors (FIPS 180-2): the empty input and "abc".
+    assert_eq!(
+        credential_id(&CertificateDer::from(&[][..])),
+        "X509SHA256=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
+    assert_eq!(
+        credential_id(&CertificateDer::from(&b"abc"[..])),
+        "X509SHA256=ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}
+
+#[test]
+fn an_authenticated_certificate_carries_its_credential_id_and_nothing_else() {
+    let ca = Ca::new();
+    let (alice, other) = (ca.issue(|_| {}), ca.issue(|_| {}));
+    let x509 = authenticator(&[&ca]);
+    let extra_of =
+        |leaf: &CertificateDer<'static>| match x509.authenticate_at(std::slice::from_ref(leaf), noon()) {
+            Outcome::Authenticated(identity) => identity.user.extra.clone(),
+            outcome => panic!("{outcome:?}"),
+        };
+    assert_eq!(
+        extra_of(&alice),
+        std::collections::BTreeMap::from([(CREDENTIAL_ID_EXTRA.to_string(), vec![credential_id(&alice)])])
+    );
+    // Two certificates of one subject are two credentials.
+    assert_ne!(extra_of(&alice), extra_of(&other));
+}
