@@ -28,7 +28,9 @@ pub enum DurationError {
     /// A number is given without a unit.
     #[error("{0:?} has no unit (h, m, s, ms, us or ns)")]
     NoUnit(String),
-    /// Larger than this process can represent.
+    /// Larger than Go's `time.Duration` holds (2^63 - 1 nanoseconds, about 292 years; 2^63 when
+    /// negative), which `time.ParseDuration` refuses too. Any duration this returns can be added
+    /// to the current time of any clock without overflowing it.
     #[error("{0:?} is not a duration that fits: too large")]
     TooLarge(String),
 }
@@ -102,8 +104,14 @@ pub fn parse(text: &str) -> Result<GoDuration, DurationError> {
         nanos = nanos.checked_add(part).ok_or_else(too_large)?;
         rest = after;
     }
+    // Go's bounds: an int64 of nanoseconds, one further below zero than above.
+    let limit: u128 = if negative { 1 << 63 } else { (1 << 63) - 1 };
+    if nanos > limit {
+        return Err(too_large());
+    }
     let seconds = u64::try_from(nanos / 1_000_000_000).map_err(|_| too_large())?;
-    let magnitude = Duration::new(seconds, (nanos % 1_000_000_000) as u32);
+    let sub_second = u32::try_from(nanos % 1_000_000_000).map_err(|_| too_large())?;
+    let magnitude = Duration::new(seconds, sub_second);
     Ok(GoDuration {
         negative: negative && !magnitude.is_zero(),
         magnitude,
@@ -146,6 +154,29 @@ mod tests {
         assert!(negative.negative);
         assert_eq!(negative.magnitude, Duration::from_secs(5));
         assert!(!parse("-0s").unwrap().negative);
+    }
+
+    #[test]
+    fn the_range_is_go_time_durations() {
+        // Go's largest Duration, and one nanosecond past it.
+        assert_eq!(
+            positive("2562047h47m16.854775807s"),
+            Duration::new(9_223_372_036, 854_775_807)
+        );
+        for too_large in ["2562047h47m16.854775808s", "2562048h", "5000000000000000h"] {
+            let error = parse(too_large).unwrap_err().to_string();
+            assert!(error.contains("too large"), "{too_large:?}: {error}");
+        }
+        // Below zero Go reaches one nanosecond further.
+        let lowest = parse("-2562047h47m16.854775808s").unwrap();
+        assert!(lowest.negative);
+        assert_eq!(lowest.magnitude, Duration::new(9_223_372_036, 854_775_808));
+        assert!(parse("-2562047h47m16.854775809s").is_err());
+        // So whatever parses can be added to a clock: `--timeout 5000000000000000h` was once
+        // accepted and then overflowed the monotonic clock.
+        let longest = positive("2562047h47m16.854775807s");
+        assert!(std::time::Instant::now().checked_add(longest).is_some());
+        assert!(std::time::SystemTime::now().checked_add(longest).is_some());
     }
 
     #[test]

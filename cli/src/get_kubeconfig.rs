@@ -125,7 +125,7 @@ pub async fn run(
     if !options.static_token.is_empty() && !options.static_token_env.is_empty() {
         anyhow::bail!("only one of --static-token and --static-token-env can be specified");
     }
-    let deadline = tokio::time::Instant::now() + options.timeout;
+    let deadline = crate::timestamp::deadline(options.timeout);
     let kubeconfig = Kubeconfig::load(options.kubeconfig.as_deref())
         .map_err(|e| anyhow::anyhow!("could not load --kubeconfig: {e}"))?;
     let selected = kubeconfig
@@ -819,5 +819,27 @@ async fn validate(
             "could not connect to the cluster, retrying... attempts={attempts} error={problem}"
         ));
         tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_timeout_past_the_clock_is_a_long_wait_not_a_panic() {
+        // `--timeout` is the user's (and `GetKubeconfigOptions` any caller's): `Duration::MAX`
+        // once overflowed the monotonic clock before anything else ran.
+        let options = GetKubeconfigOptions {
+            kubeconfig: Some(PathBuf::from("/nonexistent/selkie-test/kubeconfig")),
+            timeout: Duration::MAX,
+            concierge_api_group_suffix: "pinniped.dev".into(),
+            ..GetKubeconfigOptions::default()
+        };
+        let error = run(&options, "selkie", &mut |_| {}).await.unwrap_err();
+        assert!(
+            error.to_string().contains("could not load --kubeconfig"),
+            "{error}"
+        );
     }
 }

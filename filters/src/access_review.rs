@@ -75,7 +75,8 @@ pub struct AccessReviewConfig {
     pub client_auth: ClientAuth,
     /// Deadline for one review.
     pub timeout: Duration,
-    /// How long an allowed answer is reused.
+    /// How long an allowed answer is reused. One too long for the monotonic clock to represent
+    /// (such as `Duration::MAX`) caches nothing, rather than caching forever.
     pub allowed_ttl: Duration,
     /// How many allowed answers are kept; 0: none (every review asks kube-apiserver).
     pub cache_capacity: usize,
@@ -122,11 +123,77 @@ pub struct AccessReviewer {
     /// Review body → when the allowed answer expires; `None` when the capacity is 0.
     allowed: Option<Cache<Bytes, Instant>>,
     /// Review body → the review in flight for it, which every caller asking meanwhile awaits.
-    in_flight: Mutex<HashMap<Bytes, Arc<InFlight>>>,
+    /// An entry lives exactly as long as some caller waits on it (see [`Waiter`]).
+    in_flight: Mutex<HashMap<Bytes, InFlight>>,
 }
 
 /// One review's answer, computed once for every caller waiting on it.
-type InFlight = tokio::sync::OnceCell<Result<AccessDecision, AccessReviewError>>;
+type Answer = tokio::sync::OnceCell<Result<AccessDecision, AccessReviewError>>;
+
+/// A review in flight and how many callers wait on it (changed only under the map's lock).
+struct InFlight {
+    answer: Arc<Answer>,
+    waiters: usize,
+}
+
+/// One caller's place in a review in flight. However the caller leaves — with the answer, or
+/// cancelled in the middle of its await because its request went away — dropping its `Waiter`
+/// gives up its place, and the last one to go removes the entry. So the map only ever holds
+/// reviews someone still waits for: since its keys carry the `--as` values a client picks,
+/// clients that give up can never make it grow.
+struct Waiter<'a> {
+    in_flight: &'a Mutex<HashMap<Bytes, InFlight>>,
+    key: Bytes,
+    answer: Arc<Answer>,
+}
+
+impl<'a> Waiter<'a> {
+    /// Joins the review of `key` in flight, registering a new one if there is none.
+    fn join(in_flight: &'a Mutex<HashMap<Bytes, InFlight>>, key: Bytes) -> Self {
+        let mut map = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.entry(key.clone()).or_insert_with(|| InFlight {
+            answer: Arc::default(),
+            waiters: 0,
+        });
+        entry.waiters = entry.waiters.saturating_add(1);
+        let answer = entry.answer.clone();
+        drop(map);
+        Self {
+            in_flight,
+            key,
+            answer,
+        }
+    }
+
+    /// The review's answer is in: callers asking from now on start a new review (the answer is
+    /// shared only with those who asked while it was pending, so an error is never reused).
+    fn retire(&self) {
+        let mut map = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        if map
+            .get(&self.key)
+            .is_some_and(|entry| Arc::ptr_eq(&entry.answer, &self.answer))
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut map = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(entry) = map
+            .get_mut(&self.key)
+            .filter(|entry| Arc::ptr_eq(&entry.answer, &self.answer))
+        else {
+            // Retired already (and perhaps replaced by a newer review of the same question).
+            return;
+        };
+        entry.waiters = entry.waiters.saturating_sub(1);
+        if entry.waiters == 0 {
+            map.remove(&self.key);
+        }
+    }
+}
 
 impl std::fmt::Debug for AccessReviewer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -195,6 +262,9 @@ impl AccessReviewer {
     /// `Authorization` header for kube-apiserver, when it authenticates with a token. Fails when
     /// kube-apiserver gives no answer (unreachable, timeout, non-2xx such as a 403 because the
     /// reviewer may not create SubjectAccessReviews, or an unreadable body).
+    ///
+    /// Cancel-safe: dropping the returned future (the caller's request went away) leaves no
+    /// trace once every caller waiting on the same question has gone too.
     pub async fn review(
         &self,
         user: &UserInfo,
@@ -222,16 +292,12 @@ impl AccessReviewer {
         {
             return Ok(AccessDecision::Allowed);
         }
-        let in_flight = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(body.clone())
-            .or_default()
-            .clone();
+        let waiter = Waiter::join(&self.in_flight, body.clone());
         // The first caller sends the review; the others wait for its answer. Should the first
-        // caller go away (its request was cancelled), the next waiter sends it instead.
-        let decision = in_flight
+        // caller go away (its request was cancelled), the next waiter sends it instead; should
+        // they all go away, the last one's `Waiter` removes the entry.
+        let decision = waiter
+            .answer
             .get_or_init(|| async {
                 tokio::time::timeout(self.timeout, self.post(body.clone(), authorization))
                     .await
@@ -239,17 +305,12 @@ impl AccessReviewer {
             })
             .await
             .clone();
-        {
-            let mut waiting = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-            if waiting
-                .get(&body)
-                .is_some_and(|current| Arc::ptr_eq(current, &in_flight))
-            {
-                waiting.remove(&body);
-            }
-        }
+        waiter.retire();
+        drop(waiter);
         if let (Ok(AccessDecision::Allowed), Some(allowed)) = (&decision, &self.allowed) {
-            allowed.insert(body, Instant::now() + self.allowed_ttl);
+            if let Some(expires) = Instant::now().checked_add(self.allowed_ttl) {
+                allowed.insert(body, expires);
+            }
         }
         decision
     }
@@ -402,6 +463,89 @@ mod tests {
                 assert_eq!(server.hits(), 2);
             }
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_review_whose_callers_all_went_away_leaves_nothing_in_flight() {
+        // kube-apiserver holds its answers until released, so every caller is still waiting when
+        // it is cancelled. (The wait is `block_in_place`: a worker blocked outright could stall
+        // the test runtime's timers.)
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate = released.clone();
+        let server = crate::test_util::endpoint(Arc::new(move |_, _| {
+            tokio::task::block_in_place(|| {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !gate.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            (
+                http::StatusCode::CREATED,
+                serde_json::json!({"status": {"allowed": true}}).to_string(),
+            )
+        }))
+        .await;
+        let reviewer =
+            Arc::new(AccessReviewer::new(AccessReviewConfig::new(&server.base_url, &server.ca_pem)).unwrap());
+        let mut callers = tokio::task::JoinSet::new();
+        for _ in 0..5 {
+            let reviewer = reviewer.clone();
+            callers.spawn(async move { reviewer.review(&alice(), &impersonate_bob(), None).await });
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.hits() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the review never reached kube-apiserver"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            reviewer.in_flight.lock().unwrap().len(),
+            1,
+            "one coalesced review"
+        );
+
+        // Every caller's request is cancelled. A JoinSet reports an aborted task only once its
+        // future has been dropped, so every waiter is gone when this loop ends.
+        callers.abort_all();
+        while let Some(joined) = callers.join_next().await {
+            assert!(
+                joined.unwrap_err().is_cancelled(),
+                "a caller finished before the answer"
+            );
+        }
+        assert!(
+            reviewer.in_flight.lock().unwrap().is_empty(),
+            "the abandoned review is no longer in flight"
+        );
+
+        // The same question later is asked afresh, and answered.
+        released.store(true, std::sync::atomic::Ordering::SeqCst);
+        let decision = tokio::time::timeout(
+            Duration::from_secs(10),
+            reviewer.review(&alice(), &impersonate_bob(), None),
+        )
+        .await
+        .expect("a fresh review is answered");
+        assert_eq!(decision, Ok(AccessDecision::Allowed));
+        // (A waiter may have taken the abandoned review over, and sent it again, just before its
+        // own cancellation landed: at least two requests, then.)
+        assert!(server.hits() >= 2, "the later request sent its own review");
+        assert!(reviewer.in_flight.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_allowed_ttl_past_the_clock_caches_nothing_and_does_not_panic() {
+        let server = apiserver(true, Duration::ZERO).await;
+        let mut config = AccessReviewConfig::new(&server.base_url, &server.ca_pem);
+        config.allowed_ttl = Duration::MAX;
+        let reviewer = AccessReviewer::new(config).unwrap();
+        for _ in 0..2 {
+            let decision = reviewer.review(&alice(), &impersonate_bob(), None).await;
+            assert_eq!(decision, Ok(AccessDecision::Allowed));
+        }
+        assert_eq!(server.hits(), 2, "nothing was cached");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!   (shorter) negative TTL; failures to check ([`RejectReason::UpstreamUnavailable`]) are never
 //!   cached.
 //! * Concurrent misses for one token are coalesced: one caller reviews, the others wait for its
-//!   result (and if it is not cacheable, the next waiter reviews).
+//!   result (and if it is not cacheable, the next waiter reviews). A caller cancelled while it
+//!   reviews or waits leaves nothing behind: the cache's placeholder passes to the next waiter,
+//!   or is removed with the last one, so a later call for the token reviews afresh.
 //! * Capacity is bounded; the least valuable entries are evicted (S3-FIFO).
 //! * A capacity of 0 turns the cache off ([`CacheConfig::disabled`]): every call runs its review,
 //!   nothing is stored, looked up or coalesced.
@@ -25,9 +27,10 @@ use crate::outcome::{Outcome, RejectReason};
 pub struct CacheConfig {
     /// Most entries held at once; 0 turns the cache off (every call reviews).
     pub capacity: usize,
-    /// How long an authenticated result is reused.
+    /// How long an authenticated result is reused. A TTL too long for the monotonic clock to
+    /// represent (such as `Duration::MAX`) keeps nothing, rather than keeping it forever.
     pub positive_ttl: Duration,
-    /// How long a refusal of the credential is reused.
+    /// How long a refusal of the credential is reused (same rule).
     pub negative_ttl: Duration,
 }
 
@@ -142,10 +145,13 @@ impl ReviewCache {
                         (Some(ttl), Some(cap)) => Some(ttl.min(cap)),
                         (ttl, _) => ttl,
                     };
-                    if let Some(ttl) = ttl.filter(|ttl| !ttl.is_zero()) {
+                    let expires = ttl
+                        .filter(|ttl| !ttl.is_zero())
+                        .and_then(|ttl| Instant::now().checked_add(ttl));
+                    if let Some(expires) = expires {
                         let _ = guard.insert(Entry {
                             outcome: outcome.clone(),
-                            expires: Instant::now() + ttl,
+                            expires,
                         });
                     }
                     return outcome;
@@ -324,6 +330,72 @@ mod tests {
             assert_eq!(task.await.unwrap(), identity("alice"));
         }
         calls.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reviews_whose_callers_all_went_away_leave_nothing_behind() {
+        let cache = Arc::new(cache(10_000, 10));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut callers = tokio::task::JoinSet::new();
+        for _ in 0..5 {
+            let (cache, calls) = (cache.clone(), calls.clone());
+            callers.spawn(async move {
+                cache
+                    .get_or_review("same", || async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        std::future::pending::<Outcome>().await
+                    })
+                    .await
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while calls.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "no review started");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "the others wait for the one review"
+        );
+        // Every caller is cancelled (a JoinSet reports an aborted task once its future is gone).
+        // A waiter may take the review over before its own cancellation lands; it is cancelled
+        // too.
+        callers.abort_all();
+        while let Some(joined) = callers.join_next().await {
+            assert!(joined.unwrap_err().is_cancelled());
+        }
+        // A later call reviews afresh instead of waiting on the abandoned review.
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(10),
+            cache.get_or_review("same", || async { identity("alice") }),
+        )
+        .await
+        .expect("a later call is not stuck behind the abandoned review");
+        assert_eq!(outcome, identity("alice"));
+        assert_eq!(cache.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_ttl_past_the_clock_keeps_nothing_and_does_not_panic() {
+        let cache = ReviewCache::new(CacheConfig {
+            capacity: 16,
+            positive_ttl: Duration::MAX,
+            negative_ttl: Duration::MAX,
+        })
+        .unwrap();
+        let calls = AtomicUsize::new(0);
+        for _ in 0..2 {
+            let outcome = cache
+                .get_or_review_capped("t", || async {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    (identity("alice"), Some(Duration::MAX))
+                })
+                .await;
+            assert_eq!(outcome, identity("alice"));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert!(cache.is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,6 +58,22 @@ fn held_by_other(lease: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
     }
 }
 
+/// Makes `spec` (a Lease no one else validly holds) `identity`'s, renewed at `now` for
+/// `duration_seconds`. Returns whether it changed hands, which counts one more transition; the
+/// count is whatever the Lease said (anyone who may write it may write any number), so it
+/// saturates at `i32::MAX` rather than overflowing.
+fn claim(spec: &mut LeaseSpec, identity: &str, now: Timestamp, duration_seconds: i32) -> bool {
+    let taken_over = spec.holder_identity.as_deref() != Some(identity);
+    if taken_over {
+        spec.holder_identity = Some(identity.to_string());
+        spec.acquire_time = Some(MicroTime(now));
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+    }
+    spec.renew_time = Some(MicroTime(now));
+    spec.lease_duration_seconds = Some(duration_seconds);
+    taken_over
+}
+
 async fn attempt(api: &Api<Lease>, name: &str, identity: &str) -> Result<Attempt, kube::Error> {
     let now = Timestamp::now();
     let duration_seconds = i32::try_from(LEASE_DURATION.as_secs()).unwrap_or(15);
@@ -85,14 +101,9 @@ async fn attempt(api: &Api<Lease>, name: &str, identity: &str) -> Result<Attempt
             if held_by_other(&spec, identity, now) {
                 return Ok(Attempt::HeldElsewhere);
             }
-            if spec.holder_identity.as_deref() != Some(identity) {
-                spec.holder_identity = Some(identity.to_string());
-                spec.acquire_time = Some(MicroTime(now));
-                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            if claim(&mut spec, identity, now, duration_seconds) {
                 tracing::info!(lease = name, "taking over the leader-election Lease");
             }
-            spec.renew_time = Some(MicroTime(now));
-            spec.lease_duration_seconds = Some(duration_seconds);
             lease.spec = Some(spec);
             // The resourceVersion read above makes this fail if another replica wrote in between.
             api.replace(name, &PostParams::default(), &lease).await?;
@@ -158,5 +169,28 @@ mod tests {
         );
         assert!(!held_by_other(&spec("a", 3), "a", now), "our own");
         assert!(!held_by_other(&spec("", 3), "a", now), "released");
+    }
+
+    #[test]
+    fn taking_over_counts_a_transition_and_never_overflows_the_count() {
+        let now = Timestamp::now();
+        let mut expired = spec("b", 30);
+        expired.lease_transitions = Some(i32::MAX);
+        assert!(claim(&mut expired, "a", now, 15));
+        assert_eq!(expired.holder_identity.as_deref(), Some("a"));
+        assert_eq!(
+            expired.lease_transitions,
+            Some(i32::MAX),
+            "saturated, not overflowed"
+        );
+        assert_eq!(expired.renew_time, Some(MicroTime(now)));
+        assert_eq!(expired.acquire_time, Some(MicroTime(now)));
+
+        let mut fresh = spec("b", 30);
+        assert!(claim(&mut fresh, "a", now, 15));
+        assert_eq!(fresh.lease_transitions, Some(1));
+        // Renewing our own Lease is no transition.
+        assert!(!claim(&mut fresh, "a", now, 15));
+        assert_eq!(fresh.lease_transitions, Some(1));
     }
 }

@@ -287,14 +287,15 @@ impl<'a> Jws<'a> {
     /// Splits `token` into three base64url parts and decodes the header and the payload (a JSON
     /// object). Fails with [`JoseError::Malformed`] otherwise; never checks anything else.
     pub fn parse(token: &'a str) -> Result<Self, JoseError> {
-        let mut parts = token.splitn(3, '.');
-        let (Some(header), Some(payload), Some(signature)) = (parts.next(), parts.next(), parts.next())
-        else {
+        // Split, not sliced at computed offsets: the signing input is everything before the last
+        // dot, and it must hold exactly one more.
+        let three_parts = token.rsplit_once('.').and_then(|(signing_input, signature)| {
+            let (header, payload) = signing_input.split_once('.')?;
+            (!payload.contains('.')).then_some((signing_input, header, payload, signature))
+        });
+        let Some((signing_input, header, payload, signature)) = three_parts else {
             return Err(JoseError::Malformed("it does not have three parts"));
         };
-        if signature.contains('.') {
-            return Err(JoseError::Malformed("it does not have three parts"));
-        }
         let header =
             decode_json(header).map_err(|()| JoseError::Malformed("the header is not a JOSE header"))?;
         let claims =
@@ -302,7 +303,7 @@ impl<'a> Jws<'a> {
         Ok(Self {
             header,
             claims,
-            signing_input: &token[..token.len() - signature.len() - 1],
+            signing_input,
             signature,
         })
     }

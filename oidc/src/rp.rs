@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::Map;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
 use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 
 pub use crate::discovery::Discovery;
@@ -36,6 +37,12 @@ pub const USERNAME_HEADER: &str = "Pinniped-Username";
 pub const PASSWORD_HEADER: &str = "Pinniped-Password";
 /// The largest token endpoint answer read.
 const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// The longest access-token lifetime believed from a token response's `expires_in`. A longer one
+/// (some issuers answer years, or `2^63 - 1`, for "does not expire") is clamped to this: the token
+/// is then only believed valid for a day and is refreshed or replaced after that, which is always
+/// safe, while believing it valid for years (or overflowing the clock) is not. No mainstream
+/// issuer hands out access tokens valid for longer (Okta and Entra ID cap them at a day).
+pub const MAX_ACCESS_TOKEN_LIFETIME: time::Duration = time::Duration::hours(24);
 
 /// Why a step of the OIDC login failed.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +100,19 @@ pub enum OidcError {
         what: &'static str,
         /// What is wrong.
         reason: String,
+    },
+    /// The token endpoint's `expires_in` is negative. RFC 6749 §5.1 makes it a lifetime in
+    /// seconds; below zero it is meaningless, so the answer is refused rather than guessed at. The
+    /// issuer (or a proxy rewriting its answers) is at fault.
+    #[error(
+        "{what} failed: the token endpoint answered expires_in {seconds}, a negative lifetime; \
+         the issuer is misbehaving"
+    )]
+    NegativeExpiresIn {
+        /// The step.
+        what: &'static str,
+        /// The `expires_in` received (a number, never a secret).
+        seconds: i64,
     },
     /// The ID token did not validate.
     #[error("the issuer returned an invalid ID token: {0}")]
@@ -200,7 +220,9 @@ pub struct AccessToken {
     pub token: String,
     /// `token_type` (`Bearer`).
     pub token_type: String,
-    /// When it expires, from `expires_in`, if the answer said.
+    /// When it expires: the answer's time plus its `expires_in`, at most
+    /// [`MAX_ACCESS_TOKEN_LIFETIME`] away. `None` when the answer gave no `expires_in` or gave 0
+    /// (as golang.org/x/oauth2 reads it: unknown); callers must not take `None` for "valid".
     pub expiry: Option<OffsetDateTime>,
 }
 
@@ -787,14 +809,15 @@ impl Provider {
             }
             None => None,
         };
-        let access = (!answer.access_token.is_empty()).then(|| AccessToken {
-            expiry: answer
-                .expires_in
-                .filter(|seconds| *seconds > 0)
-                .map(|seconds| now + time::Duration::seconds(seconds)),
-            token: answer.access_token,
-            token_type: answer.token_type,
-        });
+        let access = if answer.access_token.is_empty() {
+            None
+        } else {
+            Some(AccessToken {
+                expiry: access_token_expiry(what, now, answer.expires_in)?,
+                token: answer.access_token,
+                token_type: answer.token_type,
+            })
+        };
         let refresh = answer
             .refresh_token
             .filter(|token| !token.is_empty())
@@ -840,8 +863,7 @@ impl Provider {
         }
         let expiry = claims
             .get("exp")
-            .and_then(Value::as_f64)
-            .and_then(|exp| OffsetDateTime::from_unix_timestamp(exp as i64).ok())
+            .and_then(numeric_date)
             .ok_or_else(|| OidcError::IdToken("it has no valid exp claim".into()))?;
         if expiry <= OffsetDateTime::now_utc() {
             return Err(OidcError::IdToken(format!(
@@ -905,10 +927,51 @@ fn one_line(text: &str) -> String {
     line.chars().take(300).collect()
 }
 
-/// Equal, in time that depends only on the lengths.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// When an access token issued at `now` expires, from its token response's `expires_in`
+/// (RFC 6749 §5.1, seconds). `None` (unknown) when absent or 0, as golang.org/x/oauth2 reads
+/// it; a lifetime over [`MAX_ACCESS_TOKEN_LIFETIME`] is clamped to it. Never panics: fails with
+/// [`OidcError::NegativeExpiresIn`] for a negative value, and with
+/// [`OidcError::BadTokenResponse`] should `now` plus the lifetime not be a representable time.
+fn access_token_expiry(
+    what: &'static str,
+    now: OffsetDateTime,
+    expires_in: Option<i64>,
+) -> Result<Option<OffsetDateTime>, OidcError> {
+    let seconds = match expires_in {
+        None | Some(0) => return Ok(None),
+        Some(seconds) if seconds < 0 => return Err(OidcError::NegativeExpiresIn { what, seconds }),
+        Some(seconds) => seconds,
+    };
+    let lifetime = time::Duration::seconds(seconds).min(MAX_ACCESS_TOKEN_LIFETIME);
+    now.checked_add(lifetime)
+        .map(Some)
+        .ok_or_else(|| OidcError::BadTokenResponse {
+            what,
+            reason: "the access token's expiry is past the latest representable time".into(),
+        })
 }
+
+/// A JWT NumericDate claim (RFC 7519 §2: seconds since the epoch, possibly fractional) as a
+/// time, its fraction dropped. `None` for anything else: not a number, not finite, or outside
+/// the years -9999..=9999. Never panics.
+fn numeric_date(value: &Value) -> Option<OffsetDateTime> {
+    let seconds = match value.as_i64() {
+        Some(seconds) => seconds,
+        None => {
+            let seconds = value.as_f64().filter(|seconds| seconds.is_finite())?.trunc();
+            // Finite, integral and within ±2^38: the cast below is exact, never saturating.
+            if seconds.abs() > MAX_NUMERIC_DATE_SECONDS {
+                return None;
+            }
+            seconds as i64
+        }
+    };
+    OffsetDateTime::from_unix_timestamp(seconds).ok()
+}
+
+/// A bound beyond every representable time (year ±9999 is about ±2.6e11 seconds), small enough
+/// that any finite `f64` within it converts to `i64` exactly.
+const MAX_NUMERIC_DATE_SECONDS: f64 = 274_877_906_944.0; // 2^38
 
 /// The parameters of an authorization response (the callback's query or form body).
 #[derive(Debug, Default, Clone)]
@@ -957,7 +1020,7 @@ impl CallbackParams {
         let state_ok = self
             .state
             .as_deref()
-            .is_some_and(|state| constant_time_eq(state.as_bytes(), expected_state.as_bytes()));
+            .is_some_and(|state| bool::from(state.as_bytes().ct_eq(expected_state.as_bytes())));
         if !state_ok {
             return CallbackOutcome::Failed(
                 "the authorization response has a missing or wrong state parameter (a stale or forged \
@@ -1081,6 +1144,102 @@ mod tests {
         }
     }
 
+    /// The access token expiry `provider` makes of a token response with `expires_in` (and no
+    /// ID token), measured between two clock readings around the call.
+    async fn access_expiry(
+        provider: &Provider,
+        expires_in: Option<Value>,
+    ) -> (
+        OffsetDateTime,
+        Result<Option<OffsetDateTime>, OidcError>,
+        OffsetDateTime,
+    ) {
+        let mut body = serde_json::json!({"access_token": "secret-access-token", "token_type": "Bearer"});
+        if let Some(expires_in) = expires_in {
+            body["expires_in"] = expires_in;
+        }
+        let response = Response {
+            method: http::Method::POST,
+            url: "https://issuer.example.com/token".into(),
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: body.to_string().into(),
+        };
+        let config = ClientConfig::public("pinniped-cli", vec!["openid".into()]);
+        let before = OffsetDateTime::now_utc();
+        let tokens = provider
+            .tokens("refreshing the session", &config, response, None, false)
+            .await;
+        let after = OffsetDateTime::now_utc();
+        let expiry = tokens.map(|tokens| tokens.access.and_then(|access| access.expiry));
+        (before, expiry, after)
+    }
+
+    #[tokio::test]
+    async fn expires_in_of_any_size_never_panics_and_is_believed_for_a_day_at_most() {
+        let (_, jwks) = es256_key();
+        let provider = provider(jwks);
+        let hour = time::Duration::hours(1);
+        for (expires_in, lifetime) in [
+            // Clamped: the largest i64 (which overflowed the clock before), and a year.
+            (serde_json::json!(i64::MAX), MAX_ACCESS_TOKEN_LIFETIME),
+            (serde_json::json!(365 * 86_400), MAX_ACCESS_TOKEN_LIFETIME),
+            (serde_json::json!(3600), hour),
+            (serde_json::json!(86_400), MAX_ACCESS_TOKEN_LIFETIME),
+        ] {
+            let (before, expiry, after) = access_expiry(&provider, Some(expires_in.clone())).await;
+            let expiry = expiry.unwrap().expect("an expiry");
+            assert!(
+                before + lifetime <= expiry && expiry <= after + lifetime,
+                "expires_in {expires_in}: {expiry}"
+            );
+        }
+        // Absent or 0: unknown, never a time.
+        for expires_in in [None, Some(serde_json::json!(0))] {
+            assert!(matches!(access_expiry(&provider, expires_in).await.1, Ok(None)));
+        }
+        // Negative: refused, with the number and without the token.
+        for seconds in [-1, i64::MIN] {
+            let (_, expiry, _) = access_expiry(&provider, Some(serde_json::json!(seconds))).await;
+            let error = expiry.unwrap_err();
+            assert!(
+                matches!(error, OidcError::NegativeExpiresIn { seconds: got, .. } if got == seconds),
+                "{error}"
+            );
+            assert!(!error.is_retryable());
+            let message = error.to_string();
+            assert!(message.contains(&seconds.to_string()), "{message}");
+            assert!(!message.contains("secret-access-token"), "{message}");
+        }
+        // Not an i64 at all: not a token response (and no panic either).
+        let (_, expiry, _) = access_expiry(&provider, Some(serde_json::json!(1e300))).await;
+        assert!(matches!(expiry, Err(OidcError::BadTokenResponse { .. })));
+    }
+
+    #[test]
+    fn exp_claims_are_numeric_dates_within_the_representable_years() {
+        let date = |value: Value| numeric_date(&value).map(OffsetDateTime::unix_timestamp);
+        assert_eq!(date(serde_json::json!(1_800_000_000)), Some(1_800_000_000));
+        assert_eq!(date(serde_json::json!(1_800_000_000.9)), Some(1_800_000_000));
+        assert_eq!(
+            date(serde_json::json!(253_402_300_799_i64)),
+            Some(253_402_300_799)
+        );
+        for refused in [
+            serde_json::json!(253_402_300_800_i64),
+            serde_json::json!(i64::MAX),
+            serde_json::json!(i64::MIN),
+            serde_json::json!(u64::MAX),
+            serde_json::json!(1e300),
+            serde_json::json!(-1e300),
+            serde_json::json!(2.6e11),
+            serde_json::json!("1800000000"),
+            Value::Null,
+        ] {
+            assert_eq!(date(refused.clone()), None, "{refused}");
+        }
+    }
+
     #[test]
     fn the_authorize_url_carries_pkce_state_nonce_and_form_post() {
         let (_, jwks) = es256_key();
@@ -1118,6 +1277,17 @@ mod tests {
             panic!("state mismatch accepted")
         };
         assert!(reason.contains("wrong state"), "{reason}");
+        // A state that is a prefix or an extension of the expected one is just as wrong.
+        for expected in ["s", "s12", ""] {
+            assert!(
+                matches!(ok.outcome(expected), CallbackOutcome::Failed(_)),
+                "{expected:?}"
+            );
+        }
+        assert!(matches!(
+            CallbackParams::parse("code=abc").outcome(""),
+            CallbackOutcome::Failed(_)
+        ));
         let denied = CallbackParams::parse("error=access_denied&error_description=no+way&state=s1");
         assert_eq!(
             denied.outcome("s1"),
