@@ -8,13 +8,16 @@
 #                             /usr/lib/jvm (printed as keycloak_java_home)
 #   helm                      from helm.sh/helm/v3 (renders conf/install/ from the chart in
 #                             conf/helm/selkie/; the chart's e2e test installs it)
+#   oauth2-client             e2e/oauth2-client/ (this repository): a small client on
+#                             golang.org/x/oauth2, the library the pinniped CLI uses, at the version
+#                             its go.mod and go.sum pin; keyed by a hash of its sources
 # Each build lives in a cache outside the repository, keyed by version:
 #   ${SELKIE_CACHE_DIR:-~/.cache/selkie}/components/<name>-<version>/bin/
 # A finished build is marked by a stamp file, so a second run only checks the stamp (seconds).
 # Concurrent runs serialise on a lock file. Prints `<name>=<bin-dir>` and `<name>_version=<version>`
 # per component on stdout; progress and errors go to stderr.
 #
-# usage: build-components.sh [kubernetes|etcd|dex|keycloak|helm|all]      (default: all)
+# usage: build-components.sh [kubernetes|etcd|dex|keycloak|helm|oauth2-client|all]   (default: all)
 set -euo pipefail
 
 K8S_VERSION="${SELKIE_K8S_VERSION:-1.35.4}"
@@ -25,6 +28,7 @@ DEX_VERSION="${SELKIE_DEX_VERSION:-0.0.0-20260303133905-11d2eeb52b42}"
 KEYCLOAK_VERSION="${SELKIE_KEYCLOAK_VERSION:-26.4.7}"
 HELM_VERSION="${SELKIE_HELM_VERSION:-3.22.0}"
 CACHE_DIR="${SELKIE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/selkie}/components"
+OAUTH2_CLIENT_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/../oauth2-client" && pwd)"
 # Bump when the recipe below changes, so cached builds made by an older recipe are rebuilt.
 RECIPE=1
 
@@ -150,6 +154,23 @@ build_keycloak() {
   [[ -x "$work/bin/kc.sh" ]] || die "keycloak $version: the distribution has no bin/kc.sh"
 }
 
+# The e2e tests' golang.org/x/oauth2 client, from its sources in this repository: go.sum pins the
+# library, -mod=readonly refuses any other version, and the module cache serves later builds
+# offline.
+build_oauth2_client() {
+  local work=$1
+  mkdir -p "$work/src" "$work/bin"
+  cp "$OAUTH2_CLIENT_SRC/go.mod" "$OAUTH2_CLIENT_SRC/go.sum" "$OAUTH2_CLIENT_SRC"/*.go "$work/src/"
+  run_logged oauth2-client "$work/src" env CGO_ENABLED=0 go build -mod=readonly -trimpath \
+    -ldflags "-s -w" -o ../bin/selkie-oauth2-client .
+}
+
+# The oauth2-client's cache key: its sources' hash (so an edit, or another pinned library version,
+# rebuilds it).
+oauth2_client_version() {
+  (cd "$OAUTH2_CLIENT_SRC" && cat go.mod go.sum *.go) | sha256sum | cut -c1-16
+}
+
 # Prints keycloak_java_home=<a JDK of version 21 or newer under /usr/lib/jvm> (Keycloak 26 needs it).
 keycloak_java_home() {
   local jdk major
@@ -170,6 +191,7 @@ case "${1:-all}" in
   dex) with_cache dex "$DEX_VERSION" build_dex ;;
   keycloak) with_cache keycloak "$KEYCLOAK_VERSION" build_keycloak; keycloak_java_home ;;
   helm) with_cache helm "$HELM_VERSION" build_helm ;;
+  oauth2-client) with_cache oauth2-client "$(oauth2_client_version)" build_oauth2_client ;;
   all)
     with_cache etcd "$ETCD_VERSION" build_etcd
     with_cache kubernetes "$K8S_VERSION" build_kubernetes
@@ -177,6 +199,7 @@ case "${1:-all}" in
     with_cache keycloak "$KEYCLOAK_VERSION" build_keycloak
     keycloak_java_home
     with_cache helm "$HELM_VERSION" build_helm
+    with_cache oauth2-client "$(oauth2_client_version)" build_oauth2_client
     ;;
-  *) die "usage: $0 [kubernetes|etcd|dex|keycloak|helm|all]" ;;
+  *) die "usage: $0 [kubernetes|etcd|dex|keycloak|helm|oauth2-client|all]" ;;
 esac

@@ -9,7 +9,9 @@
 #     controller of the AD tests, provisioned into a temporary directory by e2e/src/samba.rs);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
-#     (build-components.sh all: kube-apiserver, kubectl, etcd, Dex, helm; and Keycloak);
+#     (build-components.sh all: kube-apiserver, kubectl, etcd, Dex, helm; Keycloak; and the
+#     golang.org/x/oauth2 client of e2e/oauth2-client/, the pinniped CLI's OAuth library, as its
+#     go.sum pins it);
 #   * openid-client from npm (e2e/rp/, exactly as its package-lock.json pins it), the outside
 #     relying party of the Supervisor's e2e test, installed into the same cache.
 # Go and Rust themselves come with the machine image; their absence is a clear error.

@@ -26,6 +26,9 @@ pub struct Components {
     pub helm: PathBuf,
     /// The helm version, without the leading `v`.
     pub helm_version: String,
+    /// `selkie-oauth2-client`, built from `e2e/oauth2-client/`: golang.org/x/oauth2 (the OAuth
+    /// library of the pinniped CLI) redeeming a code and refreshing ([`crate::oauth2_go`]).
+    pub oauth2_client: PathBuf,
     /// The Kubernetes version, without the leading `v` (for example `1.35.4`).
     pub kubernetes_version: String,
     /// The etcd version, without the leading `v`.
@@ -84,6 +87,7 @@ fn build() -> Result<Components, HarnessError> {
     let dex_bin = PathBuf::from(get("dex")?);
     let keycloak_bin = PathBuf::from(get("keycloak")?);
     let helm_bin = PathBuf::from(get("helm")?);
+    let oauth2_client_bin = PathBuf::from(get("oauth2-client")?);
     let components = Components {
         kube_apiserver: kube_bin.join("kube-apiserver"),
         kubectl: kube_bin.join("kubectl"),
@@ -93,6 +97,7 @@ fn build() -> Result<Components, HarnessError> {
         keycloak_java_home: PathBuf::from(get("keycloak_java_home")?),
         helm: helm_bin.join("helm"),
         helm_version: get("helm_version")?,
+        oauth2_client: oauth2_client_bin.join("selkie-oauth2-client"),
         kubernetes_version: get("kubernetes_version")?,
         etcd_version: get("etcd_version")?,
     };
@@ -104,6 +109,7 @@ fn build() -> Result<Components, HarnessError> {
         &components.keycloak,
         &components.keycloak_java_home.join("bin/java"),
         &components.helm,
+        &components.oauth2_client,
     ] {
         if !path.is_file() {
             return Err(HarnessError::Build {

@@ -22,6 +22,8 @@
 //!   OIDCIdentityProvider for a [`dex::Dex`].
 //! * [`pinniped_cli`] speaks to the Supervisor's OAuth endpoints as Pinniped's CLI does with the
 //!   `cli_password` flow: login, refresh and token exchange.
+//! * [`oauth2_go`] runs golang.org/x/oauth2, the pinniped CLI's OAuth library, with its defaults
+//!   (`e2e/oauth2-client/`): it redeems a code and refreshes at the Supervisor, and reports how.
 //! * [`concierge`] installs the Concierge from `conf/` and runs it, control plane included, with
 //!   its service account's permissions.
 //! * [`watch`] observes that an object is *not* written (a watch that fails at the first write),
@@ -47,6 +49,7 @@ pub mod github_api;
 pub mod keycloak;
 pub mod kubectl;
 pub mod ldap;
+pub mod oauth2_go;
 pub mod pinniped_cli;
 pub mod pki;
 mod process;

@@ -40,6 +40,7 @@ mod supervisor_legacy;
 mod supervisor_login;
 mod supervisor_multi_idp;
 mod supervisor_oauth;
+mod supervisor_oauth2_go;
 mod supervisor_oidc_client;
 mod supervisor_revocation;
 mod supervisor_rp;
