@@ -37,10 +37,8 @@
 //!   on without the cache rather than failing.
 
 use std::{
-    fs::{self, File, OpenOptions},
     future::Future,
-    io::{self, Write as _},
-    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
+    io,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -49,7 +47,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use time::OffsetDateTime;
 
-use crate::{exec::Cluster, exec::CredentialStatus, gojson, timestamp};
+use crate::{
+    exec::Cluster,
+    exec::CredentialStatus,
+    gojson, timestamp,
+    yaml_file::{null_as_empty, Document, IoFailure, LoadError, Lock, LockError, OpenToOthers, YamlFile},
+};
 
 /// `apiVersion` of the file.
 pub const API_VERSION: &str = "config.supervisor.pinniped.dev/v1alpha1";
@@ -63,7 +66,6 @@ pub const MIN_REMAINING_VALIDITY: Duration = Duration::from_secs(10);
 /// How long to wait for another process's lock before going on without the cache. Longer than a
 /// TokenCredentialRequest may take (30 s), since another Selkie holds the lock while it makes one.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(40);
-const LOCK_POLL: Duration = Duration::from_millis(10);
 
 /// The key of an entry: the hex SHA-256 of Go's JSON encoding (trailing newline included) of
 /// `{"args": <argv without the program>, "token": <token>, "cluster": <v1beta1 Cluster or null>}`,
@@ -182,7 +184,7 @@ pub enum Source {
 /// `credentials.yaml` at a path.
 #[derive(Debug, Clone)]
 pub struct CredentialCache {
-    path: PathBuf,
+    file: YamlFile,
     lock_timeout: Duration,
 }
 
@@ -207,10 +209,6 @@ struct Entry {
     last_used_timestamp: Option<String>,
     #[serde(default)]
     credential: Option<CredentialStatus>,
-}
-
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<Entry>, D::Error> {
-    Ok(Option::<Vec<Entry>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 impl Entry {
@@ -244,7 +242,9 @@ impl Entry {
     }
 }
 
-impl CacheFile {
+impl Document for CacheFile {
+    const NAME: &'static str = "credential-cache";
+
     fn empty() -> Self {
         Self {
             api_version: API_VERSION.into(),
@@ -253,6 +253,12 @@ impl CacheFile {
         }
     }
 
+    fn header(&self) -> (&str, &str) {
+        (&self.api_version, &self.kind)
+    }
+}
+
+impl CacheFile {
     /// Pinniped's `normalized`: stale entries dropped, the rest ordered by creation time.
     fn normalize(&mut self, now: OffsetDateTime) {
         self.credentials.retain(|entry| entry.keep(now));
@@ -264,7 +270,7 @@ impl CredentialCache {
     /// The cache at `path` (it need not exist yet).
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
-            path: path.into(),
+            file: YamlFile::new(path),
             lock_timeout: LOCK_TIMEOUT,
         }
     }
@@ -277,17 +283,17 @@ impl CredentialCache {
 
     /// The cache file.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// `<file>.lock`.
     pub fn lock_path(&self) -> PathBuf {
-        sibling(&self.path, ".lock")
+        self.file.lock_path()
     }
 
     /// `<file>.corrupt`, where an unreadable cache is moved.
     pub fn aside_path(&self) -> PathBuf {
-        sibling(&self.path, ".corrupt")
+        self.file.aside_path()
     }
 
     /// Forgets every cached credential (at logout: a cached cluster credential would otherwise
@@ -374,144 +380,67 @@ impl CredentialCache {
     }
 
     /// Creates the directory (0700) and takes the exclusive lock, polling like gofrs/flock.
-    async fn lock(&self) -> Result<File, CacheWarning> {
-        let unusable = |action, error| CacheWarning::Unusable {
-            path: self.path.clone(),
-            action,
-            error,
-        };
-        if let Some(dir) = self.path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| unusable("creating its directory", e))?;
-        }
-        let lock_path = self.lock_path();
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(|e| unusable("opening its lock file", e))?;
-        let deadline = tokio::time::Instant::now() + self.lock_timeout;
-        loop {
-            match lock.try_lock() {
-                Ok(()) => return Ok(lock),
-                Err(fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(LOCK_POLL).await;
-                }
-                Err(fs::TryLockError::WouldBlock) => {
-                    return Err(CacheWarning::LockTimeout {
-                        path: lock_path,
-                        timeout: self.lock_timeout,
-                    })
-                }
-                Err(fs::TryLockError::Error(e)) => return Err(unusable("locking it", e)),
-            }
-        }
+    async fn lock(&self) -> Result<Lock, CacheWarning> {
+        self.file
+            .lock(self.lock_timeout)
+            .await
+            .map_err(|error| match error {
+                LockError::Io(failure) => self.unusable(failure),
+                LockError::Timeout { lock, timeout } => CacheWarning::LockTimeout { path: lock, timeout },
+            })
     }
 
-    /// Reads the file (absent = empty). Unreadable content is set aside (a warning, then empty);
-    /// an IO error is returned as the reason not to use the cache at all.
+    /// Reads the file (absent = empty). A file open to others is made 0600 (a warning);
+    /// unreadable content is set aside, or left to be replaced when it cannot be moved (a
+    /// warning, then empty); an IO error is returned as the reason not to use the cache at all.
     fn read(&self, warn: &mut (dyn FnMut(CacheWarning) + Send)) -> Result<CacheFile, CacheWarning> {
-        let unusable = |action, error| CacheWarning::Unusable {
-            path: self.path.clone(),
-            action,
-            error,
-        };
-        let bytes = match fs::read(&self.path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CacheFile::empty()),
-            Err(e) => return Err(unusable("reading it", e)),
-        };
-        let mode = fs::metadata(&self.path)
-            .map_err(|e| unusable("reading its permissions", e))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            // Tightened now, not at the next write: a failed login writes nothing.
-            fs::set_permissions(&self.path, fs::Permissions::from_mode(0o600))
-                .map_err(|e| unusable("restricting its permissions to 0600", e))?;
+        let loaded = self
+            .file
+            .load::<CacheFile>(OpenToOthers::Tighten)
+            .map_err(|error| match error {
+                LoadError::Io(failure) => self.unusable(failure),
+                // Not asked for (the cache tightens such a file), but the same fact.
+                LoadError::OpenToOthers { mode } => CacheWarning::TooOpen {
+                    path: self.path().to_path_buf(),
+                    mode,
+                },
+            })?;
+        if let Some(mode) = loaded.tightened_from {
             warn(CacheWarning::TooOpen {
-                path: self.path.clone(),
-                mode: mode & 0o7777,
+                path: self.path().to_path_buf(),
+                mode,
             });
         }
-        let problem = match serde_yaml::from_slice::<CacheFile>(&bytes) {
-            Ok(file) if file.api_version == API_VERSION && file.kind == KIND => return Ok(file),
-            Ok(file) => format!(
-                "is a {:?} of apiVersion {:?}, not a {KIND} of {API_VERSION}",
-                file.kind, file.api_version
-            ),
-            // The location only: serde's messages can quote content, and the content is secret.
-            Err(e) => match e.location() {
-                Some(at) => format!(
-                    "is not valid credential-cache YAML (line {} column {})",
-                    at.line(),
-                    at.column()
-                ),
-                None => "is not valid credential-cache YAML".to_string(),
-            },
-        };
-        let aside = self.aside_path();
-        match fs::rename(&self.path, &aside) {
-            Ok(()) => warn(CacheWarning::SetAside {
-                path: self.path.clone(),
-                aside,
-                reason: problem,
-            }),
-            Err(error) => warn(CacheWarning::NotSetAside {
-                path: self.path.clone(),
-                reason: problem,
-                error,
-            }),
+        if let Some(corrupt) = loaded.corrupt {
+            let path = self.path().to_path_buf();
+            warn(match corrupt.moved {
+                Ok(aside) => CacheWarning::SetAside {
+                    path,
+                    aside,
+                    reason: corrupt.reason,
+                },
+                Err(error) => CacheWarning::NotSetAside {
+                    path,
+                    reason: corrupt.reason,
+                    error,
+                },
+            });
         }
-        Ok(CacheFile::empty())
+        Ok(loaded.document)
     }
 
     /// Writes `file` to a private temporary sibling and renames it over the cache.
     fn write(&self, file: &CacheFile) -> Result<(), CacheWarning> {
-        let unusable = |action, error| CacheWarning::Unusable {
-            path: self.path.clone(),
+        self.file.store(file).map_err(|failure| self.unusable(failure))
+    }
+
+    fn unusable(&self, IoFailure { action, error }: IoFailure) -> CacheWarning {
+        CacheWarning::Unusable {
+            path: self.path().to_path_buf(),
             action,
             error,
-        };
-        let yaml = serde_yaml::to_string(file)
-            .map_err(|e| unusable("serializing it", io::Error::other(e.to_string())))?;
-        write_private(&self.path, yaml.as_bytes()).map_err(|e| unusable("writing it", e))
+        }
     }
-}
-
-/// Replaces `path` with `contents` atomically: writes a private (0600) temporary sibling and
-/// renames it over `path`, so readers see the old file or the new one, never a mix. On failure
-/// the temporary file is removed and `path` is untouched.
-pub(crate) fn write_private(path: &Path, contents: &[u8]) -> io::Result<()> {
-    let temporary = sibling(path, &format!(".{}.tmp", std::process::id()));
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)
-        .and_then(|mut out| {
-            // A leftover temporary file of a dead process with this pid may have other bits.
-            out.set_permissions(fs::Permissions::from_mode(0o600))?;
-            out.write_all(contents)
-        })
-        .and_then(|()| fs::rename(&temporary, path));
-    written.inspect_err(|_| {
-        let _best_effort = fs::remove_file(&temporary);
-    })
-}
-
-/// `path` with `suffix` appended to its file name.
-pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(suffix);
-    path.with_file_name(name)
 }
 
 #[cfg(test)]

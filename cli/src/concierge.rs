@@ -105,6 +105,44 @@ pub enum ExchangeError {
     },
 }
 
+/// The Concierge settings of `login oidc` and `login static`, as their flags give them (the
+/// binary fills them from the flags both commands share).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConciergeOptions {
+    /// `--enable-concierge`.
+    pub enabled: bool,
+    /// `--concierge-authenticator-type`.
+    pub authenticator_type: String,
+    /// `--concierge-authenticator-name`.
+    pub authenticator_name: String,
+    /// `--concierge-endpoint`.
+    pub endpoint: String,
+    /// `--concierge-ca-bundle-data` (base64 of PEM).
+    pub ca_bundle_data: String,
+    /// `--concierge-api-group-suffix`.
+    pub api_group_suffix: String,
+}
+
+impl ConciergeOptions {
+    /// The client to exchange tokens with: `None` without `--enable-concierge`. Checks the
+    /// settings as [`ConciergeClient::new`] does and sends nothing, so a login calls it before it
+    /// reads or sends anything. Fails with "invalid Concierge parameters: …" naming the flag.
+    pub fn client(&self) -> anyhow::Result<Option<ConciergeClient>> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        ConciergeClient::new(
+            &self.endpoint,
+            &self.ca_bundle_data,
+            &self.authenticator_type,
+            &self.authenticator_name,
+            &self.api_group_suffix,
+        )
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("invalid Concierge parameters: {e}"))
+    }
+}
+
 /// A configured Concierge client.
 #[derive(Debug)]
 pub struct ConciergeClient {
@@ -310,6 +348,38 @@ mod tests {
         suffix: &str,
     ) -> Result<ConciergeClient, String> {
         ConciergeClient::new(endpoint, ca, kind, name, suffix).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn options_give_a_client_only_when_enabled() {
+        let options = ConciergeOptions {
+            enabled: false,
+            endpoint: "http://not-checked".into(),
+            ..ConciergeOptions::default()
+        };
+        assert!(options.client().unwrap().is_none());
+        let enabled = ConciergeOptions {
+            enabled: true,
+            authenticator_type: "jwt".into(),
+            authenticator_name: "j".into(),
+            endpoint: "https://127.0.0.1:8443".into(),
+            api_group_suffix: "pinniped.dev".into(),
+            ..ConciergeOptions::default()
+        };
+        let client = enabled.client().unwrap().unwrap();
+        assert_eq!(client.authenticator.kind, "JWTAuthenticator");
+        let error = ConciergeOptions {
+            endpoint: "http://x".into(),
+            ..enabled
+        }
+        .client()
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("invalid Concierge parameters: --concierge-endpoint"),
+            "{error}"
+        );
     }
 
     #[test]

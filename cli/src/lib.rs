@@ -15,6 +15,8 @@
 //!   `ExecCredential` of the same version out on stdout).
 //! * [`cache`]: the credential cache, in Pinniped's format and locking, keyed the way Pinniped
 //!   keys it ([`gojson`] reproduces Go's JSON bytes for the key).
+//!   It and the session cache keep their YAML files through one private module, `yaml_file`
+//!   (the lock, loading with corrupt files set aside, and 0600 atomic writes).
 //! * [`whoami`]: `selkie whoami`, a WhoAmIRequest with the kubeconfig's own credential
 //!   ([`kubeconfig`]: loading, contexts, client certificates, tokens and exec plugins).
 //! * [`logout`]: `selkie logout` (Selkie's own): a kubeconfig context's OIDC sessions removed
@@ -38,3 +40,4 @@ pub mod sessions;
 pub mod timestamp;
 pub mod version;
 pub mod whoami;
+mod yaml_file;

@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     cache::{oidc_cache_key, CredentialCache, Source},
-    concierge::{ConciergeClient, EXCHANGE_TIMEOUT},
+    concierge::{ConciergeClient, ConciergeOptions, EXCHANGE_TIMEOUT},
     exec::{render, CredentialStatus, ExecApiVersion, ExecInfo},
     http::TlsOptions,
     login_static::Reporter,
@@ -110,18 +110,8 @@ pub struct OidcLoginOptions {
     pub ca_bundle_data: Vec<String>,
     /// `--request-audience`.
     pub request_audience: String,
-    /// `--enable-concierge`.
-    pub enable_concierge: bool,
-    /// `--concierge-authenticator-type`.
-    pub concierge_authenticator_type: String,
-    /// `--concierge-authenticator-name`.
-    pub concierge_authenticator_name: String,
-    /// `--concierge-endpoint`.
-    pub concierge_endpoint: String,
-    /// `--concierge-ca-bundle-data`.
-    pub concierge_ca_bundle_data: String,
-    /// `--concierge-api-group-suffix`.
-    pub concierge_api_group_suffix: String,
+    /// `--enable-concierge` and the other Concierge flags.
+    pub concierge: ConciergeOptions,
     /// `--credential-cache`; `None` disables it.
     pub credential_cache: Option<PathBuf>,
     /// `--upstream-identity-provider-name`.
@@ -167,20 +157,7 @@ pub async fn run(
         ca_pem: ca_bundle(options)?,
         ..TlsOptions::default()
     };
-    let concierge = if options.enable_concierge {
-        Some(
-            ConciergeClient::new(
-                &options.concierge_endpoint,
-                &options.concierge_ca_bundle_data,
-                &options.concierge_authenticator_type,
-                &options.concierge_authenticator_name,
-                &options.concierge_api_group_suffix,
-            )
-            .map_err(|e| anyhow::anyhow!("invalid Concierge parameters: {e}"))?,
-        )
-    } else {
-        None
-    };
+    let concierge = options.concierge.client()?;
     let version = exec_info.map_or(ExecApiVersion::V1Beta1, |info| info.api_version);
     let mut login = Login {
         options,

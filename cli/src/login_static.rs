@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use crate::{
     cache::{cache_key, CacheWarning, CredentialCache, Source},
-    concierge::{ConciergeClient, EXCHANGE_TIMEOUT},
+    concierge::{ConciergeClient, ConciergeOptions, EXCHANGE_TIMEOUT},
     exec::{render, CredentialStatus, ExecApiVersion, ExecInfo},
 };
 
@@ -18,18 +18,8 @@ pub struct StaticLoginOptions {
     pub token: Option<String>,
     /// `--token-env`.
     pub token_env: Option<String>,
-    /// `--enable-concierge`.
-    pub enable_concierge: bool,
-    /// `--concierge-authenticator-type`.
-    pub concierge_authenticator_type: String,
-    /// `--concierge-authenticator-name`.
-    pub concierge_authenticator_name: String,
-    /// `--concierge-endpoint`.
-    pub concierge_endpoint: String,
-    /// `--concierge-ca-bundle-data`.
-    pub concierge_ca_bundle_data: String,
-    /// `--concierge-api-group-suffix`.
-    pub concierge_api_group_suffix: String,
+    /// `--enable-concierge` and the other Concierge flags.
+    pub concierge: ConciergeOptions,
     /// `--credential-cache`; `None` disables the cache.
     pub credential_cache: Option<PathBuf>,
 }
@@ -39,11 +29,7 @@ impl std::fmt::Debug for StaticLoginOptions {
         f.debug_struct("StaticLoginOptions")
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("token_env", &self.token_env)
-            .field("enable_concierge", &self.enable_concierge)
-            .field("concierge_endpoint", &self.concierge_endpoint)
-            .field("concierge_authenticator_type", &self.concierge_authenticator_type)
-            .field("concierge_authenticator_name", &self.concierge_authenticator_name)
-            .field("concierge_api_group_suffix", &self.concierge_api_group_suffix)
+            .field("concierge", &self.concierge)
             .field("credential_cache", &self.credential_cache)
             .finish_non_exhaustive()
     }
@@ -69,20 +55,7 @@ pub async fn run(
 ) -> anyhow::Result<String> {
     let token = token(options, lookup_env)?;
     // Flags are checked before anything is sent or read, as the pinniped CLI does.
-    let concierge = if options.enable_concierge {
-        Some(
-            ConciergeClient::new(
-                &options.concierge_endpoint,
-                &options.concierge_ca_bundle_data,
-                &options.concierge_authenticator_type,
-                &options.concierge_authenticator_name,
-                &options.concierge_api_group_suffix,
-            )
-            .map_err(|e| anyhow::anyhow!("invalid Concierge parameters: {e}"))?,
-        )
-    } else {
-        None
-    };
+    let concierge = options.concierge.client()?;
     let version = exec_info.map_or(ExecApiVersion::V1Beta1, |info| info.api_version);
     let Some(concierge) = concierge else {
         // The token itself, of unknown lifetime; nothing worth caching.
@@ -217,7 +190,10 @@ mod tests {
             (
                 StaticLoginOptions {
                     token: Some("t".into()),
-                    enable_concierge: true,
+                    concierge: ConciergeOptions {
+                        enabled: true,
+                        ..ConciergeOptions::default()
+                    },
                     ..StaticLoginOptions::default()
                 },
                 "invalid Concierge parameters: --concierge-endpoint is required",

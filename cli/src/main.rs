@@ -22,7 +22,7 @@ use std::{
 use clap::{error::ErrorKind, ArgAction, Args, Parser, Subcommand};
 use selkie::{
     cache::CacheWarning,
-    concierge::DEFAULT_API_GROUP_SUFFIX,
+    concierge::{ConciergeOptions, DEFAULT_API_GROUP_SUFFIX},
     exec::ExecInfo,
     get_kubeconfig::{self, GetKubeconfigOptions},
     kubeconfig::Kubeconfig,
@@ -273,6 +273,22 @@ struct ConciergeArgs {
     credential_cache: Option<String>,
 }
 
+impl From<&ConciergeArgs> for ConciergeOptions {
+    /// The Concierge settings of the flags (all but `--credential-cache`, which is not the
+    /// Concierge's); `--concierge-namespace` is accepted and ignored, as pinniped ignores it.
+    fn from(args: &ConciergeArgs) -> Self {
+        let _deprecated_and_ignored = &args.concierge_namespace;
+        Self {
+            enabled: args.enable_concierge,
+            authenticator_type: args.concierge_authenticator_type.clone(),
+            authenticator_name: args.concierge_authenticator_name.clone(),
+            endpoint: args.concierge_endpoint.clone(),
+            ca_bundle_data: args.concierge_ca_bundle_data.clone(),
+            api_group_suffix: args.concierge_api_group_suffix.clone(),
+        }
+    }
+}
+
 #[derive(Args)]
 struct OidcArgs {
     /// OpenID Connect issuer URL
@@ -416,7 +432,6 @@ fn cache_path(flag: Option<String>, name: &str, option: &str) -> anyhow::Result<
 /// The options of `login oidc` from its arguments; fails when `--issuer` is missing or a cache
 /// has no default path.
 fn oidc_options(args: OidcArgs) -> anyhow::Result<OidcLoginOptions> {
-    let _deprecated_and_ignored = args.concierge.concierge_namespace;
     if args.issuer.is_empty() {
         anyhow::bail!("required flag \"issuer\" not set: pass --issuer https://…");
     }
@@ -431,12 +446,7 @@ fn oidc_options(args: OidcArgs) -> anyhow::Result<OidcLoginOptions> {
         ca_bundle_files: args.ca_bundle,
         ca_bundle_data: args.ca_bundle_data,
         request_audience: args.request_audience,
-        enable_concierge: args.concierge.enable_concierge,
-        concierge_authenticator_type: args.concierge.concierge_authenticator_type,
-        concierge_authenticator_name: args.concierge.concierge_authenticator_name,
-        concierge_endpoint: args.concierge.concierge_endpoint,
-        concierge_ca_bundle_data: args.concierge.concierge_ca_bundle_data,
-        concierge_api_group_suffix: args.concierge.concierge_api_group_suffix,
+        concierge: ConciergeOptions::from(&args.concierge),
         credential_cache: cache_path(
             args.concierge.credential_cache,
             "credentials.yaml",
@@ -536,7 +546,7 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
             method: Login::Static(args),
         } => {
             let args = *args;
-            let _deprecated_and_ignored = args.concierge.concierge_namespace;
+            let concierge = ConciergeOptions::from(&args.concierge);
             let credential_cache = cache_path(
                 args.concierge.credential_cache,
                 "credentials.yaml",
@@ -545,12 +555,7 @@ async fn run(cli: Cli) -> anyhow::Result<String> {
             let options = StaticLoginOptions {
                 token: args.token,
                 token_env: args.token_env,
-                enable_concierge: args.concierge.enable_concierge,
-                concierge_authenticator_type: args.concierge.concierge_authenticator_type,
-                concierge_authenticator_name: args.concierge.concierge_authenticator_name,
-                concierge_endpoint: args.concierge.concierge_endpoint,
-                concierge_ca_bundle_data: args.concierge.concierge_ca_bundle_data,
-                concierge_api_group_suffix: args.concierge.concierge_api_group_suffix,
+                concierge,
                 credential_cache,
             };
             let exec_info = ExecInfo::from_env()?;
@@ -693,5 +698,58 @@ fn main() -> ExitCode {
             eprintln!("selkie: {}", one_line(&format!("{error:#}")));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Concierge settings `login <method>` parses from `flags`.
+    fn concierge_of(method: &str, flags: &[&str]) -> ConciergeOptions {
+        let argv = ["selkie", "login", method]
+            .into_iter()
+            .chain(flags.iter().copied());
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Login {
+                method: Login::Static(args),
+            } => ConciergeOptions::from(&args.concierge),
+            Command::Login {
+                method: Login::Oidc(args),
+            } => oidc_options(*args).unwrap().concierge,
+            _ => unreachable!("a login"),
+        }
+    }
+
+    #[test]
+    fn both_logins_parse_the_concierge_flags_into_the_same_options() {
+        let defaults = ConciergeOptions {
+            api_group_suffix: DEFAULT_API_GROUP_SUFFIX.into(),
+            ..ConciergeOptions::default()
+        };
+        let flags = [
+            "--enable-concierge",
+            "--concierge-authenticator-type=jwt",
+            "--concierge-authenticator-name=my-jwt",
+            "--concierge-endpoint=https://127.0.0.1:8443",
+            "--concierge-ca-bundle-data=Q0E=",
+            "--concierge-api-group-suffix=tuna.io",
+            "--concierge-namespace=ignored",
+            "--credential-cache=",
+        ];
+        let given = ConciergeOptions {
+            enabled: true,
+            authenticator_type: "jwt".into(),
+            authenticator_name: "my-jwt".into(),
+            endpoint: "https://127.0.0.1:8443".into(),
+            ca_bundle_data: "Q0E=".into(),
+            api_group_suffix: "tuna.io".into(),
+        };
+        let issuer = "--issuer=https://issuer.example.com";
+        assert_eq!(concierge_of("static", &["--token=t"]), defaults);
+        assert_eq!(concierge_of("oidc", &[issuer]), defaults);
+        assert_eq!(concierge_of("static", &flags), given);
+        let oidc_flags: Vec<&str> = std::iter::once(issuer).chain(flags).collect();
+        assert_eq!(concierge_of("oidc", &oidc_flags), given);
     }
 }

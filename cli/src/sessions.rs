@@ -37,9 +37,7 @@
 
 use std::{
     collections::BTreeMap,
-    fs::{self, File, OpenOptions},
     io,
-    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -48,8 +46,8 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::{
-    cache::{sibling, write_private},
     timestamp,
+    yaml_file::{null_as_empty, Document, IoFailure, LoadError, Lock, LockError, OpenToOthers, YamlFile},
 };
 
 /// `apiVersion` of the file.
@@ -60,7 +58,6 @@ pub const KIND: &str = "SessionCache";
 pub const SESSION_EXPIRATION: Duration = Duration::from_secs(90 * 24 * 3600);
 /// How long to wait for the lock (pinniped's `defaultFileLockTimeout`).
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-const LOCK_POLL: Duration = Duration::from_millis(10);
 
 /// What identifies a session: pinniped's `SessionCacheKey` (field names and order of its YAML).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -237,12 +234,20 @@ struct Entry {
     tokens: Tokens,
 }
 
-fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+impl Document for SessionFile {
+    const NAME: &'static str = "session-cache";
+
+    fn empty() -> Self {
+        Self {
+            api_version: API_VERSION.into(),
+            kind: KIND.into(),
+            sessions: Vec::new(),
+        }
+    }
+
+    fn header(&self) -> (&str, &str) {
+        (&self.api_version, &self.kind)
+    }
 }
 
 /// A problem with the session cache that the login survives (one line each; none quotes the
@@ -306,23 +311,25 @@ pub enum SessionError {
 /// `sessions.yaml` at a path.
 #[derive(Debug, Clone)]
 pub struct SessionCache {
-    path: PathBuf,
+    file: YamlFile,
 }
 
 impl SessionCache {
     /// The cache at `path` (it need not exist).
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+        Self {
+            file: YamlFile::new(path),
+        }
     }
 
     /// The file.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// `<file>.corrupt`.
     pub fn aside_path(&self) -> PathBuf {
-        sibling(&self.path, ".corrupt")
+        self.file.aside_path()
     }
 
     /// The (pruned) tokens of the session `key`, its last-used time updated. `None` when there
@@ -416,125 +423,62 @@ impl SessionCache {
         Ok(())
     }
 
-    async fn lock(&self) -> Result<File, SessionWarning> {
-        let unusable = |action, error| SessionWarning::Unusable {
-            path: self.path.clone(),
-            action,
-            error,
-        };
-        if let Some(dir) = self.path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| unusable("creating its directory", e))?;
-        }
-        let lock_path = sibling(&self.path, ".lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(|e| unusable("opening its lock file", e))?;
-        let deadline = tokio::time::Instant::now() + LOCK_TIMEOUT;
-        loop {
-            match lock.try_lock() {
-                Ok(()) => return Ok(lock),
-                Err(fs::TryLockError::WouldBlock) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(LOCK_POLL).await;
-                }
-                Err(fs::TryLockError::WouldBlock) => {
-                    return Err(SessionWarning::LockTimeout {
-                        path: lock_path,
-                        timeout: LOCK_TIMEOUT,
-                    })
-                }
-                Err(fs::TryLockError::Error(e)) => return Err(unusable("locking it", e)),
-            }
-        }
+    async fn lock(&self) -> Result<Lock, SessionWarning> {
+        self.file.lock(LOCK_TIMEOUT).await.map_err(|error| match error {
+            LockError::Io(failure) => self.unusable(failure),
+            LockError::Timeout { lock, timeout } => SessionWarning::LockTimeout { path: lock, timeout },
+        })
     }
 
-    /// The file's content; `Ok(None)` when it cannot be read (warned); empty when absent or set
-    /// aside.
+    /// The file's content; `Ok(None)` when it cannot be read, or is not a session cache and
+    /// cannot be moved aside (warned); empty when absent or set aside (warned). Fails only when
+    /// the file is open to other users.
     fn read(&self, warn: &mut dyn FnMut(SessionWarning)) -> Result<Option<SessionFile>, SessionError> {
-        let unusable = |action, error| SessionWarning::Unusable {
-            path: self.path.clone(),
-            action,
-            error,
-        };
-        let metadata = match fs::metadata(&self.path) {
-            Ok(metadata) => metadata,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(empty())),
-            Err(e) => {
-                warn(unusable("reading its permissions", e));
+        let loaded = match self.file.load::<SessionFile>(OpenToOthers::Refuse) {
+            Ok(loaded) => loaded,
+            Err(LoadError::OpenToOthers { mode }) => {
+                return Err(SessionError::TooOpen {
+                    path: self.path().to_path_buf(),
+                    mode,
+                })
+            }
+            Err(LoadError::Io(failure)) => {
+                warn(self.unusable(failure));
                 return Ok(None);
             }
         };
-        let mode = metadata.permissions().mode();
-        if metadata.is_file() && mode & 0o077 != 0 {
-            return Err(SessionError::TooOpen {
-                path: self.path.clone(),
-                mode: mode & 0o7777,
-            });
-        }
-        let bytes = match fs::read(&self.path) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                warn(unusable("reading it", e));
-                return Ok(None);
-            }
+        let Some(corrupt) = loaded.corrupt else {
+            return Ok(Some(loaded.document));
         };
-        let problem = match serde_yaml::from_slice::<SessionFile>(&bytes) {
-            Ok(file) if file.api_version == API_VERSION && file.kind == KIND => return Ok(Some(file)),
-            Ok(file) => format!(
-                "is a {:?} of apiVersion {:?}, not a {KIND} of {API_VERSION}",
-                file.kind, file.api_version
-            ),
-            Err(e) => match e.location() {
-                Some(at) => format!(
-                    "is not valid session-cache YAML (line {} column {})",
-                    at.line(),
-                    at.column()
-                ),
-                None => "is not valid session-cache YAML".to_string(),
-            },
-        };
-        let aside = self.aside_path();
-        match fs::rename(&self.path, &aside) {
-            Ok(()) => {
+        match corrupt.moved {
+            Ok(aside) => {
                 warn(SessionWarning::SetAside {
-                    path: self.path.clone(),
+                    path: self.path().to_path_buf(),
                     aside,
-                    reason: problem,
+                    reason: corrupt.reason,
                 });
-                Ok(Some(empty()))
+                Ok(Some(loaded.document))
             }
             Err(error) => {
-                warn(unusable("moving the unreadable file aside", error));
+                warn(self.unusable(IoFailure {
+                    action: "moving the unreadable file aside",
+                    error,
+                }));
                 Ok(None)
             }
         }
     }
 
     fn write(&self, file: &SessionFile) -> Result<(), SessionWarning> {
-        let unusable = |action, error| SessionWarning::Unusable {
-            path: self.path.clone(),
+        self.file.store(file).map_err(|failure| self.unusable(failure))
+    }
+
+    fn unusable(&self, IoFailure { action, error }: IoFailure) -> SessionWarning {
+        SessionWarning::Unusable {
+            path: self.path().to_path_buf(),
             action,
             error,
-        };
-        let yaml = serde_yaml::to_string(file)
-            .map_err(|e| unusable("serializing it", io::Error::other(e.to_string())))?;
-        write_private(&self.path, yaml.as_bytes()).map_err(|e| unusable("writing it", e))
-    }
-}
-
-fn empty() -> SessionFile {
-    SessionFile {
-        api_version: API_VERSION.into(),
-        kind: KIND.into(),
-        sessions: Vec::new(),
+        }
     }
 }
 
@@ -558,6 +502,8 @@ fn normalize(file: &mut SessionFile, now: OffsetDateTime) {
 
 #[cfg(test)]
 mod tests {
+    use std::{fs, os::unix::fs::PermissionsExt as _};
+
     use super::*;
 
     fn key() -> SessionKey {

@@ -1,4 +1,5 @@
 use std::{
+    fs::{self, File},
     os::unix::fs::PermissionsExt as _,
     sync::{
         atomic::{AtomicUsize, Ordering},
