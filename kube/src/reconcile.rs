@@ -215,8 +215,8 @@ impl PendingSources {
         }
     }
 
-    /// The changes as a stream, for a reconciler's queue.
-    fn events(self: Arc<Self>) -> impl Stream<Item = SourceEvent> + Send + 'static {
+    /// The changes as a stream (a reconciler's queue, or any other consumer of them).
+    pub fn events(self: Arc<Self>) -> impl Stream<Item = SourceEvent> + Send + 'static {
         stream::unfold(self, |pending| async move {
             let events = pending.take().await;
             Some((stream::iter(events), pending))
@@ -244,7 +244,13 @@ pub async fn watch_sources<K>(
     kind: SourceKind,
     senders: Vec<Arc<PendingSources>>,
 ) where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
     reflector(writer, watcher(api, config).default_backoff())
         .for_each(|event| {
@@ -379,9 +385,7 @@ fn queue<R: Reconciler>(
                     let name = object.name_any();
                     seen.remove(&name);
                     context.failures().remove(&name);
-                    context
-                        .reconciler
-                        .forget(&name, object.metadata.uid.as_deref());
+                    context.reconciler.forget(&name, object.metadata.uid.as_deref());
                 }
                 Ok(Event::Init) => listing = Some(HashSet::new()),
                 Ok(Event::InitDone) => {
@@ -509,7 +513,12 @@ mod tests {
             let same = json!({"phase": "Ready", "conditions": []});
             assert!(!write_status(&api, &object, &same, true, "test").await.unwrap());
             let changed = json!({"phase": "Error", "conditions": []});
-            assert!(!write_status(&api, &object, &changed, false, "test").await.unwrap(), "not leading");
+            assert!(
+                !write_status(&api, &object, &changed, false, "test")
+                    .await
+                    .unwrap(),
+                "not leading"
+            );
             assert!(write_status(&api, &object, &changed, true, "test").await.is_err());
         });
     }

@@ -10,11 +10,15 @@
 //! answering with the [`Endpoints`]. Everything else is private to this crate; the folders answer
 //! a newcomer's questions:
 //!
-//! * **Where is the controller?** `controller/`: the watches of FederationDomains and
-//!   identity providers, what it builds from them, the statuses it writes (`federation_domain`:
-//!   Pinniped's conditions of a FederationDomain), the generated keys (`keys`) and the background
-//!   connection probes (`background`). It publishes [`Issuers`] and nothing else reaches the
-//!   endpoints from it.
+//! * **Where is the controller?** `controller/`: typed reconcilers, one per kind, on the
+//!   reconciler machinery both servers share (`selkie_kube::reconcile`: per-object reconciles on
+//!   their own tasks, backoff, an error policy, the one status writer). `identity_provider` is the
+//!   one reconciler of every identity-provider kind; what differs per kind is a `Provider`:
+//!   `oidc`, `directory` (LDAP and Active Directory, one provider over both CRDs) and `github`.
+//!   `federation_domains` reconciles FederationDomains (their generated keys in `keys`, Pinniped's
+//!   conditions in `federation_domain`) and publishes the snapshot; `upstreams` is what the
+//!   identity providers built and the FederationDomains serve; `sources` the watched Secrets and
+//!   ConfigMaps. It publishes [`Issuers`] and the serving certificates, nothing else.
 //! * **What do the endpoints see?** `issuer`: the published snapshot — each FederationDomain as
 //!   requests find it (issuer URL, keys, identity providers, transforms). Endpoints read the
 //!   snapshot, never the controller. `sealed`: values handed out and read back unchanged (the
@@ -33,7 +37,8 @@
 //!   login page), the IdP chooser, the token endpoint and revocation, OAuth error responses
 //!   (`endpoints::oauth`).
 //! * **Where are the dynamic clients?** `clients/`: OIDCClients, their secrets' storage and
-//!   validation, and the `OIDCClientSecretRequest` aggregated API (`clients::secret_request`).
+//!   validation (the table logins read), their reconciler (`clients::controller`) and the
+//!   `OIDCClientSecretRequest` aggregated API (`clients::secret_request`).
 //! * **Where are the listeners?** `server/`: HTTPS/HTTP/metrics listeners, Prometheus metrics
 //!   (`server::metrics`) and the audit events (`server::audit`).
 //! * `config`: the Supervisor's own configuration file.

@@ -204,6 +204,90 @@ async fn the_ldap_client_logs_users_in_against_openldap() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A port on 127.0.0.1 in front of the directory at `target`: while `forwarding` is false it
+/// accepts connections and never answers (an outage that hangs rather than refuses), once it is
+/// true new connections are relayed to `target`. Its `host:port`, the switch, and the task
+/// (abort it to let every connection go).
+async fn switchable_front(
+    target: String,
+) -> anyhow::Result<(
+    String,
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<()>,
+)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let host = listener.local_addr()?.to_string();
+    let forwarding = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let switch = forwarding.clone();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut relays = tokio::task::JoinSet::new();
+        while let Ok((mut client, _)) = listener.accept().await {
+            if !switch.load(std::sync::atomic::Ordering::SeqCst) {
+                held.push(client);
+                continue;
+            }
+            let target = target.clone();
+            relays.spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    Ok((host, forwarding, task))
+}
+
+#[tokio::test]
+async fn logins_fail_within_one_timeout_in_an_outage_and_use_the_directory_once_it_is_back(
+) -> anyhow::Result<()> {
+    selkie_e2e::install_crypto_provider();
+    let slapd = Slapd::start(&[LdapUser {
+        uid: "pinny".into(),
+        password: "seal-of-approval".into(),
+        uid_number: 1001,
+        groups: vec!["seals".into()],
+    }])
+    .await?;
+    let (front, forwarding, task) = switchable_front(slapd.ldaps_host()).await?;
+    let mut outage = config(front, tls_trusting(&slapd.ca_pem())?);
+    outage.timeout = Duration::from_secs(2);
+    let directory = Directory::new(outage);
+
+    // The directory hangs: many logins at once all fail as unavailable within about one
+    // timeout each — the shared connection's connect (TLS, then StartTLS, each up to the
+    // timeout) is one attempt they all wait for, each no longer than its own timeout, not one
+    // attempt after another.
+    const LOGINS: usize = 16;
+    let started = std::time::Instant::now();
+    let logins =
+        futures::future::join_all((0..LOGINS).map(|_| directory.authenticate("pinny", "seal-of-approval")));
+    let outcomes = tokio::time::timeout(Duration::from_secs(6), logins)
+        .await
+        .map_err(|_| anyhow::anyhow!("{LOGINS} logins in an outage still waiting after 6 s"))?;
+    for outcome in outcomes {
+        anyhow::ensure!(
+            matches!(outcome, Err(LdapError::Unreachable { .. })),
+            "{outcome:?}"
+        );
+    }
+    let outage_took = started.elapsed();
+
+    // The directory back: logins use it by themselves (once the attempt in flight is over).
+    forwarding.store(true, std::sync::atomic::Ordering::SeqCst);
+    let identity = selkie_e2e::eventually(Duration::from_secs(30), || async {
+        Ok(directory.authenticate("pinny", "seal-of-approval").await?)
+    })
+    .await?;
+    anyhow::ensure!(
+        identity.username == "pinny" && identity.groups == ["seals"],
+        "{identity:?}"
+    );
+    task.abort();
+    eprintln!("{LOGINS} logins in the outage took {outage_took:?}");
+    Ok(())
+}
+
 /// The LDAPIdentityProvider `name` once `check` accepts it (within `within`).
 async fn ldap_idp_when(
     cluster: &selkie_e2e::Cluster,

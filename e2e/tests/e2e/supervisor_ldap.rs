@@ -108,6 +108,62 @@ pub(crate) fn groups(user: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// A login on the Supervisor's login page without a browser: starts a browser-flow login at
+/// `authorize` (no password headers: the Supervisor sends the browser to `<issuer>/login` with
+/// a sealed state and a CSRF cookie), then posts `username` and `password` with them. Returns
+/// where the Supervisor sends the browser next: the login page again with `err=…`, or the
+/// client's redirect URI with a code.
+async fn login_page_post(
+    http: &selkie_oidc::https::HttpsClient,
+    authorize: &str,
+    issuer: &str,
+    username: &str,
+    password: &str,
+) -> anyhow::Result<String> {
+    let started = selkie_e2e::pinniped_cli::get(http, authorize, None, "").await?;
+    anyhow::ensure!(started.status == 303, "{}: {:?}", started.status, started.body);
+    let location = started.headers[http::header::LOCATION].to_str()?;
+    let query = location
+        .strip_prefix(&format!("{issuer}/login?"))
+        .ok_or_else(|| anyhow::anyhow!("not sent to the login page: {location}"))?;
+    let state = form_urlencoded::parse(query.as_bytes())
+        .find(|(name, _)| name == "state")
+        .map(|(_, state)| state.into_owned())
+        .ok_or_else(|| anyhow::anyhow!("no state: {location}"))?;
+    let cookie = started
+        .headers
+        .get(http::header::SET_COOKIE)
+        .ok_or_else(|| anyhow::anyhow!("no CSRF cookie"))?
+        .to_str()?
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let form = form_urlencoded::Serializer::new(String::new())
+        .append_pair("state", &state)
+        .append_pair("username", username)
+        .append_pair("password", password)
+        .finish();
+    let posted = http
+        .send(
+            http::Method::POST,
+            &format!("{issuer}/login"),
+            &[
+                (http::header::COOKIE, http::HeaderValue::from_str(&cookie)?),
+                (
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+                ),
+            ],
+            bytes::Bytes::from(form),
+            1 << 20,
+            Some(Duration::from_secs(30)),
+        )
+        .await?;
+    anyhow::ensure!(posted.status == 303, "{}: {:?}", posted.status, posted.body);
+    Ok(posted.headers[http::header::LOCATION].to_str()?.to_string())
+}
+
 #[tokio::test]
 async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_every_refresh(
 ) -> anyhow::Result<()> {
@@ -331,9 +387,12 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     anyhow::ensure!(groups(&user) == ["ops"], "{user}");
 
     // Password guessing is slowed down: after ten wrong passwords in a row, each further one
-    // makes the username wait (1 s, 2 s, 4 s, 8 s …) before the Supervisor asks the directory
+    // makes the account wait (1 s, 2 s, 4 s, 8 s …) before the Supervisor asks the directory
     // again — even the right password is refused meanwhile, saying how long to wait — and then
-    // the right one logs in.
+    // the right one logs in. The account is walrus's entry, whatever spelling slapd resolves to
+    // it (`uid` matches ignoring case and leading, trailing and repeated spaces): failures typed
+    // as " walrus" or "WALRUS  " on the login page count with the CLI's "walrus", and while
+    // walrus waits no spelling reaches the directory, not even with the right password.
     let http = supervisor.client()?;
     let (base, path) = selkie_e2e::pinniped_cli::split_issuer(supervisor.issuer());
     let authorize = selkie_e2e::pinniped_cli::authorize_url(
@@ -342,42 +401,86 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         &["pinniped_idp_name"],
         &[("pinniped_idp_name", IDP_NAME)],
     );
-    let attempt = |password: &'static str| {
+    let attempt = |username: &'static str, password: &'static str| {
         let (http, authorize) = (http.clone(), authorize.clone());
         async move {
-            let response = selkie_e2e::pinniped_cli::get(&http, &authorize, Some(password), "walrus").await?;
+            let response = selkie_e2e::pinniped_cli::get(&http, &authorize, Some(password), username).await?;
             selkie_e2e::pinniped_cli::redirected(&response)
         }
     };
-    let wrong_password_checked = || async {
-        let params = attempt("not-the-password").await?;
-        anyhow::ensure!(
-            selkie_e2e::pinniped_cli::param(&params, "error_description")
-                .is_some_and(|d| d.contains("Username/password not accepted by LDAP provider")),
-            "{params:?}"
-        );
+    let login_page = |username: &'static str, password: &'static str| {
+        let (http, authorize) = (http.clone(), authorize.clone());
+        let issuer = supervisor.issuer().to_string();
+        async move { login_page_post(&http, &authorize, &issuer, username, password).await }
+    };
+    let wrong_password_checked = |username: &'static str, on_page: bool| async move {
+        if on_page {
+            let location = login_page(username, "not-the-password").await?;
+            anyhow::ensure!(
+                location.contains("err=incorrect_username_or_password"),
+                "{username:?}: {location}"
+            );
+        } else {
+            let params = attempt(username, "not-the-password").await?;
+            anyhow::ensure!(
+                selkie_e2e::pinniped_cli::param(&params, "error_description")
+                    .is_some_and(|d| d.contains("Username/password not accepted by LDAP provider")),
+                "{username:?}: {params:?}"
+            );
+        }
         Ok(())
     };
-    for _ in 0..11 {
-        wrong_password_checked().await?;
+    // Eleven failures in four spellings: counted as one account's, the eleventh makes it wait.
+    let spellings = [
+        ("walrus", false),
+        (" walrus", true),
+        ("WALRUS", false),
+        ("walrus  ", true),
+    ];
+    for n in 0..11 {
+        let (username, on_page) = spellings[n % spellings.len()];
+        wrong_password_checked(username, on_page).await?;
     }
-    // The eleventh failure made walrus wait; three more failures, each once the wait is over.
-    for _ in 0..3 {
-        selkie_e2e::eventually(Duration::from_secs(20), wrong_password_checked).await?;
-    }
-    let params = attempt(WALRUS_PASSWORD).await?;
-    let description = selkie_e2e::pinniped_cli::param(&params, "error_description").unwrap_or_default();
-    let wait: u64 = description
-        .split_once("Reason: too many failed logins for this username; try again in ")
-        .and_then(|(_, rest)| rest.strip_suffix(" seconds."))
-        .and_then(|seconds| seconds.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("the right password was checked while walrus waits: {params:?}"))?;
+    let wait_refusal = |params: &[(String, String)]| -> Option<u64> {
+        let description = selkie_e2e::pinniped_cli::param(params, "error_description")?;
+        (selkie_e2e::pinniped_cli::param(params, "error") == Some("access_denied")).then_some(())?;
+        description
+            .split_once("Reason: too many failed logins for this username; try again in ")
+            .and_then(|(_, rest)| rest.strip_suffix(" seconds."))
+            .and_then(|seconds| seconds.parse().ok())
+    };
+    let params = attempt("walrus", "not-the-password").await?;
     anyhow::ensure!(
-        selkie_e2e::pinniped_cli::param(&params, "error") == Some("access_denied") && (1..=8).contains(&wait),
-        "{params:?}"
+        wait_refusal(&params).is_some(),
+        "eleven failures in several spellings did not make walrus wait: {params:?}"
+    );
+    // Three more failures, each once the wait is over.
+    for _ in 0..3 {
+        selkie_e2e::eventually(Duration::from_secs(20), || {
+            wrong_password_checked("walrus", false)
+        })
+        .await?;
+    }
+    let params = attempt("walrus", WALRUS_PASSWORD).await?;
+    let wait = wait_refusal(&params)
+        .ok_or_else(|| anyhow::anyhow!("the right password was checked while walrus waits: {params:?}"))?;
+    anyhow::ensure!((1..=8).contains(&wait), "{params:?}");
+    // Meanwhile every other spelling, the right password with it, is refused unchecked: on the
+    // login page (which keeps spaces) and in the CLI's headers.
+    for username in [" walrus", "walrus ", "  WALRUS  ", "Walrus"] {
+        let location = login_page(username, WALRUS_PASSWORD).await?;
+        anyhow::ensure!(
+            location.contains("err=too_many_failures"),
+            "{username:?} reached the directory while walrus waits: {location}"
+        );
+    }
+    let params = attempt("WALRUS", WALRUS_PASSWORD).await?;
+    anyhow::ensure!(
+        wait_refusal(&params).is_some(),
+        "\"WALRUS\" reached the directory while walrus waits: {params:?}"
     );
     selkie_e2e::eventually(Duration::from_secs(20), || async {
-        let params = attempt(WALRUS_PASSWORD).await?;
+        let params = attempt("walrus", WALRUS_PASSWORD).await?;
         anyhow::ensure!(
             selkie_e2e::pinniped_cli::param(&params, "code").is_some(),
             "{params:?}"
@@ -385,6 +488,13 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         Ok(())
     })
     .await?;
+    // Those spellings are walrus to slapd: once the wait is over, one logs in.
+    let location = login_page(" walrus", WALRUS_PASSWORD).await?;
+    anyhow::ensure!(
+        location.starts_with(&format!("{}?", selkie_e2e::pinniped_cli::REDIRECT))
+            && location.contains("code="),
+        "\" walrus\" did not log in as walrus: {location}"
+    );
 
     // Deleted from the directory: pinny's next refresh is refused, and the password no longer
     // logs in.

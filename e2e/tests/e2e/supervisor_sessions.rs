@@ -216,9 +216,28 @@ async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyho
         .to_string();
     anyhow::ensure!(!rotated.is_empty() && rotated != refresh_token, "{refreshed}");
 
+    // The used refresh token's Secret stays, marked rotated and emptied of the upstream's tokens,
+    // so that presenting it again is recognised as reuse; the new token has a Secret of its own.
+    let (used, live): (Vec<Secret>, Vec<Secret>) = storage(&secrets)
+        .await?
+        .into_iter()
+        .filter(|secret| label(secret, TYPE_LABEL) == "refresh-token")
+        .partition(|secret| stored_session(secret).is_ok_and(|session| session["rotated"] == true));
+    anyhow::ensure!(
+        used.len() == 1 && live.len() == 1,
+        "{} used and {} live refresh-token Secrets",
+        used.len(),
+        live.len()
+    );
+    let used_session = stored_session(&used[0])?;
+    anyhow::ensure!(
+        used_session["upstream"].get("refresh_token").is_none()
+            && used_session["upstream"].get("access_token").is_none(),
+        "a used refresh token's Secret still holds an upstream token"
+    );
+
     // Once the refresh token's Secret is collected, the refresh token is dead.
-    let refresh_secret = one_of(&secrets, "refresh-token").await?;
-    let refresh_name = refresh_secret.metadata.name.clone().unwrap_or_default();
+    let refresh_name = live[0].metadata.name.clone().unwrap_or_default();
     expire_and_wait_for_collection(cluster, &secrets, &namespace, &refresh_name).await?;
     let (status, refused) = refresh(&supervisor, &rotated).await?;
     anyhow::ensure!(

@@ -17,7 +17,10 @@
 //! [`BCRYPT_COST`]) are stored, at most [`MAX_CLIENT_SECRETS`]. A client authenticates with HTTP
 //! Basic (`client_secret_basic`) only.
 
+mod controller;
 pub(crate) mod secret_request;
+
+pub use controller::ClientController;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -25,25 +28,19 @@ use std::{
     time::Duration,
 };
 
-use arc_swap::ArcSwap;
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use k8s_openapi::{
     api::core::v1::Secret,
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
     ByteString,
 };
-use kube::{
-    api::{ApiResource, DynamicObject, PostParams},
-    runtime::{reflector, watcher},
-    Api, Client, ResourceExt as _,
-};
-use selkie_api::supervisor_config::{GrantType, OIDCClient, OIDCClientSpec, OIDCClientStatus, Phase, Scope};
-use selkie_kube::conditions::{self, Check};
+use kube::{api::PostParams, Api};
+use selkie_api::supervisor_config::{GrantType, OIDCClientSpec, Scope};
+use selkie_kube::conditions::Check;
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Semaphore;
 
-use crate::controller::{follow, parse, StatusWriter};
 use crate::endpoints::authorize;
 use crate::session::storage::{self, StorageError};
 
@@ -53,10 +50,6 @@ pub(crate) const SECRET_LABEL: &str = "oidc-client-secret";
 pub(crate) const BCRYPT_COST: u32 = 12;
 /// The most client secrets an OIDCClient may have.
 pub(crate) const MAX_CLIENT_SECRETS: usize = 5;
-/// How often everything is computed again, besides after every change.
-const RESYNC: Duration = Duration::from_secs(30);
-/// How long a burst of watch events is let settle.
-const DEBOUNCE: Duration = Duration::from_millis(50);
 
 const CLIENT_SECRET_EXISTS: &str = "ClientSecretExists";
 const ALLOWED_GRANT_TYPES_VALID: &str = "AllowedGrantTypesValid";
@@ -73,6 +66,9 @@ pub struct DynamicClient {
     /// SHA-256 digests of secrets already verified against `hashes` (bcrypt costs a quarter of a
     /// second of CPU; a client redeeming codes all day pays it once per secret).
     verified: Mutex<HashSet<[u8; 32]>>,
+    /// One bcrypt check of this client's secrets at a time: a flood of wrong secrets for one
+    /// client ID (IDs are public) queues here, not in the shared [`BCRYPT_SLOTS`].
+    checking: Semaphore,
 }
 
 impl std::fmt::Debug for DynamicClient {
@@ -85,28 +81,69 @@ impl std::fmt::Debug for DynamicClient {
 }
 
 impl DynamicClient {
-    /// Whether `secret` is one of the client's secrets (bcrypt, the first time a secret is seen;
-    /// a digest kept in memory after that). Never logs the secret.
-    pub fn authenticate(&self, secret: &str) -> bool {
+    /// Whether `secret` is one of the client's secrets. A secret verified before is recognised by
+    /// its digest at once; any other is checked with bcrypt on the blocking thread pool, one at a
+    /// time per client and at most [`BCRYPT_SLOTS`] across all clients, so a flood of wrong
+    /// secrets never occupies the async runtime and cannot starve other clients' checks. Fails
+    /// with [`Busy`] when no check could start within [`BCRYPT_WAIT`] (the caller answers
+    /// `temporarily_unavailable`). Never logs the secret.
+    pub async fn authenticate(&self, secret: &str) -> Result<bool, Busy> {
         let digest: [u8; 32] = sha2::Sha256::digest(secret.as_bytes()).into();
         if self
             .verified
             .lock()
             .is_ok_and(|verified| verified.contains(&digest))
         {
-            return true;
+            return Ok(true);
         }
-        let matches = self
-            .hashes
-            .iter()
-            .any(|hash| bcrypt::verify(secret, hash).unwrap_or(false));
+        let deadline = tokio::time::Instant::now() + BCRYPT_WAIT;
+        let _mine = tokio::time::timeout_at(deadline, self.checking.acquire())
+            .await
+            .map_err(|_| Busy)?
+            .map_err(|_| Busy)?;
+        let hashes = self.hashes.clone();
+        let secret = secret.to_string();
+        let matches = run_bcrypt(deadline, move || {
+            hashes
+                .iter()
+                .any(|hash| bcrypt::verify(secret.as_str(), hash).unwrap_or(false))
+        })
+        .await?;
         if matches {
             if let Ok(mut verified) = self.verified.lock() {
                 verified.insert(digest);
             }
         }
-        matches
+        Ok(matches)
     }
+}
+
+/// bcrypt checks and hashes running at once, across all clients: half the cores (at least one),
+/// so a flood of wrong secrets leaves CPU to every other request.
+static BCRYPT_SLOTS: std::sync::LazyLock<Semaphore> = std::sync::LazyLock::new(|| {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    Semaphore::new((cores / 2).max(1))
+});
+
+/// How long a client-secret check or hash may wait for its turn before [`Busy`].
+pub(crate) const BCRYPT_WAIT: Duration = Duration::from_secs(5);
+
+/// Too many bcrypt computations are waiting: nothing was checked or hashed; try again later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("too many client-secret checks are in progress")]
+pub struct Busy;
+
+/// Runs `work` (bcrypt) on the blocking pool once one of the [`BCRYPT_SLOTS`] is free, waiting
+/// until `deadline` at most ([`Busy`] then, or when the work panicked).
+pub(crate) async fn run_bcrypt<T: Send + 'static>(
+    deadline: tokio::time::Instant,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Busy> {
+    let _slot = tokio::time::timeout_at(deadline, BCRYPT_SLOTS.acquire())
+        .await
+        .map_err(|_| Busy)?
+        .map_err(|_| Busy)?;
+    tokio::task::spawn_blocking(work).await.map_err(|_| Busy)
 }
 
 /// The valid OIDCClients of the Supervisor's namespace, by client ID.
@@ -325,10 +362,13 @@ fn dynamic_client(name: &str, spec: &OIDCClientSpec, hashes: Vec<String>) -> Dyn
         id_token_lifetime: spec
             .token_lifetimes
             .id_token_seconds
+            // The CRD's bounds (Pinniped's), held here too: a stored object is outside data.
+            .filter(|seconds| (120..=1800).contains(seconds))
             .and_then(|seconds| u64::try_from(seconds).ok())
             .map(Duration::from_secs),
         hashes,
         verified: Mutex::default(),
+        checking: Semaphore::new(1),
     }
 }
 
@@ -411,129 +451,6 @@ impl SecretStorage {
             Err(kube::Error::Api(status)) if status.code == 409 => Err(SecretStorageError::Conflict),
             Err(error) => Err(error.into()),
         }
-    }
-}
-
-/// Keeps a [`Clients`] table equal to the valid OIDCClients of the namespace; the leader also
-/// writes their statuses.
-pub struct ClientController {
-    client: Client,
-    namespace: String,
-    resource: ApiResource,
-    clients: Arc<ArcSwap<Clients>>,
-    leader: watch::Receiver<bool>,
-    statuses: StatusWriter,
-}
-
-impl ClientController {
-    /// A controller of the OIDCClients in `namespace` (of the group under `api_group_suffix`),
-    /// serving into `clients`, writing statuses while `leader` is true.
-    pub fn new(
-        client: Client,
-        namespace: &str,
-        api_group_suffix: &str,
-        clients: Arc<ArcSwap<Clients>>,
-        leader: watch::Receiver<bool>,
-    ) -> Result<Self, selkie_api::crds::CrdError> {
-        let resource = selkie_api::crds::api_resource_with_group_suffix::<OIDCClient>(api_group_suffix)?;
-        Ok(Self {
-            statuses: StatusWriter::new(client.clone(), namespace),
-            client,
-            namespace: namespace.to_string(),
-            resource,
-            clients,
-            leader,
-        })
-    }
-
-    /// Runs until a watch ends (which it does not, short of the process stopping).
-    pub async fn run(mut self) {
-        let changed = Arc::new(Notify::new());
-        let writer = reflector::store::Writer::new(self.resource.clone());
-        let oidc_clients = writer.as_reader();
-        let (secrets, secrets_writer) = reflector::store();
-        let clients_api =
-            Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.namespace, &self.resource);
-        let secrets_api = Api::<Secret>::namespaced(self.client.clone(), &self.namespace);
-        let secrets_config =
-            watcher::Config::default().labels(&format!("{}={SECRET_LABEL}", storage::TYPE_LABEL));
-        let watches = async {
-            tokio::join!(
-                follow(
-                    watcher(clients_api, watcher::Config::default()),
-                    writer,
-                    changed.clone()
-                ),
-                follow(
-                    watcher(secrets_api, secrets_config),
-                    secrets_writer,
-                    changed.clone()
-                ),
-            )
-        };
-        let mut leader = self.leader.clone();
-        let sync_loop = async {
-            loop {
-                tokio::select! {
-                    () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                    _ = leader.changed() => {}
-                    () = tokio::time::sleep(RESYNC) => {}
-                }
-                self.sync(&oidc_clients, &secrets).await;
-            }
-        };
-        tokio::select! {
-            _ = watches => tracing::error!("the watches of OIDCClients ended"),
-            () = sync_loop => {}
-        }
-    }
-
-    async fn sync(
-        &mut self,
-        oidc_clients: &reflector::Store<DynamicObject>,
-        secrets: &reflector::Store<Secret>,
-    ) {
-        let leading = *self.leader.borrow();
-        let previous = self.clients.load_full();
-        let mut by_id = HashMap::new();
-        for object in oidc_clients.state() {
-            let name = object.name_any();
-            let Some(oidc_client) = parse::<OIDCClient>(&object) else {
-                continue;
-            };
-            let uid = oidc_client.metadata.uid.clone().unwrap_or_default();
-            let storage =
-                secrets.get(&reflector::ObjectRef::new(&storage_name(&uid)).within(&self.namespace));
-            let (checks, hashes) = validate(&oidc_client.spec, storage.as_deref());
-            if !hashes.is_empty() {
-                // The same hashes and spec: keep the client, and the secrets it has verified.
-                let kept = previous.get(&name).filter(|kept| {
-                    kept.hashes == hashes
-                        && dynamic_client(&name, &oidc_client.spec, Vec::new()).client == kept.client
-                });
-                let client = kept
-                    .unwrap_or_else(|| Arc::new(dynamic_client(&name, &oidc_client.spec, hashes.clone())));
-                by_id.insert(name.clone(), client);
-            }
-            if leading {
-                let current = oidc_client.status.clone();
-                let (phase, conditions) = conditions::with_ready::<Phase>(
-                    "OIDCClient",
-                    &checks,
-                    &current.clone().unwrap_or_default().conditions,
-                    oidc_client.metadata.generation,
-                );
-                let status = OIDCClientStatus {
-                    phase,
-                    conditions,
-                    // Pinniped's count: the usable stored secrets (none when any is unusable).
-                    total_client_secrets: i32::try_from(validate_secret(storage.as_deref()).1.len())
-                        .unwrap_or(i32::MAX),
-                };
-                self.statuses.write(&self.resource, &name, &current, status).await;
-            }
-        }
-        self.clients.store(Arc::new(Clients { by_id }));
     }
 }
 

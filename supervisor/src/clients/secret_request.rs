@@ -238,8 +238,21 @@ impl Routes {
             let Some(secret) = new_secret() else {
                 return internal("client secret generation failed");
             };
-            let Ok(hash) = bcrypt::hash(&secret, clients::BCRYPT_COST) else {
-                return internal("hash generation failed");
+            let hashed = {
+                let secret = secret.clone();
+                let deadline = tokio::time::Instant::now() + clients::BCRYPT_WAIT;
+                clients::run_bcrypt(deadline, move || bcrypt::hash(secret, clients::BCRYPT_COST)).await
+            };
+            let hash = match hashed {
+                Ok(Ok(hash)) => hash,
+                Ok(Err(_)) => return internal("hash generation failed"),
+                Err(clients::Busy) => {
+                    return status(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "TooManyRequests",
+                        "too many client secrets are being hashed at once; try again later",
+                    )
+                }
             };
             hashes.insert(0, hash);
             generated = secret;

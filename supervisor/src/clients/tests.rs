@@ -80,12 +80,61 @@ fn a_valid_client_with_a_secret_is_ready_and_authenticates_its_secrets_only() {
     );
     assert_eq!(client.client.grant_types, ["authorization_code", "refresh_token"]);
     assert!(!client.client.form_post);
-    assert!(client.authenticate("the-secret"));
-    // The second time from memory, still right; a wrong secret never.
-    assert!(client.authenticate("the-secret"));
-    assert!(!client.authenticate("the-secret "));
-    assert!(!client.authenticate(""));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        assert_eq!(client.authenticate("the-secret").await, Ok(true));
+        // The second time from memory, still right; a wrong secret never.
+        assert_eq!(client.authenticate("the-secret").await, Ok(true));
+        assert_eq!(client.authenticate("the-secret ").await, Ok(false));
+        assert_eq!(client.authenticate("").await, Ok(false));
+    });
     assert!(!format!("{client:?}").contains(&hash));
+}
+
+/// A flood of wrong secrets for one client ID (IDs are public) runs bcrypt off the async
+/// runtime, one check at a time for that client: another client's first check goes through while
+/// the flood is still far from done. Before, every check ran bcrypt on the runtime's thread, in
+/// arrival order, so the other client waited for the whole flood.
+#[tokio::test(flavor = "current_thread")]
+async fn a_wrong_secret_flood_for_one_client_does_not_hold_up_another() {
+    let spec = spec(&["authorization_code"], &["openid"]);
+    // Cost 10 instead of 12 only to keep the test short; the scheduling is the same.
+    let hash = |secret: &str| bcrypt::hash(secret, 10).unwrap();
+    let flooded = Arc::new(dynamic_client(
+        "client.oauth.pinniped.dev-flooded",
+        &spec,
+        vec![hash("flooded-secret")],
+    ));
+    let other = dynamic_client(
+        "client.oauth.pinniped.dev-other",
+        &spec,
+        vec![hash("other-secret")],
+    );
+    const FLOOD: usize = 24;
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flood: Vec<_> = (0..FLOOD)
+        .map(|i| {
+            let (flooded, done) = (flooded.clone(), done.clone());
+            tokio::spawn(async move {
+                let verdict = flooded.authenticate(&format!("wrong-{i}")).await;
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                verdict
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    assert_eq!(other.authenticate("other-secret").await, Ok(true));
+    let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        finished <= FLOOD / 2,
+        "the other client waited for {finished} of {FLOOD} checks of the flooded client"
+    );
+    for check in flood {
+        assert_eq!(check.await.unwrap(), Ok(false));
+    }
 }
 
 #[test]

@@ -317,9 +317,12 @@ pub(crate) fn rotate(
     let next = read_next(secret, &published);
     let annotations = secret.metadata.annotations.clone().unwrap_or_default();
     let parse_time = |text: &str| OffsetDateTime::parse(text, &Rfc3339).ok();
+    // A time in the future (a clock gone wrong, an edited annotation) would keep the key from
+    // ever rotating: it counts as unreadable, and the Secret's creation time stands instead.
     let since = annotations
         .get(ACTIVE_SINCE_ANNOTATION)
         .and_then(|text| parse_time(text))
+        .filter(|since| *since <= now)
         .or_else(|| {
             let created = secret.metadata.creation_timestamp.as_ref()?;
             OffsetDateTime::from_unix_timestamp(created.0.as_second()).ok()
@@ -342,7 +345,9 @@ pub(crate) fn rotate(
     // Drop the retired keys whose overlap is over (an unreadable time counts as over).
     let mut dropped = Vec::new();
     retired.retain(|kid, until| {
-        let keep = parse_time(until).is_some_and(|until| until > now);
+        // An end beyond the overlap (an edited annotation) would keep a retired key published
+        // for ever: it is over as if retired now.
+        let keep = parse_time(until).is_some_and(|until| until > now && until <= now + RETIRED_KEY_OVERLAP);
         if !keep {
             dropped.push(kid.clone());
         }
@@ -492,6 +497,29 @@ mod tests {
             .iter()
             .map(|jwk| jwk["kid"].as_str().unwrap().to_string())
             .collect()
+    }
+
+    #[test]
+    fn times_in_the_future_neither_stop_a_rotation_nor_keep_a_retired_key() {
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+        let mut secret = KeySecret::Jwks.generate("fd", "ns", owner()).unwrap();
+        secret.metadata.creation_timestamp =
+            serde_json::from_value(json!(rfc3339(now - time::Duration::days(2)))).unwrap();
+        secret.metadata.annotations = Some(BTreeMap::from([
+            (
+                ACTIVE_SINCE_ANNOTATION.to_string(),
+                rfc3339(now + time::Duration::days(3650)),
+            ),
+            (
+                RETIRED_KEYS_ANNOTATION.to_string(),
+                json!({"old": rfc3339(now + time::Duration::days(3650))}).to_string(),
+            ),
+        ]));
+        // Active since its creation two days ago: due, whatever the annotation says.
+        let (_, rotation) = rotate(&secret, now, Some(day)).unwrap().unwrap();
+        assert!(rotation.new_kid.is_some(), "{rotation:?}");
+        assert_eq!(rotation.dropped, ["old"]);
     }
 
     #[test]

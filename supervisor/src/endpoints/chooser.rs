@@ -7,7 +7,7 @@
 use http::{Response, StatusCode};
 
 use super::{
-    login::{html_escape, html_page},
+    html::{html_escape, html_page},
     text, Body,
 };
 use crate::endpoints::discovery::AUTHORIZE_PATH;

@@ -6,11 +6,16 @@
 //! responses (or a plain 404/405 for what is no endpoint).
 
 pub(crate) mod authorize;
-pub(crate) mod discovery;
-pub(crate) mod oauth;
-
+mod callback;
 mod chooser;
-mod login;
+mod code;
+pub(crate) mod discovery;
+mod html;
+mod login_page;
+#[cfg(test)]
+mod login_tests;
+pub(crate) mod oauth;
+mod revoke;
 mod token;
 
 use std::sync::Arc;
@@ -137,20 +142,20 @@ impl Endpoints {
                 text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed (try GET)")
             }
             Endpoint::authorize if get || method == Method::POST => {
-                login::authorize(self, &issuer, request).await
+                authorize::authorize(self, &issuer, request).await
             }
             Endpoint::callback if get || method == Method::POST => {
-                login::callback(self, &issuer, request).await
+                callback::callback(self, &issuer, request).await
             }
             Endpoint::choose_idp if get => {
                 chooser::choose(&issuer, request.uri().query().unwrap_or_default())
             }
             Endpoint::choose_idp => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed (try GET)"),
             Endpoint::login if get || method == Method::POST => {
-                login::login_page(self, &issuer, request).await
+                login_page::login_page(self, &issuer, request).await
             }
             Endpoint::token if method == Method::POST => token::token(self, &issuer, request).await,
-            Endpoint::revoke if method == Method::POST => token::revoke(self, &issuer, request).await,
+            Endpoint::revoke if method == Method::POST => revoke::revoke(self, &issuer, request).await,
             _ => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
         };
         (kind, response)
@@ -185,16 +190,21 @@ pub(crate) fn oauth_error(error: &OAuthError) -> Response<Body> {
     json(status, Bytes::from(error.json()))
 }
 
-/// Reads an `application/x-www-form-urlencoded` body of at most [`MAX_FORM_BYTES`]. `None` when it
-/// is larger or cannot be read.
+/// How long a form body may take to arrive in whole: a slow body (one byte now and then) must not
+/// hold its connection and task open for ever.
+pub(crate) const BODY_READ_TIMEOUT: std::time::Duration = selkie_kube::aggregated::BODY_READ_TIMEOUT;
+
+/// Reads an `application/x-www-form-urlencoded` body of at most [`MAX_FORM_BYTES`], arriving
+/// within [`BODY_READ_TIMEOUT`]. `None` when it is larger, slower or cannot be read.
 pub(crate) async fn read_form<B>(body: B) -> Option<Vec<(String, String)>>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let bytes = Limited::new(body, MAX_FORM_BYTES)
-        .collect()
+    let reading = Limited::new(body, MAX_FORM_BYTES).collect();
+    let bytes = tokio::time::timeout(BODY_READ_TIMEOUT, reading)
         .await
+        .ok()?
         .ok()?
         .to_bytes();
     Some(
@@ -202,4 +212,32 @@ where
             .map(|(name, value)| (name.into_owned(), value.into_owned()))
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt as _;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    use super::*;
+
+    /// A client that sends part of a form and then nothing more is cut off after
+    /// [`BODY_READ_TIMEOUT`] (before, the read waited for ever, holding the connection).
+    #[tokio::test(start_paused = true)]
+    async fn a_form_that_stops_arriving_is_given_up_on() {
+        let first = futures::stream::iter([Ok::<_, std::convert::Infallible>(Frame::data(
+            Bytes::from_static(b"grant_type=refresh_token&refresh_token="),
+        ))]);
+        let body = StreamBody::new(first.chain(futures::stream::pending()));
+        let started = tokio::time::Instant::now();
+        assert_eq!(read_form(body).await, None);
+        assert_eq!(started.elapsed(), BODY_READ_TIMEOUT);
+
+        let whole = Full::new(Bytes::from_static(b"a=1&b=two"));
+        assert_eq!(
+            read_form(whole).await,
+            Some(vec![("a".into(), "1".into()), ("b".into(), "two".into())])
+        );
+    }
 }

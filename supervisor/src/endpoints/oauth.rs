@@ -31,6 +31,9 @@ pub enum Code {
     ServerError,
     /// `temporarily_unavailable`.
     TemporarilyUnavailable,
+    /// `login_required` (OpenID Connect Core §3.1.2.6): `prompt=none`, and the user would have
+    /// to log in.
+    LoginRequired,
 }
 
 impl Code {
@@ -49,6 +52,7 @@ impl Code {
             Self::AccessDenied => "access_denied",
             Self::ServerError => "server_error",
             Self::TemporarilyUnavailable => "temporarily_unavailable",
+            Self::LoginRequired => "login_required",
         }
     }
 
@@ -67,6 +71,7 @@ impl Code {
             Self::AccessDenied => "The resource owner or authorization server denied the request.",
             Self::ServerError => "The authorization server encountered an unexpected condition that prevented it from fulfilling the request.",
             Self::TemporarilyUnavailable => "The authorization server is currently unable to handle the request due to a temporary overloading or maintenance of the server.",
+            Self::LoginRequired => "The Authorization Server requires End-User authentication.",
         }
     }
 
@@ -74,7 +79,7 @@ impl Code {
     pub fn http_status(self) -> u16 {
         match self {
             Self::InvalidClient => 401,
-            Self::AccessDenied | Self::UnauthorizedClient => 403,
+            Self::AccessDenied => 403,
             Self::ServerError => 500,
             Self::TemporarilyUnavailable => 503,
             _ => 400,

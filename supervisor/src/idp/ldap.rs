@@ -2,11 +2,16 @@
 //! (REFERENCE.md §1.3, §4): authenticating a user with a username and password, and checking
 //! them again at every refresh, the way Pinniped's upstream LDAP client does.
 //!
-//! **A login** searches `userSearch.base` for exactly one entry matching the user filter (the
-//! username escaped per RFC 4515 in place of every `{}`), searches `groupSearch.base` for the
-//! user's groups (paged, so a huge group list is no error), and last checks the password by
-//! binding as the entry's DN. An empty password is refused before any bind: an unauthenticated
-//! simple bind "succeeds". Unknown users and wrong passwords are the same error.
+//! **A login** is two steps, so that the password throttle (`crate::idp::throttle`) can count
+//! the entry the directory resolves rather than what was typed: [`Directory::find_user`]
+//! searches `userSearch.base`, as the service account, for exactly one entry matching the user
+//! filter (the username escaped per RFC 4515 in place of every `{}`) — not a bind as the user,
+//! nothing for the directory's lockout count; then [`Directory::check_password`] binds as the
+//! entry's DN and, when that works, searches `groupSearch.base` for the user's groups (paged, so
+//! a huge group list is no error). [`Directory::authenticate`] does both. An empty password is
+//! refused before any bind: an unauthenticated simple bind "succeeds". A username longer than
+//! [`MAX_USERNAME_BYTES`] is refused before any directory work. Unknown users and wrong
+//! passwords are the same error.
 //!
 //! **A refresh** reads the stored DN again (a base-object search) and requires the same username
 //! and UID; Active Directory also requires `pwdLastSet` unchanged since the login, the account
@@ -20,6 +25,17 @@
 //! [`MAX_IN_FLIGHT`] logins and refreshes run against one directory; more wait up to the timeout
 //! and then fail as [`LdapError::Busy`], so a slow directory cannot exhaust the Supervisor. Every
 //! connect, bind and search is bounded by [`DirectoryConfig::timeout`].
+//!
+//! **The shared search connection is made by one task at a time, and no login waits for it
+//! longer than its own timeout.** When a search finds no working connection it starts a connect
+//! (TLS or StartTLS, then the service bind) in a task of its own, unless one is already in
+//! flight, and waits for that attempt's outcome at most [`DirectoryConfig::timeout`]; every
+//! search needing the connection meanwhile waits for the same attempt, each within its own
+//! timeout, and then fails as [`LdapError::Unreachable`]. No lock is held across the network: in
+//! an outage, logins fail within one timeout each whatever other logins do, not one after
+//! another. The attempt's outcome is installed for the searches after it; a failed attempt
+//! leaves nothing behind, so the next search tries again and a recovered directory is used
+//! without a restart.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -28,6 +44,8 @@ use ldap3::{
     adapters::{Adapter, EntriesOnly, PagedResults},
     DerefAliases, LdapConnAsync, LdapConnSettings, Scope, SearchEntry, SearchOptions,
 };
+
+use crate::idp::throttle::MAX_USERNAME_BYTES;
 
 /// How many logins and refreshes may be in flight against one directory.
 pub(crate) const MAX_IN_FLIGHT: usize = 64;
@@ -215,11 +233,77 @@ pub struct StoredLogin<'a> {
     pub refresh_attributes: &'a BTreeMap<String, String>,
 }
 
+/// The outcome of a connect of the shared search connection, as the searches waiting for it
+/// see it: `None` until the attempt ends.
+type Connected = Option<Result<ldap3::Ldap, LdapError>>;
+
+/// The shared search connection's state.
+enum Searcher {
+    /// None (not made yet, broken, or the last attempt failed): the next search starts one.
+    Idle,
+    /// In use.
+    Ready {
+        /// Which attempt made it (a search that found it broken forgets only this one).
+        generation: u64,
+        ldap: ldap3::Ldap,
+    },
+    /// A connect in flight, in a task of its own; its outcome is sent on `done`.
+    Connecting {
+        generation: u64,
+        done: tokio::sync::watch::Receiver<Connected>,
+    },
+}
+
+/// The shared search connection and the number of the next connect attempt. Locked only to
+/// read or replace the state, never across an await.
+struct SearcherSlot {
+    state: Searcher,
+    next_generation: u64,
+}
+
+/// The lock of the shared search connection's slot (a panic while it was held left a
+/// consistent state: every update is a single assignment).
+fn lock(slot: &std::sync::Mutex<SearcherSlot>) -> std::sync::MutexGuard<'_, SearcherSlot> {
+    slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A handle on the shared search connection.
+struct SearchHandle {
+    ldap: ldap3::Ldap,
+    /// Which attempt made the connection.
+    generation: u64,
+    /// Whether it was made before this search (a failure may be its having broken since).
+    reused: bool,
+}
+
+/// A user's entry, found by [`Directory::find_user`]; it holds the login's turn among the
+/// [`MAX_IN_FLIGHT`] until [`Directory::check_password`] uses it (or it is dropped).
+pub struct UserEntry<'a> {
+    entry: SearchEntry,
+    _turn: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl UserEntry<'_> {
+    /// The entry's DN, as the directory returned it.
+    pub fn dn(&self) -> &str {
+        &self.entry.dn
+    }
+}
+
+impl std::fmt::Debug for UserEntry<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserEntry")
+            .field("dn", &self.entry.dn)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A directory to log users in at. Cheap to share ([`Arc`]); its connections are kept.
 pub struct Directory {
     config: DirectoryConfig,
-    /// The shared connection for searches, bound as the service account.
-    searcher: tokio::sync::Mutex<Option<ldap3::Ldap>>,
+    /// The shared connection for searches, bound as the service account (shared with the task
+    /// that connects it).
+    searcher: Arc<std::sync::Mutex<SearcherSlot>>,
     /// Idle connections for users' binds.
     binders: std::sync::Mutex<Vec<ldap3::Ldap>>,
     /// Bounds the logins and refreshes in flight.
@@ -248,7 +332,10 @@ impl Directory {
     pub fn new(config: DirectoryConfig) -> Self {
         Self {
             config,
-            searcher: tokio::sync::Mutex::new(None),
+            searcher: Arc::new(std::sync::Mutex::new(SearcherSlot {
+                state: Searcher::Idle,
+                next_generation: 0,
+            })),
             binders: std::sync::Mutex::new(Vec::new()),
             permits: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
         }
@@ -268,14 +355,32 @@ impl Directory {
         format!("ldaps://{}?{query}", self.config.host)
     }
 
-    /// Checks `username` and `password` at the directory and returns who they are; see the
-    /// module documentation for the steps. Wrong credentials and unknown users are both
-    /// [`LdapError::InvalidCredentials`].
+    /// Checks `username` and `password` at the directory and returns who they are:
+    /// [`Directory::find_user`], then [`Directory::check_password`]. Wrong credentials and
+    /// unknown users are both [`LdapError::InvalidCredentials`]. Counts nothing: logins go
+    /// through `LdapUpstream::login`, which throttles between the two steps.
     pub async fn authenticate(&self, username: &str, password: &str) -> Result<LdapIdentity, LdapError> {
-        if password.is_empty() || username.is_empty() {
+        if password.is_empty() {
             return Err(LdapError::InvalidCredentials);
         }
-        let _turn = self.turn().await?;
+        match self.find_user(username).await? {
+            Some(user) => self.check_password(user, password).await,
+            None => Err(LdapError::InvalidCredentials),
+        }
+    }
+
+    /// The first step of a login: the one entry the user search finds for `username`, searched
+    /// as the service account (no bind as the user), holding a turn among the `MAX_IN_FLIGHT`
+    /// (64); `None` when there is none. An empty username, or one longer than
+    /// `MAX_USERNAME_BYTES` (1024), is [`LdapError::InvalidCredentials`] before any directory
+    /// work; several entries are [`LdapError::Ambiguous`]; an entry lacking the username or UID
+    /// attribute is found all the same (the second step refuses it). Fails as the directory
+    /// does otherwise ([`LdapError::is_unavailable`]).
+    pub async fn find_user(&self, username: &str) -> Result<Option<UserEntry<'_>>, LdapError> {
+        if username.is_empty() || username.len() > MAX_USERNAME_BYTES {
+            return Err(LdapError::InvalidCredentials);
+        }
+        let turn = self.turn().await?;
         let search = &self.config.user_search;
         let template = if search.filter.is_empty() {
             format!("{}={{}}", search.username_attribute)
@@ -290,14 +395,33 @@ impl Directory {
                 self.user_attributes(),
             )
             .await?;
-        let entry = match entries.len() {
-            0 => return Err(LdapError::InvalidCredentials),
-            1 => entries.remove(0),
-            _ => return Err(LdapError::Ambiguous),
-        };
-        let identity = self.identity_of(&entry)?;
-        let groups = self.groups(&entry).await?;
-        self.bind_user(&entry.dn, password).await?;
+        match entries.len() {
+            0 => Ok(None),
+            1 => Ok(Some(UserEntry {
+                entry: entries.remove(0),
+                _turn: turn,
+            })),
+            _ => Err(LdapError::Ambiguous),
+        }
+    }
+
+    /// The second step of a login: checks `password` by binding as `user`'s entry and, when the
+    /// directory accepts it, returns who the user is with their groups. A refused bind (or an
+    /// empty password, refused without one) is [`LdapError::InvalidCredentials`] — the only
+    /// error that says anything about the password; an entry without a single username or UID
+    /// value is [`LdapError::MissingAttribute`]; a failing group search is
+    /// [`LdapError::Search`].
+    pub async fn check_password(
+        &self,
+        user: UserEntry<'_>,
+        password: &str,
+    ) -> Result<LdapIdentity, LdapError> {
+        if password.is_empty() {
+            return Err(LdapError::InvalidCredentials);
+        }
+        self.bind_user(&user.entry.dn, password).await?;
+        let identity = self.identity_of(&user.entry)?;
+        let groups = self.groups(&user.entry).await?;
         Ok(LdapIdentity { groups, ..identity })
     }
 
@@ -489,68 +613,95 @@ impl Directory {
         Ok(names)
     }
 
-    /// Connects over TLS, else with StartTLS, within the timeout.
+    /// Connects over TLS, else with StartTLS, within the timeout (each).
     async fn connect(&self) -> Result<ldap3::Ldap, LdapError> {
-        let host = &self.config.host;
-        let settings = |starttls: bool| {
-            LdapConnSettings::new()
-                .set_config(self.config.tls.clone())
-                .set_starttls(starttls)
-                .set_conn_timeout(self.config.timeout)
-        };
-        let tls = LdapConnAsync::with_settings(settings(false), &format!("ldaps://{host}")).await;
-        let (conn, ldap) = match tls {
-            Ok(connected) => connected,
-            Err(tls_error) => LdapConnAsync::with_settings(settings(true), &format!("ldap://{host}"))
-                .await
-                .map_err(|starttls_error| LdapError::Unreachable {
-                    host: host.clone(),
-                    reason: format!("TLS: {tls_error}; StartTLS: {starttls_error}"),
-                })?,
-        };
-        ldap3::drive!(conn);
-        Ok(ldap)
+        connect(&self.config).await
     }
 
+    /// Binds `ldap` as the service account.
     async fn bind_service(&self, ldap: &mut ldap3::Ldap) -> Result<(), LdapError> {
-        if self.config.bind_password.is_empty() {
-            return Err(LdapError::ServiceBind(self.config.bind_dn.clone()));
-        }
-        ldap.with_timeout(self.config.timeout);
-        match ldap
-            .simple_bind(&self.config.bind_dn, &self.config.bind_password)
-            .await
-        {
-            Ok(result) if result.rc == 0 => Ok(()),
-            Ok(_) => Err(LdapError::ServiceBind(self.config.bind_dn.clone())),
-            Err(error) => Err(self.unreachable(&error)),
-        }
+        bind_service(&self.config, ldap).await
     }
 
     fn unreachable(&self, error: &ldap3::LdapError) -> LdapError {
-        LdapError::Unreachable {
-            host: self.config.host.clone(),
-            reason: error.to_string(),
-        }
+        unreachable(&self.config, error.to_string())
     }
 
-    /// A handle on the shared search connection, and whether it was made before this call.
-    async fn searcher(&self) -> Result<(ldap3::Ldap, bool), LdapError> {
-        let mut shared = self.searcher.lock().await;
-        if let Some(ldap) = shared.as_mut() {
-            if !ldap.is_closed() {
-                return Ok((ldap.clone(), true));
+    /// A handle on the shared search connection, waited for at most the timeout (see the module
+    /// documentation): the working one, or the outcome of the connect in flight, started here
+    /// when there is none. Fails as [`LdapError::Unreachable`] when the wait times out, or as the
+    /// connect or the service bind failed.
+    async fn searcher(&self) -> Result<SearchHandle, LdapError> {
+        let deadline = tokio::time::Instant::now() + self.config.timeout;
+        let (generation, mut done) = {
+            let mut slot = lock(&self.searcher);
+            let in_flight = match &mut slot.state {
+                Searcher::Ready { generation, ldap } => {
+                    if !ldap.is_closed() {
+                        return Ok(SearchHandle {
+                            ldap: ldap.clone(),
+                            generation: *generation,
+                            reused: true,
+                        });
+                    }
+                    None
+                }
+                // A connect in flight (its task gone without an outcome — a panic, a runtime
+                // shutting down — counts as none).
+                Searcher::Connecting { generation, done } => {
+                    done.has_changed().is_ok().then(|| (*generation, done.clone()))
+                }
+                Searcher::Idle => None,
+            };
+            match in_flight {
+                Some(in_flight) => in_flight,
+                None => {
+                    let generation = slot.next_generation;
+                    slot.next_generation = generation.wrapping_add(1);
+                    let (sender, done) = tokio::sync::watch::channel(None);
+                    slot.state = Searcher::Connecting {
+                        generation,
+                        done: done.clone(),
+                    };
+                    tokio::spawn(connect_searcher(
+                        self.config.clone(),
+                        self.searcher.clone(),
+                        generation,
+                        sender,
+                    ));
+                    (generation, done)
+                }
             }
+        };
+        let waited = tokio::time::timeout_at(deadline, done.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(outcome)) => match &*outcome {
+                Some(Ok(ldap)) => Ok(SearchHandle {
+                    ldap: ldap.clone(),
+                    generation,
+                    reused: false,
+                }),
+                Some(Err(error)) => Err(error.clone()),
+                None => Err(unreachable(&self.config, "the connection attempt ended without an outcome".into())),
+            },
+            Ok(Err(_)) => Err(unreachable(&self.config, "the connection attempt was abandoned".into())),
+            Err(_) => Err(unreachable(
+                &self.config,
+                format!(
+                    "no connection within {:?} (connecting over TLS or StartTLS and binding as the service account)",
+                    self.config.timeout
+                ),
+            )),
         }
-        let mut ldap = self.connect().await?;
-        self.bind_service(&mut ldap).await?;
-        *shared = Some(ldap.clone());
-        Ok((ldap, false))
     }
 
-    /// Forgets the shared search connection (it broke).
-    async fn drop_searcher(&self) {
-        *self.searcher.lock().await = None;
+    /// Forgets the shared search connection made by attempt `generation` (it broke); a newer one
+    /// (or a connect in flight) stays.
+    fn drop_searcher(&self, generation: u64) {
+        let mut slot = lock(&self.searcher);
+        if matches!(slot.state, Searcher::Ready { generation: current, .. } if current == generation) {
+            slot.state = Searcher::Idle;
+        }
     }
 
     /// A search of at most two entries (the user searches want exactly one), on the shared
@@ -564,7 +715,11 @@ impl Directory {
     ) -> Result<Vec<SearchEntry>, LdapError> {
         let mut retried = false;
         loop {
-            let (mut ldap, reused) = self.searcher().await?;
+            let SearchHandle {
+                mut ldap,
+                generation,
+                reused,
+            } = self.searcher().await?;
             ldap.with_timeout(self.config.timeout).with_search_options(
                 SearchOptions::new()
                     .deref(DerefAliases::Never)
@@ -589,11 +744,11 @@ impl Directory {
                     });
                 }
                 Err(error) if reused && !retried && !matches!(error, ldap3::LdapError::Timeout { .. }) => {
-                    self.drop_searcher().await;
+                    self.drop_searcher(generation);
                     retried = true;
                 }
                 Err(error) => {
-                    self.drop_searcher().await;
+                    self.drop_searcher(generation);
                     return Err(self.unreachable(&error));
                 }
             }
@@ -613,7 +768,11 @@ impl Directory {
         };
         let mut retried = false;
         loop {
-            let (mut ldap, reused) = self.searcher().await?;
+            let SearchHandle {
+                mut ldap,
+                generation,
+                reused,
+            } = self.searcher().await?;
             ldap.with_timeout(self.config.timeout)
                 .with_search_options(SearchOptions::new().deref(DerefAliases::Never).timelimit(90));
             let adapters: Vec<Box<dyn Adapter<String, Vec<String>>>> = vec![
@@ -626,7 +785,7 @@ impl Directory {
             {
                 Ok(stream) => stream,
                 Err(error) if reused && !retried && !matches!(error, ldap3::LdapError::Timeout { .. }) => {
-                    self.drop_searcher().await;
+                    self.drop_searcher(generation);
                     retried = true;
                     continue;
                 }
@@ -680,6 +839,81 @@ impl Directory {
             Err(error) => Err(self.unreachable(&error)),
         }
     }
+}
+
+/// Connects to `config`'s directory over TLS, else with StartTLS, each attempt within the
+/// timeout; fails as [`LdapError::Unreachable`] naming both failures.
+async fn connect(config: &DirectoryConfig) -> Result<ldap3::Ldap, LdapError> {
+    let host = &config.host;
+    let settings = |starttls: bool| {
+        LdapConnSettings::new()
+            .set_config(config.tls.clone())
+            .set_starttls(starttls)
+            .set_conn_timeout(config.timeout)
+    };
+    let tls = LdapConnAsync::with_settings(settings(false), &format!("ldaps://{host}")).await;
+    let (conn, ldap) = match tls {
+        Ok(connected) => connected,
+        Err(tls_error) => LdapConnAsync::with_settings(settings(true), &format!("ldap://{host}"))
+            .await
+            .map_err(|starttls_error| {
+                unreachable(config, format!("TLS: {tls_error}; StartTLS: {starttls_error}"))
+            })?,
+    };
+    ldap3::drive!(conn);
+    Ok(ldap)
+}
+
+/// Binds `ldap` as `config`'s service account within the timeout: [`LdapError::ServiceBind`]
+/// when refused (or no password is configured), [`LdapError::Unreachable`] when it fails.
+async fn bind_service(config: &DirectoryConfig, ldap: &mut ldap3::Ldap) -> Result<(), LdapError> {
+    if config.bind_password.is_empty() {
+        return Err(LdapError::ServiceBind(config.bind_dn.clone()));
+    }
+    ldap.with_timeout(config.timeout);
+    match ldap.simple_bind(&config.bind_dn, &config.bind_password).await {
+        Ok(result) if result.rc == 0 => Ok(()),
+        Ok(_) => Err(LdapError::ServiceBind(config.bind_dn.clone())),
+        Err(error) => Err(unreachable(config, error.to_string())),
+    }
+}
+
+fn unreachable(config: &DirectoryConfig, reason: String) -> LdapError {
+    LdapError::Unreachable {
+        host: config.host.clone(),
+        reason,
+    }
+}
+
+/// The task of connect attempt `generation` of the shared search connection in `slot`: connects
+/// and binds as the service account (each step within the timeout), installs the connection
+/// (or, on failure, nothing, so the next search tries again) unless the slot has moved on, then
+/// sends the outcome to the searches waiting on `done`.
+async fn connect_searcher(
+    config: DirectoryConfig,
+    slot: Arc<std::sync::Mutex<SearcherSlot>>,
+    generation: u64,
+    done: tokio::sync::watch::Sender<Connected>,
+) {
+    let outcome = async {
+        let mut ldap = connect(&config).await?;
+        bind_service(&config, &mut ldap).await?;
+        Ok(ldap)
+    }
+    .await;
+    {
+        let mut slot = lock(&slot);
+        if matches!(slot.state, Searcher::Connecting { generation: current, .. } if current == generation) {
+            slot.state = match &outcome {
+                Ok(ldap) => Searcher::Ready {
+                    generation,
+                    ldap: ldap.clone(),
+                },
+                Err(_) => Searcher::Idle,
+            };
+        }
+    }
+    done.send_replace(Some(outcome));
 }
 
 /// The entry of a search answer. `ldap3` panics on an entry it cannot read (a DN that is not
@@ -814,6 +1048,129 @@ fn text_value(entry: &SearchEntry, attribute: &str) -> Result<String, LdapError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A directory at `host`, trusting nothing (no handshake gets that far here).
+    fn directory(host: String, timeout: Duration) -> Directory {
+        let tls =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default versions")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth();
+        Directory::new(DirectoryConfig {
+            host,
+            tls: Arc::new(tls),
+            bind_dn: "cn=supervisor,dc=selkie,dc=test".into(),
+            bind_password: "bind-password".into(),
+            user_search: UserSearch {
+                base: "ou=users,dc=selkie,dc=test".into(),
+                filter: String::new(),
+                username_attribute: "uid".into(),
+                uid_attribute: "uidNumber".into(),
+            },
+            group_search: GroupSearch::default(),
+            timeout,
+            flavor: Flavor::Ldap,
+        })
+    }
+
+    /// A "directory" on 127.0.0.1 that accepts connections and never answers: its `host:port`,
+    /// how many connections it accepted, and the task holding them (abort it to let them go).
+    async fn silent_directory() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        let held = tokio::spawn(async move {
+            let mut connections = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                connections.push(connection);
+            }
+        });
+        (host, accepted, held)
+    }
+
+    #[tokio::test]
+    async fn logins_in_an_outage_fail_within_their_own_timeout_not_one_after_another() {
+        let (host, accepted, held) = silent_directory().await;
+        let timeout = Duration::from_millis(500);
+        let directory = directory(host, timeout);
+        // One connect attempt is TLS (a timeout) then StartTLS (another), then the bind: with a
+        // lock held across it, a dozen logins would take a dozen times that, one after another.
+        const LOGINS: usize = 12;
+        let started = std::time::Instant::now();
+        let logins = futures::future::join_all((0..LOGINS).map(|_| directory.authenticate("pinny", "seal")));
+        let outcomes = tokio::time::timeout(timeout * 4, logins)
+            .await
+            .unwrap_or_else(|_| panic!("{LOGINS} logins still running after {:?}", timeout * 4));
+        for outcome in outcomes {
+            assert!(
+                matches!(outcome, Err(LdapError::Unreachable { .. })),
+                "{outcome:?}"
+            );
+        }
+        eprintln!("{LOGINS} logins failed in {:?}", started.elapsed());
+        // They all waited for the same attempt: at most its TLS and its StartTLS connection.
+        assert!(accepted.load(Ordering::SeqCst) <= 2, "{accepted:?} connections");
+
+        // A failed attempt leaves nothing behind: once it is over, the next login connects again
+        // (which is how a recovered directory gets used), and still fails within its timeout.
+        let deadline = std::time::Instant::now() + timeout * 20;
+        while accepted.load(Ordering::SeqCst) <= 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no new connect after the first attempt"
+            );
+            let outcome = tokio::time::timeout(timeout * 3, directory.authenticate("pinny", "seal"))
+                .await
+                .expect("a login outlived its timeout");
+            assert!(
+                matches!(outcome, Err(LdapError::Unreachable { .. })),
+                "{outcome:?}"
+            );
+        }
+        held.abort();
+    }
+
+    #[tokio::test]
+    async fn a_connect_attempt_outlives_the_logins_that_gave_up_on_it() {
+        // A login that joins an attempt late still waits no longer than its own timeout.
+        let (host, _accepted, held) = silent_directory().await;
+        let timeout = Duration::from_millis(400);
+        let directory = directory(host, timeout);
+        let first = directory.authenticate("pinny", "seal");
+        let late = async {
+            tokio::time::sleep(timeout / 2).await;
+            let started = std::time::Instant::now();
+            let outcome = directory.authenticate("walrus", "tusks").await;
+            (outcome, started.elapsed())
+        };
+        let (first, (late, waited)) = tokio::time::timeout(timeout * 4, futures::future::join(first, late))
+            .await
+            .expect("the logins outlived their timeouts");
+        assert!(matches!(first, Err(LdapError::Unreachable { .. })), "{first:?}");
+        assert!(matches!(late, Err(LdapError::Unreachable { .. })), "{late:?}");
+        assert!(waited < timeout * 2, "the late login waited {waited:?}");
+        held.abort();
+    }
+
+    #[tokio::test]
+    async fn absurd_usernames_are_refused_before_any_directory_work() {
+        let (host, accepted, held) = silent_directory().await;
+        let directory = directory(host, Duration::from_secs(30));
+        let long = "x".repeat(MAX_USERNAME_BYTES + 1);
+        for username in [long.as_str(), ""] {
+            let outcome = tokio::time::timeout(Duration::from_secs(5), directory.find_user(username))
+                .await
+                .expect("the directory was asked");
+            assert_eq!(outcome.unwrap_err(), LdapError::InvalidCredentials);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 0);
+        assert!(matches!(lock(&directory.searcher).state, Searcher::Idle));
+        held.abort();
+    }
 
     #[test]
     fn filters_escape_what_the_user_typed() {

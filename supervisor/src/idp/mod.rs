@@ -12,7 +12,11 @@ pub(crate) mod subject;
 pub(crate) mod throttle;
 pub(crate) mod transforms;
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use selkie_oidc::rp::{ClientConfig, Provider, Tokens};
 use serde_json::{Map, Value};
@@ -21,6 +25,7 @@ use selkie_api::supervisor_oidc::{IDPFlow, IDPType};
 
 use crate::idp::github::{GitHub, GitHubError};
 use crate::idp::ldap::{Directory, LdapError, StoredLogin};
+use crate::idp::throttle::{Account, IdpObject, PasswordThrottle};
 use crate::session::{self, Identity, LdapSession};
 
 /// A configured upstream identity provider.
@@ -41,6 +46,15 @@ impl Upstream {
             Self::Oidc(oidc) => &oidc.display_name,
             Self::Ldap(ldap) => &ldap.display_name,
             Self::GitHub(github) => &github.display_name,
+        }
+    }
+
+    /// The UID of the identity-provider object it was built from.
+    pub fn resource_uid(&self) -> &str {
+        match self {
+            Self::Oidc(oidc) => &oidc.resource_uid,
+            Self::Ldap(ldap) => &ldap.resource_uid,
+            Self::GitHub(github) => &github.resource_uid,
         }
     }
 
@@ -239,16 +253,73 @@ pub struct LdapUpstream {
     pub directory: Arc<Directory>,
 }
 
+/// Why an LDAP or Active Directory login failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LdapLoginError {
+    /// The account failed too many passwords in a row and must wait this long before the
+    /// directory checks another ([`crate::idp::throttle`]); nothing was bound.
+    #[error("too many failed passwords in a row for this account; it must wait {0:?}")]
+    MustWait(Duration),
+    /// The directory refused the login or could not be asked.
+    #[error(transparent)]
+    Directory(#[from] LdapError),
+}
+
 impl LdapUpstream {
-    /// Logs `username` in with `password`: their downstream identity (username and groups as
-    /// the directory has them, `sub` from the directory's URL and their UID) and what the
-    /// session keeps for refreshes. Fails as [`Directory::authenticate`] does.
+    /// The identity provider object the password throttle counts this upstream's accounts
+    /// under: the resource (kind, name, UID), whatever FederationDomain lists it.
+    pub(crate) fn idp_object(&self) -> IdpObject<'_> {
+        IdpObject {
+            kind: self.kind.as_str(),
+            name: &self.resource_name,
+            uid: &self.resource_uid,
+        }
+    }
+
+    /// Logs `username` in with `password`, slowed down by `throttle`: their downstream identity
+    /// (username and groups as the directory has them, `sub` from the directory's URL and their
+    /// UID) and what the session keeps for refreshes.
+    ///
+    /// The steps: an empty username or password is refused; the user's entry is searched
+    /// ([`Directory::find_user`], as the service account); the throttle is asked about the
+    /// entry — by its DN, so every spelling of the username the directory resolves to it is one
+    /// account — or, when there is none, about the typed username, normalised
+    /// ([`crate::idp::throttle::Account`]); an account that must wait is
+    /// [`LdapLoginError::MustWait`] and its password is never sent; then the password is
+    /// checked ([`Directory::check_password`]). A refused password, and an unknown user, count
+    /// as a failure; an accepted password clears the account. Other failures count nothing and
+    /// are [`LdapLoginError::Directory`], as the directory's are.
     pub async fn login(
         &self,
+        throttle: &PasswordThrottle,
         username: &str,
         password: &str,
-    ) -> Result<(Identity, session::Upstream), LdapError> {
-        let found = self.directory.authenticate(username, password).await?;
+    ) -> Result<(Identity, session::Upstream), LdapLoginError> {
+        if username.is_empty() || password.is_empty() {
+            return Err(LdapError::InvalidCredentials.into());
+        }
+        let user = self.directory.find_user(username).await?;
+        let account = match &user {
+            Some(user) => Account::entry(self.idp_object(), user.dn()),
+            None => Account::username(self.idp_object(), username),
+        };
+        throttle
+            .check(&account, Instant::now())
+            .map_err(LdapLoginError::MustWait)?;
+        let Some(user) = user else {
+            throttle.failed(&account, Instant::now());
+            return Err(LdapError::InvalidCredentials.into());
+        };
+        let found = match self.directory.check_password(user, password).await {
+            Ok(found) => found,
+            Err(error) => {
+                if error == LdapError::InvalidCredentials {
+                    throttle.failed(&account, Instant::now());
+                }
+                return Err(error.into());
+            }
+        };
+        throttle.succeeded(&account);
         let url = self.directory.url();
         Ok((
             Identity {

@@ -129,6 +129,20 @@ impl Audit {
         );
     }
 
+    /// A refresh token that was used already came again (stolen, or replayed): every token of
+    /// its login was revoked.
+    pub fn refresh_token_reused(&self, issuer: &str, session: &crate::session::Session) {
+        tracing::warn!(
+            target: "audit",
+            issuer,
+            session_id = %session.request_id,
+            client_id = %session.client_id,
+            idp = %session.upstream.idp_name,
+            username = self.identity(&session.identity.username),
+            "Refresh Token Reused"
+        );
+    }
+
     /// A FederationDomain's policy refused a login or a refresh of the upstream user `username`.
     pub fn rejected_by_transforms(&self, issuer: &str, idp: &str, username: &str, message: &str) {
         tracing::info!(

@@ -220,6 +220,7 @@ mod tests {
                 groups: None,
             },
             access_token_signature: None,
+            rotated: false,
         }
     }
 

@@ -156,12 +156,27 @@ pub struct Session {
     /// deletes the login's access tokens by label).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_token_signature: Option<String>,
+    /// Set on a refresh token already exchanged for new tokens: its Secret is kept until the
+    /// session ends, emptied of upstream tokens ([`Session::rotated`]), so that presenting it
+    /// again is recognised as reuse and ends the whole login (RFC 9700 §4.14.2).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rotated: bool,
 }
 
 impl Session {
     /// Whether the session's scopes include `scope`.
     pub fn has_scope(&self, scope: &str) -> bool {
         self.scopes.iter().any(|granted| granted == scope)
+    }
+
+    /// What a refresh token's Secret keeps once the token was used ([`Session::rotated`] set):
+    /// the login's identity and times, none of its upstream tokens.
+    pub fn rotated(&self) -> Self {
+        let mut rotated = self.clone();
+        rotated.rotated = true;
+        rotated.upstream.refresh_token = None;
+        rotated.upstream.access_token = None;
+        rotated
     }
 
     /// Whether the session is over at `now`.

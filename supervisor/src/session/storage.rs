@@ -90,7 +90,8 @@ impl Resource {
     ) -> Secret {
         let mut labels = extra_labels.clone();
         labels.insert(TYPE_LABEL.to_string(), self.as_str().to_string());
-        let collect_after = (now + lifetime)
+        let collect_after = now
+            .saturating_add(lifetime)
             .to_offset(time::UtcOffset::UTC)
             .replace_nanosecond(0)
             .ok()

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use subtle::ConstantTimeEq as _;
+
 use crate::endpoints::oauth::{Code, OAuthError};
 
 /// The CLI's client ID: a public client with loopback redirects.
@@ -166,6 +168,15 @@ pub(crate) fn parse(
             )
         })?
         .to_string();
+    if redirect_uri.contains('#') {
+        // RFC 6749 §3.1.2: a redirection endpoint has no fragment (matching dropped it).
+        return Err(direct(
+            Code::InvalidRequest,
+            &format!(
+                "The redirect URI '{redirect_uri}' contains an illegal character (for example #) or is otherwise invalid."
+            ),
+        ));
+    }
     let state = get("state").map(str::to_string);
     // The response mode decides how even the next errors are delivered.
     let response_mode = match get("response_mode") {
@@ -278,6 +289,9 @@ pub(crate) fn parse(
             "The code_challenge is not the base64url encoding of a SHA-256 digest.".into(),
         ));
     }
+    if scopes.iter().any(|scope| scope == "openid") {
+        check_prompt(get("prompt")).map_err(|(code, hint)| refuse(code, hint))?;
+    }
     Ok(AuthorizeRequest {
         client_id: client.id,
         redirect_uri,
@@ -291,6 +305,38 @@ pub(crate) fn parse(
     })
 }
 
+/// The values `prompt` may have (OpenID Connect Core §3.1.2.1).
+const PROMPTS: [&str; 4] = ["none", "login", "consent", "select_account"];
+
+/// Checks an OpenID Connect request's `prompt` as Pinniped's Supervisor does: only known values;
+/// `none` alone. The Supervisor keeps no browser session, so a login always needs the user:
+/// `none` is `login_required` (before any page is shown or the upstream is asked); `login`,
+/// `consent` and `select_account` are satisfied by every login anyway.
+fn check_prompt(prompt: Option<&str>) -> Result<(), (Code, String)> {
+    let values: Vec<&str> = prompt
+        .unwrap_or_default()
+        .split(' ')
+        .filter(|value| !value.is_empty())
+        .collect();
+    if values.iter().any(|value| !PROMPTS.contains(value)) {
+        return Err((
+            Code::InvalidRequest,
+            format!("Used unknown value '[{}]' for prompt parameter", values.join(" ")),
+        ));
+    }
+    if values.contains(&"none") && values.len() > 1 {
+        return Err((
+            Code::InvalidRequest,
+            "Parameter 'prompt' was set to 'none', but contains other values as well which is not allowed."
+                .into(),
+        ));
+    }
+    if values.contains(&"none") {
+        return Err((Code::LoginRequired, String::new()));
+    }
+    Ok(())
+}
+
 /// Whether a PKCE `verifier` (43 to 128 unreserved characters, RFC 7636 §4.1) is the one whose
 /// S256 `challenge` the authorization request carried.
 pub(crate) fn verifier_matches(challenge: &str, verifier: &str) -> bool {
@@ -302,13 +348,7 @@ pub(crate) fn verifier_matches(challenge: &str, verifier: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
     let computed = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes()));
     // Both sides are public-length strings; compare without an early exit anyway.
-    well_formed
-        && computed.len() == challenge.len()
-        && computed
-            .bytes()
-            .zip(challenge.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    well_formed && bool::from(computed.as_bytes().ct_eq(challenge.as_bytes()))
 }
 
 #[cfg(test)]
@@ -360,6 +400,51 @@ mod tests {
             Err(Refusal::Redirect { error, state, .. }) => (error.code, error.description, state),
             other => panic!("expected a redirected refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_redirect_uri_with_a_fragment_is_refused_directly() {
+        let with_fragment = "http://127.0.0.1:48123/callback#frag";
+        match parse(&with("redirect_uri", Some(with_fragment)), &clients) {
+            Err(Refusal::Direct(error)) => {
+                assert_eq!(error.code, Code::InvalidRequest);
+                assert!(
+                    error
+                        .description
+                        .contains("contains an illegal character (for example #)"),
+                    "{}",
+                    error.description
+                );
+            }
+            other => panic!("expected a direct refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn prompt_none_needs_a_login_and_is_alone_and_unknown_values_are_refused() {
+        let (code, description, state) = redirected(&with("prompt", Some("none")));
+        assert_eq!(code, Code::LoginRequired);
+        assert_eq!(
+            description,
+            "The Authorization Server requires End-User authentication."
+        );
+        assert_eq!(state.as_deref(), Some("state-0123456789"));
+        let (code, description, _) = redirected(&with("prompt", Some("none login")));
+        assert_eq!(code, Code::InvalidRequest);
+        assert!(description.ends_with(
+            "Parameter 'prompt' was set to 'none', but contains other values as well which is not allowed."
+        ));
+        let (code, description, _) = redirected(&with("prompt", Some("login bogus")));
+        assert_eq!(code, Code::InvalidRequest);
+        assert!(description.ends_with("Used unknown value '[login bogus]' for prompt parameter"));
+        for fine in ["login", "consent", "select_account", "login consent"] {
+            assert!(parse(&with("prompt", Some(fine)), &clients).is_ok(), "{fine}");
+        }
+        // Without openid it is no OpenID Connect request: prompt means nothing (Pinniped's).
+        let mut plain: Vec<(String, String)> = good().into_iter().filter(|(n, _)| n != "scope").collect();
+        plain.push(("scope".into(), "offline_access".into()));
+        plain.push(("prompt".into(), "none".into()));
+        assert!(parse(&query(&plain), &clients).is_ok());
     }
 
     #[test]

@@ -1,0 +1,161 @@
+//! A login in a browser: it goes to the upstream with the Supervisor's own PKCE, nonce and a
+//! `state` that seals the whole authorization request (nothing is stored until the user comes
+//! back, so any replica can take the callback), and a CSRF cookie ties the callback to the browser
+//! that started it; LDAP and Active Directory go to the Supervisor's own login page with the same
+//! sealed `state` and cookie.
+
+use std::sync::Arc;
+
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use selkie_oidc::rp::LoginParams;
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq as _;
+use time::OffsetDateTime;
+
+use crate::endpoints::authorize::{AuthorizeRequest, Refusal};
+use crate::endpoints::discovery::CALLBACK_PATH;
+use crate::endpoints::html::{cookie, random_string, redirect, refused};
+use crate::endpoints::login_page::login_page_url;
+use crate::endpoints::oauth::{Code, OAuthError};
+use crate::endpoints::Body;
+use crate::idp::Upstream;
+use crate::issuer::Issuer;
+
+/// The CSRF cookie (the `__Host-` prefix: Secure, Path=/, no Domain).
+pub(crate) const CSRF_COOKIE: &str = "__Host-pinniped-csrf-v2";
+
+/// How long the CSRF cookie lives.
+pub(crate) const CSRF_LIFETIME: time::Duration = time::Duration::days(7);
+
+/// How long the upstream state of a login in progress is honoured.
+pub(crate) const UPSTREAM_STATE_LIFETIME: time::Duration = time::Duration::minutes(90);
+
+pub(crate) const CSRF_PURPOSE: &str = "csrf";
+
+pub(crate) const STATE_PURPOSE: &str = "upstream-state";
+
+/// What the upstream `state` parameter carries through the upstream login.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct UpstreamState {
+    /// The client's authorization request, as it came (checked again at the callback).
+    pub(crate) authorize_query: String,
+    /// The identity provider's display name.
+    pub(crate) idp_name: String,
+    /// The Supervisor's nonce at the upstream.
+    pub(crate) nonce: String,
+    /// The Supervisor's PKCE verifier at the upstream.
+    pub(crate) verifier: String,
+    /// The CSRF value the callback's cookie must hold.
+    pub(crate) csrf: String,
+}
+
+/// Sends the browser to the upstream (OIDC) or to the login page (LDAP, Active Directory), with
+/// a sealed state and the CSRF cookie.
+pub(crate) fn browser_login(
+    issuer: &Arc<Issuer>,
+    idp: &Arc<Upstream>,
+    request: &AuthorizeRequest,
+    query: &str,
+    headers: &HeaderMap,
+) -> Response<Body> {
+    let back = |error: OAuthError| {
+        refused(Refusal::Redirect {
+            error,
+            redirect_uri: request.redirect_uri.clone(),
+            response_mode: request.response_mode,
+            state: Some(request.state.clone()),
+        })
+    };
+    let now = OffsetDateTime::now_utc();
+    let existing_csrf = cookie(headers, CSRF_COOKIE)
+        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok());
+    let (csrf, set_cookie) = match existing_csrf {
+        Some(csrf) => (csrf, None),
+        None => {
+            let Some(csrf) = random_string() else {
+                return back(OAuthError::new(Code::ServerError, ""));
+            };
+            match issuer.sealer.seal(CSRF_PURPOSE, &csrf, now + CSRF_LIFETIME) {
+                Ok(sealed) => (csrf, Some(sealed)),
+                Err(_) => return back(OAuthError::new(Code::ServerError, "")),
+            }
+        }
+    };
+    let Ok(upstream_params) = LoginParams::generate() else {
+        return back(OAuthError::new(Code::ServerError, ""));
+    };
+    let state = UpstreamState {
+        authorize_query: query.to_string(),
+        idp_name: idp.display_name().to_string(),
+        nonce: upstream_params.nonce.clone(),
+        verifier: upstream_params.verifier.clone(),
+        csrf,
+    };
+    let Ok(sealed_state) = issuer
+        .sealer
+        .seal(STATE_PURPOSE, &state, now + UPSTREAM_STATE_LIFETIME)
+    else {
+        return back(OAuthError::new(Code::ServerError, ""));
+    };
+    let url = match idp.as_ref() {
+        Upstream::Oidc(oidc) => {
+            let params = LoginParams {
+                state: sealed_state,
+                ..upstream_params
+            };
+            let extra: Vec<(&str, &str)> = oidc
+                .additional_authorize_parameters
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect();
+            oidc.provider.authorize_url(
+                &oidc.client,
+                &params,
+                &format!("{}{CALLBACK_PATH}", issuer.issuer),
+                &extra,
+            )
+        }
+        Upstream::Ldap(_) => login_page_url(issuer, &sealed_state, None),
+        Upstream::GitHub(github) => github
+            .github
+            .authorize_url(&sealed_state, &format!("{}{CALLBACK_PATH}", issuer.issuer)),
+    };
+    let mut response = redirect(&url);
+    if let Some(sealed) = set_cookie {
+        let value = format!(
+            "{CSRF_COOKIE}={sealed}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=Lax",
+            CSRF_LIFETIME.whole_seconds()
+        );
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(header::SET_COOKIE, value);
+        }
+    }
+    response
+}
+
+/// The login's sealed `state`, opened, and checked against the browser's CSRF cookie; else the
+/// answer's status and text: 400 when it is not one of this FederationDomain's or has expired,
+/// 403 when the cookie is missing or from another login.
+pub(crate) fn open_state(
+    issuer: &Arc<Issuer>,
+    sealed: &str,
+    headers: &HeaderMap,
+    now: OffsetDateTime,
+) -> Result<UpstreamState, (StatusCode, String)> {
+    let state: UpstreamState = issuer.sealer.open(STATE_PURPOSE, sealed, now).map_err(|error| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("Bad Request: error reading state: {error}"),
+        )
+    })?;
+    let csrf_matches = cookie(headers, CSRF_COOKIE)
+        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok())
+        .is_some_and(|csrf| bool::from(csrf.as_bytes().ct_eq(state.csrf.as_bytes())));
+    if !csrf_matches {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "Forbidden: CSRF value does not match".into(),
+        ));
+    }
+    Ok(state)
+}

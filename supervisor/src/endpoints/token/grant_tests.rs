@@ -1,0 +1,1088 @@
+//! Unit tests of the token endpoint's grants and of revocation: real form requests through
+//! [`Endpoints::handle`] to one FederationDomain, sessions in an in-memory Secret store
+//! ([`crate::session::store::Store::in_memory`]), and — for the refreshes, which check the user
+//! again upstream — an OIDC upstream served over HTTPS on 127.0.0.1 ([`FakeUpstream`]): the
+//! sessions hold an upstream access token, as when an upstream issues no refresh token, so a
+//! refresh asks the upstream's userinfo endpoint who the user is now.
+//!
+//! Each test asserts what a client relies on: which requests get tokens, which get
+//! `invalid_grant` (the CLI then starts a new login) or `invalid_client`, and that a replayed code
+//! or refresh token leaves no token of its login usable. The concurrency tests run on a
+//! current-thread runtime and let the store interleave the requests by seed
+//! ([`crate::session::store::memory::MemorySecrets::interleave`]), one seed a round: a round of
+//! redemptions does no I/O, so a failing one replays exactly; a round of refreshes is the seed's
+//! up to the winner's upstream check (loopback I/O), which the other requests run around.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex, OnceLock,
+    },
+};
+
+use arc_swap::ArcSwap;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use http::HeaderMap;
+use http_body_util::{BodyExt as _, Full};
+use k8s_openapi::api::core::v1::Secret;
+use selkie_oidc::{
+    discovery::Discovery,
+    https::TlsOptions,
+    jose::{parse_jwks, sign::SigningKey, Jws},
+    rp::{ClientConfig, Provider},
+};
+use serde_json::Value;
+use sha2::Digest as _;
+
+use super::*;
+use crate::clients::Clients;
+use crate::endpoints::token::exchange::{ACCESS_TOKEN_TYPE, JWT_TOKEN_TYPE};
+use crate::idp::Upstream;
+use crate::idp::{throttle::PasswordThrottle, OidcUpstream};
+use crate::issuer::Issuers;
+use crate::sealed::Sealer;
+use crate::server::{audit::Audit, metrics::Metrics};
+use crate::session::store::{
+    memory::{MemorySecrets, Requests, Verb},
+    Store, REQUEST_ID_LABEL,
+};
+use crate::session::tokens::TokenKey;
+use crate::session::{Identity, Upstream as SessionUpstream};
+
+const ISSUER: &str = "https://sso.example.com/fd";
+const REDIRECT_URI: &str = "http://127.0.0.1:48095/callback";
+/// What the CLI asks for.
+const CLI_SCOPES: &[&str] = &[
+    "openid",
+    "offline_access",
+    "pinniped:request-audience",
+    "username",
+    "groups",
+];
+/// An OIDCClient's ID (none is configured: its tokens are another client's to the CLI).
+const DYNAMIC_CLIENT: &str = "client.oauth.pinniped.dev-other";
+/// The upstream identity provider's display name.
+const IDP: &str = "Dex";
+/// The upstream access token the sessions hold, which the upstream knows.
+const UPSTREAM_TOKEN: &str = "upstream-access-token";
+
+/// The CA and serving certificate of the fake upstream (made once: key generation is the
+/// slowest part of starting one).
+fn upstream_pki() -> &'static (selkie_kube::certs::CertPair, selkie_kube::certs::CertPair) {
+    static PKI: OnceLock<(selkie_kube::certs::CertPair, selkie_kube::certs::CertPair)> = OnceLock::new();
+    PKI.get_or_init(|| {
+        let hour = std::time::Duration::from_secs(3600);
+        let ca = selkie_kube::certs::generate_ca("fake upstream CA", hour).unwrap();
+        let serving = selkie_kube::certs::issue_serving(&ca, &["127.0.0.1".into()], hour).unwrap();
+        (ca, serving)
+    })
+}
+
+/// An OIDC upstream's userinfo endpoint on 127.0.0.1 (HTTPS): it answers the claims of the
+/// access tokens it knows, 401 for others, and counts the requests.
+struct FakeUpstream {
+    issuer: String,
+    /// Upstream access token → the userinfo claims.
+    users: Arc<Mutex<HashMap<String, Value>>>,
+    userinfo_requests: Arc<AtomicUsize>,
+}
+
+impl FakeUpstream {
+    /// Serves until the test's runtime ends.
+    async fn start() -> Self {
+        use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
+        let (_, serving) = upstream_pki();
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![CertificateDer::from_pem_slice(serving.cert_pem.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).unwrap(),
+                )
+                .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let users: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
+        users.lock().unwrap().insert(
+            UPSTREAM_TOKEN.into(),
+            json!({"sub": "upstream-sub", "username": "pinny", "groups": ["walruses", "seals"]}),
+        );
+        let userinfo_requests = Arc::new(AtomicUsize::new(0));
+        let (known, counter) = (users.clone(), userinfo_requests.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, known, counter) = (acceptor.clone(), known.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service =
+                        hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            let claims = request
+                                .headers()
+                                .get(header::AUTHORIZATION)
+                                .and_then(|value| value.to_str().ok())
+                                .and_then(|value| value.strip_prefix("Bearer "))
+                                .filter(|_| request.uri().path() == "/userinfo")
+                                .and_then(|token| known.lock().unwrap().get(token).cloned());
+                            let response = match claims {
+                                Some(claims) => json(StatusCode::OK, Bytes::from(claims.to_string())),
+                                None => json(StatusCode::UNAUTHORIZED, Bytes::new()),
+                            };
+                            async move { Ok::<_, Infallible>(response) }
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            issuer: format!("https://127.0.0.1:{port}"),
+            users,
+            userinfo_requests,
+        }
+    }
+
+    /// The upstream as the Supervisor knows it: discovered already (no revocation endpoint, so
+    /// ending a login asks it nothing), trusting the fake's CA.
+    fn oidc(&self) -> OidcUpstream {
+        let (ca, _) = upstream_pki();
+        let discovery = Discovery {
+            issuer: self.issuer.clone(),
+            authorization_endpoint: format!("{}/authorize", self.issuer),
+            token_endpoint: format!("{}/token", self.issuer),
+            jwks_uri: format!("{}/keys", self.issuer),
+            userinfo_endpoint: format!("{}/userinfo", self.issuer),
+            ..Discovery::default()
+        };
+        let tls = TlsOptions {
+            ca_pem: Some(ca.cert_pem.clone().into_bytes()),
+            ..TlsOptions::default()
+        };
+        OidcUpstream {
+            display_name: IDP.into(),
+            resource_name: "dex".into(),
+            resource_uid: "dex-uid".into(),
+            provider: Arc::new(Provider::from_discovery(discovery, &tls).unwrap()),
+            client: ClientConfig {
+                client_id: "supervisor".into(),
+                client_secret: Some("supervisor-secret".into()),
+                scopes: vec!["openid".into()],
+            },
+            additional_authorize_parameters: Vec::new(),
+            allow_password_grant: false,
+            username_claim: Some("username".into()),
+            groups_claim: Some("groups".into()),
+            additional_claim_mappings: Default::default(),
+        }
+    }
+
+    /// The upstream now answers `claims` for its access token.
+    fn set_user(&self, claims: Value) {
+        self.users.lock().unwrap().insert(UPSTREAM_TOKEN.into(), claims);
+    }
+}
+
+/// An answer of the endpoint: status, headers and the JSON body (`Null` when empty).
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    async fn of(response: Response<Body>) -> Self {
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        Self {
+            status: parts.status,
+            headers: parts.headers,
+            body: if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap()
+            },
+        }
+    }
+
+    /// The OAuth error code, empty for a success.
+    fn error(&self) -> &str {
+        self.body["error"].as_str().unwrap_or_default()
+    }
+
+    fn field(&self, name: &str) -> &str {
+        self.body[name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {name} in {}", self.body))
+    }
+
+    /// A 200 with tokens.
+    fn granted(&self) -> bool {
+        self.status == StatusCode::OK && self.body.get("access_token").is_some()
+    }
+
+    /// The given OAuth error, with its status.
+    #[track_caller]
+    fn assert_error(&self, code: Code) {
+        assert_eq!(
+            (self.status.as_u16(), self.error()),
+            (code.http_status(), code.as_str()),
+            "{}",
+            self.body
+        );
+    }
+}
+
+/// A login the user finished upstream: its authorization code and what redeems it.
+struct Login {
+    code: String,
+    verifier: String,
+    request_id: String,
+}
+
+/// One FederationDomain's endpoints over an in-memory store.
+struct Harness {
+    endpoints: Arc<Endpoints>,
+    memory: Arc<MemorySecrets>,
+    issuer: Arc<Issuer>,
+    upstream: FakeUpstream,
+}
+
+/// A token request (`path` below the issuer) with `form`, and HTTP Basic `credentials` when
+/// given (`id:secret`, as they are encoded: not form-encoded first).
+fn post(path: &str, form: &[(&str, &str)], credentials: Option<&str>) -> Request<Full<Bytes>> {
+    let body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(form)
+        .finish();
+    let mut request = Request::post(format!("{ISSUER}{path}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if let Some(credentials) = credentials {
+        request = request.header(
+            header::AUTHORIZATION,
+            format!("Basic {}", STANDARD.encode(credentials)),
+        );
+    }
+    request.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+/// The form of a redemption of `login`'s code, without client authentication, and `extra`.
+fn code_grant<'a>(login: &'a Login, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut form = vec![
+        ("grant_type", "authorization_code"),
+        ("code", login.code.as_str()),
+        ("redirect_uri", REDIRECT_URI),
+        ("code_verifier", login.verifier.as_str()),
+    ];
+    form.extend_from_slice(extra);
+    form
+}
+
+fn redeem_request(login: &Login) -> Request<Full<Bytes>> {
+    post(
+        "/oauth2/token",
+        &code_grant(login, &[("client_id", "pinniped-cli")]),
+        None,
+    )
+}
+
+fn refresh_request(refresh_token: &str) -> Request<Full<Bytes>> {
+    post(
+        "/oauth2/token",
+        &[
+            ("grant_type", "refresh_token"),
+            ("client_id", "pinniped-cli"),
+            ("refresh_token", refresh_token),
+        ],
+        None,
+    )
+}
+
+fn exchange_request(access_token: &str, audience: &str) -> Request<Full<Bytes>> {
+    post(
+        "/oauth2/token",
+        &[
+            ("grant_type", TOKEN_EXCHANGE),
+            ("client_id", "pinniped-cli"),
+            ("subject_token", access_token),
+            ("subject_token_type", ACCESS_TOKEN_TYPE),
+            ("requested_token_type", JWT_TOKEN_TYPE),
+            ("audience", audience),
+        ],
+        None,
+    )
+}
+
+fn revoke_request(token: &str) -> Request<Full<Bytes>> {
+    post(
+        "/oauth2/revoke",
+        &[("client_id", "pinniped-cli"), ("token", token)],
+        None,
+    )
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let upstream = FakeUpstream::start().await;
+        let signing_key = Arc::new(SigningKey::generate("key-1").unwrap());
+        let jwks = Bytes::from(json!({"keys": [signing_key.public_jwk()]}).to_string());
+        let issuer = Arc::new(
+            Issuer::new(
+                "supervisor/fd".into(),
+                ISSUER.into(),
+                signing_key,
+                jwks,
+                Arc::new(TokenKey::new(&[7; 32])),
+                Arc::new(Sealer::new(&[9; 32], ISSUER).unwrap()),
+                vec![Arc::new(Upstream::Oidc(upstream.oidc()))],
+                HashMap::new(),
+            )
+            .unwrap(),
+        );
+        let (store, memory) = Store::in_memory();
+        let endpoints = Arc::new(Endpoints {
+            issuers: Arc::new(ArcSwap::from_pointee(Issuers::new(vec![issuer.clone()]))),
+            store,
+            metrics: Arc::new(Metrics::new()),
+            audit: Audit::default(),
+            clients: Arc::new(ArcSwap::from_pointee(Clients::default())),
+            passwords: PasswordThrottle::new(),
+        });
+        Self {
+            endpoints,
+            memory,
+            issuer,
+            upstream,
+        }
+    }
+
+    async fn send(&self, request: Request<Full<Bytes>>) -> Answer {
+        Answer::of(self.endpoints.handle(request).await).await
+    }
+
+    /// A login of the CLI with `scopes`, as the callback stores it; `change` it before.
+    async fn login_with(&self, scopes: &[&str], change: impl FnOnce(&mut Session)) -> Login {
+        let now = OffsetDateTime::now_utc();
+        let request_id = session::new_request_id().unwrap();
+        let verifier = format!("verifier-{request_id}");
+        let code = self.issuer.token_key.mint(Kind::AuthorizationCode).unwrap();
+        let mut session = Session {
+            request_id: request_id.clone(),
+            client_id: authorize::PINNIPED_CLI.into(),
+            redirect_uri: REDIRECT_URI.into(),
+            scopes: scopes.iter().map(|scope| scope.to_string()).collect(),
+            nonce: Some("nonce-0123456789".into()),
+            code_challenge: URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes())),
+            requested_at: now.unix_timestamp(),
+            auth_time: now.unix_timestamp(),
+            expires_at: (now + session::MAX_SESSION).unix_timestamp(),
+            code_active: true,
+            token_expires_at: (now + session::AUTHORIZATION_CODE_LIFETIME).unix_timestamp(),
+            identity: Identity {
+                subject: format!("{}?idpName={IDP}&sub=upstream-sub", self.upstream.issuer),
+                username: "pinny".into(),
+                groups: vec!["seals".into()],
+                additional_claims: Default::default(),
+            },
+            upstream: SessionUpstream {
+                idp_name: IDP.into(),
+                idp_type: "oidc".into(),
+                provider_name: "dex".into(),
+                provider_uid: "dex-uid".into(),
+                issuer: self.upstream.issuer.clone(),
+                subject: "upstream-sub".into(),
+                refresh_token: None,
+                access_token: Some(UPSTREAM_TOKEN.into()),
+                ldap: None,
+                username: Some("pinny".into()),
+                groups: Some(vec!["seals".into()]),
+            },
+            access_token_signature: None,
+            rotated: false,
+        };
+        change(&mut session);
+        self.endpoints
+            .store
+            .create(
+                Resource::AuthCode,
+                &code.signature,
+                &session,
+                session::MAX_SESSION,
+                now,
+            )
+            .await
+            .unwrap();
+        Login {
+            code: code.token,
+            verifier,
+            request_id,
+        }
+    }
+
+    async fn login(&self) -> Login {
+        self.login_with(CLI_SCOPES, |_| {}).await
+    }
+
+    /// A login redeemed: its tokens.
+    async fn logged_in(&self) -> (Login, Answer) {
+        let login = self.login().await;
+        let tokens = self.send(redeem_request(&login)).await;
+        assert!(tokens.granted(), "{}", tokens.body);
+        (login, tokens)
+    }
+
+    /// The access- and refresh-token Secrets of the login `request_id`, with their sessions.
+    fn token_secrets(&self, request_id: &str) -> Vec<(Resource, Secret, Session)> {
+        self.memory
+            .secrets()
+            .into_iter()
+            .filter(|secret| {
+                secret
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(REQUEST_ID_LABEL))
+                    .is_some_and(|id| id == request_id)
+            })
+            .filter_map(|secret| {
+                let resource = [Resource::AccessToken, Resource::RefreshToken]
+                    .into_iter()
+                    .find(|resource| resource.read_secret(&secret).is_ok())?;
+                let session = serde_json::from_value(resource.read_secret(&secret).ok()?).unwrap();
+                Some((resource, secret, session))
+            })
+            .collect()
+    }
+
+    /// The tokens of the login `request_id` a client could still use: its access tokens and
+    /// its refresh tokens not exchanged yet (names of their Secrets).
+    fn usable_tokens(&self, request_id: &str) -> Vec<String> {
+        self.token_secrets(request_id)
+            .into_iter()
+            .filter(|(resource, _, session)| *resource == Resource::AccessToken || !session.rotated)
+            .map(|(_, secret, _)| secret.metadata.name.unwrap_or_default())
+            .collect()
+    }
+
+    /// The stored session of `token`, of `kind`.
+    fn stored(&self, kind: Kind, token: &str) -> Option<Session> {
+        let resource = match kind {
+            Kind::AuthorizationCode => Resource::AuthCode,
+            Kind::AccessToken => Resource::AccessToken,
+            Kind::RefreshToken => Resource::RefreshToken,
+        };
+        let signature = self.issuer.token_key.signature_of(kind, token).unwrap();
+        let secret = self.memory.stored(&resource.secret_name(&signature))?;
+        Some(serde_json::from_value(resource.read_secret(&secret).unwrap()).unwrap())
+    }
+
+    /// Changes the stored session of `token`, of `kind`, behind the endpoint's back.
+    fn edit(&self, kind: Kind, token: &str, change: impl FnOnce(&mut Session)) {
+        let resource = match kind {
+            Kind::AuthorizationCode => Resource::AuthCode,
+            Kind::AccessToken => Resource::AccessToken,
+            Kind::RefreshToken => Resource::RefreshToken,
+        };
+        let signature = self.issuer.token_key.signature_of(kind, token).unwrap();
+        let mut session = self.stored(kind, token).unwrap();
+        change(&mut session);
+        let data = serde_json::to_value(&session).unwrap();
+        let fresh = resource.to_secret(
+            &signature,
+            &data,
+            &Default::default(),
+            time::Duration::ZERO,
+            OffsetDateTime::now_utc(),
+        );
+        assert!(self
+            .memory
+            .edit(&resource.secret_name(&signature), |secret| secret.data =
+                fresh.data));
+    }
+
+    /// Whether a client holding the tokens of `answer` can still use them: the access token for
+    /// a token exchange, the refresh token (if any) for a refresh. Using a refresh token that
+    /// works rotates it, so ask this last.
+    async fn still_usable(&self, answer: &Answer) -> (bool, bool) {
+        let access = self
+            .send(exchange_request(answer.field("access_token"), "cluster-a"))
+            .await;
+        let refresh = match answer.body["refresh_token"].as_str() {
+            Some(token) => self.send(refresh_request(token)).await.granted(),
+            None => false,
+        };
+        (access.granted(), refresh)
+    }
+
+    /// The verified claims of an ID token of this FederationDomain.
+    fn id_token_claims(&self, token: &str) -> serde_json::Map<String, Value> {
+        let jws = Jws::parse(token).unwrap();
+        jws.verify(&parse_jwks(&self.issuer.jwks).unwrap()).unwrap();
+        jws.claims.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The authorization code grant.
+
+/// A good redemption answers the tokens a client needs — an opaque access token, a refresh
+/// token (`offline_access`), an ID token for `pinniped-cli` with the login's nonce — and stores
+/// the access and refresh tokens under the login's request ID, the code marked used; in the four
+/// requests the store's documentation counts (with the code's write, five).
+#[tokio::test(flavor = "current_thread")]
+async fn a_redeemed_code_gives_stored_tokens_and_an_id_token() {
+    let harness = Harness::start().await;
+    let login = harness.login().await;
+    harness.memory.take_requests();
+    let answer = harness.send(redeem_request(&login)).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(
+        harness.memory.take_requests(),
+        Requests {
+            get: 1,
+            create: 2,
+            replace: 1,
+            ..Requests::default()
+        }
+    );
+    assert_eq!(answer.headers[header::CACHE_CONTROL], "no-store");
+    assert_eq!(answer.field("token_type"), "bearer");
+    assert_eq!(answer.body["expires_in"], 119);
+    assert_eq!(answer.field("scope"), CLI_SCOPES.join(" "));
+    let access = answer.field("access_token");
+    let refresh = answer.field("refresh_token");
+    assert!(access.starts_with("pin_at_") && refresh.starts_with("pin_rt_"));
+
+    let claims = harness.id_token_claims(answer.field("id_token"));
+    assert_eq!(claims["iss"], ISSUER);
+    assert_eq!(claims["aud"], json!(["pinniped-cli"]));
+    assert_eq!(claims["azp"], "pinniped-cli");
+    assert_eq!(claims["nonce"], "nonce-0123456789");
+    assert_eq!(claims["username"], "pinny");
+    assert_eq!(claims["groups"], json!(["seals"]));
+    assert_eq!(claims["at_hash"], json!(id_token::at_hash(access)));
+
+    let stored_access = harness.stored(Kind::AccessToken, access).unwrap();
+    let stored_refresh = harness.stored(Kind::RefreshToken, refresh).unwrap();
+    assert_eq!(stored_access.request_id, login.request_id);
+    assert_eq!(stored_refresh.request_id, login.request_id);
+    assert_eq!(
+        stored_refresh.access_token_signature.as_deref(),
+        Some(
+            harness
+                .issuer
+                .token_key
+                .signature_of(Kind::AccessToken, access)
+                .unwrap()
+                .as_str()
+        ),
+        "a refresh finds the access token issued with it"
+    );
+    assert!(
+        !harness
+            .stored(Kind::AuthorizationCode, &login.code)
+            .unwrap()
+            .code_active
+    );
+    assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
+
+    // Without offline_access no refresh token; without openid no ID token.
+    let login = harness.login_with(&["username"], |_| {}).await;
+    let answer = harness.send(redeem_request(&login)).await;
+    assert!(answer.granted(), "{}", answer.body);
+    assert!(answer.body.get("refresh_token").is_none() && answer.body.get("id_token").is_none());
+}
+
+/// A redemption with the wrong PKCE verifier, the wrong redirect URI, another client's code or
+/// an expired code is `invalid_grant`, and stores no token.
+#[tokio::test(flavor = "current_thread")]
+async fn a_code_redeemed_wrongly_is_invalid_grant() {
+    let harness = Harness::start().await;
+    let login = harness.login().await;
+    let wrong = [
+        ("code_verifier", "x".repeat(43)),
+        ("code_verifier", format!("{}x", login.verifier)),
+        ("redirect_uri", "http://127.0.0.1:48096/callback".to_string()),
+        ("redirect_uri", "http://localhost:48095/callback".to_string()),
+    ];
+    for (name, value) in &wrong {
+        let mut form = vec![
+            ("grant_type", "authorization_code"),
+            ("client_id", "pinniped-cli"),
+            ("code", login.code.as_str()),
+        ];
+        form.push((name, value));
+        let other = if *name == "code_verifier" {
+            ("redirect_uri", REDIRECT_URI)
+        } else {
+            ("code_verifier", login.verifier.as_str())
+        };
+        form.push(other);
+        let answer = harness.send(post("/oauth2/token", &form, None)).await;
+        answer.assert_error(Code::InvalidGrant);
+    }
+    assert!(harness.usable_tokens(&login.request_id).is_empty());
+
+    let others = harness
+        .login_with(CLI_SCOPES, |session| session.client_id = DYNAMIC_CLIENT.into())
+        .await;
+    harness
+        .send(redeem_request(&others))
+        .await
+        .assert_error(Code::InvalidGrant);
+    let expired = harness
+        .login_with(CLI_SCOPES, |session| {
+            session.token_expires_at = OffsetDateTime::now_utc().unix_timestamp() - 1;
+        })
+        .await;
+    let answer = harness.send(redeem_request(&expired)).await;
+    answer.assert_error(Code::InvalidGrant);
+    assert!(
+        answer.field("error_description").contains("expired"),
+        "{}",
+        answer.body
+    );
+    let forged = Login {
+        code: TokenKey::new(&[8; 32])
+            .mint(Kind::AuthorizationCode)
+            .unwrap()
+            .token,
+        verifier: login.verifier.clone(),
+        request_id: String::new(),
+    };
+    harness
+        .send(redeem_request(&forged))
+        .await
+        .assert_error(Code::InvalidGrant);
+    for login in [&others, &expired] {
+        assert!(harness.usable_tokens(&login.request_id).is_empty());
+    }
+}
+
+/// A code redeemed a second time is `invalid_grant`, and every token the first redemption gave
+/// is revoked (RFC 6749 §4.1.2): their Secrets are deleted and the client can no longer use
+/// them.
+#[tokio::test(flavor = "current_thread")]
+async fn a_code_redeemed_twice_revokes_what_it_gave() {
+    let harness = Harness::start().await;
+    let (login, first) = harness.logged_in().await;
+    let second = harness.send(redeem_request(&login)).await;
+    second.assert_error(Code::InvalidGrant);
+    assert!(harness.token_secrets(&login.request_id).is_empty());
+    assert_eq!(harness.still_usable(&first).await, (false, false));
+}
+
+/// Whatever the interleaving of two to eight concurrent redemptions of one code, at most one
+/// gets tokens, the others are `invalid_grant`, and — a replay being refused — no token of the
+/// login remains usable, the granted ones included. (Two redemptions find a revocation that
+/// comes too early more often than eight do: with more losers, one of them tends to revoke
+/// late enough.)
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_redemptions_of_one_code_leave_no_usable_token() {
+    let harness = Harness::start().await;
+    for seed in 0..210 {
+        harness.memory.interleave(seed, 4);
+        let login = harness.login().await;
+        let mut redemptions = tokio::task::JoinSet::new();
+        for _ in 0..2 + seed % 7 {
+            let (endpoints, request) = (harness.endpoints.clone(), redeem_request(&login));
+            redemptions.spawn(async move { Answer::of(endpoints.handle(request).await).await });
+        }
+        let answers = redemptions.join_all().await;
+        let granted: Vec<&Answer> = answers.iter().filter(|answer| answer.granted()).collect();
+        assert!(granted.len() <= 1, "seed {seed}: {} got tokens", granted.len());
+        for refused in answers.iter().filter(|answer| !answer.granted()) {
+            refused.assert_error(Code::InvalidGrant);
+        }
+        assert!(
+            harness.usable_tokens(&login.request_id).is_empty(),
+            "seed {seed}: a replay was refused, yet tokens survive"
+        );
+        if let Some(granted) = granted.first() {
+            assert_eq!(harness.still_usable(granted).await, (false, false), "seed {seed}");
+        }
+    }
+}
+
+/// When marking the code used fails (the store unreachable), the client is told to retry
+/// (`temporarily_unavailable`), the tokens it was never given are deleted, and the code can be
+/// redeemed again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_code_not_marked_used_gives_no_tokens_and_stays_redeemable() {
+    let harness = Harness::start().await;
+    let login = harness.login().await;
+    harness.memory.fail_next(Verb::Replace, 500);
+    harness
+        .send(redeem_request(&login))
+        .await
+        .assert_error(Code::TemporarilyUnavailable);
+    assert!(harness.token_secrets(&login.request_id).is_empty());
+    assert!(harness.send(redeem_request(&login)).await.granted());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client authentication.
+
+/// `pinniped-cli` is public: it is accepted with `client_id` in the body, and with HTTP Basic
+/// `pinniped-cli:` and no `client_id` (golang.org/x/oauth2's first try); a secret for it, in
+/// the header or the body, an unknown client, or no client at all is a 401 `invalid_client`
+/// asking for Basic, and does not use the code up.
+#[tokio::test(flavor = "current_thread")]
+async fn pinniped_cli_authenticates_as_a_public_client() {
+    let harness = Harness::start().await;
+    let login = harness.login().await;
+    // Extra form parameters, and Basic credentials.
+    type Attempt<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+    let refused: [Attempt<'_>; 8] = [
+        (&[("client_id", "pinniped-cli")], Some("pinniped-cli:secret")),
+        (&[], Some("pinniped-cli:secret")),
+        (
+            &[("client_id", "pinniped-cli"), ("client_secret", "secret")],
+            None,
+        ),
+        (&[("client_secret", "secret")], Some("pinniped-cli:")),
+        (&[("client_id", "someone-else")], Some("pinniped-cli:")),
+        (&[("client_id", "someone-else")], None),
+        (&[], Some("client.oauth.pinniped.dev-unknown:secret")),
+        (&[], None),
+    ];
+    for (extra, credentials) in refused {
+        let answer = harness
+            .send(post("/oauth2/token", &code_grant(&login, extra), credentials))
+            .await;
+        answer.assert_error(Code::InvalidClient);
+        assert_eq!(
+            answer.headers[header::WWW_AUTHENTICATE],
+            "Basic",
+            "{extra:?} {credentials:?}"
+        );
+    }
+    assert!(
+        harness
+            .stored(Kind::AuthorizationCode, &login.code)
+            .unwrap()
+            .code_active
+    );
+
+    let answer = harness
+        .send(post(
+            "/oauth2/token",
+            &code_grant(&login, &[]),
+            Some("pinniped-cli:"),
+        ))
+        .await;
+    assert!(answer.granted(), "{}", answer.body);
+    // And with the ID in the body (a refresh, with the tokens just issued).
+    let refreshed = harness.send(refresh_request(answer.field("refresh_token"))).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The refresh token grant.
+
+/// A refresh checks the user upstream, rotates the refresh token (a new one; the old one's
+/// Secret kept, marked used) and deletes the access token issued with it; the new tokens work
+/// and the ID token has the groups the upstream says now and no nonce. Five store requests, as
+/// documented.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refresh_rotates_the_refresh_token_and_ends_the_old_access_token() {
+    let harness = Harness::start().await;
+    let (login, first) = harness.logged_in().await;
+    let (old_access, old_refresh) = (first.field("access_token"), first.field("refresh_token"));
+    harness.memory.take_requests();
+    let refreshed = harness.send(refresh_request(old_refresh)).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    assert_eq!(
+        harness.memory.take_requests(),
+        Requests {
+            get: 1,
+            replace: 1,
+            delete: 1,
+            create: 2,
+            ..Requests::default()
+        }
+    );
+    assert_eq!(harness.upstream.userinfo_requests.load(Ordering::SeqCst), 1);
+    let (new_access, new_refresh) = (refreshed.field("access_token"), refreshed.field("refresh_token"));
+    assert_ne!(new_refresh, old_refresh);
+    assert_ne!(new_access, old_access);
+    let claims = harness.id_token_claims(refreshed.field("id_token"));
+    assert_eq!(
+        claims["groups"],
+        json!(["seals", "walruses"]),
+        "as the upstream says now"
+    );
+    assert!(claims.get("nonce").is_none());
+
+    assert!(
+        harness.stored(Kind::AccessToken, old_access).is_none(),
+        "the old access token is deleted"
+    );
+    assert!(harness.stored(Kind::RefreshToken, old_refresh).unwrap().rotated);
+    assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
+    harness
+        .send(exchange_request(old_access, "cluster-a"))
+        .await
+        .assert_error(Code::InvalidGrant);
+    assert!(harness
+        .send(exchange_request(new_access, "cluster-a"))
+        .await
+        .granted());
+    assert!(harness.send(refresh_request(new_refresh)).await.granted());
+}
+
+/// An old refresh token presented again is `invalid_grant` and ends its whole family
+/// (RFC 9700 §4.14.2): the refresh and access tokens issued from it are revoked too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reused_refresh_token_revokes_the_whole_family() {
+    let harness = Harness::start().await;
+    let (login, first) = harness.logged_in().await;
+    let refreshed = harness.send(refresh_request(first.field("refresh_token"))).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    harness
+        .send(refresh_request(first.field("refresh_token")))
+        .await
+        .assert_error(Code::InvalidGrant);
+    assert!(harness.token_secrets(&login.request_id).is_empty());
+    assert_eq!(harness.still_usable(&refreshed).await, (false, false));
+}
+
+/// Two concurrent uses of one refresh token: whatever the interleaving, at most one gets
+/// tokens, the other is `invalid_grant`.
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_refreshes_with_one_token_succeed_at_most_once() {
+    let harness = Harness::start().await;
+    for seed in 0..40 {
+        let (_, tokens) = harness.logged_in().await;
+        harness.memory.interleave(seed, 4);
+        let answers = concurrent_refreshes(&harness, tokens.field("refresh_token"), 2).await;
+        assert!(
+            answers.iter().filter(|answer| answer.granted()).count() <= 1,
+            "seed {seed}"
+        );
+        for refused in answers.iter().filter(|answer| !answer.granted()) {
+            refused.assert_error(Code::InvalidGrant);
+        }
+    }
+}
+
+/// Two concurrent uses of one refresh token are a reuse: whatever the interleaving, the family
+/// ends — no token of the login remains usable, the tokens the winner got included.
+///
+/// Fails: when the reuse is seen (the loser reads the token rotated, or loses the conditional
+/// rotation) while the winner is between its rotation and storing its new tokens — during its
+/// upstream check — the loser's revocation runs before those tokens exist, and they survive.
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_refreshes_with_one_token_end_the_family() {
+    let harness = Harness::start().await;
+    for seed in 0..40 {
+        let (login, tokens) = harness.logged_in().await;
+        harness.memory.interleave(seed, 4);
+        let answers = concurrent_refreshes(&harness, tokens.field("refresh_token"), 2).await;
+        assert_eq!(
+            harness.usable_tokens(&login.request_id),
+            Vec::<String>::new(),
+            "seed {seed}: a reuse was seen, yet tokens survive"
+        );
+        if let Some(granted) = answers.iter().find(|answer| answer.granted()) {
+            assert_eq!(harness.still_usable(granted).await, (false, false), "seed {seed}");
+        }
+    }
+}
+
+/// A refresh the store fails part-way through (after the refresh token was marked used) is
+/// either `invalid_grant` — log in again — or, when answered `temporarily_unavailable`, may be
+/// retried with the same refresh token, as RFC 6749 §5.2 defines that error.
+///
+/// Fails: the answer is `temporarily_unavailable` ("try again"), but the token was rotated before
+/// the failure, so the retry is taken for a stolen token's reuse — audited as such — and ends
+/// the login.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refresh_that_says_try_again_may_be_tried_again() {
+    let harness = Harness::start().await;
+    for failing in [Verb::Delete, Verb::Create] {
+        let (_, tokens) = harness.logged_in().await;
+        harness.memory.fail_next(failing, 500);
+        let answer = harness.send(refresh_request(tokens.field("refresh_token"))).await;
+        if answer.error() == "temporarily_unavailable" {
+            let retry = harness.send(refresh_request(tokens.field("refresh_token"))).await;
+            assert!(retry.granted(), "{failing:?}: {}", retry.body);
+        } else {
+            answer.assert_error(Code::InvalidGrant);
+        }
+    }
+}
+
+/// `count` refreshes with `refresh_token` at once.
+async fn concurrent_refreshes(harness: &Harness, refresh_token: &str, count: usize) -> Vec<Answer> {
+    let mut refreshes = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        let (endpoints, request) = (harness.endpoints.clone(), refresh_request(refresh_token));
+        refreshes.spawn(async move { Answer::of(endpoints.handle(request).await).await });
+    }
+    refreshes.join_all().await
+}
+
+/// A refresh is refused (`invalid_grant`, so the CLI logs in again) when the upstream refuses
+/// the user, says they are someone else now, or the identity provider of the session is gone;
+/// and a refresh token of another client is `invalid_grant` too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refresh_the_upstream_or_the_client_does_not_allow_is_invalid_grant() {
+    let harness = Harness::start().await;
+    for change in [
+        (|session: &mut Session| session.upstream.access_token = Some("revoked-upstream".into()))
+            as fn(&mut Session),
+        |session| session.upstream.idp_name = "Gone".into(),
+        |session| session.client_id = DYNAMIC_CLIENT.into(),
+    ] {
+        let (_, tokens) = harness.logged_in().await;
+        harness.edit(Kind::RefreshToken, tokens.field("refresh_token"), change);
+        harness
+            .send(refresh_request(tokens.field("refresh_token")))
+            .await
+            .assert_error(Code::InvalidGrant);
+    }
+    harness
+        .upstream
+        .set_user(json!({"sub": "upstream-sub", "username": "someone-else"}));
+    let (_, tokens) = harness.logged_in().await;
+    let answer = harness.send(refresh_request(tokens.field("refresh_token"))).await;
+    answer.assert_error(Code::InvalidGrant);
+    assert!(
+        answer.field("error_description").contains("username changed"),
+        "{}",
+        answer.body
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token exchange.
+
+/// An access token with `pinniped:request-audience` is exchanged for an ID token whose `aud` is
+/// the requested audience, signed with the FederationDomain's key.
+#[tokio::test(flavor = "current_thread")]
+async fn an_exchange_gives_an_id_token_for_the_requested_audience() {
+    let harness = Harness::start().await;
+    let (_, tokens) = harness.logged_in().await;
+    let answer = harness
+        .send(exchange_request(tokens.field("access_token"), "cluster-a"))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(answer.field("issued_token_type"), JWT_TOKEN_TYPE);
+    assert_eq!(answer.field("token_type"), "N_A");
+    let claims = harness.id_token_claims(answer.field("access_token"));
+    assert_eq!(claims["aud"], json!(["cluster-a"]));
+    assert_eq!(claims["azp"], "pinniped-cli");
+    assert_eq!(claims["iss"], ISSUER);
+    assert_eq!(claims["username"], "pinny");
+    assert!(claims.get("at_hash").is_none() && claims.get("nonce").is_none());
+}
+
+/// The audience may not be a Pinniped one (anything with `.pinniped.dev`, `pinniped-cli`, a
+/// dynamic client's ID): `invalid_request`; the subject token needs the `openid` and
+/// `pinniped:request-audience` scopes (`access_denied`) and must not have expired
+/// (`invalid_grant`); a refresh token is no subject token.
+#[tokio::test(flavor = "current_thread")]
+async fn an_exchange_refuses_pinniped_audiences_missing_scopes_and_expired_tokens() {
+    let harness = Harness::start().await;
+    let (_, tokens) = harness.logged_in().await;
+    let access = tokens.field("access_token");
+    for audience in [
+        "cluster.pinniped.dev",
+        "x.pinniped.dev.example.com",
+        "pinniped-cli",
+        "client.oauth.pinniped.dev-other",
+        "",
+    ] {
+        harness
+            .send(exchange_request(access, audience))
+            .await
+            .assert_error(Code::InvalidRequest);
+    }
+    harness
+        .send(exchange_request(tokens.field("refresh_token"), "cluster-a"))
+        .await
+        .assert_error(Code::InvalidGrant);
+
+    for scopes in [
+        &["openid", "offline_access", "username"][..],
+        &["pinniped:request-audience", "username"][..],
+    ] {
+        let login = harness.login_with(scopes, |_| {}).await;
+        let tokens = harness.send(redeem_request(&login)).await;
+        harness
+            .send(exchange_request(tokens.field("access_token"), "cluster-a"))
+            .await
+            .assert_error(Code::AccessDenied);
+    }
+
+    harness.edit(Kind::AccessToken, access, |session| {
+        session.token_expires_at = OffsetDateTime::now_utc().unix_timestamp() - 1;
+    });
+    harness
+        .send(exchange_request(access, "cluster-a"))
+        .await
+        .assert_error(Code::InvalidGrant);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Revocation.
+
+/// Revoking a refresh token (or an access token) ends the login: every token Secret of it is
+/// deleted and its tokens are refused.
+#[tokio::test(flavor = "current_thread")]
+async fn revoking_a_token_ends_its_login() {
+    let harness = Harness::start().await;
+    for kind in ["refresh_token", "access_token"] {
+        let (login, tokens) = harness.logged_in().await;
+        let refreshed = harness.send(refresh_request(tokens.field("refresh_token"))).await;
+        let answer = harness.send(revoke_request(refreshed.field(kind))).await;
+        assert_eq!(
+            (answer.status, &answer.body),
+            (StatusCode::OK, &Value::Null),
+            "{kind}"
+        );
+        assert!(harness.token_secrets(&login.request_id).is_empty(), "{kind}");
+        assert_eq!(harness.still_usable(&refreshed).await, (false, false), "{kind}");
+    }
+}
+
+/// Revocation answers 200 for a token that is unknown, malformed, another FederationDomain's
+/// or not a token at all (RFC 7009 §2.2), deleting nothing; `unauthorized_client` for another
+/// client's token, which it keeps; 401 without client authentication.
+#[tokio::test(flavor = "current_thread")]
+async fn revocation_of_unknown_or_foreign_tokens() {
+    let harness = Harness::start().await;
+    let (login, tokens) = harness.logged_in().await;
+    let unknown = harness.issuer.token_key.mint(Kind::RefreshToken).unwrap().token;
+    let foreign = TokenKey::new(&[8; 32]).mint(Kind::AccessToken).unwrap().token;
+    for token in [
+        unknown.as_str(),
+        foreign.as_str(),
+        "pin_rt_not.base64!",
+        "pin_ac_whatever",
+        "hello",
+    ] {
+        let answer = harness.send(revoke_request(token)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{token}: {}", answer.body);
+    }
+    assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
+
+    harness.edit(Kind::RefreshToken, tokens.field("refresh_token"), |session| {
+        session.client_id = DYNAMIC_CLIENT.into();
+    });
+    let answer = harness.send(revoke_request(tokens.field("refresh_token"))).await;
+    assert_eq!(answer.error(), "unauthorized_client", "{}", answer.body);
+    assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
+
+    let anonymous = post("/oauth2/revoke", &[("token", tokens.field("access_token"))], None);
+    harness.send(anonymous).await.assert_error(Code::InvalidClient);
+    assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
+}

@@ -1,0 +1,441 @@
+//! `POST /oauth2/token`: the client authenticated ([`authenticate`]: the public `pinniped-cli`,
+//! or an OIDCClient with HTTP Basic), then one grant — the authorization code grant ([`code`],
+//! PKCE required), the refresh token grant ([`refresh`], rotating, the upstream checked again) or
+//! RFC 8693 token exchange for a cluster-scoped ID token ([`exchange`]) — and the tokens they
+//! issue ([`issue_tokens`]), stored as sessions. `POST /oauth2/revoke` is
+//! [`crate::endpoints::revoke`].
+
+mod code;
+mod exchange;
+#[cfg(test)]
+mod grant_tests;
+mod refresh;
+
+use std::{collections::HashMap, sync::Arc};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use serde_json::json;
+use time::OffsetDateTime;
+
+use crate::clients::Busy;
+use crate::endpoints::authorize::{self, Client};
+use crate::endpoints::oauth::{Code, OAuthError};
+use crate::endpoints::token::code::authorization_code;
+use crate::endpoints::{json, oauth_error, read_form, Body, Endpoints};
+use crate::issuer::Issuer;
+use crate::server::metrics::Grant;
+use crate::session::gc::revoke_upstream_of;
+use crate::session::id_token::{self, IdTokenClaims};
+use crate::session::storage::Resource;
+use crate::session::store::StoreError;
+use crate::session::tokens::Kind;
+use crate::session::{self, Session};
+
+pub(crate) const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+
+/// `POST /oauth2/token`.
+pub(crate) async fn token<B>(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: Request<B>,
+) -> Response<Body>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (parts, body) = request.into_parts();
+    let params = match form_params(body).await {
+        Ok(params) => params,
+        Err(error) => return oauth_error(&error),
+    };
+    let grant = match params.get("grant_type").map(String::as_str) {
+        Some("authorization_code") => Grant::authorization_code,
+        Some("refresh_token") => Grant::refresh_token,
+        Some(TOKEN_EXCHANGE) => Grant::token_exchange,
+        _ => Grant::other,
+    };
+    let result = match authenticate(endpoints, &parts.headers, &params).await {
+        Err(error) => Err(error),
+        Ok(client) => match params.get("grant_type").map(String::as_str) {
+            None => Err(OAuthError::new(
+                Code::InvalidRequest,
+                "The 'grant_type' parameter is missing.",
+            )),
+            Some(known @ ("authorization_code" | "refresh_token" | TOKEN_EXCHANGE))
+                if !client.grant_types.iter().any(|allowed| allowed == known) =>
+            {
+                Err(OAuthError::new(
+                    Code::UnauthorizedClient,
+                    &format!("The OAuth 2.0 Client is not allowed to use authorization grant \"{known}\"."),
+                ))
+            }
+            Some("authorization_code") => authorization_code(endpoints, issuer, &client, &params).await,
+            Some("refresh_token") => refresh::refresh(endpoints, issuer, &client, &params).await,
+            Some(TOKEN_EXCHANGE) => exchange::exchange(endpoints, issuer, &client, &params).await,
+            Some(other) => Err(OAuthError::new(
+                Code::UnsupportedGrantType,
+                &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
+            )),
+        },
+    };
+    endpoints
+        .metrics
+        .grant(grant, result.as_ref().err().map(|error| error.code));
+    match result {
+        Ok(body) => json(StatusCode::OK, Bytes::from(body.to_string())),
+        Err(error) => client_error(&error),
+    }
+}
+
+/// The form parameters of a token or revocation request: each at most once.
+pub(crate) async fn form_params<B>(body: B) -> Result<HashMap<String, String>, OAuthError>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(form) = read_form(body).await else {
+        return Err(OAuthError::new(
+            Code::InvalidRequest,
+            "The request body is too large, too slow or unreadable.",
+        ));
+    };
+    let mut params: HashMap<String, String> = HashMap::new();
+    for (name, value) in form {
+        if params.insert(name.clone(), value).is_some() {
+            return Err(OAuthError::new(
+                Code::InvalidRequest,
+                &format!("The parameter '{name}' must not be given more than once."),
+            ));
+        }
+    }
+    Ok(params)
+}
+
+/// The response of a refused token or revocation request; `invalid_client` asks for Basic
+/// authentication (RFC 6749 §5.2).
+pub(crate) fn client_error(error: &OAuthError) -> Response<Body> {
+    let mut response = oauth_error(error);
+    if error.code == Code::InvalidClient {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic"));
+    }
+    response
+}
+
+/// The client a token request comes from, authenticated.
+pub(crate) struct TokenClient {
+    pub(crate) id: String,
+    pub(crate) grant_types: Vec<String>,
+    /// How long its ID tokens from the code and refresh grants live.
+    pub(crate) id_token_lifetime: time::Duration,
+}
+
+/// Who sends a token request, authenticated as Pinniped's Supervisor (fosite) authenticates it:
+///
+/// * the public `pinniped-cli` client, named by `client_id` in the body, or by HTTP Basic with
+///   an empty secret (`pinniped-cli:` — what golang.org/x/oauth2, which the pinniped CLI uses,
+///   tries first); a non-empty secret for it, in the header or the body, is `invalid_client`
+///   (it authenticates with method `none`);
+/// * an OIDCClient authenticated by HTTP Basic (`client_secret_basic`, RFC 6749 §2.3.1: ID and
+///   secret form-encoded, then base64) with one of its secrets ([`crate::clients::DynamicClient::authenticate`]:
+///   bcrypt off the async runtime, bounded; `temporarily_unavailable` when too many checks wait).
+///
+/// Anything else — an unknown or invalid client, a wrong secret, a secret in the body, a
+/// `client_id` parameter naming another client than the header — is `invalid_client`.
+pub(crate) async fn authenticate(
+    endpoints: &Endpoints,
+    headers: &http::HeaderMap,
+    params: &HashMap<String, String>,
+) -> Result<TokenClient, OAuthError> {
+    let failed = || OAuthError::new(Code::InvalidClient, "");
+    let none_but = |method: &str| {
+        OAuthError::new(
+            Code::InvalidClient,
+            &format!(
+                "The OAuth 2.0 Client supports client authentication method 'none', but method '{method}' was requested. You must configure the OAuth 2.0 client's 'token_endpoint_auth_method' value to accept '{method}'."
+            ),
+        )
+    };
+    let basic = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, credentials) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("basic").then(|| credentials.trim())
+        });
+    let Some(credentials) = basic else {
+        let with_secret = params
+            .get("client_secret")
+            .is_some_and(|secret| !secret.is_empty());
+        return match params.get("client_id").map(String::as_str) {
+            Some(authorize::PINNIPED_CLI) if with_secret => Err(none_but("client_secret_post")),
+            Some(authorize::PINNIPED_CLI) => Ok(TokenClient::pinniped_cli()),
+            _ if params.contains_key("client_secret") => Err(OAuthError::new(
+                Code::InvalidClient,
+                "The OAuth 2.0 Client supports client authentication method 'client_secret_basic', but method 'client_secret_post' was requested.",
+            )),
+            Some(id) if endpoints.clients.load().get(id).is_some() => Err(OAuthError::new(
+                Code::InvalidClient,
+                "The OAuth 2.0 Client supports client authentication method 'client_secret_basic', but method 'none' was requested.",
+            )),
+            _ => Err(OAuthError::new(
+                Code::InvalidClient,
+                "The requested OAuth 2.0 Client does not exist.",
+            )),
+        };
+    };
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(credentials)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(failed)?;
+    let (id, secret) = decoded.split_once(':').ok_or_else(failed)?;
+    let (id, secret) = (
+        selkie_api::percent::decode(id).ok_or_else(failed)?,
+        selkie_api::percent::decode(secret).ok_or_else(failed)?,
+    );
+    if params.get("client_id").is_some_and(|named| *named != id) {
+        return Err(failed());
+    }
+    if id == authorize::PINNIPED_CLI {
+        if !secret.is_empty() {
+            return Err(none_but("client_secret_basic"));
+        }
+        if params
+            .get("client_secret")
+            .is_some_and(|secret| !secret.is_empty())
+        {
+            return Err(none_but("client_secret_post"));
+        }
+        return Ok(TokenClient::pinniped_cli());
+    }
+    let Some(client) = endpoints.clients.load().get(&id) else {
+        return Err(failed());
+    };
+    match client.authenticate(&secret).await {
+        Ok(true) => {}
+        Ok(false) => return Err(failed()),
+        Err(Busy) => {
+            return Err(OAuthError::new(
+                Code::TemporarilyUnavailable,
+                "Too many client authentications are in progress; try again.",
+            ))
+        }
+    }
+    Ok(TokenClient {
+        id,
+        grant_types: client.client.grant_types.clone(),
+        id_token_lifetime: client
+            .id_token_lifetime
+            .and_then(|lifetime| time::Duration::try_from(lifetime).ok())
+            .unwrap_or(id_token::LIFETIME),
+    })
+}
+
+impl TokenClient {
+    /// The public `pinniped-cli` client.
+    fn pinniped_cli() -> Self {
+        Self {
+            id: authorize::PINNIPED_CLI.into(),
+            grant_types: Client::pinniped_cli().grant_types,
+            id_token_lifetime: id_token::LIFETIME,
+        }
+    }
+}
+
+/// The error of a grant whose code or token was issued to another client.
+pub(crate) fn other_client() -> OAuthError {
+    OAuthError::new(
+        Code::InvalidGrant,
+        "The OAuth 2.0 Client ID from this request does not match the one from the authorize request.",
+    )
+}
+
+/// The OAuth error of a session store failure: a stored session that cannot be read (written by
+/// another Supervisor version — Pinniped's, after a migration — or damaged) will never be, so
+/// the user must log in again (`invalid_grant`, which makes the CLI start a new login); anything
+/// else is the store being unreachable, worth a retry.
+pub(crate) fn store_failed(error: &StoreError) -> OAuthError {
+    if matches!(error, StoreError::Session(_) | StoreError::Storage(_)) {
+        tracing::warn!(%error, "a stored session cannot be read; the user must log in again");
+        return OAuthError::new(
+            Code::InvalidGrant,
+            "The stored session cannot be read (it was written by another version of the Supervisor, or is damaged); log in again.",
+        );
+    }
+    tracing::error!(%error, "the session store failed");
+    OAuthError::new(
+        Code::TemporarilyUnavailable,
+        "The session store could not be reached; try again.",
+    )
+}
+
+pub(crate) fn param<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a str, OAuthError> {
+    params
+        .get(name)
+        .map(String::as_str)
+        .filter(|value| !value.is_empty())
+        .ok_or_else(|| {
+            OAuthError::new(
+                Code::InvalidRequest,
+                &format!("The '{name}' parameter is missing."),
+            )
+        })
+}
+
+/// Ends the login `request_id`: deletes every access and refresh token of it (both kinds are
+/// tried whatever happens to the other; the first failure is returned), then revokes at the
+/// upstream the tokens the deleted sessions held (best effort: a failure is logged, the login
+/// is over anyway). Its authorization code stays, marked used, until it is collected.
+pub(crate) async fn end_login(endpoints: &Endpoints, request_id: &str) -> Result<(), StoreError> {
+    let access = endpoints
+        .store
+        .delete_login(Resource::AccessToken, request_id)
+        .await;
+    let refresh = endpoints
+        .store
+        .delete_login(Resource::RefreshToken, request_id)
+        .await;
+    let issuers = endpoints.issuers.load();
+    for (resource, sessions) in [
+        (Resource::AccessToken, &access),
+        (Resource::RefreshToken, &refresh),
+    ] {
+        for session in sessions.iter().flatten() {
+            if let Err(error) = revoke_upstream_of(&issuers, resource, session).await {
+                tracing::warn!(idp = %session.upstream.provider_name, %error, "revoking the upstream token of an ended login failed");
+            }
+        }
+    }
+    access.and(refresh).map(drop)
+}
+
+/// Mints and stores an access token, a refresh token (with `offline_access`) and an ID token (with
+/// `openid`, living `id_token_lifetime`) for `session`; `with_nonce` for the first ID token of a
+/// code.
+pub(crate) async fn issue_tokens(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    session: Session,
+    with_nonce: bool,
+    id_token_lifetime: time::Duration,
+    now: OffsetDateTime,
+) -> Result<Issued, OAuthError> {
+    let server_error = || OAuthError::new(Code::ServerError, "");
+    let access = issuer
+        .token_key
+        .mint(Kind::AccessToken)
+        .map_err(|_| server_error())?;
+    let refresh = if session.has_scope("offline_access") {
+        Some(
+            issuer
+                .token_key
+                .mint(Kind::RefreshToken)
+                .map_err(|_| server_error())?,
+        )
+    } else {
+        None
+    };
+    let id_token = if session.has_scope("openid") {
+        let claims = IdTokenClaims {
+            issuer: issuer.issuer.clone(),
+            subject: session.identity.subject.clone(),
+            audience: session.client_id.clone(),
+            authorized_party: session.client_id.clone(),
+            auth_time: OffsetDateTime::from_unix_timestamp(session.auth_time).unwrap_or(now),
+            requested_at: OffsetDateTime::from_unix_timestamp(session.requested_at).unwrap_or(now),
+            nonce: session.nonce.clone().filter(|_| with_nonce),
+            access_token: Some(access.token.clone()),
+            username: session
+                .has_scope("username")
+                .then(|| session.identity.username.clone()),
+            groups: session
+                .has_scope("groups")
+                .then(|| session.identity.groups.clone()),
+            additional_claims: session.identity.additional_claims.clone(),
+            lifetime: id_token_lifetime,
+        };
+        Some(
+            claims
+                .sign(&issuer.signing_key, now)
+                .map_err(|_| server_error())?,
+        )
+    } else {
+        None
+    };
+    // Stored numbers are outside data too: no arithmetic on them may overflow.
+    let remaining = time::Duration::seconds(
+        session
+            .expires_at
+            .saturating_sub(now.unix_timestamp())
+            .clamp(0, session::MAX_SESSION.whole_seconds()),
+    );
+    let mut stored = session.clone();
+    stored.code_active = false;
+    stored.token_expires_at = (now + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();
+    stored.access_token_signature = Some(access.signature.clone());
+    endpoints
+        .store
+        .create(Resource::AccessToken, &access.signature, &stored, remaining, now)
+        .await
+        .map_err(|e| store_failed(&e))?;
+    let mut signatures = vec![(Resource::AccessToken, access.signature.clone())];
+    if let Some(refresh) = &refresh {
+        stored.token_expires_at = session.expires_at;
+        endpoints
+            .store
+            .create(
+                Resource::RefreshToken,
+                &refresh.signature,
+                &stored,
+                remaining,
+                now,
+            )
+            .await
+            .map_err(|e| store_failed(&e))?;
+        signatures.push((Resource::RefreshToken, refresh.signature.clone()));
+    }
+    let mut body = json!({
+        "access_token": access.token,
+        "token_type": "bearer",
+        "expires_in": session::ACCESS_TOKEN_LIFETIME.whole_seconds() - 1,
+        "scope": session.scopes.join(" "),
+    });
+    if let Some(refresh) = refresh {
+        body["refresh_token"] = json!(refresh.token);
+    }
+    if let Some(id_token) = id_token {
+        body["id_token"] = json!(id_token);
+    }
+    Ok(Issued { body, signatures })
+}
+
+/// What [`issue_tokens`] gave: the token response, and the stored tokens by resource and
+/// signature.
+pub(crate) struct Issued {
+    body: serde_json::Value,
+    signatures: Vec<(Resource, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_session_means_log_in_again_and_an_unreachable_store_means_retry() {
+        let unreadable = store_failed(&StoreError::Session("missing field `request_id`".into()));
+        assert_eq!(unreadable.code, Code::InvalidGrant);
+        assert!(
+            unreadable.json().contains("log in again"),
+            "{}",
+            unreadable.json()
+        );
+        let wrong_version = store_failed(&StoreError::Storage(session::storage::StorageError::WrongVersion));
+        assert_eq!(wrong_version.code, Code::InvalidGrant);
+        let busy = store_failed(&StoreError::Conflict);
+        assert_eq!(busy.code, Code::TemporarilyUnavailable);
+    }
+}
