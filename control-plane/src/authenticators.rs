@@ -371,7 +371,10 @@ impl KindContext {
     }
 
     /// One pass over `object`; see the module documentation.
-    async fn evaluate_and_serve(self: Arc<Self>, object: Arc<DynamicObject>) -> Result<Action, ReconcileError> {
+    async fn evaluate_and_serve(
+        self: Arc<Self>,
+        object: Arc<DynamicObject>,
+    ) -> Result<Action, ReconcileError> {
         let shared = &self.shared;
         // Reading a CA source before the first listing would report it missing.
         let _ = shared.secrets.wait_until_ready().await;
