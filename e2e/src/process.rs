@@ -178,8 +178,14 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 /// cargo that runs the tests (a no-op when it is up to date) and returns its path. Each binary is
 /// built once per process; a failed build is a [`HarnessError::Build`] with cargo's output, and
 /// stays failed for the rest of the process. With `SELKIE_E2E_RELEASE=1` (benchmarks) the
-/// release profile is built instead.
+/// release profile is built instead. A benchmark comparing builds (another commit's binary, as a
+/// "before") names one with `SELKIE_E2E_BINARY_<BIN>` (`bin` upper-cased, `-` as `_`): that file
+/// is used as it is, nothing is built.
 pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf, HarnessError> {
+    let chosen = format!("SELKIE_E2E_BINARY_{}", bin.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&chosen) {
+        return Ok(PathBuf::from(path));
+    }
     static BUILT: std::sync::Mutex<Vec<(String, Result<PathBuf, String>)>> =
         std::sync::Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -268,6 +268,9 @@ fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
         .map(|(_, value)| value)
 }
 
+/// The header of kube-apiserver's `authentication.kubernetes.io/credential-id` extra.
+const CREDENTIAL_ID: &str = "impersonate-extra-authentication.kubernetes.io%2fcredential-id";
+
 /// Shared state: what to expect, what to answer, what happened.
 struct State {
     expect_user: String,
@@ -316,6 +319,21 @@ impl State {
         {
             return Some(format!("Impersonate-Group was {groups:?}"));
         }
+        // A client-certificate caller's credential ID (kube-apiserver's extra, as Pinniped's
+        // proxy passes it): one value, `X509SHA256=` and the certificate's SHA-256 in hex.
+        let credential_id: Vec<&HeaderValue> = headers.get_all(CREDENTIAL_ID).iter().collect();
+        let well_formed = |value: &HeaderValue| {
+            value
+                .to_str()
+                .ok()
+                .and_then(|value| value.strip_prefix("X509SHA256="))
+                .is_some_and(|hex| {
+                    hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                })
+        };
+        if credential_id.len() > 1 || credential_id.first().is_some_and(|value| !well_formed(value)) {
+            return Some(format!("{CREDENTIAL_ID} was {credential_id:?}"));
+        }
         headers
             .keys()
             .map(|name| name.as_str())
@@ -323,6 +341,7 @@ impl State {
                 name.starts_with("impersonate-")
                     && *name != "impersonate-user"
                     && *name != "impersonate-group"
+                    && *name != CREDENTIAL_ID
             })
             .map(|name| format!("unexpected header {name}"))
     }
