@@ -65,7 +65,8 @@ pub(crate) trait Provider: Send + Sync + 'static {
     /// Checks `object` (named `name`) against `sources`; `previous` is what it last built, to
     /// be reused when nothing it was built from changed. Before it asks another server (a
     /// discovery, a connection probe), it reports the checks so far with that one `Unknown`
-    /// through `interim`, so the status says what is going on while it waits.
+    /// through `interim`, so the status of an object that serves nothing yet says what is going
+    /// on while it waits (one that serves keeps its status until the check ends).
     fn evaluate(
         &self,
         sources: &Sources,
@@ -91,12 +92,18 @@ pub(crate) struct Interim<'a, P: Provider> {
     kind: &'a Kind,
     object: &'a DynamicObject,
     typed: &'a P::Object,
+    /// Whether to write at all: not while an earlier working form serves (its status stands
+    /// until the check ends, rather than flapping to not-ready meanwhile).
+    enabled: bool,
 }
 
 impl<P: Provider> Interim<'_, P> {
     /// Writes the status of `checks` (leader only, when it changed). A failure is logged: the
     /// final status is written (and retried) when the check ends.
     pub(crate) async fn report(&self, checks: &[Check]) {
+        if !self.enabled {
+            return;
+        }
         let status = P::status(self.typed, checks);
         if let Err(error) = self.kind.write_status(self.object, &status).await {
             tracing::info!(kind = P::KIND, %error, "writing an interim status failed");
@@ -142,6 +149,7 @@ impl<P: Provider> IdentityProviderReconciler<P> {
             kind: &self.kind,
             object: &object,
             typed: &typed_object,
+            enabled: previous.is_none(),
         };
         let evaluation = self
             .provider

@@ -993,14 +993,12 @@ async fn oidc_working_issuer_is_served_and_not_discovered_again_until_something_
     assert!(harness.written(&dex).is_empty());
 
     // A new client secret is not covered by the old build: discovery again, which fails now;
-    // the last working upstream keeps serving meanwhile.
+    // the last working upstream keeps serving meanwhile, and its status stands until the check
+    // ends (no interim not-ready status while it serves).
     harness.watched.apply(oidc_client_secret("rotated-secret", "2"));
     assert!(harness.reconcile(&dex_now).await.is_err());
-    let written = harness.written(&dex);
-    assert_eq!(
-        condition(written.last().unwrap(), "OIDCDiscoverySucceeded")[1],
-        "Unreachable"
-    );
+    let written = harness.written_once(&dex);
+    assert_eq!(condition(&written, "OIDCDiscoverySucceeded")[1], "Unreachable");
     assert!(Arc::ptr_eq(&harness.served("dex").unwrap(), &upstream));
 
     // So is a new generation of the object.
