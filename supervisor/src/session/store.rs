@@ -210,6 +210,9 @@ impl Store {
             OffsetDateTime::now_utc(),
         );
         stored.data = fresh.data;
+        // kube-apiserver keeps the managed fields of an update that carries none: not sending
+        // them back makes the request (and its decoding on both sides) smaller.
+        stored.metadata.managed_fields = None;
         match self.secrets.replace(&name, &stored).await {
             Ok(_) => Ok(()),
             Err(error) if is_status(&error, 409) => Err(StoreError::Conflict),
