@@ -136,6 +136,34 @@ impl Kubectl {
         Ok(())
     }
 
+    /// `kubectl create` of an OIDCClientSecretRequest for the OIDCClient `client` in `namespace`
+    /// (the Supervisor's aggregated API): its JSON answer, or kubectl's stderr when the request
+    /// was refused. Fails when kubectl cannot be run or its answer is not JSON.
+    pub async fn create_client_secret_request(
+        &self,
+        namespace: &str,
+        client: &str,
+        generate: bool,
+        revoke: bool,
+    ) -> Result<Result<serde_json::Value, String>, HarnessError> {
+        let request = serde_json::json!({
+            "apiVersion": "clientsecret.supervisor.pinniped.dev/v1alpha1",
+            "kind": "OIDCClientSecretRequest",
+            "metadata": {"name": client, "namespace": namespace},
+            "spec": {"generateNewSecret": generate, "revokeOldSecrets": revoke},
+        })
+        .to_string();
+        let output = self
+            .output(&["create", "-o", "json", "-f", "-"], Some(&request))
+            .await?;
+        if !output.success {
+            return Ok(Err(output.stderr));
+        }
+        serde_json::from_str(&output.stdout).map(Ok).map_err(|e| {
+            HarnessError::Unexpected(format!("an OIDCClientSecretRequest answer is not JSON: {e}"))
+        })
+    }
+
     /// Runs `kubectl <args>` and returns its stdout; a non-zero exit is an error carrying stderr.
     pub async fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Result<String, HarnessError> {
         self.run_with_stdin(args, None).await

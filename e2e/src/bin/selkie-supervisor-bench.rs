@@ -1705,22 +1705,10 @@ mod flood {
         generate: bool,
         revoke: bool,
     ) -> Result<Value> {
-        let request = json!({
-            "apiVersion": "clientsecret.supervisor.pinniped.dev/v1alpha1",
-            "kind": "OIDCClientSecretRequest",
-            "metadata": {"name": client, "namespace": namespace},
-            "spec": {"generateNewSecret": generate, "revokeOldSecrets": revoke},
-        })
-        .to_string();
-        let output = kubectl
-            .output(&["create", "-o", "json", "-f", "-"], Some(&request))
-            .await?;
-        ensure!(
-            output.success,
-            "OIDCClientSecretRequest for {client}: {}",
-            output.stderr
-        );
-        Ok(serde_json::from_str(&output.stdout)?)
+        kubectl
+            .create_client_secret_request(namespace, client, generate, revoke)
+            .await?
+            .map_err(|stderr| anyhow::anyhow!("OIDCClientSecretRequest for {client}: {stderr}"))
     }
 
     /// The new secret in a secret request's answer; the client must have exactly one.

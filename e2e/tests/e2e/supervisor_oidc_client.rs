@@ -11,36 +11,11 @@ use std::time::Duration;
 
 use crate::supervisor_rp::RelyingParty;
 use bytes::Bytes;
-use selkie_e2e::{browser::Browser, kubectl::Kubectl, supervisor::Supervisor, Cluster};
+use selkie_e2e::{browser::Browser, supervisor::Supervisor, Cluster};
 use serde_json::{json, Value};
 
 const CLIENT: &str = "client.oauth.pinniped.dev-webapp";
 const REDIRECT: &str = "http://127.0.0.1:48125/auth/callback";
-
-/// The secret request `spec` for `client`, made with `kubectl create`; its JSON answer.
-async fn secret_request(
-    kubectl: &Kubectl,
-    namespace: &str,
-    client: &str,
-    generate: bool,
-    revoke: bool,
-) -> anyhow::Result<Result<Value, String>> {
-    let request = json!({
-        "apiVersion": "clientsecret.supervisor.pinniped.dev/v1alpha1",
-        "kind": "OIDCClientSecretRequest",
-        "metadata": {"name": client, "namespace": namespace},
-        "spec": {"generateNewSecret": generate, "revokeOldSecrets": revoke},
-    })
-    .to_string();
-    let output = kubectl
-        .output(&["create", "-o", "json", "-f", "-"], Some(&request))
-        .await?;
-    Ok(if output.success {
-        Ok(serde_json::from_str(&output.stdout)?)
-    } else {
-        Err(output.stderr)
-    })
-}
 
 /// A web application logs a user in with an OIDCClient on the installed Supervisor (see the
 /// module documentation). Run by `supervisor_install`'s test, after its own checks.
@@ -83,7 +58,8 @@ pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kube
     anyhow::ensure!(pending.is_ok(), "{pending:?}\n{}", supervisor.log());
 
     // A secret, shown once; the client becomes Ready with one secret.
-    let created = secret_request(&kubectl, &namespace, CLIENT, true, false)
+    let created = kubectl
+        .create_client_secret_request(&namespace, CLIENT, true, false)
         .await?
         .map_err(|stderr| anyhow::anyhow!("{stderr}\n{}", supervisor.log()))?;
     let secret = created["status"]["generatedSecret"]
@@ -228,36 +204,37 @@ pub(crate) async fn a_web_app_logs_in_with_an_oidc_client_and_a_secret_from_kube
 
     // Secrets: at most five; revoking keeps only the newest.
     for total in 2..=5 {
-        let more = secret_request(&kubectl, &namespace, CLIENT, true, false)
+        let more = kubectl
+            .create_client_secret_request(&namespace, CLIENT, true, false)
             .await?
             .map_err(anyhow::Error::msg)?;
         anyhow::ensure!(more["status"]["totalClientSecrets"] == total, "{more}");
     }
-    let sixth = secret_request(&kubectl, &namespace, CLIENT, true, false).await?;
+    let sixth = kubectl
+        .create_client_secret_request(&namespace, CLIENT, true, false)
+        .await?;
     anyhow::ensure!(
         matches!(&sixth, Err(stderr) if stderr.contains("has too many secrets, spec.revokeOldSecrets must be true")),
         "{sixth:?}"
     );
-    let revoked = secret_request(&kubectl, &namespace, CLIENT, false, true)
+    let revoked = kubectl
+        .create_client_secret_request(&namespace, CLIENT, false, true)
         .await?
         .map_err(anyhow::Error::msg)?;
     anyhow::ensure!(revoked["status"]["totalClientSecrets"] == 1, "{revoked}");
     anyhow::ensure!(revoked["status"].get("generatedSecret").is_none(), "{revoked}");
 
     // Requests for clients that do not exist, or names that cannot be clients.
-    let missing = secret_request(
-        &kubectl,
-        &namespace,
-        "client.oauth.pinniped.dev-nobody",
-        true,
-        false,
-    )
-    .await?;
+    let missing = kubectl
+        .create_client_secret_request(&namespace, "client.oauth.pinniped.dev-nobody", true, false)
+        .await?;
     anyhow::ensure!(
         matches!(&missing, Err(stderr) if stderr.contains("metadata.name: Not found: \"client.oauth.pinniped.dev-nobody\"")),
         "{missing:?}"
     );
-    let unprefixed = secret_request(&kubectl, &namespace, "webapp", true, false).await?;
+    let unprefixed = kubectl
+        .create_client_secret_request(&namespace, "webapp", true, false)
+        .await?;
     anyhow::ensure!(
         matches!(&unprefixed, Err(stderr) if stderr.contains("must start with 'client.oauth.pinniped.dev-'")),
         "{unprefixed:?}"
