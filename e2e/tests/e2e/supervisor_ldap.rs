@@ -189,24 +189,18 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     grant_configmaps(cluster, &namespace, "Group", "ops").await?;
     let supervisor = Supervisor::start(cluster, &namespace, &slapd, IDP_NAME).await?;
     let proxy = Proxy::start(cluster, &[supervisor_jwt(&supervisor, "cluster-a")]).await?;
-    selkie_e2e::eventually(Duration::from_secs(60), || async {
-        let phase = cluster
-            .kubectl()
-            .run(&[
-                "get",
-                "ldapidentityprovider",
-                "openldap",
-                "-n",
-                &namespace,
-                "-o",
-                "jsonpath={.status.phase}",
-            ])
-            .await?;
-        anyhow::ensure!(phase == "Ready", "phase {phase:?}");
-        Ok(())
-    })
-    .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    cluster
+        .kubectl()
+        .run(&[
+            "wait",
+            "-n",
+            &namespace,
+            "--timeout=60s",
+            "--for=jsonpath={.status.phase}=Ready",
+            "ldapidentityprovider/openldap",
+        ])
+        .await
+        .map_err(|e| anyhow::Error::new(e).context(supervisor.log()))?;
 
     // The identity-provider discovery offers the password flow first, then the browser.
     let discovery: Value = serde_json::from_slice(

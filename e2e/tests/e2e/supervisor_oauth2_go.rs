@@ -6,8 +6,6 @@
 //! Selkie must too — refusing it with `invalid_client` made the library retry every grant with
 //! `client_id` in the body, and counted an `invalid_client` each time.
 
-use std::time::Duration;
-
 use selkie_e2e::{
     ldap::{LdapUser, Slapd},
     oauth2_go::{self, Grant, TokenRequest},
@@ -53,24 +51,18 @@ async fn the_pinniped_clis_oauth2_library_authenticates_with_basic_and_an_empty_
     }])
     .await?;
     let supervisor = Supervisor::start(cluster, &namespace, &slapd, IDP_NAME).await?;
-    selkie_e2e::eventually(Duration::from_secs(60), || async {
-        let phase = cluster
-            .kubectl()
-            .run(&[
-                "get",
-                "ldapidentityprovider",
-                "openldap",
-                "-n",
-                &namespace,
-                "-o",
-                "jsonpath={.status.phase}",
-            ])
-            .await?;
-        anyhow::ensure!(phase == "Ready", "phase {phase:?}");
-        Ok(())
-    })
-    .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    cluster
+        .kubectl()
+        .run(&[
+            "wait",
+            "-n",
+            &namespace,
+            "--timeout=60s",
+            "--for=jsonpath={.status.phase}=Ready",
+            "ldapidentityprovider/openldap",
+        ])
+        .await
+        .map_err(|e| anyhow::Error::new(e).context(supervisor.log()))?;
 
     // The authorization request of the cli_password flow, as the pinniped CLI sends it: a code.
     let http = supervisor.client()?;
