@@ -52,6 +52,8 @@ mod issuer;
 mod sealed;
 mod server;
 mod session;
+#[cfg(test)]
+mod test_support;
 
 pub use clients::{
     secret_request::{Routes as SecretRequestRoutes, VERSION as SECRET_REQUEST_VERSION},

@@ -232,19 +232,8 @@ fn ca_data() -> String {
 }
 
 fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
-    use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
     let (_, serving) = pki();
-    let config =
-        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from_pem_slice(serving.cert_pem.as_bytes()).unwrap()],
-                PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap();
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    crate::test_support::tls_acceptor(&serving.cert_pem, &serving.key_pem)
 }
 
 /// `127.0.0.1:<port>` of a socket that is bound but does not listen: connections to it are

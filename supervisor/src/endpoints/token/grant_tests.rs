@@ -92,19 +92,8 @@ struct FakeUpstream {
 impl FakeUpstream {
     /// Serves until the test's runtime ends.
     async fn start() -> Self {
-        use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
         let (_, serving) = upstream_pki();
-        let config =
-            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_no_client_auth()
-                .with_single_cert(
-                    vec![CertificateDer::from_pem_slice(serving.cert_pem.as_bytes()).unwrap()],
-                    PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).unwrap(),
-                )
-                .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = crate::test_support::tls_acceptor(&serving.cert_pem, &serving.key_pem);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let users: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
