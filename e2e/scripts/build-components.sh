@@ -8,6 +8,16 @@
 #                             /usr/lib/jvm (printed as keycloak_java_home)
 #   helm                      from helm.sh/helm/v3 (renders conf/install/ from the chart in
 #                             conf/helm/selkie/; the chart's e2e test installs it)
+#   kubernetes-node           kubelet, kube-controller-manager, kube-scheduler, kube-proxy from the
+#                             same k8s.io/kubernetes module as kube-apiserver, and the sandbox
+#                             ("pause") binary from its build/pause/linux/pause.c (static, gcc)
+#   containerd                containerd, containerd-shim-runc-v2 and ctr from
+#                             github.com/containerd/containerd/v2 (the node's container runtime;
+#                             runc itself is Debian's)
+#   cni-plugins               bridge, host-local, loopback and portmap from
+#                             github.com/containernetworking/plugins (the node's pod network)
+#   coredns                   from github.com/coredns/coredns (the node's cluster DNS: pods resolve
+#                             kubernetes.default.svc and other Services' names, as on any cluster)
 #   oauth2-client             e2e/oauth2-client/ (this repository): a small client on
 #                             golang.org/x/oauth2, the library the pinniped CLI uses, at the version
 #                             its go.mod and go.sum pin; keyed by a hash of its sources
@@ -17,7 +27,9 @@
 # Concurrent runs serialise on a lock file. Prints `<name>=<bin-dir>` and `<name>_version=<version>`
 # per component on stdout; progress and errors go to stderr.
 #
-# usage: build-components.sh [kubernetes|etcd|dex|keycloak|helm|oauth2-client|all]   (default: all)
+# usage: build-components.sh [kubernetes|etcd|dex|keycloak|helm|oauth2-client|all|
+#                              kubernetes-node|containerd|cni-plugins|coredns|node]   (default: all)
+# `node` builds the four node components (the e2e node tests and `make cluster-up NODE=1`).
 set -euo pipefail
 
 K8S_VERSION="${SELKIE_K8S_VERSION:-1.35.4}"
@@ -27,6 +39,9 @@ ETCD_VERSION="${SELKIE_ETCD_VERSION:-3.6.16}"
 DEX_VERSION="${SELKIE_DEX_VERSION:-0.0.0-20260303133905-11d2eeb52b42}"
 KEYCLOAK_VERSION="${SELKIE_KEYCLOAK_VERSION:-26.4.7}"
 HELM_VERSION="${SELKIE_HELM_VERSION:-3.22.0}"
+CONTAINERD_VERSION="${SELKIE_CONTAINERD_VERSION:-2.4.2}"
+CNI_PLUGINS_VERSION="${SELKIE_CNI_PLUGINS_VERSION:-1.10.0}"
+COREDNS_VERSION="${SELKIE_COREDNS_VERSION:-1.15.0}"
 CACHE_DIR="${SELKIE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/selkie}/components"
 OAUTH2_CLIENT_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/../oauth2-client" && pwd)"
 # Bump when the recipe below changes, so cached builds made by an older recipe are rebuilt.
@@ -76,8 +91,11 @@ with_cache() {
   printf '%s=%s\n%s_version=%s\n' "$name" "$dest/bin" "$name" "$version"
 }
 
-build_kubernetes() {
-  local work=$1 version=$2 minor
+# k8s_build_cmds WORK VERSION CMD...: a throwaway module requiring k8s.io/kubernetes@vVERSION whose
+# tools.go imports k8s.io/kubernetes/cmd/<CMD> for each CMD; then `go build` of those commands
+# into WORK/bin with the version stamped as the release build stamps it.
+k8s_build_cmds() {
+  local work=$1 version=$2 minor; shift 2
   minor=${version#1.}; minor=${minor%%.*}
   printf 'module local/selkie-k8s-tools\n\ngo 1.24\n' >"$work/go.mod"
   # The module proxy serves kubernetes' go.mod verbatim, replace lines included: every staging
@@ -94,24 +112,72 @@ build_kubernetes() {
     run_logged kubernetes "$work" go mod edit "-replace=$m=$m@v0.${version#1.}"
   done
   run_logged kubernetes "$work" go mod edit "-require=k8s.io/kubernetes@v$version"
-  cat >"$work/tools.go" <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+  local cmd pkgs=()
+  { printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    for cmd in "$@"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$cmd"; pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+    printf ')\n'
+  } >"$work/tools.go"
   run_logged kubernetes "$work" go mod tidy
   local ld="-s -w" p
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=v$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
   mkdir -p "$work/bin"
-  run_logged kubernetes "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o bin/ \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+  run_logged kubernetes "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o bin/ "${pkgs[@]}"
+}
+
+build_kubernetes() {
+  k8s_build_cmds "$1" "$2" kube-apiserver kubectl
+}
+
+# The node's Kubernetes binaries, and the sandbox image's binary built as Kubernetes' own
+# build/pause/Makefile builds it (static, -Os), with the version kubeadm pins (PauseVersion), which
+# names the image: WORK/bin/pause and WORK/bin/pause.version.
+build_kubernetes_node() {
+  local work=$1 version=$2
+  k8s_build_cmds "$work" "$version" kubelet kube-controller-manager kube-scheduler kube-proxy
+  command -v gcc >/dev/null || die "gcc is not on PATH; the sandbox (pause) binary is C"
+  local src pause_version
+  src=$(cd "$work" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+  pause_version=$(sed -n 's/^[[:space:]]*PauseVersion = "\(.*\)"/\1/p' "$src/cmd/kubeadm/app/constants/constants.go")
+  [[ -n "$pause_version" ]] || die "kubernetes v$version: no PauseVersion in cmd/kubeadm/app/constants"
+  run_logged kubernetes-node "$work" gcc -Os -Wall -Werror -static "-DVERSION=v$pause_version-selkie" \
+    -o bin/pause "$src/build/pause/linux/pause.c"
+  printf '%s\n' "$pause_version" >"$work/bin/pause.version"
+}
+
+# containerd's daemon, its runc shim and its CLI; without cgo, so the btrfs snapshotter (cgo only)
+# is left out: the node uses overlayfs.
+build_containerd() {
+  local work=$1 version=$2 module=github.com/containerd/containerd/v2
+  printf 'module local/selkie-containerd-tools\n\ngo 1.24\n' >"$work/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/cmd/containerd"\n\t_ "%s/cmd/containerd-shim-runc-v2"\n\t_ "%s/cmd/ctr"\n)\n' \
+    "$module" "$module" "$module" >"$work/tools.go"
+  run_logged containerd "$work" go get "$module@v$version"
+  run_logged containerd "$work" go mod tidy
+  mkdir -p "$work/bin"
+  run_logged containerd "$work" env CGO_ENABLED=0 go build -trimpath -tags no_btrfs \
+    -ldflags "-s -w -X $module/version.Version=v$version" -o bin/ \
+    "$module/cmd/containerd" "$module/cmd/containerd-shim-runc-v2" "$module/cmd/ctr"
+}
+
+build_coredns() {
+  build_go_binary coredns "$1" "github.com/coredns/coredns@v$2" github.com/coredns/coredns coredns
+}
+
+# The CNI plugins the node's bridge network uses.
+build_cni_plugins() {
+  local work=$1 version=$2 module=github.com/containernetworking/plugins p pkgs=()
+  for p in main/bridge main/loopback ipam/host-local meta/portmap; do pkgs+=("$module/plugins/$p"); done
+  printf 'module local/selkie-cni-tools\n\ngo 1.24\n' >"$work/go.mod"
+  { printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    for p in "${pkgs[@]}"; do printf '\t_ "%s"\n' "$p"; done
+    printf ')\n'
+  } >"$work/tools.go"
+  run_logged cni-plugins "$work" go get "$module@v$version"
+  run_logged cni-plugins "$work" go mod tidy
+  mkdir -p "$work/bin"
+  run_logged cni-plugins "$work" env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/ "${pkgs[@]}"
 }
 
 # build_go_binary COMPONENT WORK MODULE@VERSION PACKAGE BINARY [LDFLAGS]: a throwaway tools module
@@ -201,5 +267,15 @@ case "${1:-all}" in
     with_cache helm "$HELM_VERSION" build_helm
     with_cache oauth2-client "$(oauth2_client_version)" build_oauth2_client
     ;;
-  *) die "usage: $0 [kubernetes|etcd|dex|keycloak|helm|oauth2-client|all]" ;;
+  kubernetes-node) with_cache kubernetes-node "$K8S_VERSION" build_kubernetes_node ;;
+  containerd) with_cache containerd "$CONTAINERD_VERSION" build_containerd ;;
+  cni-plugins) with_cache cni-plugins "$CNI_PLUGINS_VERSION" build_cni_plugins ;;
+  coredns) with_cache coredns "$COREDNS_VERSION" build_coredns ;;
+  node)
+    with_cache kubernetes-node "$K8S_VERSION" build_kubernetes_node
+    with_cache containerd "$CONTAINERD_VERSION" build_containerd
+    with_cache cni-plugins "$CNI_PLUGINS_VERSION" build_cni_plugins
+    with_cache coredns "$COREDNS_VERSION" build_coredns
+    ;;
+  *) die "usage: $0 [kubernetes|etcd|dex|keycloak|helm|oauth2-client|all|kubernetes-node|containerd|cni-plugins|coredns|node]" ;;
 esac

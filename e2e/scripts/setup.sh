@@ -36,6 +36,15 @@ command -v ldapadd >/dev/null || missing+=(ldap-utils)
 command -v samba >/dev/null || missing+=(samba samba-ad-dc)
 [[ -d /usr/share/samba/setup/ad-schema ]] || missing+=(samba-ad-provision)
 command -v samba-tool >/dev/null || missing+=(samba-common-bin)
+# The node (e2e/src/node.rs): runc under containerd, iptables and conntrack for kube-proxy, haproxy
+# (the load balancer in front of its Services), buildah for the images (e2e/scripts/
+# build-images.sh), busybox-static for the tests' workload image.
+command -v runc >/dev/null || missing+=(runc)
+command -v iptables >/dev/null || missing+=(iptables)
+command -v conntrack >/dev/null || missing+=(conntrack)
+[[ -x /usr/sbin/haproxy ]] || missing+=(haproxy)
+command -v buildah >/dev/null || missing+=(buildah)
+[[ -x /bin/busybox ]] || missing+=(busybox-static)
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   sudo=""
@@ -53,6 +62,7 @@ for component in rustfmt clippy; do
 done
 
 "$here/build-components.sh" all >/dev/null
+"$here/build-components.sh" node >/dev/null
 
 command -v npm >/dev/null || die "npm is not on PATH: install Node.js 20 or newer first"
 rp_cache="${SELKIE_CACHE_DIR:-$HOME/.cache/selkie}/rp"

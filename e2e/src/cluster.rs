@@ -85,6 +85,7 @@ pub struct ClusterBuilder {
     extra_apiserver_args: Vec<String>,
     apiserver_ready_timeout: Option<Duration>,
     rsa_client_ca: bool,
+    node: bool,
 }
 
 impl ClusterBuilder {
@@ -112,6 +113,16 @@ impl ClusterBuilder {
     /// makes `/etc/kubernetes/pki/ca.{crt,key}`, instead of P-256.
     pub fn rsa_client_ca(mut self) -> Self {
         self.rsa_client_ca = true;
+        self
+    }
+
+    /// Join a real node to the cluster ([`crate::node`]): containerd, the kubelet, kube-proxy,
+    /// kube-scheduler and kube-controller-manager as a static pod. kube-apiserver then listens on
+    /// every address (pods reach it through the `kubernetes` Service at the host's address),
+    /// admits pods with service accounts and authorizes the kubelet with the Node authorizer.
+    /// Needs root; one node runs on a machine at a time.
+    pub fn node(mut self) -> Self {
+        self.node = true;
         self
     }
 
@@ -152,7 +163,8 @@ impl RunDir {
 /// its temporary files; if the test process dies instead, the kernel kills both.
 #[derive(Debug)]
 pub struct Cluster {
-    // Field order is drop order: the apiserver stops before etcd, and files go last.
+    // Field order is drop order: the node stops first, the apiserver before etcd, files last.
+    node: Option<crate::node::Node>,
     apiserver: ManagedProcess,
     etcd: ManagedProcess,
     pki: ClusterPki,
@@ -165,6 +177,7 @@ pub struct Cluster {
 }
 
 static SHARED: OnceCell<Result<Cluster, String>> = OnceCell::const_new();
+static SHARED_NODE: OnceCell<Result<Cluster, String>> = OnceCell::const_new();
 static UNIQUE: AtomicUsize = AtomicUsize::new(0);
 
 impl Cluster {
@@ -192,6 +205,21 @@ impl Cluster {
             .map_err(|e| HarnessError::SharedCluster(e.clone()))
     }
 
+    /// The one cluster with a node ([`ClusterBuilder::node`]) of this test binary, shared as
+    /// [`Cluster::shared`] is. The `node_` tests share it: a machine runs one node at a time.
+    pub async fn shared_node() -> Result<&'static Cluster, HarnessError> {
+        SHARED_NODE
+            .get_or_init(|| async { Cluster::builder().node().start().await.map_err(|e| e.to_string()) })
+            .await
+            .as_ref()
+            .map_err(|e| HarnessError::SharedCluster(e.clone()))
+    }
+
+    /// The node, when the cluster was started with one.
+    pub fn node(&self) -> Option<&crate::node::Node> {
+        self.node.as_ref()
+    }
+
     async fn start_with(options: ClusterBuilder) -> Result<Cluster, HarnessError> {
         crate::install_crypto_provider();
         let begun = Instant::now();
@@ -206,7 +234,8 @@ impl Cluster {
         };
         let root = dir.path().to_path_buf();
         let pki = ClusterPki::generate(options.rsa_client_ca)?;
-        let files = write_pki(&root, &pki)?;
+        let host_ip = options.node.then(crate::node::host_ip).transpose()?;
+        let files = write_pki(&root, &pki, host_ip)?;
 
         let etcd_client_port = crate::free_port()?;
         let etcd_peer_port = crate::free_port()?;
@@ -218,9 +247,14 @@ impl Cluster {
             None => crate::free_port()?,
         };
         let server_url = format!("https://127.0.0.1:{apiserver_port}");
+        let mut overrides = match host_ip {
+            Some(ip) => node_apiserver_args(&root, &pki, ip)?,
+            None => Vec::new(),
+        };
+        overrides.extend(options.extra_apiserver_args.iter().cloned());
         let args = with_overrides(
             apiserver_args(&files, etcd_client_port, apiserver_port),
-            &options.extra_apiserver_args,
+            &overrides,
         );
         let mut apiserver = ManagedProcess::spawn(
             "kube-apiserver",
@@ -242,7 +276,25 @@ impl Cluster {
             .unwrap_or(DEFAULT_APISERVER_READY_TIMEOUT);
         wait_for_apiserver(&mut apiserver, &mut etcd, &kubeconfig, timeout).await?;
 
+        let node = match host_ip {
+            Some(host_ip) => Some(
+                crate::node::Node::start(crate::node::ControlPlane {
+                    root: &root,
+                    pki: &pki,
+                    host_ip,
+                    apiserver_port,
+                    admin_kubeconfig: &kubeconfig,
+                    kubernetes_version: &components.kubernetes_version,
+                    kubectl: &components.kubectl,
+                    images: crate::images::node_images()?,
+                })
+                .await?,
+            ),
+            None => None,
+        };
+
         Ok(Cluster {
+            node,
             apiserver,
             etcd,
             pki,
@@ -377,19 +429,53 @@ struct PkiFiles {
     sa_private: PathBuf,
 }
 
-fn write_pki(root: &Path, pki: &ClusterPki) -> Result<PkiFiles, HarnessError> {
-    let serving = pki.server_ca.issue_serving(
-        "kube-apiserver",
-        &[
-            "localhost",
-            "127.0.0.1",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-            "kubernetes.default.svc.cluster.local",
-            "10.0.0.1",
-        ],
-    )?;
+/// kube-apiserver's flags for a cluster with a node at `host_ip`: it listens on every address and
+/// advertises the host's (the `kubernetes` Service's endpoint), pods get service-account tokens,
+/// the Node authorizer admits the kubelet, and kube-apiserver reaches the kubelet (exec, logs,
+/// port-forward) with a client certificate.
+fn node_apiserver_args(
+    root: &Path,
+    pki: &ClusterPki,
+    host_ip: std::net::Ipv4Addr,
+) -> Result<Vec<String>, HarnessError> {
+    let kubelet_client = pki
+        .client_ca
+        .issue_client("kube-apiserver-kubelet-client", &["system:masters"])?;
+    let cert = root.join("pki/kubelet-client.crt");
+    let key = root.join("pki/kubelet-client.key");
+    write_private_file(&cert, &kubelet_client.cert_pem)?;
+    write_private_file(&key, &kubelet_client.key_pem)?;
+    Ok(vec![
+        "--bind-address=0.0.0.0".into(),
+        format!("--advertise-address={host_ip}"),
+        "--endpoint-reconciler-type=lease".into(),
+        "--disable-admission-plugins=".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        format!("--kubelet-client-certificate={}", cert.display()),
+        format!("--kubelet-client-key={}", key.display()),
+        // The node's name is not in any DNS the host uses; its address is.
+        "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+    ])
+}
+
+fn write_pki(
+    root: &Path,
+    pki: &ClusterPki,
+    host_ip: Option<std::net::Ipv4Addr>,
+) -> Result<PkiFiles, HarnessError> {
+    let host_ip = host_ip.map(|ip| ip.to_string());
+    let mut sans = vec![
+        "localhost",
+        "127.0.0.1",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+        "10.0.0.1",
+    ];
+    sans.extend(host_ip.as_deref());
+    let serving = pki.server_ca.issue_serving("kube-apiserver", &sans)?;
     let dir = root.join("pki");
     fs::create_dir_all(&dir).map_err(|e| HarnessError::io(format!("creating {}", dir.display()), e))?;
     let write = |name: &str, contents: &str| -> Result<PathBuf, HarnessError> {
@@ -467,7 +553,7 @@ pub fn write_kubeconfig_for_user(
 }
 
 /// Where temporary cluster directories live; stale ones of dead test processes are swept here.
-fn temp_root() -> PathBuf {
+pub(crate) fn temp_root() -> PathBuf {
     std::env::temp_dir().join("selkie-e2e")
 }
 
@@ -486,6 +572,8 @@ fn new_temp_run_dir() -> Result<tempfile::TempDir, HarnessError> {
                 .and_then(|pid| pid.parse::<u32>().ok());
             if let Some(pid) = owner {
                 if !Path::new(&format!("/proc/{pid}")).exists() {
+                    // A node's kubelet and containerd mount below their run directory.
+                    crate::node::unmount_under(&entry.path());
                     let _ = fs::remove_dir_all(entry.path());
                 }
             }

@@ -105,7 +105,21 @@ impl Dex {
             "enablePasswordDB": true,
             "staticPasswords": static_passwords(users)?,
         });
-        Self::start_configured(redirect_uris, "local", logins).await
+        Self::start_configured("127.0.0.1", redirect_uris, "local", logins).await
+    }
+
+    /// [`Dex::start_with_redirects`], serving on `host` instead of loopback: pods on a node
+    /// ([`crate::node`]) reach Dex at the host's address.
+    pub async fn start_on(
+        host: std::net::IpAddr,
+        users: &[DexUser],
+        redirect_uris: &[String],
+    ) -> Result<Dex, HarnessError> {
+        let logins = serde_json::json!({
+            "enablePasswordDB": true,
+            "staticPasswords": static_passwords(users)?,
+        });
+        Self::start_configured(&host.to_string(), redirect_uris, "local", logins).await
     }
 
     /// Dex whose only users are `slapd`'s, through its LDAP connector `ldap` (the password
@@ -134,13 +148,15 @@ impl Dex {
                 },
             }],
         });
-        Self::start_configured(&[], "ldap", logins).await
+        Self::start_configured("127.0.0.1", &[], "ldap", logins).await
     }
 
     /// Starts Dex with `logins` (the configuration's keys for where users come from) added to
     /// the configuration every start shares, `password_connector` the connector of the password
-    /// grant, and `redirect_uris` registered for [`CLIENT_ID`] besides the usual one.
+    /// grant, and `redirect_uris` registered for [`CLIENT_ID`] besides the usual one; serving on
+    /// `host` (an IP address).
     async fn start_configured(
+        host: &str,
         redirect_uris: &[String],
         password_connector: &str,
         logins: serde_json::Value,
@@ -151,13 +167,13 @@ impl Dex {
             .prefix("dex-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating Dex's directory", e))?;
-        let port = TcpListener::bind("127.0.0.1:0")
+        let port = TcpListener::bind((host, 0))
             .and_then(|l| l.local_addr())
             .map_err(|e| HarnessError::io("finding a free port for Dex", e))?
             .port();
-        let issuer = format!("https://127.0.0.1:{port}/dex");
+        let issuer = format!("https://{host}:{port}/dex");
         let ca = CertificateAuthority::new("selkie-test-dex-ca")?;
-        let serving = ca.issue_serving("dex", &["127.0.0.1", "localhost"])?;
+        let serving = ca.issue_serving("dex", &[host, "127.0.0.1", "localhost"])?;
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         let write = |path: &PathBuf, contents: &str| {
             std::fs::write(path, contents)
@@ -169,7 +185,7 @@ impl Dex {
         let mut config_doc = serde_json::json!({
             "issuer": issuer,
             "storage": {"type": "memory"},
-            "web": {"https": format!("127.0.0.1:{port}"), "tlsCert": cert, "tlsKey": key},
+            "web": {"https": format!("{host}:{port}"), "tlsCert": cert, "tlsKey": key},
             "oauth2": {"skipApprovalScreen": true, "passwordConnector": password_connector},
             "staticClients": [{
                 "id": CLIENT_ID, "secret": CLIENT_SECRET, "name": "Selkie e2e",
@@ -247,7 +263,8 @@ impl Dex {
         self.restart().await
     }
 
-    /// The issuer URL, `https://127.0.0.1:<port>/dex`.
+    /// The issuer URL, `https://<host>:<port>/dex` (the host is 127.0.0.1 unless started with
+    /// [`Dex::start_on`]).
     pub fn issuer(&self) -> &str {
         &self.issuer
     }

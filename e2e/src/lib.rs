@@ -46,9 +46,12 @@ pub mod echo_api;
 mod error;
 /// The GitHub-API-compatible stand-in (GitHub itself is unreachable from these machines).
 pub mod github_api;
+pub mod images;
 pub mod keycloak;
 pub mod kubectl;
 pub mod ldap;
+pub mod load_balancer;
+pub mod node;
 pub mod oauth2_go;
 pub mod pinniped_cli;
 pub mod pki;

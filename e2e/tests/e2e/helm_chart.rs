@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use crate::eventually;
 
 /// How long one helm invocation may take.
-const HELM_TIMEOUT: Duration = Duration::from_secs(120);
+const HELM_TIMEOUT: Duration = Duration::from_secs(360);
 /// The release the cluster test installs, and the namespace its record lives in.
 const RELEASE: &str = "selkie-e2e";
 const RELEASE_NAMESPACE: &str = "selkie-helm";
@@ -45,13 +45,13 @@ fn conf_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf")
 }
 
-fn chart_dir() -> String {
+pub(crate) fn chart_dir() -> String {
     conf_dir().join("helm/selkie").to_string_lossy().into_owned()
 }
 
 /// What one helm invocation did.
 #[derive(Debug)]
-struct HelmOutput {
+pub(crate) struct HelmOutput {
     success: bool,
     status: String,
     stdout: String,
@@ -60,14 +60,14 @@ struct HelmOutput {
 
 /// The real helm with configuration, cache and data directories of its own, talking to the
 /// cluster of `kubeconfig` (none: rendering only).
-struct Helm {
+pub(crate) struct Helm {
     binary: PathBuf,
     home: tempfile::TempDir,
     kubeconfig: Option<PathBuf>,
 }
 
 impl Helm {
-    fn new(kubeconfig: Option<&Path>) -> anyhow::Result<Self> {
+    pub(crate) fn new(kubeconfig: Option<&Path>) -> anyhow::Result<Self> {
         Ok(Self {
             binary: Components::get()?.helm.clone(),
             home: tempfile::Builder::new().prefix("selkie-helm-").tempdir()?,
@@ -76,12 +76,12 @@ impl Helm {
     }
 
     /// A directory for the test's files (values, renderings), removed with this.
-    fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.home.path()
     }
 
     /// Runs `helm <args>` and returns what it did, whatever its exit status.
-    async fn output(&self, args: &[&str]) -> anyhow::Result<HelmOutput> {
+    pub(crate) async fn output(&self, args: &[&str]) -> anyhow::Result<HelmOutput> {
         let home = self.home.path();
         let kubeconfig = self
             .kubeconfig
@@ -111,7 +111,7 @@ impl Helm {
     }
 
     /// Runs `helm <args>` and returns its stdout; a non-zero exit is an error carrying stderr.
-    async fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+    pub(crate) async fn run(&self, args: &[&str]) -> anyhow::Result<String> {
         let output = self.output(args).await?;
         ensure!(
             output.success,
@@ -174,7 +174,7 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> anyhow::Result<&'a 
 }
 
 /// `Kind namespace/name` of every object.
-fn identities(objects: &[Value]) -> Vec<String> {
+pub(crate) fn identities(objects: &[Value]) -> Vec<String> {
     objects
         .iter()
         .map(|object| {
@@ -963,30 +963,8 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_on_a_real_kube_apiserve
     // runs no namespace controller to finish that). Helm keeps CRDs by design.
     helm.run(&["uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE])
         .await?;
-    let kinds = kubectl
-        .run(&["api-resources", "--verbs=list", "-o", "name"])
-        .await?
-        .lines()
-        .map(str::trim)
-        .filter(|kind| !kind.is_empty())
-        .collect::<Vec<_>>()
-        .join(",");
-    let selector = format!("app.kubernetes.io/instance={RELEASE}");
     let left = eventually(Duration::from_secs(30), || async {
-        let listed: Value = serde_json::from_str(
-            &kubectl
-                .run(&["get", &kinds, "--all-namespaces", "-l", &selector, "-o", "json"])
-                .await?,
-        )?;
-        let left: Vec<Value> = listed["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|object| {
-                !(object["kind"] == "Namespace" && object["metadata"]["deletionTimestamp"].is_string())
-            })
-            .cloned()
-            .collect();
+        let left = objects_of_release(&kubectl, RELEASE).await?;
         ensure!(
             left.is_empty(),
             "left after helm uninstall: {}",
@@ -1022,6 +1000,34 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_on_a_real_kube_apiserve
         .run(&["get", "crd", "credentialissuers.config.concierge.pinniped.dev"])
         .await?;
     Ok(())
+}
+
+/// Every object of any listable kind, in any namespace, labelled as `release`'s
+/// (`app.kubernetes.io/instance`), but namespaces already being deleted.
+pub(crate) async fn objects_of_release(kubectl: &Kubectl, release: &str) -> anyhow::Result<Vec<Value>> {
+    let kinds = kubectl
+        .run(&["api-resources", "--verbs=list", "-o", "name"])
+        .await?
+        .lines()
+        .map(str::trim)
+        .filter(|kind| !kind.is_empty())
+        .collect::<Vec<_>>()
+        .join(",");
+    let selector = format!("app.kubernetes.io/instance={release}");
+    let listed: Value = serde_json::from_str(
+        &kubectl
+            .run(&["get", &kinds, "--all-namespaces", "-l", &selector, "-o", "json"])
+            .await?,
+    )?;
+    Ok(listed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|object| {
+            !(object["kind"] == "Namespace" && object["metadata"]["deletionTimestamp"].is_string())
+        })
+        .cloned()
+        .collect())
 }
 
 /// Runs `selkie-supervisor` as the release's Deployment would: the token of its service account

@@ -18,6 +18,7 @@ mod helm_chart;
 mod jwt_dex;
 mod ldap_directory;
 mod migration;
+mod node;
 mod proxy_bad_input;
 mod proxy_certificates;
 mod proxy_kubectl;

@@ -1,0 +1,235 @@
+//! Selkie as its users run it: pods on a real node ([`selkie_e2e::node`]: containerd, runc, the
+//! CNI bridge, the kubelet, kube-proxy, CoreDNS, kube-scheduler and kube-controller-manager as a
+//! kubeadm-shaped static pod), its images built here from the `Containerfile`
+//! ([`selkie_e2e::images`]), installed with `helm install` from `conf/helm/selkie`.
+//!
+//! The tests share the machine's one node (`Cluster::shared_node`). Each helm release owns its
+//! namespaces, and one test drives one release from install to uninstall.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use anyhow::{ensure, Context as _};
+use selkie_e2e::{
+    images::{selkie_images, SelkieImages},
+    Cluster,
+};
+use serde_json::Value;
+use tokio::sync::OnceCell;
+
+/// The node cluster with Selkie's images imported into its containerd.
+pub(crate) struct NodeEnv {
+    pub(crate) cluster: &'static Cluster,
+    pub(crate) images: &'static SelkieImages,
+    pub(crate) host_ip: IpAddr,
+}
+
+/// The shared node, its images imported once per test binary.
+pub(crate) async fn node_env() -> anyhow::Result<&'static NodeEnv> {
+    static ENV: OnceCell<Result<NodeEnv, String>> = OnceCell::const_new();
+    ENV.get_or_init(|| async {
+        let start = async {
+            let cluster = Cluster::shared_node().await?;
+            let node = cluster.node().context("the shared node cluster has no node")?;
+            let images = tokio::task::spawn_blocking(selkie_images).await??;
+            for image in [&images.concierge, &images.supervisor, &images.workload] {
+                node.import_image(&image.archive)?;
+            }
+            anyhow::Ok(NodeEnv {
+                cluster,
+                images,
+                host_ip: IpAddr::V4(node.ip()),
+            })
+        };
+        start.await.map_err(|e| format!("{e:#}"))
+    })
+    .await
+    .as_ref()
+    .map_err(|e| anyhow::anyhow!("the node test environment failed to start: {e}"))
+}
+
+/// The real kubectl with `kubeconfig` (its own discovery cache), `env` added; its output whatever
+/// its exit status.
+pub(crate) async fn kubectl_as(
+    env: &NodeEnv,
+    kubeconfig: &Path,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> anyhow::Result<std::process::Output> {
+    let mut command = tokio::process::Command::new(env.cluster.kubectl().binary());
+    command
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in vars {
+        command.env(key, value);
+    }
+    Ok(tokio::time::timeout(Duration::from_secs(120), command.output())
+        .await
+        .with_context(|| format!("kubectl {} did not end within 120s", args.join(" ")))??)
+}
+
+/// [`kubectl_as`] that must succeed; returns stdout.
+pub(crate) async fn kubectl_ok(
+    env: &NodeEnv,
+    kubeconfig: &Path,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> anyhow::Result<String> {
+    let output = kubectl_as(env, kubeconfig, args, vars).await?;
+    ensure!(
+        output.status.success(),
+        "kubectl {} failed ({}):\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// Runs `pod` (JSON) in `namespace` as the admin and waits until it is Ready; returns its
+/// name.
+pub(crate) async fn run_pod(env: &NodeEnv, namespace: &str, pod: Value) -> anyhow::Result<String> {
+    let kubectl = env.cluster.kubectl();
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .context("the pod has no name")?
+        .to_string();
+    kubectl
+        .run_with_stdin(&["apply", "-n", namespace, "-f", "-"], Some(&pod.to_string()))
+        .await?;
+    let waited = kubectl
+        .run(&[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            "--timeout=120s",
+            &format!("pod/{name}"),
+        ])
+        .await;
+    if let Err(e) = waited {
+        let described = kubectl
+            .run(&["describe", "pod", "-n", namespace, &name])
+            .await
+            .unwrap_or_default();
+        anyhow::bail!("pod {namespace}/{name} did not become Ready: {e}\n{described}");
+    }
+    Ok(name)
+}
+
+/// A pod of the workload image (busybox) running `script` with `sh -c`.
+pub(crate) fn workload_pod(env: &NodeEnv, name: &str, script: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": env.images.workload.reference,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", script],
+            }],
+        },
+    })
+}
+
+/// A workload pod whose `kubectl` is the harness's (mounted read-only from the host: it is a
+/// static binary), for running kubectl inside the cluster.
+pub(crate) fn kubectl_pod(env: &NodeEnv, name: &str, script: &str) -> Value {
+    let kubectl_dir: PathBuf = env
+        .cluster
+        .kubectl()
+        .binary()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mut pod = workload_pod(env, name, script);
+    pod["spec"]["containers"][0]["volumeMounts"] =
+        serde_json::json!([{"name": "kubectl", "mountPath": "/opt/kubectl", "readOnly": true}]);
+    pod["spec"]["volumes"] =
+        serde_json::json!([{"name": "kubectl", "hostPath": {"path": kubectl_dir, "type": "Directory"}}]);
+    pod
+}
+
+/// A namespace of the admin's, unique to this run.
+pub(crate) async fn namespace(env: &NodeEnv, prefix: &str) -> anyhow::Result<String> {
+    let client = env.cluster.client().await?;
+    Ok(env.cluster.create_namespace(&client, prefix).await?)
+}
+
+/// The node itself: pods get addresses on the pod network, resolve Services' names through the
+/// cluster DNS and reach kube-apiserver through the `kubernetes` Service with their service
+/// account's token; the controller manager runs as the static pod kubeadm would have.
+#[tokio::test]
+async fn node_pods_resolve_services_and_reach_kube_apiserver_with_their_service_account() -> anyhow::Result<()>
+{
+    let env = node_env().await?;
+    let kubectl = env.cluster.kubectl();
+    let namespace = namespace(env, "node-basics").await?;
+    // The pod's service account may read pods of its namespace.
+    kubectl
+        .run(&[
+            "create",
+            "rolebinding",
+            "default-view",
+            "-n",
+            &namespace,
+            "--clusterrole=view",
+            &format!("--serviceaccount={namespace}:default"),
+        ])
+        .await?;
+    let script = "/opt/kubectl/kubectl --server=https://kubernetes.default.svc \
+        --certificate-authority=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt \
+        --token=\"$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)\" \
+        get pods -o name > /tmp/pods 2>&1; cat /tmp/pods; touch /tmp/done; sleep 3600";
+    let mut pod = kubectl_pod(env, "in-cluster", script);
+    pod["spec"]["containers"][0]["readinessProbe"] =
+        serde_json::json!({"exec": {"command": ["cat", "/tmp/done"]}, "periodSeconds": 1});
+    let name = run_pod(env, &namespace, pod).await?;
+    let logs = kubectl.run(&["logs", "-n", &namespace, &name]).await?;
+    ensure!(
+        logs.trim() == format!("pod/{name}"),
+        "the pod's kubectl said: {logs}"
+    );
+
+    let described: Value = serde_json::from_str(
+        &kubectl
+            .run(&["get", "pod", "-n", &namespace, &name, "-o", "json"])
+            .await?,
+    )?;
+    let pod_ip = described["status"]["podIP"].as_str().unwrap_or_default();
+    ensure!(
+        pod_ip.starts_with("10.244.0."),
+        "pod IP {pod_ip} is not on the pod network"
+    );
+
+    let controller_manager: Value = serde_json::from_str(
+        &kubectl
+            .run(&[
+                "get",
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                "component=kube-controller-manager",
+                "-o",
+                "json",
+            ])
+            .await?,
+    )?;
+    let kcm = &controller_manager["items"][0];
+    ensure!(
+        kcm["metadata"]["annotations"]["kubernetes.io/config.source"] == "file",
+        "kube-controller-manager is not a static pod: {kcm}"
+    );
+    Ok(())
+}
