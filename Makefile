@@ -66,11 +66,13 @@ manifests:
 $(SELKIE_CLUSTER): FORCE
 	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-cluster
 
-## cluster-up: start etcd + kube-apiserver in the background; the last line is the kubeconfig path
+## cluster-up: start etcd + kube-apiserver in the background; the last line is the kubeconfig path.
+## `make cluster-up NODE=1` also joins a real node (containerd, kubelet, kube-proxy, scheduler,
+## controller manager, CoreDNS; needs root, one per machine) and prints its address
 cluster-up: setup $(SELKIE_CLUSTER)
-	@$(SELKIE_CLUSTER) --dir $(CLUSTER_DIR) up
+	@$(SELKIE_CLUSTER) --dir $(CLUSTER_DIR) up $(if $(filter-out 0,$(NODE)),--node)
 
-## cluster-down: stop the cluster started by cluster-up
+## cluster-down: stop the cluster started by cluster-up (with its node and the node's pods)
 cluster-down: $(SELKIE_CLUSTER)
 	@$(SELKIE_CLUSTER) --dir $(CLUSTER_DIR) down
 

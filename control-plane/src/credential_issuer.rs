@@ -3,7 +3,8 @@
 //! CredentialIssuer's status — Pinniped's `impersonatorconfig` controller.
 //!
 //! [`run`] reconciles the CredentialIssuer named `credentialIssuerName` (created with the spec
-//! Pinniped's install gives it when missing), the cluster's Nodes (for `mode: auto`), the
+//! Pinniped's install gives it when it has been missing for 10 s: installers such as Helm create
+//! it after the Deployment), the cluster's Nodes (for `mode: auto`), the
 //! proxy's Services and the Secrets of the Concierge's namespace:
 //!
 //! * **Mode.** `enabled`, `disabled`, or `auto`: enabled iff no Node carries a control-plane role
@@ -238,15 +239,16 @@ pub async fn run(
         config,
         publisher,
         nodes,
+        missing_since: std::sync::Mutex::new(None),
     };
     let mut leader_open = true;
     loop {
         let leading = *leader.borrow_and_update();
-        reconciler.sync(leading).await;
+        let again = reconciler.sync(leading).await;
         tokio::select! {
             () = notify.notified() => {}
             changed = leader.changed(), if leader_open => leader_open = changed.is_ok(),
-            () = tokio::time::sleep(RESYNC) => {}
+            () = tokio::time::sleep(again.unwrap_or(RESYNC)) => {}
             Some(_) = watches.join_next() => return Err(CredentialIssuerError::WatchEnded("a watched resource")),
         }
         tokio::time::sleep(COALESCE).await;

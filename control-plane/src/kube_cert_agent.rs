@@ -524,7 +524,8 @@ impl KubeCertAgent {
     ///
     /// Needs: `list` pods in `kube-system` and in the Concierge's namespace, `list` nodes,
     /// `get`/`patch`/`delete`/`create` deployments in the Concierge's namespace (leader), and
-    /// `create` on `pods/exec` there.
+    /// `get` on `pods/exec` there (the exec is a WebSocket upgrade, a GET; Pinniped's SPDY exec
+    /// needs `create`).
     pub async fn fetch(&mut self, leader: bool) -> Result<CertPair, AgentError> {
         let controller_manager = self.newest_controller_manager().await?;
         let deployment_error = if leader {

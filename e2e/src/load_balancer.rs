@@ -4,7 +4,7 @@
 
 use std::{
     ffi::OsString,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -20,19 +20,20 @@ pub struct LoadBalancer {
 }
 
 impl LoadBalancer {
-    /// Starts haproxy listening on `host` (a free port) and spreading TCP connections over
+    /// Starts haproxy listening on `address` and spreading TCP connections over
     /// `backends` round-robin, with a TCP health check of each every second; waits until it
     /// accepts connections.
     ///
     /// Fails naming haproxy's log when haproxy is missing (Debian's `haproxy`, installed by
     /// `e2e/scripts/setup.sh`), refuses its configuration, or does not listen within 10 s.
-    pub async fn start(host: IpAddr, backends: &[SocketAddr]) -> Result<LoadBalancer, HarnessError> {
+    pub async fn start_on(
+        address: SocketAddr,
+        backends: &[SocketAddr],
+    ) -> Result<LoadBalancer, HarnessError> {
         let dir = tempfile::Builder::new()
             .prefix("selkie-lb-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating the load balancer's directory", e))?;
-        let port = crate::free_port()?;
-        let address = SocketAddr::new(host, port);
         let mut config = format!(
             "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  \
              timeout server 1h\n  retries 3\n  option redispatch\n\nfrontend selkie\n  bind {address}\n  \

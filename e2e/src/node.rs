@@ -203,6 +203,8 @@ pub struct Node {
     ctr: PathBuf,
     containerd_socket: PathBuf,
     ip: Ipv4Addr,
+    /// The node's run directory (`<cluster>/node`): its mounts are detached when it stops.
+    dir: PathBuf,
     _lock: nix::fcntl::Flock<fs::File>,
 }
 
@@ -212,11 +214,11 @@ impl Node {
     /// and waits until the Node is Ready, the controller manager's static pod runs and the
     /// `default` service account exists.
     ///
-    /// Fails with a [`HarnessError`] naming the component and its log tail; another node on the
-    /// machine is a clear error, not a wait.
+    /// Fails with a [`HarnessError`] naming the component and its log tail; waits up to 15 minutes
+    /// for another node on the machine to stop, then fails saying so.
     pub(crate) async fn start(plane: ControlPlane<'_>) -> Result<Node, HarnessError> {
         let components = NodeComponents::get()?;
-        let lock = take_node_lock()?;
+        let lock = take_node_lock().await?;
         sweep_leftovers(plane.root);
         prepare_host()?;
         let files = write_node_files(&plane, components)?;
@@ -280,6 +282,7 @@ impl Node {
             ctr: components.ctr.clone(),
             containerd_socket: files.containerd_socket,
             ip: plane.host_ip,
+            dir: node_dir.clone(),
             _lock: lock,
         };
         let kubectl = crate::kubectl::Kubectl::new(plane.kubectl, plane.admin_kubeconfig);
@@ -352,6 +355,9 @@ impl Drop for Node {
         self.scheduler.stop(Duration::from_secs(5));
         self.kubelet.stop(Duration::from_secs(10));
         kill_pods();
+        self.containerd.stop(Duration::from_secs(10));
+        // What the kubelet and containerd mounted (volumes, sandboxes' shm, network namespaces).
+        unmount_under(&self.dir);
     }
 }
 
@@ -409,24 +415,45 @@ async fn node_state(client: &Client) -> Result<Option<String>, kube::Error> {
     Ok(None)
 }
 
-fn take_node_lock() -> Result<nix::fcntl::Flock<fs::File>, HarnessError> {
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(NODE_LOCK)
-        .map_err(|e| {
-            HarnessError::io(
-                format!("opening {NODE_LOCK} (a node needs root: it runs containerd and the kubelet)"),
-                e,
-            )
-        })?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
-        HarnessError::NotReady(format!(
-            "another node runs on this machine ({NODE_LOCK} is locked: {errno}); stop it first \
-             (`make cluster-down`, or the test run that started it)"
-        ))
-    })
+/// How long a node start waits for another node on the machine to stop.
+const NODE_LOCK_WAIT: Duration = Duration::from_secs(900);
+
+/// Takes [`NODE_LOCK`], waiting up to [`NODE_LOCK_WAIT`] while another process's node holds it.
+async fn take_node_lock() -> Result<nix::fcntl::Flock<fs::File>, HarnessError> {
+    let deadline = Instant::now() + NODE_LOCK_WAIT;
+    let mut said = false;
+    loop {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(NODE_LOCK)
+            .map_err(|e| {
+                HarnessError::io(
+                    format!("opening {NODE_LOCK} (a node needs root: it runs containerd and the kubelet)"),
+                    e,
+                )
+            })?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((_, errno)) if errno != nix::errno::Errno::EWOULDBLOCK => {
+                return Err(HarnessError::io(format!("locking {NODE_LOCK}"), errno.into()))
+            }
+            Err(_) if Instant::now() >= deadline => {
+                return Err(HarnessError::NotReady(format!(
+                    "another node ran on this machine for all of {NODE_LOCK_WAIT:?} ({NODE_LOCK} stayed \
+                     locked); stop it first (`make cluster-down`, or the test run that started it)"
+                )))
+            }
+            Err(_) => {
+                if !said {
+                    eprintln!("selkie-e2e: waiting for the node of another process to stop ({NODE_LOCK})");
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 /// Sets what the kubelet and kube-proxy need of the kernel: IP forwarding, and bridged pod

@@ -53,7 +53,15 @@ pub(super) struct Reconciler {
     pub(super) issuers: Api<DynamicObject>,
     pub(super) services: Api<Service>,
     pub(super) secrets: Api<Secret>,
+    /// Since when the leader has seen the CredentialIssuer missing ([`CREATE_GRACE`]).
+    pub(super) missing_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How long the leader leaves a missing CredentialIssuer to its installer before creating one
+/// with the default spec. Installers create it together with the Deployment, but Helm creates
+/// custom resources last: a Concierge that starts fast would otherwise win that race, and Helm
+/// then refuses the install ("already exists", not the release's).
+pub(super) const CREATE_GRACE: Duration = Duration::from_secs(10);
 
 pub(super) fn strategy(
     status: StrategyStatus,
@@ -76,20 +84,37 @@ pub(super) fn secret_string(secret: &Secret, key: &str) -> Option<String> {
 }
 
 impl Reconciler {
-    /// One pass: read everything, write what differs (leader), publish, report.
-    pub(super) async fn sync(&self, leading: bool) {
+    /// One pass: read everything, write what differs (leader), publish, report. Returns how soon
+    /// to pass again when that must be before the next event or resync (a missing CredentialIssuer
+    /// is created once it has been missing for [`CREATE_GRACE`]).
+    pub(super) async fn sync(&self, leading: bool) -> Option<Duration> {
         let name = &self.config.credential_issuer_name;
+        let missing_since = || {
+            self.missing_since
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
         let issuer = match self.issuers.get_opt(name).await {
-            Ok(Some(issuer)) => issuer,
+            Ok(Some(issuer)) => {
+                *missing_since() = None;
+                issuer
+            }
             Ok(None) => {
-                if leading {
-                    self.create_issuer().await;
+                if !leading {
+                    return None;
                 }
-                return;
+                let missing_for = missing_since()
+                    .get_or_insert_with(std::time::Instant::now)
+                    .elapsed();
+                if missing_for < CREATE_GRACE {
+                    return Some(CREATE_GRACE - missing_for);
+                }
+                self.create_issuer().await;
+                return None;
             }
             Err(error) => {
                 tracing::warn!(%error, credential_issuer = %name, "reading the CredentialIssuer");
-                return;
+                return None;
             }
         };
         let strategy = match self.do_sync(&issuer, leading).await {
@@ -108,6 +133,7 @@ impl Reconciler {
                 tracing::warn!(%error, "writing the ImpersonationProxy strategy");
             }
         }
+        None
     }
 
     async fn create_issuer(&self) {

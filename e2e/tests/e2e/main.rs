@@ -19,6 +19,7 @@ mod jwt_dex;
 mod ldap_directory;
 mod migration;
 mod node;
+mod node_concierge;
 mod proxy_bad_input;
 mod proxy_certificates;
 mod proxy_kubectl;

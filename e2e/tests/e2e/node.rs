@@ -7,7 +7,7 @@
 //! namespaces, and one test drives one release from install to uninstall.
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::IpAddr,
     path::{Path, PathBuf},
     process::Stdio,
     time::Duration,
