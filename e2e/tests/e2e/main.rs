@@ -20,6 +20,7 @@ mod ldap_directory;
 mod migration;
 mod node;
 mod node_concierge;
+mod node_supervisor;
 mod proxy_bad_input;
 mod proxy_certificates;
 mod proxy_kubectl;

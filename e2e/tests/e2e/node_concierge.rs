@@ -109,7 +109,7 @@ fn is_ready(pod: &Value) -> bool {
 
 /// The host's view of the processes running `binary` in a container: (pid, uid, root mounted
 /// read-only).
-fn container_processes(binary: &str) -> Vec<(u32, u32, bool)> {
+pub(crate) fn container_processes(binary: &str) -> Vec<(u32, u32, bool)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {

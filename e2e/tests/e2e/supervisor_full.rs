@@ -46,7 +46,7 @@ async fn member_cluster(
 
 /// `selkie get kubeconfig` for `cluster` with the caches in `dir`, with `$BROWSER` set to
 /// `browser` in the kubeconfig's exec environment; returns the kubeconfig's path.
-async fn get_kubeconfig(
+pub(crate) async fn get_kubeconfig(
     selkie: &Path,
     cluster: &Cluster,
     dir: &Path,
@@ -119,7 +119,7 @@ async fn kubectl(cluster: &Cluster, kubeconfig: &Path, args: &[&str]) -> anyhow:
 }
 
 /// The user a cluster sees (`kubectl auth whoami`).
-async fn whoami(cluster: &Cluster, kubeconfig: &Path) -> anyhow::Result<Value> {
+pub(crate) async fn whoami(cluster: &Cluster, kubeconfig: &Path) -> anyhow::Result<Value> {
     let out = kubectl(cluster, kubeconfig, &["auth", "whoami", "-o", "json"]).await?;
     Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
 }

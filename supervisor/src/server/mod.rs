@@ -1,5 +1,7 @@
 //! The Supervisor's listeners: HTTPS (TLS 1.2 and 1.3, ALPN `h2` and `http/1.1`, the certificate
-//! chosen by SNI from [`ServingCert`]) and, optionally, plain HTTP on a loopback address for a
+//! chosen by SNI from [`ServingCert`]; a handshake it has no certificate for gets Pinniped's
+//! bootstrap certificate, which serves `/healthz` only, so that probes pass before an admin has
+//! configured any certificate) and, optionally, plain HTTP on a loopback address for a
 //! sidecar that terminates TLS, both answering with the same [`Endpoints`]; and, optionally, the
 //! plain-HTTP metrics listener ([`serve_metrics`]). Each stops accepting when `shutdown`
 //! resolves, letting open connections finish for up to [`DRAIN_TIMEOUT`].
@@ -17,7 +19,7 @@ use hyper_util::{
 };
 use selkie_kube::serving::ServingCert;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::LazyConfigAcceptor;
 
 use crate::endpoints::{text, Body, Endpoints};
 use crate::server::metrics::Metrics;
@@ -54,23 +56,72 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     })
 }
 
-/// Serves HTTPS on `listener` until `shutdown`.
+/// The path a connection with the bootstrap certificate may ask for.
+const BOOTSTRAP_PATH: &str = "/healthz";
+
+/// Serves HTTPS on `listener` until `shutdown`. A handshake `serving` has no certificate for (no
+/// FederationDomain host and no default certificate yet) completes with a self-signed bootstrap
+/// certificate generated at start, as Pinniped's does: that connection gets `/healthz` and, for
+/// anything else, a 500 saying the TLS configuration is missing, with a warning naming the host.
 pub async fn serve_https(
     listener: TcpListener,
     serving: Arc<ServingCert>,
     endpoints: Arc<Endpoints>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ServerError::Tls(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(serving);
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
-    serve(listener, Some(acceptor), handler(endpoints), shutdown).await;
+    let config = |resolver: Arc<dyn rustls::server::ResolvesServerCert>| {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ServerError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(resolver);
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok::<_, ServerError>(Arc::new(tls))
+    };
+    let bootstrap = bootstrap_certificate()?;
+    let tls = Tls {
+        configured: config(serving.clone())?,
+        bootstrap: config(Arc::new(ServingCert::new(bootstrap)))?,
+        serving,
+    };
+    serve(listener, Some(tls), handler(endpoints), shutdown).await;
     Ok(())
+}
+
+/// A self-signed certificate for `pinniped-supervisor-bootstrap-cert` (Pinniped's name): just
+/// enough to complete a handshake; nobody trusts it.
+fn bootstrap_certificate() -> Result<rustls::sign::CertifiedKey, ServerError> {
+    const FOREVER: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+    let failed = |e: &dyn std::fmt::Display| ServerError::Tls(format!("the bootstrap certificate: {e}"));
+    let ca = selkie_kube::certs::generate_ca("pinniped-supervisor-bootstrap-ca", FOREVER)
+        .map_err(|e| failed(&e))?;
+    let pair =
+        selkie_kube::certs::issue_serving(&ca, &["pinniped-supervisor-bootstrap-cert".into()], FOREVER)
+            .map_err(|e| failed(&e))?;
+    ServingCert::load(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes()).map_err(|e| failed(&e))
+}
+
+/// The TLS side of the HTTPS listener: the configured certificates, and the bootstrap one for
+/// handshakes they have nothing for.
+#[derive(Clone)]
+struct Tls {
+    configured: Arc<rustls::ServerConfig>,
+    bootstrap: Arc<rustls::ServerConfig>,
+    serving: Arc<ServingCert>,
+}
+
+/// The answer on a bootstrap connection to anything but [`BOOTSTRAP_PATH`].
+fn no_certificate(host: Option<&str>, path: &str) -> Response<Body> {
+    tracing::warn!(
+        sni = host.unwrap_or(""),
+        path,
+        "no TLS serving certificate for this host: only /healthz is served (configure a FederationDomain's TLS Secret or the default one)"
+    );
+    text(
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        "pinniped supervisor has invalid TLS serving certificate configuration",
+    )
 }
 
 /// The handler answering every request with `endpoints`.
@@ -106,6 +157,28 @@ pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, shutdow
     serve(listener, None, handler, shutdown).await;
 }
 
+/// The TLS handshake on `tcp`: with the configured certificates when they have one for the
+/// ClientHello's name, else with the bootstrap certificate. Returns the stream and, for a
+/// bootstrap connection, the name it asked for (`Some(None)`: no SNI).
+async fn handshake(
+    tcp: tokio::net::TcpStream,
+    tls: &Tls,
+) -> std::io::Result<(
+    tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    Option<Option<String>>,
+)> {
+    let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp).await?;
+    let name = start.client_hello().server_name().map(str::to_string);
+    let bootstrap = tls.serving.resolve_name(name.as_deref()).is_none();
+    let config = if bootstrap {
+        tls.bootstrap.clone()
+    } else {
+        tls.configured.clone()
+    };
+    let stream = start.into_stream(config).await?;
+    Ok((stream, bootstrap.then_some(name)))
+}
+
 /// What answers a listener's requests.
 trait Handler: Fn(Request<Incoming>) -> Self::Answer + Clone + Send + Sync + 'static {
     type Answer: Future<Output = Response<Body>> + Send + 'static;
@@ -130,7 +203,7 @@ pub async fn serve_http(
 
 async fn serve(
     listener: TcpListener,
-    acceptor: Option<TlsAcceptor>,
+    tls: Option<Tls>,
     handler: impl Handler,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -149,23 +222,31 @@ async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let handler = handler.clone();
-        let acceptor = acceptor.clone();
+        let tls = tls.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let answer = handler(request);
-                async move { Ok::<_, Infallible>(answer.await) }
-            });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT);
-            let result = match acceptor {
-                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
+            let result = match tls {
+                Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &tls)).await {
+                    Ok(Ok((stream, bootstrap_host))) => {
+                        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                            let answer = match &bootstrap_host {
+                                Some(host) if request.uri().path() != BOOTSTRAP_PATH => {
+                                    futures::future::Either::Left(std::future::ready(no_certificate(
+                                        host.as_deref(),
+                                        request.uri().path(),
+                                    )))
+                                }
+                                _ => futures::future::Either::Right(handler(request)),
+                            };
+                            async move { Ok::<_, Infallible>(answer.await) }
+                        });
                         watcher
-                            .watch(builder.serve_connection(TokioIo::new(tls), service))
+                            .watch(builder.serve_connection(TokioIo::new(stream), service))
                             .await
                     }
                     Ok(Err(error)) => {
@@ -178,6 +259,10 @@ async fn serve(
                     }
                 },
                 None => {
+                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                        let answer = handler(request);
+                        async move { Ok::<_, Infallible>(answer.await) }
+                    });
                     watcher
                         .watch(builder.serve_connection(TokioIo::new(tcp), service))
                         .await

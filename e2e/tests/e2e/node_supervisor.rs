@@ -1,0 +1,406 @@
+//! The Supervisor as an admin runs it: `helm install` of `conf/helm/selkie` (Supervisor only) with
+//! the image built here, on the real node, behind its `NodePort` Service fronted by a real load
+//! balancer on the host (haproxy → the node port), its FederationDomain's issuer served there; then,
+//! in order, on one release:
+//!
+//! 1. two pods Ready through their probes, as 65532 on a read-only root filesystem;
+//! 2. a user's browser login through it (Dex upstream on the host, headless Chromium) reaching a
+//!    cluster: `selkie get kubeconfig` against a cluster whose Concierge trusts the
+//!    FederationDomain, then kubectl;
+//! 3. `helm upgrade` to another image tag and configuration under load (logins with the
+//!    `cli_password` flow and refreshes through the load balancer): every one succeeds;
+//! 4. a pod killed (`kubectl delete pod --force`) under the same load: the other replica serves,
+//!    a new pod becomes Ready, nothing is lost (sessions live in Secrets);
+//! 5. `helm uninstall`: nothing of the release is left.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use anyhow::{ensure, Context as _};
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use selkie_e2e::{
+    concierge::InstalledConcierge,
+    dex::{Dex, DexUser},
+    eventually,
+    images::{selkie_images_tagged, SelkieImages},
+    load_balancer::LoadBalancer,
+    pinniped_cli,
+    pki::CertificateAuthority,
+    supervisor::Upstream as _,
+    Cluster,
+};
+use selkie_oidc::https::{HttpsClient, TlsOptions};
+use serde_json::{json, Value};
+
+use crate::{
+    helm_chart::{chart_dir, identities, objects_of_release, Helm},
+    node::{node_env, NodeEnv},
+    supervisor_full::{get_kubeconfig, whoami},
+    supervisor_login::{cli_says_logged_in, opened_url, recording_browser},
+};
+
+const RELEASE: &str = "selkie-node-supervisor";
+const RELEASE_NAMESPACE: &str = "selkie-node-releases";
+/// The chart's defaults: Pinniped's names.
+const NAMESPACE: &str = "pinniped-supervisor";
+const PREFIX: &str = "pinniped-supervisor";
+const SERVICE: &str = "pinniped-supervisor";
+const IDP_NAME: &str = "Dex Users";
+const AUDIENCE: &str = "node-member-cluster";
+const EMAIL: &str = "walrus@example.com";
+const PASSWORD: &str = "arctic-password";
+
+fn values(images: &SelkieImages, revision: &str) -> Value {
+    let image = &images.supervisor;
+    json!({
+        "concierge": {"enabled": false},
+        "supervisor": {
+            "image": {"repository": image.repository(), "tag": image.tag(), "pullPolicy": "IfNotPresent"},
+            "podLabels": {"selkie-e2e-revision": revision},
+            // A NodePort Service fronted by the host's load balancer (a `LoadBalancer` Service
+            // would never get an ingress address here: there is no cloud controller, and
+            // `helm --wait` waits for one).
+            "service": {"type": "NodePort"},
+        },
+    })
+}
+
+async fn supervisor_pods(env: &NodeEnv) -> anyhow::Result<Vec<Value>> {
+    let pods: Value = serde_json::from_str(
+        &env.cluster
+            .kubectl()
+            .run(&[
+                "get",
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-l",
+                &format!("app={PREFIX}"),
+                "-o",
+                "json",
+            ])
+            .await?,
+    )?;
+    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn is_ready(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null()
+        && pod["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// Logins (`cli_password`, a fresh connection each) and refreshes at the issuer, one after
+/// another, until stopped: (logins, refreshes, failures).
+fn start_load(
+    client: HttpsClient,
+    issuer: String,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(usize, usize, Vec<String>)> {
+    tokio::spawn(async move {
+        let (mut logins, mut refreshes, mut failures) = (0, 0, Vec::new());
+        let token_url = format!("{issuer}/oauth2/token");
+        while !stop.load(Ordering::Relaxed) {
+            match pinniped_cli::login(&client, &issuer, IDP_NAME, EMAIL, PASSWORD).await {
+                Ok(tokens) => {
+                    logins += 1;
+                    let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
+                    match pinniped_cli::refresh(&client, &token_url, &refresh_token).await {
+                        Ok((200, _)) => refreshes += 1,
+                        Ok((status, body)) => failures.push(format!("refresh: {status}: {body}")),
+                        Err(e) => failures.push(format!("refresh: {e:#}")),
+                    }
+                }
+                Err(e) => failures.push(format!("login: {e:#}")),
+            }
+        }
+        (logins, refreshes, failures)
+    })
+}
+
+async fn finish_load(
+    stop: &AtomicBool,
+    load: tokio::task::JoinHandle<(usize, usize, Vec<String>)>,
+    what: &str,
+) -> anyhow::Result<()> {
+    stop.store(true, Ordering::Relaxed);
+    let (logins, refreshes, failures) = load.await?;
+    println!(
+        "{what}: {logins} logins and {refreshes} refreshes through the load balancer succeeded, {} failed",
+        failures.len()
+    );
+    ensure!(failures.is_empty(), "{what}: {failures:#?}");
+    ensure!(logins > 0 && refreshes > 0, "{what}: no load ran");
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and_uninstalls_cleanly(
+) -> anyhow::Result<()> {
+    let env = node_env().await?;
+    let kubectl = env.cluster.kubectl();
+    let helm = Helm::new(Some(env.cluster.admin_kubeconfig()))?;
+    let chart = chart_dir();
+    let endpoint = SocketAddr::new(env.host_ip, selkie_e2e::free_port()?);
+    let issuer = format!("https://{endpoint}/node-issuer");
+    let dex = Dex::start_on(
+        env.host_ip,
+        &[DexUser {
+            email: EMAIL.into(),
+            password: PASSWORD.into(),
+            user_id: "walrus-1".into(),
+            groups: vec!["walruses".into()],
+        }],
+        &[format!("{issuer}/callback")],
+    )
+    .await?;
+    let values_path = helm.dir().join("values.json");
+    std::fs::write(&values_path, values(env.images, "1").to_string())?;
+    let values_arg = values_path.to_string_lossy().into_owned();
+
+    // 1. helm install; the pods become Ready through their probes.
+    helm.run(&[
+        "install",
+        RELEASE,
+        &chart,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "-f",
+        &values_arg,
+        "--wait",
+        "--timeout",
+        "5m",
+    ])
+    .await
+    .context("helm install of the Supervisor")?;
+    let pods = supervisor_pods(env).await?;
+    ensure!(pods.len() == 2 && pods.iter().all(is_ready), "pods: {pods:#?}");
+    for pod in &pods {
+        let spec = &pod["spec"];
+        ensure!(spec["serviceAccountName"] == PREFIX, "{spec}");
+        ensure!(
+            spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] == true,
+            "{spec}"
+        );
+    }
+    let processes = crate::node_concierge::container_processes("/usr/local/bin/selkie-supervisor");
+    ensure!(
+        processes.len() >= 2 && processes.iter().all(|(_, uid, ro)| *uid == 65532 && *ro),
+        "the Supervisor's processes (pid, uid, read-only root) as the host sees them: {processes:?}"
+    );
+
+    // Its serving certificate (the default TLS Secret: clients send no SNI for an IP address),
+    // the upstream, the FederationDomain; the load balancer in front of the node port.
+    let ca = CertificateAuthority::new("selkie-node-supervisor-ca")?;
+    let serving = ca.issue_serving("supervisor", &[&env.host_ip.to_string()])?;
+    let manifests = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {PREFIX}-default-tls-certificate, namespace: {NAMESPACE}}}\n\
+         type: kubernetes.io/tls\ndata: {{tls.crt: {cert}, tls.key: {key}}}\n---\n{upstream}---\n\
+         apiVersion: config.supervisor.pinniped.dev/v1alpha1\nkind: FederationDomain\n\
+         metadata: {{name: node-federation-domain, namespace: {NAMESPACE}}}\n\
+         spec:\n  issuer: {issuer}\n  identityProviders:\n  - displayName: {IDP_NAME:?}\n    \
+         objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: {name}}}\n",
+        cert = B64.encode(&serving.cert_pem),
+        key = B64.encode(&serving.key_pem),
+        upstream = dex.manifests(NAMESPACE),
+        name = dex.name(),
+    );
+    kubectl
+        .run_with_stdin(&["apply", "-f", "-"], Some(&manifests))
+        .await?;
+    kubectl
+        .run(&[
+            "wait",
+            "-n",
+            NAMESPACE,
+            "--for=jsonpath={.status.phase}=Ready",
+            "--timeout=120s",
+            "federationdomain/node-federation-domain",
+            &format!("oidcidentityprovider/{}", dex.name()),
+        ])
+        .await?;
+    let node_port: u16 = kubectl
+        .run(&[
+            "get",
+            "service",
+            SERVICE,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.spec.ports[0].nodePort}",
+        ])
+        .await?
+        .trim()
+        .parse()?;
+    let _load_balancer = LoadBalancer::start_on(endpoint, &[SocketAddr::new(env.host_ip, node_port)]).await?;
+    let client = HttpsClient::new(&TlsOptions {
+        ca_pem: Some(ca.cert_pem().into_bytes()),
+        ..TlsOptions::default()
+    })?;
+    eventually(Duration::from_secs(60), || async {
+        let response = pinniped_cli::get(
+            &client,
+            &format!("{issuer}/.well-known/openid-configuration"),
+            None,
+            "",
+        )
+        .await?;
+        ensure!(
+            response.status == 200,
+            "discovery through the load balancer: {}",
+            response.status
+        );
+        Ok(())
+    })
+    .await?;
+
+    // 2. A browser login reaching a cluster whose Concierge trusts the FederationDomain.
+    let member = Cluster::start().await?;
+    let concierge = InstalledConcierge::install(&member).await?;
+    concierge
+        .apply_jwt_authenticator_with_claims(
+            &member,
+            "supervisor",
+            &issuer,
+            AUDIENCE,
+            &ca.cert_pem(),
+            "username",
+        )
+        .await?;
+    concierge.expose_proxy(&member).await?;
+    crate::proxy_kubectl::grant_namespace_reading(&member, "walruses").await?;
+    let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
+    let dir = tempfile::Builder::new()
+        .prefix("selkie-node-supervisor-")
+        .tempdir()?;
+    let urls = dir.path().join("browser-urls");
+    let browser_script = recording_browser(dir.path(), "browser.sh", &urls)?;
+    let kubeconfig = get_kubeconfig(&selkie, &member, dir.path(), AUDIENCE, &browser_script).await?;
+    let browser = selkie_e2e::browser::Browser::start().await?;
+    let login = async {
+        let url = opened_url(&urls).await?;
+        ensure!(url.starts_with(&format!("{issuer}/oauth2/authorize?")), "{url}");
+        browser.dex_login(&url, EMAIL, PASSWORD).await?;
+        cli_says_logged_in(&browser).await
+    };
+    let (user, logged_in) = tokio::join!(whoami(&member, &kubeconfig), login);
+    logged_in?;
+    let user = user?;
+    ensure!(
+        user["username"] == EMAIL && user["groups"].to_string().contains("walruses"),
+        "{user}"
+    );
+
+    // 3. helm upgrade to another image tag and configuration under load.
+    let upgraded = tokio::task::spawn_blocking(|| selkie_images_tagged("node-upgrade")).await??;
+    env.cluster
+        .node()
+        .context("node")?
+        .import_image(&upgraded.supervisor.archive)?;
+    std::fs::write(&values_path, values(&upgraded, "2").to_string())?;
+    let old_pods: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = start_load(client.clone(), issuer.clone(), stop.clone());
+    helm.run(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "-f",
+        &values_arg,
+        "--wait",
+        "--timeout",
+        "5m",
+    ])
+    .await?;
+    for old in &old_pods {
+        kubectl
+            .run(&[
+                "wait",
+                "--for=delete",
+                "--timeout=120s",
+                "-n",
+                NAMESPACE,
+                &format!("pod/{old}"),
+            ])
+            .await?;
+    }
+    finish_load(&stop, load, "rolling upgrade").await?;
+    let pods = supervisor_pods(env).await?;
+    ensure!(
+        pods.len() == 2
+            && pods.iter().all(|p| is_ready(p)
+                && p["spec"]["containers"][0]["image"] == upgraded.supervisor.reference.as_str()
+                && p["metadata"]["labels"]["selkie-e2e-revision"] == "2"),
+        "after the upgrade: {pods:#?}"
+    );
+    // The session from before the upgrade still works: the cluster is reached again.
+    let user = whoami(&member, &kubeconfig).await?;
+    ensure!(user["username"] == EMAIL, "{user}");
+
+    // 4. A pod killed under load.
+    let victim = pods[0]["metadata"]["name"]
+        .as_str()
+        .context("pod name")?
+        .to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = start_load(client.clone(), issuer.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    kubectl
+        .run(&[
+            "delete",
+            "pod",
+            &victim,
+            "-n",
+            NAMESPACE,
+            "--force",
+            "--grace-period=0",
+        ])
+        .await?;
+    eventually(Duration::from_secs(120), || async {
+        let pods = supervisor_pods(env).await?;
+        let ready: Vec<&str> = pods
+            .iter()
+            .filter(|p| is_ready(p))
+            .filter_map(|p| p["metadata"]["name"].as_str())
+            .collect();
+        ensure!(
+            ready.len() == 2 && !ready.contains(&victim.as_str()),
+            "ready pods: {ready:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    finish_load(&stop, load, "pod killed").await?;
+
+    // 5. helm uninstall leaves nothing of the release; its namespace is deleted for good.
+    helm.run(&["uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait"])
+        .await?;
+    kubectl
+        .run(&[
+            "wait",
+            "--for=delete",
+            "--timeout=180s",
+            &format!("namespace/{NAMESPACE}"),
+        ])
+        .await?;
+    let left = objects_of_release(&kubectl, RELEASE).await?;
+    ensure!(
+        left.is_empty(),
+        "left after helm uninstall: {}",
+        identities(&left).join(", ")
+    );
+    Ok(())
+}
