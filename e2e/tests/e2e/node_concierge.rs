@@ -295,6 +295,13 @@ async fn user_kubeconfig(env: &NodeEnv, dir: &Path, token: &str, mode: &str) -> 
     Ok(path)
 }
 
+/// Drops the exec plugin's cached certificate and has it get a new one (one kubectl call).
+async fn renew_credential(env: &NodeEnv, dir: &Path, kubeconfig: &Path) -> anyhow::Result<()> {
+    std::fs::remove_file(dir.join("credentials-ImpersonationProxy.yaml"))?;
+    kubectl_ok(env, kubeconfig, &["auth", "whoami"], &[]).await?;
+    Ok(())
+}
+
 /// The cluster URL a kubeconfig names.
 fn kubeconfig_server(path: &Path) -> anyhow::Result<String> {
     let kubeconfig: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
@@ -597,6 +604,7 @@ async fn node_concierge_installed_with_helm_serves_users_survives_upgrades_and_u
         .iter()
         .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
         .collect();
+    renew_credential(env, dir.path(), &through_proxy).await?;
     let load = Load::start(env, &through_proxy, &workloads, "upgrade").await?;
     helm.run(&[
         "upgrade",
@@ -633,7 +641,10 @@ async fn node_concierge_installed_with_helm_serves_users_survives_upgrades_and_u
         "after the upgrade: {pods:#?}"
     );
 
-    // 7. A pod killed under load.
+    // 7. A pod killed under load. (The exec plugin's cached certificate is renewed first, against
+    // the settled replicas: a TokenCredentialRequest that reaches a pod Ready for a moment but
+    // whose authenticators are not loaded yet is refused — a known gap, see the README.)
+    renew_credential(env, dir.path(), &through_proxy).await?;
     let victim = pods[0]["metadata"]["name"]
         .as_str()
         .context("pod name")?
@@ -930,4 +941,172 @@ async fn port_forward_get(
     tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut response)).await??;
     let _ = child.start_kill();
     Ok(response)
+}
+
+/// What an admin sees when a release cannot run: an image the node does not have, and a
+/// configuration the binary refuses, each named in the pod's status or its log — never a silent
+/// hang. (Its own names and API group suffix, so it runs beside the release above.)
+#[tokio::test]
+async fn node_a_missing_image_and_a_refused_configuration_are_named_in_the_pod_status_and_log(
+) -> anyhow::Result<()> {
+    const FAULTS: &str = "selkie-node-faults";
+    let env = node_env().await?;
+    let kubectl = env.cluster.kubectl();
+    let helm = Helm::new(Some(env.cluster.admin_kubeconfig()))?;
+    let chart = chart_dir();
+    let image = &env.images.concierge;
+    let values = |tag: &str, pull: &str, config: Value| {
+        json!({
+            "apiGroupSuffix": "faults.selkie.test",
+            "supervisor": {"enabled": false},
+            "concierge": {
+                "namespace": FAULTS, "namePrefix": FAULTS, "replicas": 1,
+                "image": {"repository": image.repository(), "tag": tag, "pullPolicy": pull},
+                "controlPlane": {"config": config},
+            },
+        })
+    };
+    let values_path = helm.dir().join("values.json");
+    let values_arg = values_path.to_string_lossy().into_owned();
+    let pod_state = || async {
+        let pods: Value = serde_json::from_str(
+            &kubectl
+                .run(&[
+                    "get",
+                    "pods",
+                    "-n",
+                    FAULTS,
+                    "-l",
+                    &format!("app={FAULTS}"),
+                    "-o",
+                    "json",
+                ])
+                .await?,
+        )?;
+        anyhow::Ok(pods["items"][0]["status"]["containerStatuses"][0].clone())
+    };
+
+    // The CRDs for this suffix, as the chart's README says (the chart carries the default ones).
+    let mut crds = Vec::new();
+    for entry in std::fs::read_dir(selkie_e2e::crds::conf_crds_dir())? {
+        let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+            serde_yaml::from_str(&std::fs::read_to_string(entry?.path())?)?;
+        crds.push(serde_yaml::to_string(&selkie_api::crds::with_api_group_suffix(
+            crd,
+            "faults.selkie.test",
+        )?)?);
+    }
+    selkie_e2e::crds::apply(env.cluster, &["-f", "-"], Some(&crds.join("---\n"))).await?;
+
+    // An image the node does not have (and may not pull): ErrImageNeverPull, naming the image.
+    std::fs::write(
+        &values_path,
+        values("not-built-here", "Never", json!({})).to_string(),
+    )?;
+    // Discovery may lag a moment behind the new CRDs' Established condition: helm then cannot map
+    // the kinds and creates nothing; it is asked again, with a fresh discovery cache.
+    let helm = eventually(Duration::from_secs(60), || async {
+        let helm = Helm::new(Some(env.cluster.admin_kubeconfig()))?;
+        helm.run(&[
+            "install",
+            FAULTS,
+            &chart,
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--create-namespace",
+            "--skip-crds",
+            "-f",
+            &values_arg,
+        ])
+        .await?;
+        Ok(helm)
+    })
+    .await?;
+    let missing = format!("{}:not-built-here", image.repository());
+    eventually(Duration::from_secs(90), || async {
+        let state = pod_state().await?;
+        let waiting = &state["state"]["waiting"];
+        ensure!(
+            waiting["reason"] == "ErrImageNeverPull"
+                && waiting["message"].as_str().is_some_and(|m| m.contains(&missing)),
+            "container status: {state}"
+        );
+        Ok(())
+    })
+    .await?;
+
+    // The real image with a configuration key the binary does not know: the container exits, is
+    // restarted with back-off, and its log names the key.
+    std::fs::write(
+        &values_path,
+        values(image.tag(), "IfNotPresent", json!({"notAControlPlaneKey": true})).to_string(),
+    )?;
+    helm.run(&[
+        "upgrade",
+        FAULTS,
+        &chart,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--skip-crds",
+        "-f",
+        &values_arg,
+    ])
+    .await?;
+    let pod = eventually(Duration::from_secs(120), || async {
+        let pods: Value = serde_json::from_str(
+            &kubectl
+                .run(&[
+                    "get",
+                    "pods",
+                    "-n",
+                    FAULTS,
+                    "-l",
+                    &format!("app={FAULTS}"),
+                    "-o",
+                    "json",
+                ])
+                .await?,
+        )?;
+        let crashed = pods["items"].as_array().into_iter().flatten().find(|pod| {
+            let status = &pod["status"]["containerStatuses"][0];
+            status["image"].as_str().is_some_and(|i| i.ends_with(image.tag()))
+                && status["lastState"]["terminated"]["exitCode"]
+                    .as_i64()
+                    .is_some_and(|code| code != 0)
+        });
+        crashed
+            .and_then(|pod| pod["metadata"]["name"].as_str().map(str::to_string))
+            .context(format!("no pod of the new image has crashed yet: {pods}"))
+    })
+    .await?;
+    // The crashed container's log (or the current one's, which crashes the same way: the
+    // previous container's log is gone once it is restarted again).
+    eventually(Duration::from_secs(60), || async {
+        let previous = kubectl
+            .run(&["logs", "-n", FAULTS, &pod, "--previous"])
+            .await
+            .unwrap_or_default();
+        let current = kubectl
+            .run(&["logs", "-n", FAULTS, &pod])
+            .await
+            .unwrap_or_default();
+        ensure!(
+            previous.contains("notAControlPlaneKey") || current.contains("notAControlPlaneKey"),
+            "the crashed container's log does not name the key:\n{previous}\n{current}"
+        );
+        Ok(())
+    })
+    .await?;
+
+    helm.run(&["uninstall", FAULTS, "--namespace", RELEASE_NAMESPACE, "--wait"])
+        .await?;
+    kubectl
+        .run(&[
+            "wait",
+            "--for=delete",
+            "--timeout=180s",
+            &format!("namespace/{FAULTS}"),
+        ])
+        .await?;
+    Ok(())
 }

@@ -280,3 +280,6 @@ async fn serve(
         tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
     }
 }
+
+#[cfg(test)]
+mod tests;
