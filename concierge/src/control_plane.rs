@@ -185,8 +185,9 @@ async fn bridge(
     loop {
         let published = receiver.borrow_and_update().clone();
         // The signer is installed before the CAs it brings are published, so this value is the
-        // first that can be served with it.
-        if publisher.login_api().signer().is_some() {
+        // first that can be served with it; and a replica that has not evaluated the
+        // authenticators the cluster already has would refuse their users' logins.
+        if publisher.login_api().signer().is_some() && published.authenticators_loaded {
             health.release();
         }
         if let Err(error) = composer.extension_changed(extension(&config, &publisher, &published)) {

@@ -130,6 +130,10 @@ pub async fn run(
             SourceKind::ConfigMap,
             senders,
         ) => Err(AuthenticatorsError::WatchEnded("ConfigMap")),
+        () = async {
+            mark_loaded_after_first_evaluation([jwt.clone(), webhook.clone()], shared.clone()).await;
+            std::future::pending::<()>().await
+        } => Err(AuthenticatorsError::WatchEnded("the first evaluation")),
         () = reconcile::run(jwt.clone(), jwt.api.clone(), jwt.resource.clone(), jwt_writer, jwt_source_events, leader.clone()) => Err(AuthenticatorsError::WatchEnded("JWTAuthenticator")),
         () = reconcile::run(webhook.clone(), webhook.api.clone(), webhook.resource.clone(), webhook_writer, webhook_source_events, leader) => Err(AuthenticatorsError::WatchEnded("WebhookAuthenticator")),
     }
@@ -195,6 +199,48 @@ struct Served {
 struct State {
     /// The authenticators in use, in chain order: by kind, then by name.
     served: BTreeMap<(Kind, String), Served>,
+    /// Every object (kind, name, uid) evaluated at least once, whatever the outcome.
+    evaluated: std::collections::BTreeSet<(Kind, String, String)>,
+}
+
+/// How long the first evaluation of the authenticators present at start may hold readiness back
+/// (an issuer that does not answer is evaluated, as unavailable, within its own timeouts).
+const INITIAL_LOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sets [`Published::authenticators_loaded`](crate::published::Published) once every object the
+/// first listings of both kinds found has been evaluated, or after [`INITIAL_LOAD_TIMEOUT`].
+async fn mark_loaded_after_first_evaluation(kinds: [Arc<KindContext>; 2], shared: Arc<Shared>) {
+    let first = async {
+        for kind in &kinds {
+            let _ = kind.store.wait_until_ready().await;
+        }
+        let present: Vec<(Kind, String, String)> = kinds
+            .iter()
+            .flat_map(|kind| {
+                kind.store.state().into_iter().map(move |object| {
+                    (
+                        kind.kind,
+                        object.name_any(),
+                        object.metadata.uid.clone().unwrap_or_default(),
+                    )
+                })
+            })
+            .collect();
+        loop {
+            if present.iter().all(|key| shared.state().evaluated.contains(key)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if tokio::time::timeout(INITIAL_LOAD_TIMEOUT, first).await.is_err() {
+        tracing::warn!("not every authenticator was evaluated within {INITIAL_LOAD_TIMEOUT:?} of the start; ready anyway");
+    }
+    shared.publisher.update(|published| {
+        let changed = !published.authenticators_loaded;
+        published.authenticators_loaded = true;
+        changed
+    });
 }
 
 struct Shared {
@@ -438,6 +484,9 @@ impl KindContext {
     ) {
         let shared = &self.shared;
         let mut state = shared.state();
+        state
+            .evaluated
+            .insert((self.kind, key.1.clone(), fingerprint.uid.clone()));
         let mut changed = false;
         // A CR deleted and created again under the same name starts from nothing.
         if state

@@ -36,6 +36,10 @@ pub struct Published {
     /// Whether the impersonation proxy should serve (CredentialIssuer mode), and with which
     /// certificate; `None` while it is disabled or has no certificate yet.
     pub proxy_serving: Option<ServingKeyPair>,
+    /// Whether every JWTAuthenticator and WebhookAuthenticator that existed when the control
+    /// plane started has been evaluated once ([`crate::authenticators`]): until then `chain` may
+    /// lack authenticators the cluster has, and a replica is not ready.
+    pub authenticators_loaded: bool,
 }
 
 /// The publishing side, shared by the reconcilers: each one replaces only its own part.

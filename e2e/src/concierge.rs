@@ -3,7 +3,8 @@
 //! --config … --control-plane …` with the token of the service account the manifests create, so
 //! it has exactly the permissions they grant.
 //!
-//! The harness has no kubelet: the Deployment's pods never start. Instead the process runs on
+//! The loopback clusters have no kubelet (the node tests install the chart on a real one,
+//! `e2e/tests/e2e/node_concierge.rs`): the Deployment's pods never start. Instead the process runs on
 //! loopback, the aggregated API's Service becomes an `ExternalName` to `localhost` (with the
 //! APIServices pointed at the process's port), and the proxy is exposed by setting the
 //! CredentialIssuer to `service.type: None` with the loopback address as `externalEndpoint`

@@ -25,6 +25,11 @@
 //! Every request is recorded ([`EchoApi::requests`]) with the identity headers the aggregator sent,
 //! and every upgraded connection is recorded when it ends ([`EchoApi::tunnels`]), with how it
 //! ended. Dropping the [`EchoApi`] deletes its APIService and Service and stops the server.
+//!
+//! It stands in for a kubelet only where a kubelet cannot show the thing tested (byte-exact
+//! echoes, server-first close, protocol negotiation failures, the identity kube-apiserver
+//! forwarded): exec, attach, port-forward and logs against a real kubelet run on the node
+//! (`e2e/tests/e2e/node_concierge.rs`).
 
 use std::{
     convert::Infallible,

@@ -111,7 +111,7 @@ impl Kubectl {
         Ok(listed.lines().map(str::to_string).collect())
     }
 
-    /// Points an installed aggregated API at a process on loopback (the harness has no kubelet):
+    /// Points an installed aggregated API at a process on loopback (a cluster without a node):
     /// replaces the Service `namespace/service` the manifests created with an `ExternalName` to
     /// `localhost`, and sets the port of each APIService of `api_services` to `port`.
     pub async fn serve_api_services_on_loopback(

@@ -12,6 +12,12 @@
 //!   `/readyz`, and hands back an admin kubeconfig, `kube::Client`s and the CA material. It stops
 //!   every process on drop and on panic; components die with the test process even when it is
 //!   killed, because each is spawned with a parent-death signal.
+//! * [`node`] joins a real node to a cluster ([`ClusterBuilder::node`]): containerd with runc and
+//!   a CNI bridge, the kubelet, kube-proxy, CoreDNS, kube-scheduler, and kube-controller-manager as
+//!   a kubeadm-shaped static pod; one per machine.
+//! * [`images`] builds the node's images and Selkie's (from the `Containerfile`) with buildah,
+//!   without pulling (`scripts/build-images.sh`); [`load_balancer`] is haproxy in front of a
+//!   node's Services.
 //! * [`kubectl`] runs the real kubectl against a cluster.
 //! * [`dex`] runs Dex, the real OIDC provider, with static users and the password grant, or with
 //!   its LDAP connector on a [`ldap::Slapd`].

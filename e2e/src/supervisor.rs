@@ -329,8 +329,8 @@ impl Supervisor {
     /// FederationDomain as [`Supervisor::start`] creates them (in `pinniped-supervisor`). Its
     /// aggregated API (OIDCClientSecretRequest) is reached through kube-apiserver as the
     /// manifests register it, with the Service `pinniped-supervisor-api` turned into an
-    /// `ExternalName` to `localhost` and the APIService pointed at a loopback port (the harness
-    /// has no kubelet); returns once that APIService is Available, and deletes it when dropped.
+    /// `ExternalName` to `localhost` and the APIService pointed at a loopback port (the loopback
+    /// clusters have no kubelet); returns once that APIService is Available, and deletes it when dropped.
     /// One test at a time may install (one namespace, one APIService per cluster).
     pub async fn install(
         cluster: &Cluster,

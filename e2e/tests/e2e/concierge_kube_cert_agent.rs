@@ -6,9 +6,12 @@
 //! (labels, flags, volumes, tolerations, nodeName) and patch its status to `Running`, and play
 //! the Deployment controller by creating the agent pod the Deployment would get. The exec into
 //! that pod through kube-apiserver then fails as it does without a kubelet, and that failure is
-//! what is reported. For the success path a stand-in kubelet ([`LocalKubelet`], through
-//! `KubeCertAgent::with_executor`) runs the real agent binary locally with the pod's environment
-//! as kube-apiserver has it. Each test writes `kube-system`, so each has a private cluster.
+//! what is reported. The success path runs for real on the node
+//! (`node_concierge::node_concierge_installed_with_helm_…`: the agent pod beside the
+//! kube-controller-manager static pod, exec through the kubelet); here a stand-in kubelet
+//! ([`LocalKubelet`], through `KubeCertAgent::with_executor`) runs the real agent binary locally
+//! with the pod's environment as kube-apiserver has it, for what the node cannot stage without
+//! breaking its controller manager: one exec per agent pod, a garbage key, a missing file. Each test writes `kube-system`, so each has a private cluster.
 //!
 //! The agent binary itself (`selkie-kube-cert-agent`) is run for real with files the test writes.
 

@@ -223,8 +223,8 @@ async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and
             NAMESPACE,
             "--for=jsonpath={.status.phase}=Ready",
             "--timeout=120s",
-            "federationdomain/node-federation-domain",
-            &format!("oidcidentityprovider/{}", dex.name()),
+            "federationdomains.config.supervisor.pinniped.dev/node-federation-domain",
+            &format!("oidcidentityproviders.idp.supervisor.pinniped.dev/{}", dex.name()),
         ])
         .await?;
     let node_port: u16 = kubectl
