@@ -23,9 +23,12 @@ lint: setup
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## test: lint, then every test, against real components, then the fuzz targets; ends with one
-## "total: N passed, M failed" line (of the cargo tests)
+## "total: N passed, M failed" line (of the cargo tests). The release binaries the node tests'
+## images carry are built first, rather than inside those tests while every other test competes
+## for the cores.
 test: lint
 	@mkdir -p target
+	$(CARGO) build --release --locked -q -p selkie-concierge -p selkie-supervisor
 	$(CARGO) test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
 	bash perf/run --smoke
 	bash perf/run-streams --smoke

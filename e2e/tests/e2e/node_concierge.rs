@@ -589,7 +589,14 @@ async fn node_concierge_installed_with_helm_serves_users_survives_upgrades_and_u
         .contains(&named),
         "the kubeconfig names {named}, not kube-apiserver"
     );
-    let user = whoami(env, &direct).await?;
+    // Each replica reads the key through the agent itself; until the second has, a login it
+    // answers is signed by Selkie's own CA, which kube-apiserver does not trust (a known gap:
+    // README, "Known gaps"). So the first logins may be refused for a few seconds.
+    let user = eventually(Duration::from_secs(60), || async {
+        let _ = std::fs::remove_file(dir.path().join("credentials-TokenCredentialRequestAPI.yaml"));
+        whoami(env, &direct).await
+    })
+    .await?;
     ensure!(
         user["username"] == "pinny@example.com",
         "kube-apiserver saw {user}"
