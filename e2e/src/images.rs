@@ -170,9 +170,28 @@ fn release_binaries() -> Result<PathBuf, HarnessError> {
         "-p",
         "selkie-supervisor",
     ];
-    let output = Command::new(&cargo)
-        .current_dir(&workspace)
-        .args(args)
+    let mut build = Command::new(&cargo);
+    build.current_dir(&workspace).args(args);
+    // A test process has the variables cargo set for *its* package (`CARGO_PKG_DESCRIPTION`, …);
+    // the binaries read theirs at compile time, so passing these on would make cargo see changed
+    // inputs and relink both (minutes with LTO) on every run.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if [
+            "CARGO_PKG_",
+            "CARGO_CRATE_",
+            "CARGO_MANIFEST_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+        ]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        {
+            build.env_remove(name.as_ref());
+        }
+    }
+    let output = build
         .output()
         .map_err(|e| HarnessError::io("running cargo build --release", e))?;
     if !output.status.success() {
