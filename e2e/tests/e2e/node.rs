@@ -160,6 +160,34 @@ pub(crate) fn kubectl_pod(env: &NodeEnv, name: &str, script: &str) -> Value {
     pod
 }
 
+/// The pods of `namespace` labelled `app=<app>` (a chart component's), as JSON.
+pub(crate) async fn app_pods(env: &NodeEnv, namespace: &str, app: &str) -> anyhow::Result<Vec<Value>> {
+    let pods: Value = serde_json::from_str(
+        &env.cluster
+            .kubectl()
+            .run(&[
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                &format!("app={app}"),
+                "-o",
+                "json",
+            ])
+            .await?,
+    )?;
+    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// Whether `pod` (JSON) is Ready and not being deleted.
+pub(crate) fn is_ready(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null()
+        && pod["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
 /// A namespace of the admin's, unique to this run.
 pub(crate) async fn namespace(env: &NodeEnv, prefix: &str) -> anyhow::Result<String> {
     let client = env.cluster.client().await?;

@@ -49,7 +49,10 @@ use serde_json::{json, Value};
 
 use crate::{
     helm_chart::{chart_dir, identities, objects_of_release, Helm},
-    node::{kubectl_as, kubectl_ok, kubectl_pod, namespace, node_env, run_pod, workload_pod, NodeEnv},
+    node::{
+        app_pods, is_ready, kubectl_as, kubectl_ok, kubectl_pod, namespace, node_env, run_pod, workload_pod,
+        NodeEnv,
+    },
 };
 
 const RELEASE: &str = "selkie-node-concierge";
@@ -83,31 +86,8 @@ fn values(images: &SelkieImages, endpoint: SocketAddr, extra_label: &str) -> Val
     })
 }
 
-/// The Concierge's pods, as JSON.
 async fn concierge_pods(env: &NodeEnv) -> anyhow::Result<Vec<Value>> {
-    let pods: Value = serde_json::from_str(
-        &env.cluster
-            .kubectl()
-            .run(&[
-                "get",
-                "pods",
-                "-n",
-                NAMESPACE,
-                "-l",
-                &format!("app={PREFIX}"),
-                "-o",
-                "json",
-            ])
-            .await?,
-    )?;
-    Ok(pods["items"].as_array().cloned().unwrap_or_default())
-}
-
-fn is_ready(pod: &Value) -> bool {
-    pod["metadata"]["deletionTimestamp"].is_null()
-        && pod["status"]["conditions"]
-            .as_array()
-            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+    app_pods(env, NAMESPACE, PREFIX).await
 }
 
 /// The host's view of the processes running `binary` in a container: (pid, uid, root mounted

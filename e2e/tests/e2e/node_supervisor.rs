@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 
 use crate::{
     helm_chart::{chart_dir, identities, objects_of_release, Helm},
-    node::{node_env, NodeEnv},
+    node::{app_pods, is_ready, node_env, NodeEnv},
     supervisor_full::{get_kubeconfig, whoami},
     supervisor_login::{cli_says_logged_in, opened_url, recording_browser},
 };
@@ -72,29 +72,7 @@ fn values(images: &SelkieImages, revision: &str) -> Value {
 }
 
 async fn supervisor_pods(env: &NodeEnv) -> anyhow::Result<Vec<Value>> {
-    let pods: Value = serde_json::from_str(
-        &env.cluster
-            .kubectl()
-            .run(&[
-                "get",
-                "pods",
-                "-n",
-                NAMESPACE,
-                "-l",
-                &format!("app={PREFIX}"),
-                "-o",
-                "json",
-            ])
-            .await?,
-    )?;
-    Ok(pods["items"].as_array().cloned().unwrap_or_default())
-}
-
-fn is_ready(pod: &Value) -> bool {
-    pod["metadata"]["deletionTimestamp"].is_null()
-        && pod["status"]["conditions"]
-            .as_array()
-            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+    app_pods(env, NAMESPACE, PREFIX).await
 }
 
 /// Logins (`cli_password`, a fresh connection each) and refreshes at the issuer, one after
