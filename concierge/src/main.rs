@@ -6,6 +6,12 @@
 //! serving certificate and the upstream token file are watched: a valid change is swapped in
 //! without a restart, an invalid one is logged and the running configuration stays.
 //!
+//! The proxy's chain is the file's authenticators, then the control plane's, then kube-apiserver's
+//! own TokenReview sent with the proxy's upstream credential (`upstream.tokenReview`, on unless
+//! the file turns it off; the install manifests leave it on and grant `system:auth-delegator`), so
+//! in-cluster clients with service-account tokens use the proxy as they use Pinniped's: their
+//! tokens pass through to kube-apiserver unchanged.
+//!
 //! With `operationsListen` set, `/healthz`, `/readyz` and `/metrics` are served there. SIGTERM
 //! makes `/readyz` answer 503 at once, keeps serving for `shutdown.gracePeriodSeconds`, then
 //! closes the listeners and lets the requests in flight finish for up to

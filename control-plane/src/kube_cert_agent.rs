@@ -156,6 +156,21 @@ pub enum AgentError {
     },
 }
 
+impl AgentError {
+    /// Whether this failure is expected to clear by itself within seconds, with nothing changed
+    /// in the cluster: no agent pod is Running *yet* (the Deployment was just created, or its
+    /// pod is being scheduled, pulling its image or restarting). [`crate::signing`] then
+    /// re-reads the key at [`crate::signing::RETRY`] and lets TokenCredentialRequests wait for
+    /// it. Every other failure is lasting, needs a change to the cluster, and is re-read at the
+    /// normal pace: no healthy kube-controller-manager (a managed cloud), a request
+    /// kube-apiserver refuses (RBAC), a Deployment the leader cannot write (reported in
+    /// preference to whatever else failed), an exec that fails, a key that does not decode or
+    /// cannot sign.
+    pub fn is_not_yet(&self) -> bool {
+        matches!(self, Self::NoHealthyAgentPod { .. })
+    }
+}
+
 fn pluralize(candidates: usize) -> String {
     if candidates == 1 {
         "1 candidate".into()

@@ -20,6 +20,23 @@
 //! shared login API, and the CA bundles (signer CAs, kube-apiserver's `client-ca-file`, the
 //! cluster signing certificate) into [`Published::client_ca_pems`]. A source that cannot be read
 //! never removes a working signer: the last good one stays until a good replacement is read.
+//!
+//! Every replica reads the cluster's key by itself, so a replica may still be without it while
+//! another (the leader) already has it and the CredentialIssuer says it works: the kube cert
+//! agent's pod is not Running yet after an install, or after it was replaced. Such a replica
+//! would issue signer-CA certificates that kube-apiserver refuses. So while the key is *pending*
+//! (configured, not held, and the last read failed with a "not yet",
+//! [`AgentError::is_not_yet`], for less than [`NOT_YET_PATIENCE`]):
+//!
+//! * the rounds run every [`RETRY`] rather than every [`RESYNC`];
+//! * a TokenCredentialRequest about to be issued a certificate asks for a round at once and waits
+//!   for the key, for at most [`selkie_filters::issuing::login_api::PREFERRED_SIGNER_WAIT`]
+//!   ([`SignerRefresh`]); the requests waiting at once share the rounds, and rounds never start
+//!   closer together than [`RETRY`].
+//!
+//! A lasting failure (no kube-controller-manager pod on a managed cloud, a refused request, a key
+//! that cannot sign, or a "not yet" that outlasted [`NOT_YET_PATIENCE`]) is re-read every
+//! [`RESYNC`] and never makes a request wait. The key is only ever held in memory.
 
 use std::{
     collections::BTreeMap,
@@ -40,21 +57,30 @@ use selkie_api::concierge_config::{
     CredentialIssuerFrontend, CredentialIssuerStrategy, FrontendType, StrategyReason, StrategyStatus,
     StrategyType, TokenCredentialRequestAPIInfo,
 };
-use selkie_filters::issuing::signer::ClientCertificateSigner;
-use tokio::sync::watch;
+use selkie_filters::issuing::{
+    login_api::{SignerConciergeApi, SignerRefresh},
+    signer::ClientCertificateSigner,
+};
+use tokio::{sync::watch, time::Instant};
 
 use selkie_kube::certs::{self, CertPair};
 
 use crate::{
     config::{ClusterSigningKeySource, ControlPlaneConfig, KeyFiles, SecretReference},
-    kube_cert_agent::KubeCertAgent,
+    kube_cert_agent::{AgentError, KubeCertAgent, PodExecutor},
     published::{Published, Publisher},
 };
 
 /// How often the signing sources are re-read.
 pub const RESYNC: Duration = Duration::from_secs(5);
-/// How soon they are re-read while there is no signer CA yet.
+/// How soon they are re-read while there is no signer CA yet, or while the cluster signing key
+/// is pending; the shortest time between the starts of two rounds.
 pub const RETRY: Duration = Duration::from_millis(500);
+/// How long the cluster signing key may stay "not yet" ([`AgentError::is_not_yet`]: no agent pod
+/// is Running) before that is taken for a lasting failure: an agent pod normally runs within
+/// seconds, one that does not (an image that cannot be pulled, a leader that cannot create the
+/// Deployment) is re-read every [`RESYNC`], and requests stop waiting for it.
+pub const NOT_YET_PATIENCE: Duration = Duration::from_secs(60);
 /// The signer CA's lifetime (Pinniped: one year).
 pub const SIGNER_CA_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A new signer CA is generated once less than this is left of the current one.
@@ -396,15 +422,151 @@ struct Round {
     installed: Option<CertPair>,
 }
 
+/// Why a round got no cluster signing key.
+#[derive(Debug)]
+struct KeyFailure {
+    /// The strategy's `CouldNotFetchKey` message.
+    message: String,
+    /// Whether the failure clears by itself within seconds ([`AgentError::is_not_yet`]).
+    not_yet: bool,
+}
+
+impl KeyFailure {
+    fn lasting(error: impl std::fmt::Display) -> Self {
+        Self {
+            message: error.to_string(),
+            not_yet: false,
+        }
+    }
+}
+
+impl From<AgentError> for KeyFailure {
+    fn from(error: AgentError) -> Self {
+        Self {
+            not_yet: error.is_not_yet(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// One round's read of the cluster signing key from `source` (through `agent` when the source is
+/// the kube cert agent): the pair and its signer, or why not.
+async fn read_cluster_key(
+    client: &Client,
+    source: &ClusterSigningKeySource,
+    agent: Option<&mut KubeCertAgent>,
+    leader: bool,
+) -> Result<(CertPair, Arc<ClientCertificateSigner>), KeyFailure> {
+    let pair = match agent {
+        Some(agent) => agent.fetch(leader).await?,
+        None => cluster_signing_key(client, source)
+            .await
+            .map_err(KeyFailure::lasting)?,
+    };
+    let signer = ClientCertificateSigner::from_pem(&pair.cert_pem, &pair.key_pem).map_err(|e| {
+        KeyFailure::lasting(SigningError::Invalid(format!(
+            "the cluster signing key cannot sign: {e}"
+        )))
+    })?;
+    Ok((pair, Arc::new(signer)))
+}
+
+/// How long the cluster signing key has been "not yet", to tell a pending key from a lasting
+/// failure (see the module documentation).
+#[derive(Debug, Default)]
+struct KeyRetry {
+    /// When the current run of "not yet" rounds began.
+    not_yet_since: Option<Instant>,
+}
+
+impl KeyRetry {
+    /// Records a round that ended at `now`: `not_yet` when this replica holds no key and the
+    /// source said "not yet". Returns whether the key is pending: "not yet", for less than
+    /// [`NOT_YET_PATIENCE`] in a row.
+    fn record(&mut self, not_yet: bool, now: Instant) -> bool {
+        if !not_yet {
+            self.not_yet_since = None;
+            return false;
+        }
+        let since = *self.not_yet_since.get_or_insert(now);
+        now.duration_since(since) < NOT_YET_PATIENCE
+    }
+}
+
+/// How long the loop waits for the next round: [`RETRY`] while something is missing that should
+/// come soon (the signer CA, which the leader writes; a pending cluster key), else [`RESYNC`].
+fn next_round_in(signer_ca_missing: bool, key_pending: bool) -> Duration {
+    if signer_ca_missing || key_pending {
+        RETRY
+    } else {
+        RESYNC
+    }
+}
+
+/// The login API's [`SignerRefresh`] for the loop's lifetime: the key starts pending when a
+/// source is configured (a request arriving before the first round's outcome waits for it), and
+/// is not pending any more once the loop is gone (ended or aborted), so that nothing waits for
+/// rounds that will never come.
+struct RefreshWhileRunning(Arc<SignerConciergeApi>);
+
+impl RefreshWhileRunning {
+    fn new(login_api: Arc<SignerConciergeApi>, key_configured: bool) -> Self {
+        login_api.refresh().set_pending(key_configured);
+        Self(login_api)
+    }
+
+    fn refresh(&self) -> &SignerRefresh {
+        self.0.refresh()
+    }
+}
+
+impl Drop for RefreshWhileRunning {
+    fn drop(&mut self) {
+        self.0.refresh().set_pending(false);
+    }
+}
+
 /// Keeps the signers and client CA bundles current until dropped. See the module documentation.
 /// `leader` says whether this replica may write (the signer CA Secret, the strategy).
 /// `write_strategy` records the `KubeClusterSigningCertificate` strategy in the CredentialIssuer
-/// (called by the leader only, at most once per round).
+/// (called by the leader only, at most once per round). Never returns; failures are logged and
+/// retried.
 pub async fn run<W, F>(
     client: Client,
     config: Arc<ControlPlaneConfig>,
     publisher: Publisher,
+    leader: watch::Receiver<bool>,
+    write_strategy: W,
+) where
+    W: Fn(CredentialIssuerStrategy) -> F,
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    rounds(client, config, publisher, leader, None, write_strategy).await;
+}
+
+/// [`run`], with the kube cert agent's `print` run by `executor` instead of an exec through
+/// kube-apiserver ([`KubeCertAgent::with_executor`]): for clusters without kubelets, such as
+/// tests'. Everything else still goes to kube-apiserver.
+pub async fn run_with_executor<W, F>(
+    client: Client,
+    config: Arc<ControlPlaneConfig>,
+    publisher: Publisher,
+    leader: watch::Receiver<bool>,
+    executor: Arc<dyn PodExecutor>,
+    write_strategy: W,
+) where
+    W: Fn(CredentialIssuerStrategy) -> F,
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    rounds(client, config, publisher, leader, Some(executor), write_strategy).await;
+}
+
+async fn rounds<W, F>(
+    client: Client,
+    config: Arc<ControlPlaneConfig>,
+    publisher: Publisher,
     mut leader: watch::Receiver<bool>,
+    executor: Option<Arc<dyn PodExecutor>>,
     write_strategy: W,
 ) where
     W: Fn(CredentialIssuerStrategy) -> F,
@@ -415,8 +577,21 @@ pub async fn run<W, F>(
         .cluster_signing_key
         .as_ref()
         .and_then(|source| source.agent.clone())
-        .map(|agent| KubeCertAgent::new(client.clone(), config.clone(), agent));
+        .map(|agent| {
+            let agent = KubeCertAgent::new(client.clone(), config.clone(), agent);
+            match &executor {
+                Some(executor) => agent.with_executor(executor.clone()),
+                None => agent,
+            }
+        });
+    let waiting = RefreshWhileRunning::new(
+        publisher.login_api().clone(),
+        config.cluster_signing_key.is_some(),
+    );
+    let mut retry = KeyRetry::default();
+    let mut key_pending = waiting.refresh().is_pending();
     loop {
+        let started = Instant::now();
         let is_leader = *leader.borrow_and_update();
         match signer_ca(&client, &config, is_leader).await {
             Ok(ca) => last.signer_ca = Some(ca),
@@ -424,23 +599,7 @@ pub async fn run<W, F>(
         }
         let key = match &config.cluster_signing_key {
             None => None,
-            Some(source) => Some(
-                match agent.as_mut() {
-                    Some(agent) => agent
-                        .fetch(is_leader)
-                        .await
-                        .map_err(|e| SigningError::Invalid(e.to_string())),
-                    None => cluster_signing_key(&client, source).await,
-                }
-                .and_then(|pair| {
-                    let signer =
-                        ClientCertificateSigner::from_pem(&pair.cert_pem, &pair.key_pem).map_err(|e| {
-                            SigningError::Invalid(format!("the cluster signing key cannot sign: {e}"))
-                        })?;
-                    Ok((pair, Arc::new(signer)))
-                })
-                .map_err(|e| e.to_string()),
-            ),
+            Some(source) => Some(read_cluster_key(&client, source, agent.as_mut(), is_leader).await),
         };
         match &key {
             Some(Ok((pair, signer))) => {
@@ -448,7 +607,9 @@ pub async fn run<W, F>(
                     last.cluster_key = Some((pair.clone(), signer.clone()));
                 }
             }
-            Some(Err(error)) => tracing::warn!(%error, "the cluster signing key could not be read"),
+            Some(Err(failure)) => {
+                tracing::warn!(error = %failure.message, "the cluster signing key could not be read")
+            }
             None => last.cluster_key = None,
         }
         match apiserver_client_ca(&client).await {
@@ -458,21 +619,40 @@ pub async fn run<W, F>(
             }
         }
         publish(&publisher, &mut last);
+        // Whatever this round installed is in place: release the requests waiting for the key.
+        let not_yet = last.cluster_key.is_none() && matches!(&key, Some(Err(failure)) if failure.not_yet);
+        let was_pending = key_pending;
+        key_pending = retry.record(not_yet, Instant::now());
+        waiting.refresh().end_round(key_pending);
+        if was_pending && !key_pending && not_yet {
+            tracing::warn!(
+                patience = ?NOT_YET_PATIENCE,
+                every = ?RESYNC,
+                "the cluster signing key is still not available; it is re-read less often, and \
+                 certificates are issued by the signer CA meanwhile"
+            );
+        }
         if is_leader {
             let info = match key {
                 Some(Ok(_)) => cluster_info(&client, &config).await.map_err(|e| e.to_string()),
                 _ => Err(String::new()),
             };
-            let key_outcome = key.map(|outcome| outcome.map(|(pair, _)| pair));
+            let key_outcome =
+                key.map(|outcome| outcome.map(|(pair, _)| pair).map_err(|failure| failure.message));
             if let Err(error) = write_strategy(cluster_signing_strategy(&key_outcome, info)).await {
                 tracing::warn!(%error, "the KubeClusterSigningCertificate strategy could not be recorded");
             }
         }
-        // A replica without a signer CA yet (the leader has not written it) looks again soon, and
-        // a change of leadership is acted on at once (a new leader creates what is missing).
-        let wait = if last.signer_ca.is_none() { RETRY } else { RESYNC };
+        // A replica without a signer CA yet (the leader has not written it) or with the cluster
+        // key pending looks again soon, and a change of leadership is acted on at once (a new
+        // leader creates what is missing). A request waiting for the pending key has the next
+        // round start now, but never sooner than RETRY after this one started.
+        let wait = next_round_in(last.signer_ca.is_none(), key_pending);
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
+            () = waiting.refresh().requested(), if key_pending => {
+                tokio::time::sleep_until(started + RETRY).await;
+            }
             changed = leader.changed() => {
                 if changed.is_err() {
                     tokio::time::sleep(wait).await;
@@ -642,6 +822,73 @@ mod tests {
             error,
             "the cluster-info kubeconfig has no clusters[0].cluster.server"
         );
+    }
+
+    /// How many rounds a replica runs in `horizon` when the signer CA is there and every round's
+    /// key outcome is the same: "not yet" or a lasting failure (rounds taking no time).
+    fn rounds_in(horizon: Duration, not_yet: bool) -> usize {
+        let start = Instant::now();
+        let (mut now, mut rounds, mut retry) = (start, 0, KeyRetry::default());
+        while now < start + horizon {
+            rounds += 1;
+            let pending = retry.record(not_yet, now);
+            now += next_round_in(false, pending);
+        }
+        rounds
+    }
+
+    #[test]
+    fn a_key_not_there_yet_is_retried_fast_and_a_lasting_failure_at_the_normal_pace() {
+        let minute = Duration::from_secs(60);
+        // No kube-controller-manager pod (a managed cloud): every RESYNC, as before.
+        assert_eq!(rounds_in(minute, false), 12);
+        // No agent pod Running yet: every RETRY, for NOT_YET_PATIENCE, then every RESYNC.
+        assert_eq!(NOT_YET_PATIENCE, minute);
+        assert_eq!(rounds_in(NOT_YET_PATIENCE, true), 120);
+        assert_eq!(rounds_in(NOT_YET_PATIENCE + minute, true), 120 + 12);
+        // Without a signer CA yet, RETRY whatever the key.
+        assert_eq!(next_round_in(true, false), RETRY);
+    }
+
+    #[test]
+    fn each_run_of_not_yet_gets_the_full_patience() {
+        let start = Instant::now();
+        let mut retry = KeyRetry::default();
+        assert!(retry.record(true, start));
+        assert!(retry.record(true, start + NOT_YET_PATIENCE - RETRY));
+        assert!(!retry.record(true, start + NOT_YET_PATIENCE));
+        assert!(!retry.record(true, start + 2 * NOT_YET_PATIENCE));
+        // A held key or a lasting failure ends the run; the next "not yet" is pending again.
+        assert!(!retry.record(false, start + 2 * NOT_YET_PATIENCE + RETRY));
+        let again = start + 3 * NOT_YET_PATIENCE;
+        assert!(retry.record(true, again));
+        assert!(retry.record(true, again + NOT_YET_PATIENCE - RETRY));
+    }
+
+    #[test]
+    fn only_an_agent_that_is_not_running_yet_makes_the_key_pending() {
+        let failure: KeyFailure = AgentError::NoHealthyAgentPod { candidates: 1 }.into();
+        assert!(failure.not_yet);
+        assert_eq!(
+            failure.message,
+            "could not find a healthy agent pod (1 candidate)"
+        );
+        let failure: KeyFailure = AgentError::NoHealthyControllerManager { candidates: 0 }.into();
+        assert!(!failure.not_yet);
+        assert!(!KeyFailure::lasting("the Secret kube-system/ca does not exist").not_yet);
+    }
+
+    #[tokio::test]
+    async fn the_key_is_pending_while_the_loop_runs_and_never_after() {
+        let login_api = Arc::new(SignerConciergeApi::default());
+        let running = RefreshWhileRunning::new(login_api.clone(), true);
+        assert!(login_api.refresh().is_pending());
+        running.refresh().end_round(true);
+        drop(running);
+        assert!(!login_api.refresh().is_pending());
+        assert!(login_api.refresh().wait_while_pending().await, "nothing waits");
+        drop(RefreshWhileRunning::new(login_api.clone(), false));
+        assert!(!login_api.refresh().is_pending());
     }
 
     #[test]

@@ -1,4 +1,11 @@
 //! The chain: authenticators run in a configured order, built once and swapped whole.
+//!
+//! Besides the authenticators a TokenCredentialRequest may name (Pinniped's JWTAuthenticator and
+//! WebhookAuthenticator), a chain may end with one *implicit* authenticator
+//! ([`Chain::with_implicit`]): the impersonation proxy's TokenReview against kube-apiserver itself
+//! (Pinniped's delegating authenticator), which accepts the tokens the cluster accepts, such as
+//! service-account tokens. It is tried last and is no custom resource, so no TokenCredentialRequest
+//! can name it ([`Chain::token_authenticators`] leaves it out).
 
 use std::sync::Arc;
 
@@ -72,23 +79,43 @@ pub enum Decision {
 #[derive(Debug, Default, Clone)]
 pub struct Chain {
     token_authenticators: Vec<TokenAuthenticator>,
+    /// Tried after `token_authenticators`; never named by a TokenCredentialRequest.
+    implicit: Option<TokenAuthenticator>,
 }
 
 impl Chain {
     /// A chain trying `token_authenticators` in this order.
     pub fn new(token_authenticators: Vec<TokenAuthenticator>) -> Self {
-        Self { token_authenticators }
+        Self {
+            token_authenticators,
+            implicit: None,
+        }
     }
 
-    /// The token authenticators, in order.
+    /// This chain ending with `authenticator`, tried after every other one, for bearer tokens
+    /// only, and never named by a TokenCredentialRequest (see the module documentation).
+    /// Replaces an implicit authenticator the chain had.
+    pub fn with_implicit(mut self, authenticator: TokenAuthenticator) -> Self {
+        self.implicit = Some(authenticator);
+        self
+    }
+
+    /// The token authenticators a TokenCredentialRequest may name, in order: not the implicit
+    /// one ([`Chain::implicit`]).
     pub fn token_authenticators(&self) -> &[TokenAuthenticator] {
         &self.token_authenticators
+    }
+
+    /// The implicit authenticator, tried last, if the chain has one.
+    pub fn implicit(&self) -> Option<&TokenAuthenticator> {
+        self.implicit.as_ref()
     }
 
     /// Decides who presented `credential`.
     ///
     /// A verified client certificate is authenticated as the identity extracted at handshake. A
-    /// bearer token goes to each token authenticator in order: the first to authenticate it wins;
+    /// bearer token goes to each token authenticator in order, the implicit one last: the first
+    /// to authenticate it wins;
     /// one that answers "not mine" or refuses it lets the next try (like kube-apiserver's union
     /// authenticator), and if none accepts it the refusals are returned. An empty or oversized
     /// token is refused without asking anyone.
@@ -106,7 +133,7 @@ impl Chain {
             return Decision::Unauthenticated(vec![(chain_name(), RejectReason::TooLarge)]);
         }
         let mut refusals = Vec::new();
-        for authenticator in &self.token_authenticators {
+        for authenticator in self.token_authenticators.iter().chain(&self.implicit) {
             match authenticator.authenticate(token).await {
                 Outcome::Authenticated(identity) => return Decision::Authenticated(identity),
                 Outcome::NotMine => {}
@@ -159,6 +186,85 @@ mod tests {
         assert_eq!(
             reason(chain.authenticate(Credential::BearerToken(&huge)).await),
             Some(RejectReason::TooLarge)
+        );
+    }
+
+    /// A TokenReview authenticator `name` whose endpoint accepts only `accepted`, and its endpoint.
+    async fn accepting(
+        name: &str,
+        accepted: &'static str,
+    ) -> (TokenAuthenticator, crate::test_util::Endpoint) {
+        let endpoint = crate::test_util::endpoint(Arc::new(move |_path: &str, body: &serde_json::Value| {
+            let status = if body["spec"]["token"] == accepted {
+                serde_json::json!({"authenticated": true, "user": {"username": accepted}})
+            } else {
+                serde_json::json!({"authenticated": false})
+            };
+            (
+                http::StatusCode::OK,
+                serde_json::json!({"status": status}).to_string(),
+            )
+        }))
+        .await;
+        let mut config =
+            crate::tokenreview::TokenReviewConfig::new(name, format!("{}/review", endpoint.base_url));
+        config.ca_bundle_pem = Some(endpoint.ca_pem.clone());
+        config.version = crate::tokenreview::ReviewVersion::V1;
+        let authenticator = TokenReviewAuthenticator::new(config).unwrap();
+        (TokenAuthenticator::TokenReview(Arc::new(authenticator)), endpoint)
+    }
+
+    #[tokio::test]
+    async fn the_implicit_authenticator_is_tried_last_and_only_for_tokens() {
+        let (named, _) = accepting("webhook", "alice").await;
+        let (implicit, implicit_endpoint) = accepting("kube-apiserver", "robot").await;
+        let chain = Chain::new(vec![named]).with_implicit(implicit);
+        assert_eq!(
+            chain.token_authenticators().len(),
+            1,
+            "the implicit one is not listed"
+        );
+        assert_eq!(chain.implicit().map(|a| &**a.name()), Some("kube-apiserver"));
+
+        let Decision::Authenticated(alice) = chain.authenticate(Credential::BearerToken("alice")).await
+        else {
+            panic!("alice refused")
+        };
+        assert_eq!(&*alice.authenticator, "webhook");
+        assert_eq!(
+            implicit_endpoint.hits(),
+            0,
+            "never asked once another authenticator accepts"
+        );
+
+        let Decision::Authenticated(robot) = chain.authenticate(Credential::BearerToken("robot")).await
+        else {
+            panic!("robot refused")
+        };
+        assert_eq!(&*robot.authenticator, "kube-apiserver");
+
+        assert_eq!(
+            chain.authenticate(Credential::BearerToken("mallory")).await,
+            Decision::Unauthenticated(vec![
+                ("webhook".into(), RejectReason::NotAuthenticated),
+                ("kube-apiserver".into(), RejectReason::NotAuthenticated),
+            ]),
+            "refused by both, in order"
+        );
+        let hits = implicit_endpoint.hits();
+        let identity = robot.clone();
+        assert_eq!(
+            chain.authenticate(Credential::Certificate(&identity)).await,
+            Decision::Authenticated(robot)
+        );
+        assert_eq!(
+            chain.authenticate(Credential::Anonymous).await,
+            Decision::Anonymous
+        );
+        assert_eq!(
+            implicit_endpoint.hits(),
+            hits,
+            "certificates and anonymous callers never reach it"
         );
     }
 

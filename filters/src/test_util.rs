@@ -50,8 +50,16 @@ impl Endpoint {
     }
 }
 
+/// What the endpoint answers for a request path, its headers and its JSON body.
+pub type HeaderScript = Arc<dyn Fn(&str, &http::HeaderMap, &Value) -> (StatusCode, String) + Send + Sync>;
+
 /// Starts an HTTPS server on 127.0.0.1 answering every request with `script`.
 pub async fn endpoint(script: Script) -> Endpoint {
+    endpoint_seeing_headers(Arc::new(move |path, _headers, body| script(path, body))).await
+}
+
+/// [`endpoint`], with a script that also sees the request's headers.
+pub async fn endpoint_seeing_headers(script: HeaderScript) -> Endpoint {
     install_provider();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -85,9 +93,10 @@ pub async fn endpoint(script: Script) -> Endpoint {
                     async move {
                         counter.fetch_add(1, Ordering::SeqCst);
                         let path = request.uri().path().to_string();
+                        let headers = request.headers().clone();
                         let body = request.into_body().collect().await.unwrap().to_bytes();
                         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                        let (status, text) = script(&path, &body);
+                        let (status, text) = script(&path, &headers, &body);
                         let mut response = Response::new(Full::new(Bytes::from(text)));
                         *response.status_mut() = status;
                         Ok::<_, Infallible>(response)

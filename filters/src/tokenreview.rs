@@ -1,5 +1,8 @@
 //! Authentication by TokenReview: a webhook (Pinniped's WebhookAuthenticator) or kube-apiserver
 //! itself (pass-through of tokens the cluster already accepts, such as service-account tokens).
+//! The impersonation proxy runs the latter as its chain's implicit last authenticator
+//! ([`crate::chain::Chain::with_implicit`]), with its own rotating service-account token
+//! ([`ClientAuth::BearerTokenSource`]), as Pinniped's proxy runs its delegating authenticator.
 //!
 //! Both send `POST <endpoint>` with a `TokenReview` and read `status.authenticated` and
 //! `status.user`. Results are cached ([`ReviewCache`]). The authenticator fails closed: a timeout,
@@ -23,8 +26,9 @@ use bytes::Bytes;
 use http::{StatusCode, Uri};
 use serde::{Deserialize, Serialize};
 
-pub use crate::https::ClientAuth;
+pub use crate::https::{BearerTokenSource, ClientAuth};
 use crate::{
+    https::Authorization,
     identity::{CertificateIdentity, Forwarding, Identity, UserInfo},
     outcome::{Outcome, RejectReason},
     review_cache::{CacheConfig, RandomSourceError, ReviewCache},
@@ -65,7 +69,9 @@ pub struct TokenReviewConfig {
     pub endpoint: String,
     /// PEM bundle of CAs trusted for the endpoint; `None` trusts the system's roots.
     pub ca_bundle_pem: Option<String>,
-    /// The authenticator's own credential.
+    /// The authenticator's own credential. A [`ClientAuth::BearerTokenSource`] is asked for its
+    /// token at every review sent (not for cached answers); while it has none, reviews fail
+    /// closed ([`RejectReason::UpstreamUnavailable`]) without being sent.
     pub client_auth: ClientAuth,
     /// The TokenReview version to send.
     pub version: ReviewVersion,
@@ -133,7 +139,7 @@ pub struct TokenReviewAuthenticator {
     name: Arc<str>,
     endpoint: Uri,
     client: selkie_oidc::https::HttpsClient,
-    authorization: Option<http::HeaderValue>,
+    authorization: Authorization,
     version: ReviewVersion,
     /// Set once an `Auto` endpoint refused v1beta1.
     use_v1: AtomicBool,
@@ -166,15 +172,8 @@ impl TokenReviewAuthenticator {
             return Err(TokenReviewConfigError::NotHttps(config.endpoint));
         }
         let client = crate::https::client(config.ca_bundle_pem.as_deref(), &config.client_auth)?;
-        let authorization = match &config.client_auth {
-            ClientAuth::BearerToken(token) => {
-                let mut value = http::HeaderValue::try_from(format!("Bearer {token}"))
-                    .map_err(|_| TokenReviewConfigError::InvalidBearerToken)?;
-                value.set_sensitive(true);
-                Some(value)
-            }
-            _ => None,
-        };
+        let authorization =
+            Authorization::of(&config.client_auth).map_err(|_| TokenReviewConfigError::InvalidBearerToken)?;
         Ok(Self {
             name: config.name.into(),
             endpoint,
@@ -253,11 +252,15 @@ impl TokenReviewAuthenticator {
             },
         })
         .map_err(|_| None)?;
+        let authorization = self.authorization.current().map_err(|error| {
+            tracing::warn!(authenticator = %self.name, %error, "token review not sent");
+            None
+        })?;
         let bytes = crate::https::post_json(
             &self.client,
             &self.endpoint,
             Bytes::from(body),
-            self.authorization.as_ref(),
+            authorization.as_ref(),
             MAX_RESPONSE_BYTES,
         )
         .await

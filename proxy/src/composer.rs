@@ -141,10 +141,13 @@ pub fn watch(path: PathBuf, interval: Duration, composer: Arc<Composer>, serving
 
 #[cfg(test)]
 mod tests {
+    use selkie_filters::chain::TokenAuthenticator;
+
     use super::*;
 
     /// A configuration with everything in `dir`: a serving certificate, an upstream CA, a token.
     fn config(dir: &Path, listen: &str) -> StaticConfig {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let ca = rcgen::CertifiedIssuer::self_signed(
             {
                 let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -201,8 +204,15 @@ mod tests {
         let composer = Composer::new(config(dir.path(), "127.0.0.1:1"), Extension::default()).unwrap();
         let first = composer.snapshot().load_full();
 
+        let webhook = selkie_filters::tokenreview::TokenReviewAuthenticator::new(
+            selkie_filters::tokenreview::TokenReviewConfig::new("corp", "https://127.0.0.1:1/review"),
+        )
+        .unwrap();
         let extension = Extension {
             api_group_suffix: Some("acme.example.com".into()),
+            chain: selkie_filters::chain::Chain::new(vec![TokenAuthenticator::TokenReview(Arc::new(
+                webhook,
+            ))]),
             ..Extension::default()
         };
         composer.extension_changed(extension).unwrap();
@@ -211,6 +221,22 @@ mod tests {
             Arc::ptr_eq(&first.upstream, &second.upstream),
             "connections stay warm"
         );
+        // The control plane's authenticators come before kube-apiserver's TokenReview, whose
+        // result cache stays warm too.
+        let names: Vec<&str> = second
+            .chain
+            .token_authenticators()
+            .iter()
+            .map(|authenticator| &**authenticator.name())
+            .collect();
+        assert_eq!(names, vec!["corp"]);
+        match (first.chain.implicit(), second.chain.implicit()) {
+            (Some(TokenAuthenticator::TokenReview(before)), Some(TokenAuthenticator::TokenReview(after))) => {
+                assert!(Arc::ptr_eq(before, after));
+                assert_eq!(&**after.name(), "kube-apiserver");
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(second
             .concierge_paths
             .token_credential_requests

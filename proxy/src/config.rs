@@ -22,7 +22,7 @@ use selkie_filters::{
     issuing::signer::ClientCertificateSigner,
     jwt::{AudienceMatchPolicy, ClaimMapping, JwtAuthenticator, JwtConfig},
     review_cache::CacheConfig,
-    tokenreview::{TokenReviewAuthenticator, TokenReviewConfig},
+    tokenreview::{ReviewVersion, TokenReviewAuthenticator, TokenReviewConfig, UidHandling},
     x509::{X509Authenticator, DEFAULT_CLOCK_SKEW, MAX_CLOCK_SKEW},
 };
 use selkie_kube::serving::ServingCert;
@@ -177,7 +177,31 @@ pub struct UpstreamConfig {
     /// A client certificate instead of a token.
     #[serde(default)]
     pub client_certificate: Option<CertFiles>,
+    /// Whether bearer tokens no other authenticator accepts are reviewed by kube-apiserver
+    /// itself, as Pinniped's impersonation proxy does (default `true`): a TokenReview
+    /// (`authentication.k8s.io/v1`, no audiences, so the token must be valid for kube-apiserver)
+    /// at `<url>/apis/authentication.k8s.io/v1/tokenreviews`, sent with the proxy's own
+    /// credential (`tokenFile`'s current token, or `clientCertificate`), which then needs
+    /// `create` on `tokenreviews` (`system:auth-delegator` grants it). It is the chain's last
+    /// authenticator, named `kube-apiserver` in logs and metrics, and no TokenCredentialRequest
+    /// can name it. An identity it returns with a UID (every service account) cannot be
+    /// impersonated, so the caller's own token is passed to kube-apiserver unchanged and
+    /// kube-apiserver applies that identity's RBAC; one without a UID is impersonated. Results
+    /// are remembered for 10 s (a refusal for 5 s). With `false`, such tokens are refused (401).
+    #[serde(default = "default_token_review")]
+    pub token_review: bool,
 }
+
+fn default_token_review() -> bool {
+    true
+}
+
+/// The name of kube-apiserver's TokenReview authenticator in logs and metrics.
+pub const KUBE_APISERVER_AUTHENTICATOR: &str = "kube-apiserver";
+
+/// How long kube-apiserver's TokenReview answers are reused: as Pinniped's delegating
+/// authenticator (and kube-apiserver's own webhook token authenticator default).
+const TOKEN_REVIEW_TTL: Duration = Duration::from_secs(10);
 
 /// A JWT authenticator, with the fields of Pinniped's JWTAuthenticator spec.
 #[derive(Debug, Clone, Deserialize)]
@@ -500,9 +524,17 @@ impl StaticConfig {
             Some(upstream) => upstream,
             None => Arc::new(self.upstream.build()?),
         };
+        // kube-apiserver's own TokenReview comes after the file's and the control plane's
+        // authenticators, and no TokenCredentialRequest can name it.
+        let chain = match &upstream.token_reviewer {
+            Some(reviewer) => {
+                Chain::new(authenticators).with_implicit(TokenAuthenticator::TokenReview(reviewer.clone()))
+            }
+            None => Chain::new(authenticators),
+        };
         Ok(Snapshot {
             client_certificates,
-            chain: Chain::new(authenticators),
+            chain,
             upstream,
             static_prepared: static_identity.clone().map(PreparedIdentity::new),
             static_identity,
@@ -515,7 +547,8 @@ impl StaticConfig {
 /// What a control plane adds to the static configuration's snapshot.
 #[derive(Debug, Default, Clone)]
 pub struct Extension {
-    /// Token authenticators tried after the file's own.
+    /// Token authenticators tried after the file's own (and before kube-apiserver's TokenReview,
+    /// [`UpstreamConfig::token_review`]); an implicit authenticator of this chain is not used.
     pub chain: Chain,
     /// PEM CA bundles whose client certificates identify users, besides the file's.
     pub client_ca_pems: Vec<String>,
@@ -549,18 +582,35 @@ impl UpstreamConfig {
 
         let ca_pem = read_string(&self.ca_file)?;
         let ca = certificates(ca_pem.as_bytes()).map_err(|e| invalid("upstream.caFile", e))?;
-        let mut review = AccessReviewConfig::new(&self.url, ca_pem);
-        if let Some(files) = &self.client_certificate {
-            review.client_auth = ClientAuth::Certificate {
+        let certificate = match &self.client_certificate {
+            Some(files) => Some(ClientAuth::Certificate {
                 cert_pem: read_string(&files.cert_file)?,
                 key_pem: read_string(&files.key_file)?,
-            };
+            }),
+            None => None,
+        };
+        let mut review = AccessReviewConfig::new(&self.url, ca_pem.clone());
+        if let Some(certificate) = &certificate {
+            review.client_auth = certificate.clone();
         }
         let access_reviewer = AccessReviewer::new(review).map_err(|e| invalid("upstream", e))?;
-        let credential = match (&self.token_file, &self.client_certificate) {
-            (Some(path), None) => UpstreamCredential::TokenFile(
+        let token_file = match &self.token_file {
+            Some(path) => Some(Arc::new(
                 TokenFile::open(path.clone()).map_err(|e| invalid("upstream.tokenFile", e))?,
-            ),
+            )),
+            None => None,
+        };
+        let token_reviewer = match (self.token_review, &token_file, certificate) {
+            (false, _, _) => None,
+            (true, Some(file), _) => {
+                Some(self.token_reviewer(ca_pem, ClientAuth::BearerTokenSource(file.clone()))?)
+            }
+            (true, None, Some(certificate)) => Some(self.token_reviewer(ca_pem, certificate)?),
+            // Neither credential: refused below.
+            (true, None, None) => None,
+        };
+        let credential = match (token_file, &self.client_certificate) {
+            (Some(file), None) => UpstreamCredential::TokenFile(file),
             (None, Some(files)) => {
                 let chain = certificates(&read(&files.cert_file)?)
                     .map_err(|e| invalid("upstream.clientCertificate.certFile", e))?;
@@ -589,8 +639,32 @@ impl UpstreamConfig {
             max_h2_streams: MAX_H2_STREAMS,
             h2_ping_interval: Duration::from_secs(30),
             access_reviewer,
+            token_reviewer,
             gate: Arc::new(ConnectionGate::new(MAX_H2_STREAMS)),
         })
+    }
+
+    /// kube-apiserver's own TokenReview as Pinniped's impersonation proxy runs it (its
+    /// delegating authenticator): `v1`, no audiences (the token must be valid for kube-apiserver
+    /// itself), the proxy's own `credential`, identities with a UID passed through.
+    fn token_reviewer(
+        &self,
+        ca_pem: String,
+        credential: ClientAuth,
+    ) -> Result<Arc<TokenReviewAuthenticator>, ConfigError> {
+        let base = self.url.trim_end_matches('/');
+        let mut config = TokenReviewConfig::new(
+            KUBE_APISERVER_AUTHENTICATOR,
+            format!("{base}/apis/authentication.k8s.io/v1/tokenreviews"),
+        );
+        config.ca_bundle_pem = Some(ca_pem);
+        config.client_auth = credential;
+        config.version = ReviewVersion::V1;
+        config.uid_handling = UidHandling::PassThroughToken;
+        config.cache.positive_ttl = TOKEN_REVIEW_TTL;
+        let reviewer =
+            TokenReviewAuthenticator::new(config).map_err(|e| invalid("upstream.tokenReview", e))?;
+        Ok(Arc::new(reviewer))
     }
 }
 

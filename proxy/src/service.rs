@@ -37,7 +37,7 @@ use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
 use crate::{
     metrics::{Active, Metrics, VerbClass},
-    snapshot::{ConciergePaths, Snapshot, UpstreamCredential},
+    snapshot::{ConciergePaths, Snapshot, Upstream, UpstreamCredential},
     status::{status_body, Failure},
     tls::PeerCertificate,
     upstream_gate::Ticket,
@@ -276,6 +276,7 @@ async fn authenticate(session: &Session, snapshot: &Snapshot) -> Authenticated {
         Some((Outcome::Rejected(reason), _)) => (None, snapshot.static_prepared.clone(), Some(reason)),
         _ => (None, snapshot.static_prepared.clone(), None),
     };
+    let mut pass_through = None;
     let decision = match (
         &certificate,
         session.req_header().headers.get(header::AUTHORIZATION),
@@ -287,7 +288,23 @@ async fn authenticate(session: &Session, snapshot: &Snapshot) -> Authenticated {
                 .await
         }
         (None, Some(value)) => match bearer_token(value) {
-            Some(token) => snapshot.chain.authenticate(Credential::BearerToken(token)).await,
+            Some(token) => {
+                let decision = snapshot.chain.authenticate(Credential::BearerToken(token)).await;
+                // Pinniped's tokenPassthroughRoundTripper reviews the token again and compares
+                // that user with the request's before passing the token on, because its request
+                // user may come from a client certificate (which takes precedence over a token).
+                // Here the identity to pass through is the one kube-apiserver's TokenReview
+                // returned for this very header's token, and a certificate never gets this far,
+                // so there is nothing else to compare it with: what kube-apiserver sees when it
+                // authenticates the token again is that identity (or a refusal, if the token was
+                // revoked since the review).
+                if let Decision::Authenticated(identity) = &decision {
+                    if identity.forwarding == Forwarding::PassThroughToken {
+                        pass_through = Some(value.clone());
+                    }
+                }
+                decision
+            }
             None => Decision::Unauthenticated(Vec::new()),
         },
         (None, None) => match (refused_certificate, &snapshot.client_certificates) {
@@ -296,12 +313,6 @@ async fn authenticate(session: &Session, snapshot: &Snapshot) -> Authenticated {
         },
     };
     let refused_certificate = refused_certificate.filter(|_| certificate.is_none());
-    let pass_through = match &decision {
-        Decision::Authenticated(identity) if identity.forwarding == Forwarding::PassThroughToken => {
-            session.req_header().headers.get(header::AUTHORIZATION).cloned()
-        }
-        _ => None,
-    };
     Authenticated {
         decision,
         prepared,
@@ -364,25 +375,31 @@ fn caller(session: &Session, snapshot: &Snapshot, authenticated: Authenticated) 
 
 /// Step 4: a caller's own `Impersonate-*` headers (`kubectl --as`). Returns who the request acts
 /// as, the original caller when that changed, and headers to send upstream as they are (for a
-/// passed-through token, whose impersonation kube-apiserver checks itself).
+/// passed-through token, whose impersonation kube-apiserver checks itself). `answered_locally`:
+/// the proxy answers the request itself (TokenCredentialRequest, WhoAmIRequest), so nothing
+/// reaches kube-apiserver to check a passed-through caller's impersonation; the proxy checks it
+/// with SubjectAccessReviews as for any other caller.
 async fn resolve_nested(
     snapshot: &Snapshot,
     caller: Effective,
     requested: &RequestedImpersonation,
+    answered_locally: bool,
 ) -> Step<(Effective, Option<Arc<Identity>>, Vec<(HeaderName, HeaderValue)>)> {
     if !requested.is_requested() {
         return Ok((caller, None, Vec::new()));
     }
     match caller {
-        Effective::Impersonate(caller) => {
-            let target = nested_identity(snapshot, &caller, requested).await?;
-            Ok((Effective::Impersonate(target), Some(caller), Vec::new()))
-        }
         // kube-apiserver authenticates the caller's own token and checks the impersonation
-        // itself: the asked-for headers go along, rebuilt from what was parsed.
-        Effective::PassThrough(caller, token) => {
+        // itself, against the caller's RBAC: the asked-for headers go along, rebuilt from what
+        // was parsed, with the caller's token and never the proxy's credential, so a nested
+        // impersonation can get no further than the caller could without the proxy.
+        Effective::PassThrough(caller, token) if !answered_locally => {
             let headers = requested_headers(requested).map_err(Refusal::bad_request)?;
             Ok((Effective::PassThrough(caller, token), None, headers))
+        }
+        Effective::Impersonate(caller) | Effective::PassThrough(caller, _) => {
+            let target = nested_identity(snapshot, &caller, requested).await?;
+            Ok((Effective::Impersonate(target), Some(caller), Vec::new()))
         }
         Effective::Anonymous => Err(Refusal::of(
             Failure::IMPERSONATION_FORBIDDEN,
@@ -438,6 +455,37 @@ fn prepare_upstream(
             Ok(None)
         }
     }
+}
+
+/// Step 6, on the request about to go upstream: removes every client credential and identity
+/// header again (the downstream headers were cleaned in step 2; this catches anything added
+/// since), then adds the proxy's own token (unless the caller's token passes through; with a
+/// client certificate the TLS handshake carries the proxy's credential, see [`Upstream::peer`])
+/// and the identity headers of step 5 (`shared`, then `headers`). A passed-through request thus
+/// carries the caller's `Authorization` and no `Impersonate-*` header of the proxy's (only those
+/// the caller asked for, which kube-apiserver checks against the caller).
+fn identify_upstream(
+    upstream_request: &mut RequestHeader,
+    upstream: &Upstream,
+    effective: Option<&Effective>,
+    shared: &[(HeaderName, HeaderValue)],
+    headers: &[(HeaderName, HeaderValue)],
+) -> Result<()> {
+    let (names, _) = client_credentials(&upstream_request.headers);
+    for name in &names {
+        upstream_request.remove_header(name);
+    }
+    let passes_through = matches!(effective, Some(Effective::PassThrough(..)));
+    if let (false, UpstreamCredential::TokenFile(file)) = (passes_through, &upstream.credential) {
+        let token = file
+            .header()
+            .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no upstream token"))?;
+        upstream_request.insert_header(header::AUTHORIZATION, token)?;
+    }
+    for (name, value) in shared.iter().chain(headers) {
+        append_header(upstream_request, name, value.clone())?;
+    }
+    Ok(())
 }
 
 /// The Concierge APIs the proxy can answer itself.
@@ -625,8 +673,10 @@ impl ProxyHttp for ImpersonationProxy {
         let steps = async {
             let requested = strip_client_headers(session)?;
             let caller = caller(session, &snapshot, authenticated)?;
+            let answered_locally = snapshot.concierge_api.is_some()
+                && local_api(session.req_header().uri.path(), &snapshot.concierge_paths).is_some();
             let (effective, original, mut upstream_headers) =
-                resolve_nested(&snapshot, caller, &requested).await?;
+                resolve_nested(&snapshot, caller, &requested, answered_locally).await?;
             let shared = prepare_upstream(
                 &effective,
                 original.is_some(),
@@ -683,32 +733,21 @@ impl ProxyHttp for ImpersonationProxy {
         upstream_request: &mut RequestHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
-        // The downstream headers were cleaned in request_filter; clean again so nothing added
-        // since (by any module) can carry a client identity upstream.
-        let (names, _) = client_credentials(&upstream_request.headers);
-        for name in &names {
-            upstream_request.remove_header(name);
-        }
-        let passes_through = matches!(ctx.effective, Some(Effective::PassThrough(..)));
-        if !passes_through {
-            if let Some(UpstreamCredential::TokenFile(file)) = ctx
-                .snapshot
-                .as_ref()
-                .map(|snapshot| &snapshot.upstream.credential)
-            {
-                let token = file
-                    .header()
-                    .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no upstream token"))?;
-                upstream_request.insert_header(header::AUTHORIZATION, token)?;
-            }
-        }
+        let upstream = ctx
+            .snapshot
+            .as_ref()
+            .map(|snapshot| &*snapshot.upstream)
+            .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded"))?;
         // By reference, not drained: should pingora retry the upstream request, the new attempt
         // carries the same identity headers.
         let shared = ctx.shared_headers.as_deref().unwrap_or_default();
-        for (name, value) in shared.iter().chain(&ctx.upstream_headers) {
-            append_header(upstream_request, name, value.clone())?;
-        }
-        Ok(())
+        identify_upstream(
+            upstream_request,
+            upstream,
+            ctx.effective.as_ref(),
+            shared,
+            &ctx.upstream_headers,
+        )
     }
 
     async fn connected_to_upstream(
@@ -916,3 +955,5 @@ fn root_detail(error: &Error) -> String {
 
 #[cfg(test)]
 mod failure_tests;
+#[cfg(test)]
+mod pass_through_tests;

@@ -2,29 +2,26 @@
 //! (wait-free, arc-swap) and keep it until they finish; a new snapshot only affects later
 //! requests and connections.
 
-use std::{
-    path::PathBuf,
-    sync::Arc,
-    time::{Duration, SystemTime},
-};
+use std::{sync::Arc, time::Duration};
 
 use crate::upstream_gate::ConnectionGate;
-use arc_swap::ArcSwapOption;
 use http::HeaderValue;
 use pingora::{
     upstreams::peer::HttpPeer,
     utils::tls::{CertKey, WrappedX509},
 };
+pub use selkie_filters::https::{TokenFile, TokenFileError};
 use selkie_filters::impersonation::headers::PreparedIdentity;
 use selkie_filters::{
     access_review::AccessReviewer, chain::Chain, identity::Identity, issuing::login_api::ConciergeApi,
-    x509::X509Authenticator,
+    tokenreview::TokenReviewAuthenticator, x509::X509Authenticator,
 };
 
 /// How the proxy authenticates itself to kube-apiserver.
 pub enum UpstreamCredential {
     /// A bearer token read from a file (a service-account token), re-read when the file changes.
-    TokenFile(TokenFile),
+    /// Shared with kube-apiserver's TokenReview authenticator ([`Upstream::token_reviewer`]).
+    TokenFile(Arc<TokenFile>),
     /// A client certificate.
     ClientCertificate(Arc<CertKey>),
 }
@@ -32,79 +29,9 @@ pub enum UpstreamCredential {
 impl std::fmt::Debug for UpstreamCredential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::TokenFile(file) => f.debug_tuple("TokenFile").field(&file.path).finish(),
+            Self::TokenFile(file) => f.debug_tuple("TokenFile").field(&file.path()).finish(),
             Self::ClientCertificate(_) => f.write_str("ClientCertificate"),
         }
-    }
-}
-
-/// A token file and the `Authorization` header built from its current content.
-pub struct TokenFile {
-    path: PathBuf,
-    header: ArcSwapOption<(SystemTime, HeaderValue)>,
-}
-
-/// Why a token file could not be used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TokenFileError {
-    /// The file could not be read.
-    #[error("reading the token file {path}: {error}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The IO error.
-        error: std::io::Error,
-    },
-    /// The file is empty or holds characters a header cannot carry.
-    #[error("the token file {0} is empty or holds characters a bearer token cannot have")]
-    Invalid(PathBuf),
-}
-
-impl TokenFile {
-    /// Reads `path` now; fails if it is missing or unusable.
-    pub fn open(path: PathBuf) -> Result<Self, TokenFileError> {
-        let file = Self {
-            path,
-            header: ArcSwapOption::empty(),
-        };
-        file.refresh()?;
-        Ok(file)
-    }
-
-    /// Re-reads the file if its modification time changed. A failed re-read keeps the previous
-    /// token (and is reported), so a file being rewritten never leaves the proxy without one.
-    pub fn refresh(&self) -> Result<(), TokenFileError> {
-        let read_error = |error| TokenFileError::Read {
-            path: self.path.clone(),
-            error,
-        };
-        let modified = std::fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .map_err(read_error)?;
-        if self
-            .header
-            .load()
-            .as_ref()
-            .is_some_and(|current| current.0 == modified)
-        {
-            return Ok(());
-        }
-        let token = std::fs::read_to_string(&self.path).map_err(read_error)?;
-        let token = token.trim();
-        let header = (!token.is_empty())
-            .then(|| HeaderValue::from_str(&format!("Bearer {token}")).ok())
-            .flatten()
-            .ok_or_else(|| TokenFileError::Invalid(self.path.clone()))?;
-        let mut header = header;
-        header.set_sensitive(true);
-        self.header.store(Some(Arc::new((modified, header))));
-        Ok(())
-    }
-
-    /// The current `Authorization` header value.
-    pub fn header(&self) -> Option<HeaderValue> {
-        self.header.load().as_ref().map(|current| current.1.clone())
     }
 }
 
@@ -127,6 +54,11 @@ pub struct Upstream {
     pub h2_ping_interval: Duration,
     /// SubjectAccessReviews for nested impersonation, sent with the proxy's own credential.
     pub access_reviewer: AccessReviewer,
+    /// kube-apiserver's own TokenReview with the proxy's own credential (`upstream.tokenReview`),
+    /// the chain's implicit last authenticator: identities with a UID (service accounts) have
+    /// their token passed through. Kept with the upstream so that its result cache outlives
+    /// control-plane changes. `None` when turned off.
+    pub token_reviewer: Option<Arc<TokenReviewAuthenticator>>,
     /// Stream accounting of the HTTP/2 connections made with the proxy's own credential, so that
     /// a burst of requests opens connections one at a time ([`crate::upstream_gate`]). Must be
     /// built with `max_h2_streams`.
@@ -236,46 +168,4 @@ impl Default for ConciergePaths {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::{Duration, SystemTime};
-
-    use super::*;
-
-    /// Writes `contents` and moves the modification time forward, as a kubelet rotation would.
-    fn rewrite(path: &std::path::Path, contents: &str, age: Duration) {
-        std::fs::write(path, contents).unwrap();
-        let file = std::fs::File::options().write(true).open(path).unwrap();
-        file.set_modified(SystemTime::now() + age).unwrap();
-    }
-
-    #[test]
-    fn the_token_file_is_reread_when_it_changes_and_a_bad_rewrite_keeps_the_last_token() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("token");
-        rewrite(&path, "first\n", Duration::ZERO);
-        let file = TokenFile::open(path.clone()).unwrap();
-        assert_eq!(file.header().unwrap(), "Bearer first");
-        assert!(
-            file.header().unwrap().is_sensitive(),
-            "never printed by http's Debug"
-        );
-
-        rewrite(&path, "second", Duration::from_secs(10));
-        file.refresh().unwrap();
-        assert_eq!(file.header().unwrap(), "Bearer second");
-
-        rewrite(&path, "  \n", Duration::from_secs(20));
-        assert!(matches!(file.refresh(), Err(TokenFileError::Invalid(_))));
-        assert_eq!(
-            file.header().unwrap(),
-            "Bearer second",
-            "the previous token stays"
-        );
-
-        std::fs::remove_file(&path).unwrap();
-        assert!(matches!(file.refresh(), Err(TokenFileError::Read { .. })));
-        assert_eq!(file.header().unwrap(), "Bearer second");
-
-        assert!(TokenFile::open(dir.path().join("missing")).is_err());
-    }
-}
+mod tests;

@@ -15,6 +15,11 @@
 //! signingKeyRotationInterval: 720h      # default (30 days); 0s never rotates (as Pinniped)
 //! audit:
 //!   logUsernamesAndGroups: enabled      # default disabled: audit events say "redacted"
+//! listenerLimits:                       # per listener (https, http); see crate::server::limits
+//!   maxConnections: 10000               # default; 1 … 1000000; more are closed at once
+//!   idleTimeout: 90s                    # default; 1s … 1h with no request in flight
+//!   headerReadTimeout: 10s              # default; 1s … 5m to send an HTTP/1.1 request head
+//!   maxConcurrentStreams: 100           # default; 1 … 1000 HTTP/2 streams per connection
 //! ```
 
 use std::{net::SocketAddr, path::PathBuf};
@@ -55,6 +60,30 @@ pub struct SupervisorConfig {
     /// The audit events' options ([`crate::server::audit`]).
     #[serde(default)]
     pub audit: crate::server::audit::AuditConfig,
+    /// What one client can hold on the HTTPS and HTTP listeners ([`Self::listener_limits`]).
+    #[serde(default)]
+    pub listener_limits: ListenerLimitsConfig,
+}
+
+/// The `listenerLimits` section: every key optional, each checked by
+/// [`SupervisorConfig::listener_limits`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListenerLimitsConfig {
+    /// Connections open at once per listener (`1` … `1000000`; default `10000`).
+    #[serde(default)]
+    pub max_connections: Option<u64>,
+    /// How long a connection with no request in flight stays open (a Go duration, `1s` … `1h`;
+    /// default `90s`).
+    #[serde(default)]
+    pub idle_timeout: Option<String>,
+    /// How long an HTTP/1.1 client may take to send a request head (a Go duration, `1s` … `5m`;
+    /// default `10s`).
+    #[serde(default)]
+    pub header_read_timeout: Option<String>,
+    /// HTTP/2 streams a client may have open on one connection (`1` … `1000`; default `100`).
+    #[serde(default)]
+    pub max_concurrent_streams: Option<u64>,
 }
 
 /// Where the Supervisor listens.
@@ -135,6 +164,7 @@ impl SupervisorConfig {
         }
         config.garbage_collection_interval()?;
         config.signing_key_rotation_interval()?;
+        config.listener_limits()?;
         crate::server::audit::Audit::new(&config.audit)
             .map_err(|e| ConfigError::Invalid(format!("audit: {e}")))?;
         Ok(config)
@@ -175,6 +205,74 @@ impl SupervisorConfig {
             return Err(invalid("must be 0s (never) or between 1s and 8760h".into()));
         }
         Ok(Some(parsed.magnitude))
+    }
+
+    /// The listeners' limits: `listenerLimits`, each key within its range (see
+    /// [`ListenerLimitsConfig`]) or its default ([`ListenerLimits::DEFAULT`]). Fails naming the
+    /// key, its value and the range.
+    ///
+    /// [`ListenerLimits::DEFAULT`]: crate::server::limits::ListenerLimits::DEFAULT
+    pub fn listener_limits(&self) -> Result<crate::server::limits::ListenerLimits, ConfigError> {
+        use std::time::Duration;
+        let section = &self.listener_limits;
+        let defaults = crate::server::limits::ListenerLimits::DEFAULT;
+        let count = |key: &str, value: Option<u64>, max: u64, default: u64| {
+            let Some(value) = value else {
+                return Ok(default);
+            };
+            if (1..=max).contains(&value) {
+                return Ok(value);
+            }
+            let why = if value == 0 && key == "maxConnections" {
+                " (0 would refuse every connection)"
+            } else {
+                ""
+            };
+            Err(ConfigError::Invalid(format!(
+                "listenerLimits.{key} {value}: must be between 1 and {max}{why}"
+            )))
+        };
+        let duration = |key: &str, value: &Option<String>, (max, max_text): (Duration, &str), default| {
+            let Some(text) = value else {
+                return Ok(default);
+            };
+            let invalid =
+                |reason: String| ConfigError::Invalid(format!("listenerLimits.{key} {text:?}: {reason}"));
+            let parsed = selkie_api::duration::parse(text).map_err(|e| invalid(e.to_string()))?;
+            if parsed.negative || !(Duration::from_secs(1)..=max).contains(&parsed.magnitude) {
+                return Err(invalid(format!("must be between 1s and {max_text}")));
+            }
+            Ok(parsed.magnitude)
+        };
+        let max_connections = count(
+            "maxConnections",
+            section.max_connections,
+            1_000_000,
+            defaults.max_connections as u64,
+        )?;
+        let max_concurrent_streams = count(
+            "maxConcurrentStreams",
+            section.max_concurrent_streams,
+            1000,
+            u64::from(defaults.max_concurrent_streams),
+        )?;
+        Ok(crate::server::limits::ListenerLimits {
+            // Both at most 1000000: they fit.
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            idle_timeout: duration(
+                "idleTimeout",
+                &section.idle_timeout,
+                (Duration::from_secs(3600), "1h"),
+                defaults.idle_timeout,
+            )?,
+            header_read_timeout: duration(
+                "headerReadTimeout",
+                &section.header_read_timeout,
+                (Duration::from_secs(300), "5m"),
+                defaults.header_read_timeout,
+            )?,
+            max_concurrent_streams: u32::try_from(max_concurrent_streams).unwrap_or(u32::MAX),
+        })
     }
 
     /// `<apiGroupSuffix>`-suffixed API group of `group` (written with `pinniped.dev`).
@@ -263,6 +361,88 @@ mod tests {
                 error.to_string().contains("sessionGarbageCollectionInterval"),
                 "{error}"
             );
+        }
+    }
+
+    #[test]
+    fn listener_limits_default_and_are_checked() {
+        use crate::server::limits::ListenerLimits;
+        use std::time::Duration;
+        let parse =
+            |limits: &str| SupervisorConfig::parse(&format!("namespace: sso\nlistenerLimits: {limits}\n"));
+        let default = SupervisorConfig::parse("namespace: sso\n").unwrap();
+        assert_eq!(default.listener_limits().unwrap(), ListenerLimits::DEFAULT);
+        assert_eq!(
+            ListenerLimits::DEFAULT,
+            ListenerLimits {
+                max_connections: 10_000,
+                idle_timeout: Duration::from_secs(90),
+                header_read_timeout: Duration::from_secs(10),
+                max_concurrent_streams: 100,
+            }
+        );
+        assert_eq!(
+            parse("{}").unwrap().listener_limits().unwrap(),
+            ListenerLimits::DEFAULT
+        );
+        let set = parse(
+            "{maxConnections: 500, idleTimeout: 1m30s, headerReadTimeout: 2500ms, maxConcurrentStreams: 250}",
+        )
+        .unwrap();
+        assert_eq!(
+            set.listener_limits().unwrap(),
+            ListenerLimits {
+                max_connections: 500,
+                idle_timeout: Duration::from_secs(90),
+                header_read_timeout: Duration::from_millis(2500),
+                max_concurrent_streams: 250,
+            }
+        );
+        let one = parse("{idleTimeout: 5s}").unwrap().listener_limits().unwrap();
+        assert_eq!(
+            one,
+            ListenerLimits {
+                idle_timeout: Duration::from_secs(5),
+                ..ListenerLimits::DEFAULT
+            }
+        );
+
+        let error = parse("{maxConnections: 0}").unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "the Supervisor configuration is invalid: listenerLimits.maxConnections 0: must be between 1 and 1000000 (0 would refuse every connection)"
+        );
+        for (limits, needle) in [
+            (
+                "{maxConnections: 1000001}",
+                "listenerLimits.maxConnections 1000001: must be between 1 and 1000000",
+            ),
+            ("{maxConnections: -1}", "maxConnections"),
+            ("{maxConnections: many}", "maxConnections"),
+            (
+                "{maxConcurrentStreams: 0}",
+                "listenerLimits.maxConcurrentStreams 0: must be between 1 and 1000",
+            ),
+            ("{maxConcurrentStreams: 1001}", "must be between 1 and 1000"),
+            (
+                "{idleTimeout: 0s}",
+                "listenerLimits.idleTimeout \"0s\": must be between 1s and 1h",
+            ),
+            (
+                "{idleTimeout: 2h}",
+                "listenerLimits.idleTimeout \"2h\": must be between 1s and 1h",
+            ),
+            ("{idleTimeout: 500ms}", "must be between 1s and 1h"),
+            ("{idleTimeout: -5s}", "must be between 1s and 1h"),
+            ("{idleTimeout: soon}", "listenerLimits.idleTimeout \"soon\""),
+            (
+                "{headerReadTimeout: 10m}",
+                "listenerLimits.headerReadTimeout \"10m\": must be between 1s and 5m",
+            ),
+            ("{idle: 5s}", "unknown field `idle`"),
+        ] {
+            let error = parse(limits).unwrap_err().to_string();
+            assert!(error.contains(needle), "{limits}: {error}");
         }
     }
 }

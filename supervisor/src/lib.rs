@@ -39,8 +39,9 @@
 //! * **Where are the dynamic clients?** `clients/`: OIDCClients, their secrets' storage and
 //!   validation (the table logins read), their reconciler (`clients::controller`) and the
 //!   `OIDCClientSecretRequest` aggregated API (`clients::secret_request`).
-//! * **Where are the listeners?** `server/`: HTTPS/HTTP/metrics listeners, Prometheus metrics
-//!   (`server::metrics`) and the audit events (`server::audit`).
+//! * **Where are the listeners?** `server/`: HTTPS/HTTP/metrics listeners, what one client can
+//!   hold on them (`server::limits`), Prometheus metrics (`server::metrics`) and the audit events
+//!   (`server::audit`).
 //! * `config`: the Supervisor's own configuration file.
 
 mod clients;
@@ -68,7 +69,8 @@ pub use idp::{
 };
 pub use issuer::Issuers;
 pub use server::{
-    audit::Audit, bind, metrics::Metrics, serve_http, serve_https, serve_metrics, ServerError, DRAIN_TIMEOUT,
+    audit::Audit, bind, limits::ListenerLimits, metrics::Metrics, serve_http, serve_https, serve_metrics,
+    ServerError, DRAIN_TIMEOUT,
 };
 pub use session::{
     gc::{sweep as sweep_sessions, Sweep},

@@ -53,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
         audit: Audit::new(&config.audit)?,
         passwords: PasswordThrottle::new(),
     });
+    let limits = config.listener_limits()?;
     let https = server::bind(config.listen.https).await?;
     let http = match config.listen.http {
         Some(addr) => Some(server::bind(addr).await?),
@@ -72,6 +73,8 @@ async fn main() -> anyhow::Result<()> {
         http = ?config.listen.http,
         metrics = ?config.listen.metrics,
         aggregated_api = ?config.listen.aggregated_api,
+        max_connections = limits.max_connections,
+        idle_timeout = ?limits.idle_timeout,
         "Supervisor starting"
     );
 
@@ -147,13 +150,14 @@ async fn main() -> anyhow::Result<()> {
     }
     // The listeners drain on stop; the other tasks run until aborted.
     let mut listeners = tokio::task::JoinSet::new();
-    listeners
-        .spawn(server::serve_https(https, serving, endpoints.clone(), stopped(stop.clone())).map_ok_anyhow());
+    listeners.spawn(
+        server::serve_https(https, serving, endpoints.clone(), limits, stopped(stop.clone())).map_ok_anyhow(),
+    );
     if let Some(http) = http {
         let endpoints = endpoints.clone();
         let stop = stop.clone();
         listeners.spawn(async move {
-            server::serve_http(http, endpoints, stopped(stop)).await;
+            server::serve_http(http, endpoints, limits, stopped(stop)).await;
             anyhow::Ok(())
         });
     }

@@ -293,6 +293,45 @@ fn messages_are_pinnipeds() {
 }
 
 #[test]
+fn only_an_agent_pod_that_is_not_running_yet_is_a_passing_failure() {
+    for candidates in [0, 1, 2] {
+        assert!(AgentError::NoHealthyAgentPod { candidates }.is_not_yet());
+    }
+    let pod = || "ns/agent".to_string();
+    let error = || "boom".to_string();
+    for lasting in [
+        AgentError::NoHealthyControllerManager { candidates: 0 },
+        AgentError::NoHealthyControllerManager { candidates: 1 },
+        AgentError::ListControllerManagers(error()),
+        AgentError::ChooseControllerManager(error()),
+        AgentError::Deployment(error()),
+        AgentError::ListAgentPods(error()),
+        AgentError::Exec {
+            pod: pod(),
+            error: error(),
+        },
+        AgentError::DecodeJson {
+            pod: pod(),
+            error: error(),
+        },
+        AgentError::DecodeCert {
+            pod: pod(),
+            error: error(),
+        },
+        AgentError::DecodeKey {
+            pod: pod(),
+            error: error(),
+        },
+        AgentError::SetKey {
+            pod: pod(),
+            error: error(),
+        },
+    ] {
+        assert!(!lasting.is_not_yet(), "{lasting}");
+    }
+}
+
+#[test]
 fn agent_output_round_trips_and_bad_output_is_named() {
     let pair = certs::generate_ca("cluster", Duration::from_secs(3600)).unwrap();
     let line = AgentOutput::new(pair.cert_pem.as_bytes(), pair.key_pem.as_bytes()).to_json_line();

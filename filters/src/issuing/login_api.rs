@@ -6,6 +6,12 @@
 //! [`ConciergeApi`] is the seam; [`SignerConciergeApi`] implements it with the chain's
 //! authenticators and a [`ClientCertificateSigner`] that can be swapped while serving (the
 //! control plane installs the cluster's signing key when it has it, else its own signer CA).
+//! While the cluster's key is configured but this replica does not have it yet (the kube cert
+//! agent's pod is starting), a request about to be issued a certificate asks the control plane
+//! for an immediate re-read and waits for the key, for at most [`PREFERRED_SIGNER_WAIT`]
+//! ([`SignerRefresh`]): otherwise it would get a certificate of the signer CA, which
+//! kube-apiserver itself does not accept, although the CredentialIssuer says the cluster's key
+//! works.
 //! It answers as Pinniped's aggregated API does: a failed login is still `201 Created`, with
 //! `status.message: "authentication failed"` and no detail, and identities with a UID or extras
 //! are refused (a client certificate cannot carry them) — unless the authenticator is configured
@@ -13,7 +19,10 @@
 //! (kube-apiserver's own TokenReview gives every service account a UID).
 
 use std::{
-    sync::Arc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, SystemTime},
 };
 
@@ -32,12 +41,16 @@ use selkie_api::{
         AUTHENTICATION_FAILED,
     },
 };
+use tokio::sync::{watch, Notify};
 
 /// How long an issued certificate is valid (Pinniped's `clientCertificateTTL`).
 pub const CLIENT_CERTIFICATE_TTL: Duration = Duration::from_secs(5 * 60);
 /// How far back an issued certificate's validity starts, for clock skew (Pinniped's
 /// `certBackdate`).
 pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
+/// How long a TokenCredentialRequest waits at most for the preferred signer while it is pending
+/// ([`SignerRefresh`]); it is then issued with whatever signer is installed.
+pub const PREFERRED_SIGNER_WAIT: Duration = Duration::from_secs(3);
 
 /// Answers the Concierge's login API. Runs once per TokenCredentialRequest that reaches the proxy
 /// or the aggregated API server.
@@ -62,6 +75,7 @@ pub trait ConciergeApi: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default)]
 pub struct SignerConciergeApi {
     signer: ArcSwapOption<ClientCertificateSigner>,
+    refresh: SignerRefresh,
 }
 
 impl SignerConciergeApi {
@@ -69,7 +83,14 @@ impl SignerConciergeApi {
     pub fn new(signer: ClientCertificateSigner) -> Self {
         Self {
             signer: ArcSwapOption::from_pointee(signer),
+            refresh: SignerRefresh::default(),
         }
+    }
+
+    /// The seam to the loop that installs the signer: it says when a better signer is pending
+    /// and runs the rounds requests wait for. Nothing is pending unless that loop says so.
+    pub fn refresh(&self) -> &SignerRefresh {
+        &self.refresh
     }
 
     /// Issues with `signer` from now on (`None`: refuse every request). Requests already signing
@@ -83,7 +104,16 @@ impl SignerConciergeApi {
         self.signer.load_full()
     }
 
-    fn issue(&self, user: &UserInfo) -> Option<ClusterCredential> {
+    /// A certificate for `user` from the installed signer; first, while the preferred signer is
+    /// pending, waits (bounded) for the signing loop to install it.
+    async fn issue(&self, user: &UserInfo) -> Option<ClusterCredential> {
+        if self.refresh.is_pending() {
+            let settled = self.refresh.wait_while_pending().await;
+            tracing::debug!(
+                settled,
+                "waited for the signing loop before issuing a client certificate"
+            );
+        }
         let Some(signer) = self.signer.load_full() else {
             tracing::warn!("no client certificate signer is available; the login is refused");
             return None;
@@ -108,6 +138,110 @@ impl SignerConciergeApi {
     }
 }
 
+/// The signing loop's rounds as waiting requests see them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rounds {
+    /// Rounds ended so far.
+    finished: u64,
+    /// Whether the preferred signer is pending (as last set).
+    pending: bool,
+}
+
+/// The seam between the login API and the loop that installs its signer (the control plane's
+/// `selkie_control_plane::signing`), so that a request does not get a certificate of the
+/// fallback signer a moment before the preferred one arrives.
+///
+/// The loop marks the preferred signer *pending* ([`set_pending`](Self::set_pending),
+/// [`end_round`](Self::end_round)) while it is configured, not installed, and expected shortly
+/// (its last read failed in a way that clears by itself within seconds). A request that is about
+/// to be issued a certificate then calls [`wait_while_pending`](Self::wait_while_pending): it
+/// asks the loop for a round now ([`requested`](Self::requested)) and waits until a round ends
+/// with the signer no longer pending (installed, or failing for a lasting reason), for at most
+/// [`PREFERRED_SIGNER_WAIT`]. The requests waiting at once share the rounds (an ask is stored
+/// once, however many requests make it); how often rounds run is the loop's decision. When
+/// nothing is pending (the normal case: the preferred signer is installed, not configured, or
+/// failing for a lasting reason) a request only reads an atomic flag.
+#[derive(Debug)]
+pub struct SignerRefresh {
+    /// What [`Rounds::pending`] says, read without a lock on every request.
+    pending: AtomicBool,
+    /// A request's ask for a round; asks coalesce (at most one is stored).
+    requested: Notify,
+    /// The rounds, for the requests waiting for one.
+    rounds: watch::Sender<Rounds>,
+    /// How long a request waits at most.
+    wait: Duration,
+}
+
+impl Default for SignerRefresh {
+    /// Nothing pending, no round run yet, requests wait [`PREFERRED_SIGNER_WAIT`] at most.
+    fn default() -> Self {
+        Self {
+            pending: AtomicBool::new(false),
+            requested: Notify::new(),
+            rounds: watch::Sender::new(Rounds::default()),
+            wait: PREFERRED_SIGNER_WAIT,
+        }
+    }
+}
+
+impl SignerRefresh {
+    /// Whether the preferred signer is pending: one atomic load, on every request.
+    pub fn is_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Marks the preferred signer pending or not, outside a round: when the loop starts (the
+    /// first round's outcome is not known yet), and `false` when it stops (no request may wait
+    /// for rounds that will never come). Waiting requests are released when it becomes `false`.
+    pub fn set_pending(&self, pending: bool) {
+        self.pending.store(pending, Ordering::Release);
+        self.rounds.send_if_modified(|rounds| {
+            let changed = rounds.pending != pending;
+            rounds.pending = pending;
+            changed
+        });
+    }
+
+    /// Called by the loop as a round ends, after it has installed the signer the round read:
+    /// `pending` says whether the preferred signer is still pending. When it is not, the waiting
+    /// requests go on, with the signer installed now.
+    pub fn end_round(&self, pending: bool) {
+        self.pending.store(pending, Ordering::Release);
+        self.rounds.send_modify(|rounds| {
+            rounds.finished += 1;
+            rounds.pending = pending;
+        });
+    }
+
+    /// Completes once a request has asked for a round since the last time it completed (at once
+    /// if one asked in between; several asks count as one). The loop decides when to run it.
+    pub async fn requested(&self) {
+        self.requested.notified().await;
+    }
+
+    /// How many rounds have ended (for tests and diagnostics).
+    pub fn finished_rounds(&self) -> u64 {
+        self.rounds.borrow().finished
+    }
+
+    /// Asks for a round and waits until the preferred signer is no longer pending, for at most
+    /// [`PREFERRED_SIGNER_WAIT`]. Returns whether it stopped being pending in time (`false`: the
+    /// bound passed, and the caller goes on with the signer installed). Returns at once when
+    /// nothing is pending. Never fails.
+    pub async fn wait_while_pending(&self) -> bool {
+        let mut rounds = self.rounds.subscribe();
+        if !rounds.borrow_and_update().pending {
+            return true;
+        }
+        self.requested.notify_one();
+        let settled = rounds.wait_for(|rounds| !rounds.pending);
+        tokio::time::timeout(self.wait, settled)
+            .await
+            .is_ok_and(|settled| settled.is_ok())
+    }
+}
+
 /// Whether a certificate can say everything about `user` (CN and O only): no UID, no extras
 /// but the credential id, and a name.
 fn certificate_can_carry(user: &UserInfo) -> bool {
@@ -124,7 +258,10 @@ fn certificate_decision(user: &UserInfo, policy: CertificateIdentity) -> Option<
 }
 
 /// The chain's authenticator a TokenCredentialRequest names: the API group must be
-/// `authenticator_group`, and kind and name must both match.
+/// `authenticator_group`, and kind and name must both match. Only the authenticators of custom
+/// resources can be named ([`Chain::token_authenticators`]): the chain's implicit one (the proxy's
+/// TokenReview against kube-apiserver, [`Chain::implicit`]) is not among them, whatever its name,
+/// so a login can never get a certificate for a token only kube-apiserver accepts.
 fn named<'a>(
     chain: &'a Chain,
     authenticator_group: &str,
@@ -161,7 +298,7 @@ impl ConciergeApi for SignerConciergeApi {
         };
         let (credential, omitted_uid_and_extra) = match &outcome {
             Outcome::Authenticated(identity) => match certificate_decision(&identity.user, policy) {
-                Some(omits) => (self.issue(&identity.user), omits),
+                Some(omits) => (self.issue(&identity.user).await, omits),
                 None => (None, false),
             },
             _ => (None, false),
@@ -313,6 +450,236 @@ mod tests {
                 "{api_group:?} {kind}"
             );
         }
+    }
+
+    #[test]
+    fn the_implicit_authenticator_cannot_be_named() {
+        crate::test_util::install_provider();
+        let reviewer = |name: &str| {
+            TokenAuthenticator::TokenReview(Arc::new(
+                crate::tokenreview::TokenReviewAuthenticator::new(
+                    crate::tokenreview::TokenReviewConfig::new(name, "https://127.0.0.1:1/review"),
+                )
+                .unwrap(),
+            ))
+        };
+        let group = "authentication.concierge.pinniped.dev";
+        let reference = |name: &str| TypedLocalObjectReference {
+            api_group: Some(group.into()),
+            kind: "WebhookAuthenticator".into(),
+            name: name.into(),
+        };
+        let chain = Chain::new(vec![]).with_implicit(reviewer("kube-apiserver"));
+        assert!(named(&chain, group, &reference("kube-apiserver")).is_none());
+        // A WebhookAuthenticator of that name is named, never the implicit one.
+        let chain = Chain::new(vec![reviewer("kube-apiserver")]).with_implicit(reviewer("kube-apiserver"));
+        let found = named(&chain, group, &reference("kube-apiserver")).unwrap();
+        let (TokenAuthenticator::TokenReview(found), Some(TokenAuthenticator::TokenReview(implicit))) =
+            (found, chain.implicit())
+        else {
+            panic!("not TokenReview authenticators")
+        };
+        assert!(!Arc::ptr_eq(found, implicit));
+    }
+
+    /// The authenticators' API group the tests use.
+    const GROUP: &str = "authentication.concierge.pinniped.dev";
+
+    /// A P-256 CA whose certificate's subject is `CN=<name>`, as a signer.
+    fn signer(name: &str) -> Arc<ClientCertificateSigner> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).unwrap();
+        Arc::new(ClientCertificateSigner::from_pem(&cert.pem(), &key.serialize_pem()).unwrap())
+    }
+
+    /// A chain with one JWT authenticator (`jwt`, keys installed, no issuer to reach) and a
+    /// TokenCredentialRequest naming it with a valid token for `alice`.
+    fn chain_and_request() -> (Chain, TokenCredentialRequest) {
+        use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
+        use ring::{
+            rand::SystemRandom,
+            signature::{EcdsaKeyPair, KeyPair as _, ECDSA_P256_SHA256_FIXED_SIGNING},
+        };
+        use selkie_api::login::TokenCredentialRequestSpec;
+        use serde_json::json;
+
+        crate::test_util::install_provider();
+        let issuer = "https://issuer.example";
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+        let point = key.public_key().as_ref();
+        let jwk = json!({"kty": "EC", "crv": "P-256", "kid": "k", "use": "sig", "alg": "ES256",
+                         "x": B64URL.encode(&point[1..33]), "y": B64URL.encode(&point[33..65])});
+        let mut config = crate::jwt::JwtConfig::new("jwt", issuer, "selkie");
+        config.ca_bundle_pem = Some(crate::test_util::unrelated_ca_pem());
+        let jwt = crate::jwt::JwtAuthenticator::new(config).unwrap();
+        jwt.install_keys(json!({"keys": [jwk]}).to_string().as_bytes())
+            .unwrap();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let header = json!({"alg": "ES256", "kid": "k", "typ": "JWT"});
+        let claims = json!({"iss": issuer, "aud": "selkie", "sub": "alice", "username": "alice",
+                            "iat": now, "nbf": now, "exp": now + 3600});
+        let signed = format!(
+            "{}.{}",
+            B64URL.encode(header.to_string()),
+            B64URL.encode(claims.to_string())
+        );
+        let signature = key.sign(&rng, signed.as_bytes()).unwrap();
+        let request = TokenCredentialRequest {
+            spec: TokenCredentialRequestSpec {
+                token: format!("{signed}.{}", B64URL.encode(signature.as_ref())),
+                authenticator: TypedLocalObjectReference {
+                    api_group: Some(GROUP.into()),
+                    kind: "JWTAuthenticator".into(),
+                    name: "jwt".into(),
+                },
+            },
+            ..TokenCredentialRequest::default()
+        };
+        (Chain::new(vec![TokenAuthenticator::Jwt(Arc::new(jwt))]), request)
+    }
+
+    /// The issuer (`CN=<name>`) of the certificate `answer` carries.
+    fn issuer(answer: &TokenCredentialRequest) -> String {
+        use x509_cert::der::DecodePem as _;
+        let credential = answer
+            .status
+            .credential
+            .as_ref()
+            .unwrap_or_else(|| panic!("no credential: {:?}", answer.status.message));
+        let certificate = x509_cert::Certificate::from_pem(&credential.client_certificate_data).unwrap();
+        certificate.tbs_certificate.issuer.to_string()
+    }
+
+    /// An API issuing with the signer CA `CN=signer CA`, the cluster's key pending.
+    fn api_with_the_key_pending() -> Arc<SignerConciergeApi> {
+        let api = SignerConciergeApi::default();
+        api.set_signer(Some(signer("signer CA")));
+        api.refresh().set_pending(true);
+        Arc::new(api)
+    }
+
+    /// Plays the signing loop: runs a round when asked (or, with `cadence`, at least that
+    /// often, as the loop's own retries), whose outcomes are `outcomes` in turn (the signer to
+    /// install, if any, and whether the preferred signer is then still pending). Returns how
+    /// many rounds ran.
+    fn fake_loop(
+        api: &Arc<SignerConciergeApi>,
+        cadence: Option<Duration>,
+        outcomes: Vec<(Option<Arc<ClientCertificateSigner>>, bool)>,
+    ) -> tokio::task::JoinHandle<usize> {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut rounds = 0;
+            for (install, pending) in outcomes {
+                match cadence {
+                    Some(cadence) => tokio::select! {
+                        () = api.refresh().requested() => {}
+                        () = tokio::time::sleep(cadence) => {}
+                    },
+                    None => api.refresh().requested().await,
+                }
+                rounds += 1;
+                if let Some(signer) = install {
+                    api.set_signer(Some(signer));
+                }
+                api.refresh().end_round(pending);
+            }
+            rounds
+        })
+    }
+
+    #[tokio::test]
+    async fn a_request_while_the_cluster_key_is_pending_is_issued_by_it_once_a_round_installs_it() {
+        let (chain, request) = chain_and_request();
+        let api = api_with_the_key_pending();
+        // The round the request asks for finds the key "not yet" (the agent pod is starting);
+        // the loop's next retry has it.
+        let rounds = fake_loop(
+            &api,
+            Some(Duration::from_millis(20)),
+            vec![(None, true), (Some(signer("cluster CA")), false)],
+        );
+        let answer = api.token_credential_request(&chain, GROUP, request).await;
+        assert_eq!(issuer(&answer), "CN=cluster CA");
+        assert_eq!(rounds.await.unwrap(), 2);
+        assert!(!api.refresh().is_pending());
+    }
+
+    #[tokio::test]
+    async fn requests_waiting_at_once_share_one_round() {
+        let (chain, request) = chain_and_request();
+        let api = api_with_the_key_pending();
+        let waiting: Vec<_> = (0..8)
+            .map(|_| {
+                let (api, chain, request) = (api.clone(), chain.clone(), request.clone());
+                tokio::spawn(async move { api.token_credential_request(&chain, GROUP, request).await })
+            })
+            .collect();
+        // Every request has asked before the loop looks: one stored ask, one round for all.
+        while api.refresh().rounds.receiver_count() < waiting.len() {
+            tokio::task::yield_now().await;
+        }
+        let rounds = fake_loop(&api, None, vec![(Some(signer("cluster CA")), false)]);
+        for answer in waiting {
+            assert_eq!(issuer(&answer.await.unwrap()), "CN=cluster CA");
+        }
+        assert_eq!(rounds.await.unwrap(), 1);
+        assert_eq!(api.refresh().finished_rounds(), 1);
+    }
+
+    #[tokio::test]
+    async fn with_nothing_pending_a_request_asks_for_no_round_and_does_not_wait() {
+        let (chain, request) = chain_and_request();
+        let api = api_with_the_key_pending();
+        // As after a lasting failure (no kube-controller-manager pod) or with no key configured.
+        api.refresh().set_pending(false);
+        let rounds = fake_loop(&api, None, vec![(Some(signer("cluster CA")), false)]);
+        let started = tokio::time::Instant::now();
+        let answer = api.token_credential_request(&chain, GROUP, request).await;
+        assert_eq!(issuer(&answer), "CN=signer CA");
+        assert!(
+            started.elapsed() < PREFERRED_SIGNER_WAIT / 3,
+            "answered in {:?}",
+            started.elapsed()
+        );
+        // No round was asked for: the loop still waits for its first ask.
+        tokio::task::yield_now().await;
+        assert!(!rounds.is_finished());
+        assert_eq!(api.refresh().finished_rounds(), 0);
+        rounds.abort();
+    }
+
+    #[tokio::test]
+    async fn a_key_that_does_not_come_in_time_leaves_the_installed_signer() {
+        let (chain, request) = chain_and_request();
+        let mut api = SignerConciergeApi::default();
+        api.set_signer(Some(signer("signer CA")));
+        api.refresh.wait = Duration::from_millis(100);
+        let api = Arc::new(api);
+        api.refresh().set_pending(true);
+        // Every round finds the key "not yet": the request goes on after the bound.
+        let rounds = fake_loop(&api, Some(Duration::from_millis(10)), vec![(None, true); 1000]);
+        let started = tokio::time::Instant::now();
+        let answer = api.token_credential_request(&chain, GROUP, request).await;
+        assert_eq!(issuer(&answer), "CN=signer CA");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(100) && took < PREFERRED_SIGNER_WAIT,
+            "{took:?}"
+        );
+        assert!(api.refresh().is_pending());
+        // The loop stops: nothing is pending any more, so nothing waits.
+        rounds.abort();
+        api.refresh().set_pending(false);
+        assert!(api.refresh().wait_while_pending().await);
     }
 
     #[test]

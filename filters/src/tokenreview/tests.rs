@@ -202,6 +202,105 @@ fn credentials_never_show_in_debug_output() {
         key_pem: "KEY".into(),
     };
     assert!(!format!("{auth:?}").contains("KEY"));
+
+    crate::test_util::install_provider();
+    let dir = crate::https::tests::TempDir::new();
+    let path = dir.0.join("token");
+    std::fs::write(&path, "secret-token").unwrap();
+    let file = Arc::new(crate::https::TokenFile::open(path).unwrap());
+    let mut config = TokenReviewConfig::new("kube-apiserver", "https://127.0.0.1:1/review");
+    config.client_auth = ClientAuth::BearerTokenSource(file);
+    assert!(!format!("{config:?}").contains("secret-token"));
+    let authenticator = TokenReviewAuthenticator::new(config).unwrap();
+    assert!(!format!("{authenticator:?}").contains("secret-token"));
+}
+
+/// An endpoint accepting every token and recording the `Authorization` header of each review.
+async fn recording_endpoint() -> (Endpoint, Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let endpoint = crate::test_util::endpoint_seeing_headers(Arc::new(move |_path, headers, body| {
+        let authorization = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        record.lock().unwrap().push(authorization);
+        let user = json!({"username": body["spec"]["token"], "uid": "1"});
+        (
+            StatusCode::OK,
+            json!({"status": {"authenticated": true, "user": user}}).to_string(),
+        )
+    }))
+    .await;
+    (endpoint, seen)
+}
+
+#[tokio::test]
+async fn a_rotated_token_file_is_used_from_the_next_review_on() {
+    let (endpoint, seen) = recording_endpoint().await;
+    let dir = crate::https::tests::TempDir::new();
+    let path = dir.0.join("token");
+    let age = Duration::ZERO;
+    crate::https::tests::rewrite(&path, "proxy-token-1\n", age);
+    let file = Arc::new(crate::https::TokenFile::open(path.clone()).unwrap());
+    let reviewer = authenticator(&endpoint, |c| {
+        c.version = ReviewVersion::V1;
+        c.uid_handling = UidHandling::PassThroughToken;
+        c.client_auth = ClientAuth::BearerTokenSource(file.clone());
+    });
+
+    assert_eq!(
+        username(&reviewer.authenticate("caller-a").await),
+        Some("caller-a")
+    );
+    // The kubelet rotates the projected token: the next review presents the new one, with no
+    // refresh by anyone else in between.
+    crate::https::tests::rewrite(&path, "proxy-token-2", Duration::from_secs(10));
+    assert_eq!(
+        username(&reviewer.authenticate("caller-b").await),
+        Some("caller-b")
+    );
+    // A cached answer sends nothing.
+    assert_eq!(
+        username(&reviewer.authenticate("caller-b").await),
+        Some("caller-b")
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec!["Bearer proxy-token-1", "Bearer proxy-token-2"]
+    );
+}
+
+#[tokio::test]
+async fn a_token_source_without_a_token_fails_closed_without_sending() {
+    struct Revocable(std::sync::Mutex<Option<&'static str>>);
+    impl BearerTokenSource for Revocable {
+        fn authorization(&self) -> Option<http::HeaderValue> {
+            let token = (*self.0.lock().unwrap())?;
+            let mut value = http::HeaderValue::try_from(format!("Bearer {token}")).ok()?;
+            value.set_sensitive(true);
+            Some(value)
+        }
+    }
+    let (endpoint, seen) = recording_endpoint().await;
+    let source = Arc::new(Revocable(std::sync::Mutex::new(None)));
+    let reviewer = authenticator(&endpoint, |c| {
+        c.version = ReviewVersion::V1;
+        c.client_auth = ClientAuth::BearerTokenSource(source.clone());
+    });
+    assert_eq!(
+        reviewer.authenticate("caller").await,
+        Outcome::Rejected(RejectReason::UpstreamUnavailable)
+    );
+    assert_eq!(endpoint.hits(), 0, "nothing sent without a credential");
+    *source.0.lock().unwrap() = Some("now");
+    assert_eq!(
+        username(&reviewer.authenticate("caller").await),
+        Some("caller"),
+        "the failure was not cached"
+    );
+    assert_eq!(*seen.lock().unwrap(), vec!["Bearer now"]);
 }
 
 #[test]

@@ -20,6 +20,7 @@ fn the_example_configuration_parses() {
     assert_eq!(config.listen_address().unwrap().port(), 8444);
     assert_eq!(config.jwt_authenticators.len(), 1);
     assert_eq!(config.jwt_authenticators[0].claims.username, "email");
+    assert!(config.upstream.token_review);
     assert_eq!(
         config.timeouts,
         Timeouts::default(),
@@ -61,6 +62,40 @@ fn unknown_fields_and_bad_values_are_named() {
     bad.upstream.ca_file = missing.clone();
     let error = bad.snapshot().unwrap_err().to_string();
     assert!(error.contains(&missing.display().to_string()), "{error}");
+}
+
+#[test]
+fn kube_apiservers_token_review_is_on_unless_turned_off() {
+    assert!(parse_minimal("").unwrap().upstream.token_review);
+    let off =
+        parse("listen: 127.0.0.1:1\nupstream: {url: https://x, caFile: c, tokenReview: false}\n").unwrap();
+    assert!(!off.upstream.token_review);
+    let error = parse("listen: 127.0.0.1:1\nupstream: {url: https://x, caFile: c, tokenReview: maybe}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("upstream") && error.contains("invalid type"),
+        "{error}"
+    );
+}
+
+/// The Concierge reads its proxy configuration from the ConfigMap of its install manifests
+/// (rendered from the Helm chart), which names no `tokenReview`: service-account tokens pass
+/// through its proxy, as through Pinniped's.
+#[test]
+fn the_installed_concierges_proxy_reviews_tokens_with_kube_apiserver() {
+    let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/../conf/install/concierge.yaml");
+    let text = std::fs::read_to_string(manifests).unwrap();
+    let proxy_yaml = serde_yaml::Deserializer::from_str(&text)
+        .map(|document| serde_yaml::Value::deserialize(document).unwrap())
+        .find_map(|object| {
+            (object["kind"] == "ConfigMap")
+                .then(|| object["data"]["proxy.yaml"].as_str().map(str::to_string))?
+        })
+        .expect("a ConfigMap with proxy.yaml");
+    let config = parse(&proxy_yaml).unwrap();
+    assert!(config.upstream.token_file.is_some(), "{proxy_yaml}");
+    assert!(config.upstream.token_review, "{proxy_yaml}");
 }
 
 #[test]

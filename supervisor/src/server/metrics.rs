@@ -9,6 +9,8 @@
 //! | `request_duration_seconds` | histogram, 100 µs … 30 s | `endpoint` |
 //! | `token_grants_total` | counter | `grant_type`, `result` (`ok` or the OAuth 2.0 error code) |
 //! | `sessions_collected_total` | counter | `outcome` (`deleted`, `revoked`, `retrying`, `failed`) |
+//! | `connections_open` | gauge | `listener` (`https`, `http`, `metrics`) |
+//! | `connections_refused_total` | counter | `listener`: connections closed at once because `listenerLimits.maxConnections` were open |
 //!
 //! Every label value comes from a fixed set (endpoints, grant types, OAuth error codes, status
 //! codes): no user name, client input or token reaches a label, so the number of series stays
@@ -18,7 +20,7 @@ use std::time::Duration;
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue},
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
 
@@ -72,6 +74,18 @@ pub enum Grant {
     other,
 }
 
+/// Which listener a connection came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types, reason = "the variant names are the label values")]
+pub enum Listener {
+    /// `listen.https`.
+    https,
+    /// `listen.http`.
+    http,
+    /// `listen.metrics`.
+    metrics,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
     endpoint: Endpoint,
@@ -94,6 +108,11 @@ struct CollectedLabels {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: Listener,
+}
+
 /// The Supervisor's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -102,6 +121,8 @@ pub struct Metrics {
     durations: Family<EndpointLabels, Histogram>,
     grants: Family<GrantLabels, Counter>,
     collected: Family<CollectedLabels, Counter>,
+    connections_open: Family<ListenerLabels, Gauge>,
+    connections_refused: Family<ListenerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -140,12 +161,26 @@ impl Metrics {
             "Expired session Secrets handled by the garbage collector, by outcome",
             collected.clone(),
         );
+        let connections_open = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "connections_open",
+            "Connections open (in the TLS handshake or served), by listener",
+            connections_open.clone(),
+        );
+        let connections_refused = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed at once because the listener had its maximum open, by listener",
+            connections_refused.clone(),
+        );
         Self {
             registry,
             requests,
             durations,
             grants,
             collected,
+            connections_open,
+            connections_refused,
         }
     }
 
@@ -187,6 +222,21 @@ impl Metrics {
         }
     }
 
+    /// The gauge of `listener`'s open connections (a handle: increment it when a connection is
+    /// admitted, decrement it when the connection ends).
+    pub fn connections_open(&self, listener: Listener) -> Gauge {
+        self.connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .clone()
+    }
+
+    /// The counter of connections `listener` refused because it had its maximum open (a handle).
+    pub fn connections_refused(&self, listener: Listener) -> Counter {
+        self.connections_refused
+            .get_or_create(&ListenerLabels { listener })
+            .clone()
+    }
+
     /// The registry in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut text = String::new();
@@ -213,6 +263,11 @@ mod tests {
             revoked: 1,
             ..Sweep::default()
         });
+        metrics.connections_refused(Listener::https).inc();
+        let open = metrics.connections_open(Listener::http);
+        open.inc();
+        open.inc();
+        open.dec();
         let text = metrics.encode();
         for line in [
             "selkie_supervisor_requests_total{endpoint=\"token\",code=\"200\"} 2",
@@ -222,6 +277,8 @@ mod tests {
             "selkie_supervisor_token_grants_total{grant_type=\"authorization_code\",result=\"invalid_grant\"} 1",
             "selkie_supervisor_sessions_collected_total{outcome=\"deleted\"} 3",
             "selkie_supervisor_sessions_collected_total{outcome=\"revoked\"} 1",
+            "selkie_supervisor_connections_refused_total{listener=\"https\"} 1",
+            "selkie_supervisor_connections_open{listener=\"http\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

@@ -5,8 +5,13 @@
 //! sidecar that terminates TLS, both answering with the same [`Endpoints`]; and, optionally, the
 //! plain-HTTP metrics listener ([`serve_metrics`]). Each stops accepting when `shutdown`
 //! resolves, letting open connections finish for up to [`DRAIN_TIMEOUT`].
+//!
+//! What one client can hold is bounded ([`limits`]): connections per listener, idle connections,
+//! the TLS handshake ([`HANDSHAKE_TIMEOUT`]), request heads, and HTTP/2's streams, resets and
+//! header blocks ([`connection_builder`]).
 
 pub(crate) mod audit;
+pub(crate) mod limits;
 pub(crate) mod metrics;
 
 use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc, time::Duration};
@@ -15,21 +20,47 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::graceful::GracefulShutdown,
+    server::conn::auto,
 };
 use selkie_kube::serving::ServingCert;
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch, task::JoinSet, time::Instant};
 use tokio_rustls::LazyConfigAcceptor;
 
 use crate::endpoints::{text, Body, Endpoints};
-use crate::server::metrics::Metrics;
+use crate::server::limits::{Admission, InFlight, ListenerLimits, Tracked, MAX_HEADER_BYTES};
+use crate::server::metrics::{Listener, Metrics};
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an HTTP/1.1 client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open connections may finish after shutdown begins.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection closed for idleness may take to go (HTTP/2 sends GOAWAY and waits for the
+/// client's PING acknowledgement before closing) before it is dropped.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How long the accept loop pauses after an accept error other than a connection's own (out of
+/// file descriptors, say), so that it does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(500);
+/// How often an HTTP/2 connection is sent a PING (when nothing arrived meanwhile), to notice a
+/// peer that is gone while its requests are in flight; one not acknowledged within
+/// [`HTTP2_KEEP_ALIVE_TIMEOUT`] closes the connection. Acknowledgements are no requests: they do
+/// not keep an idle connection open.
+const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// See [`HTTP2_KEEP_ALIVE_INTERVAL`].
+const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// HTTP/2 flow-control windows: request bodies a client may have sent and the Supervisor not yet
+/// read, per stream (a whole form, [`crate::endpoints::MAX_FORM_BYTES`]) and per connection.
+const HTTP2_STREAM_WINDOW: u32 = 64 * 1024;
+/// See [`HTTP2_STREAM_WINDOW`].
+const HTTP2_CONNECTION_WINDOW: u32 = 256 * 1024;
+/// Streams a client may reset before the server has accepted them (CVE-2023-26964, and HTTP/2
+/// "Rapid Reset", CVE-2023-44487: open and cancel streams faster than they are served); more closes
+/// the connection with ENHANCE_YOUR_CALM. h2's default, set explicitly.
+const HTTP2_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Streams the server may reset because of the client's protocol errors over a connection's life
+/// (RUSTSEC-2024-0003, and "MadeYouReset", CVE-2025-8671: malformed frames that make the server
+/// reset streams, escaping the rapid-reset limit); more closes the connection with
+/// ENHANCE_YOUR_CALM. hyper's default, set explicitly.
+const HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
 /// Why a listener could not run.
 #[derive(Debug, thiserror::Error)]
@@ -63,10 +94,14 @@ const BOOTSTRAP_PATH: &str = "/healthz";
 /// FederationDomain host and no default certificate yet) completes with a self-signed bootstrap
 /// certificate generated at start, as Pinniped's does: that connection gets `/healthz` and, for
 /// anything else, a 500 saying the TLS configuration is missing, with a warning naming the host.
+///
+/// At most `limits.max_connections` connections are open at once; see [`limits`] for what else
+/// `limits` bounds.
 pub async fn serve_https(
     listener: TcpListener,
     serving: Arc<ServingCert>,
     endpoints: Arc<Endpoints>,
+    limits: ListenerLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let config = |resolver: Arc<dyn rustls::server::ResolvesServerCert>| {
@@ -85,7 +120,8 @@ pub async fn serve_https(
         bootstrap: config(Arc::new(ServingCert::new(bootstrap)))?,
         serving,
     };
-    serve(listener, Some(tls), handler(endpoints), shutdown).await;
+    let admission = Admission::new(Listener::https, limits, &endpoints.metrics);
+    serve(listener, Some(tls), handler(endpoints), admission, shutdown).await;
     Ok(())
 }
 
@@ -133,8 +169,10 @@ fn handler(endpoints: Arc<Endpoints>) -> impl Handler {
 }
 
 /// Serves the metrics listener (plain HTTP) until `shutdown`: `GET /metrics` answers `metrics`
-/// in the OpenMetrics text format, `/healthz` answers `ok`, anything else 404.
+/// in the OpenMetrics text format, `/healthz` answers `ok`, anything else 404. Its limits are fixed
+/// (64 connections, otherwise [`ListenerLimits::DEFAULT`]).
 pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, shutdown: impl Future<Output = ()>) {
+    let admission = Admission::new(Listener::metrics, ListenerLimits::METRICS, &metrics);
     let handler = move |request: Request<Incoming>| {
         let metrics = metrics.clone();
         async move {
@@ -154,7 +192,7 @@ pub async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, shutdow
             }
         }
     };
-    serve(listener, None, handler, shutdown).await;
+    serve(listener, None, handler, admission, shutdown).await;
 }
 
 /// The TLS handshake on `tcp`: with the configured certificates when they have one for the
@@ -192,62 +230,101 @@ where
     type Answer = A;
 }
 
-/// Serves plain HTTP on `listener` until `shutdown`.
+/// Serves plain HTTP on `listener` until `shutdown`, with `limits` as [`serve_https`].
 pub async fn serve_http(
     listener: TcpListener,
     endpoints: Arc<Endpoints>,
+    limits: ListenerLimits,
     shutdown: impl Future<Output = ()>,
 ) {
-    serve(listener, None, handler(endpoints), shutdown).await;
+    let admission = Admission::new(Listener::http, limits, &endpoints.metrics);
+    serve(listener, None, handler(endpoints), admission, shutdown).await;
 }
 
+/// The connection settings every listener serves with, from `limits`: hyper-util's auto builder
+/// (HTTP/1.1, or HTTP/2 when the client starts with its preface, as after ALPN `h2`).
+fn connection_builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        // The read buffer must hold a whole request head: a larger one is answered 431.
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        // Also bounds the CONTINUATION frames of one header block (h2 ≥ 0.4.4 allows about this
+        // size over the frame size, then closes the connection): the CONTINUATION flood,
+        // VU#421644 (RUSTSEC-2024-0332 for h2).
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .max_pending_accept_reset_streams(HTTP2_MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS)
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .keep_alive_interval(HTTP2_KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(HTTP2_KEEP_ALIVE_TIMEOUT);
+    builder
+}
+
+/// Accepts connections on `listener` and serves them with `handler` (over TLS when `tls` is
+/// given) until `shutdown`: each connection is admitted by `admission` (or closed at once), then
+/// gets its own task, which ends when the connection does, including when it is idle for the idle
+/// timeout. After `shutdown`, open connections are asked to close and given [`DRAIN_TIMEOUT`];
+/// those still open then are dropped.
 async fn serve(
     listener: TcpListener,
     tls: Option<Tls>,
     handler: impl Handler,
+    mut admission: Admission,
     shutdown: impl Future<Output = ()>,
 ) {
-    let graceful = GracefulShutdown::new();
+    let limits = *admission.limits();
+    let builder = Arc::new(connection_builder(&limits));
+    let (stopping, stop) = watch::channel(false);
+    let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (tcp, _) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
+                Err(error) if is_connection_error(&error) => continue,
                 Err(error) => {
                     tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                     continue;
                 }
             },
+            // Reaps the tasks of connections that ended.
+            Some(_) = connections.join_next() => continue,
             () = &mut shutdown => break,
         };
+        let Some(admitted) = admission.admit(peer) else {
+            // A reset rather than a FIN: the client learns at once, and no TIME_WAIT is kept here.
+            let _ = tcp.set_zero_linger();
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
-        let handler = handler.clone();
-        let tls = tls.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
+        let (handler, tls, builder, stop) = (handler.clone(), tls.clone(), builder.clone(), stop.clone());
+        connections.spawn(async move {
+            // Held until this task ends, however it ends.
+            let _admitted = admitted;
+            let in_flight = InFlight::default();
             let result = match tls {
                 Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &tls)).await {
                     Ok(Ok((stream, bootstrap_host))) => {
-                        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                            let answer = match &bootstrap_host {
-                                Some(host) if request.uri().path() != BOOTSTRAP_PATH => {
-                                    futures::future::Either::Left(std::future::ready(no_certificate(
-                                        host.as_deref(),
-                                        request.uri().path(),
-                                    )))
-                                }
-                                _ => futures::future::Either::Right(handler(request)),
-                            };
-                            async move { Ok::<_, Infallible>(answer.await) }
-                        });
-                        watcher
-                            .watch(builder.serve_connection(TokioIo::new(stream), service))
-                            .await
+                        let service = service(handler, bootstrap_host, in_flight.clone());
+                        drive(
+                            &builder,
+                            TokioIo::new(stream),
+                            service,
+                            &in_flight,
+                            limits.idle_timeout,
+                            stop,
+                        )
+                        .await
                     }
                     Ok(Err(error)) => {
                         tracing::debug!(%error, "TLS handshake failed");
@@ -259,13 +336,16 @@ async fn serve(
                     }
                 },
                 None => {
-                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                        let answer = handler(request);
-                        async move { Ok::<_, Infallible>(answer.await) }
-                    });
-                    watcher
-                        .watch(builder.serve_connection(TokioIo::new(tcp), service))
-                        .await
+                    let service = service(handler, None, in_flight.clone());
+                    drive(
+                        &builder,
+                        TokioIo::new(tcp),
+                        service,
+                        &in_flight,
+                        limits.idle_timeout,
+                        stop,
+                    )
+                    .await
                 }
             };
             if let Err(error) = result {
@@ -273,11 +353,109 @@ async fn serve(
             }
         });
     }
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    drop(listener);
+    let _ = stopping.send(true);
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
         tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
+        connections.shutdown().await;
+    }
+}
+
+/// Whether an accept error is the connection's own (it went away before it was accepted), not
+/// the listener's.
+fn is_connection_error(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// The service of one connection: `handler` answers, except on a bootstrap connection
+/// (`bootstrap_host` is `Some`, holding the name the client asked for) where only
+/// [`BOOTSTRAP_PATH`] reaches it. Each request counts in `in_flight` until its response body is
+/// dropped.
+fn service(
+    handler: impl Handler,
+    bootstrap_host: Option<Option<String>>,
+    in_flight: InFlight,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Tracked<Body>>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Tracked<Body>>, Infallible>> + Send + 'static,
+> + Send
+       + 'static {
+    hyper::service::service_fn(move |request: Request<Incoming>| {
+        let request_guard = in_flight.start();
+        let answer = match &bootstrap_host {
+            Some(host) if request.uri().path() != BOOTSTRAP_PATH => futures::future::Either::Left(
+                std::future::ready(no_certificate(host.as_deref(), request.uri().path())),
+            ),
+            _ => futures::future::Either::Right(handler(request)),
+        };
+        async move {
+            let response = answer.await;
+            Ok::<_, Infallible>(response.map(|body| Tracked::new(body, request_guard)))
+        }
+    })
+}
+
+/// Serves one connection with `service` until it ends: the client closes it, it fails, it has
+/// had no request in `in_flight` for `idle_timeout`, or `stop` turns true. In the last two cases
+/// it is closed gracefully (HTTP/2 GOAWAY; HTTP/1.1 after the response in progress), and dropped
+/// if that takes longer than [`IDLE_CLOSE_GRACE`] (idle) or [`DRAIN_TIMEOUT`] (stopping).
+async fn drive<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    in_flight: &InFlight,
+    idle_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Tracked<Body>>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let connection = builder.serve_connection(io, service);
+    let mut connection = std::pin::pin!(connection);
+    let idle = in_flight.idle_for(idle_timeout);
+    let mut idle = std::pin::pin!(idle);
+    // Once the connection is asked to close: when it is dropped if it has not closed.
+    let mut deadline: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => return result,
+            () = &mut idle, if deadline.is_none() => {
+                tracing::debug!(?idle_timeout, "closing an idle connection");
+                connection.as_mut().graceful_shutdown();
+                deadline = Some(Instant::now() + IDLE_CLOSE_GRACE);
+            }
+            _ = stop.wait_for(|stop| *stop), if deadline.is_none() => {
+                connection.as_mut().graceful_shutdown();
+                deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+            }
+            () = until(deadline) => {
+                tracing::debug!("a connection asked to close did not; dropping it");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Resolves at `deadline`, or never without one.
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
