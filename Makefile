@@ -82,9 +82,15 @@ cluster-down: $(SELKIE_CLUSTER)
 ## demo: the full integration on real components — Dex, the Supervisor and the Concierge from
 ## conf/, selkie get kubeconfig, a login (browser with a display, else the password flow),
 ## kubectl through the proxy; then stop. `make demo KEEP=1` leaves it running until Ctrl-C.
+## `make demo NODE=1` runs Selkie as pods instead: a real node (as root), the images built from
+## the Containerfile, `helm install` of conf/helm/selkie, the same login and kubectl.
 demo: setup
 	@$(CARGO) build --locked -q -p selkie-e2e --bin selkie-demo -p selkie-concierge -p selkie-supervisor -p selkie
-	@KEEP='$(KEEP)' bash e2e/scripts/demo.sh target/debug/selkie-demo
+	@if [[ '$(NODE)' != '' && '$(NODE)' != 0 ]]; then \
+	  echo "building the images' release binaries (minutes the first time)"; \
+	  $(CARGO) build --release --locked -q -p selkie-concierge -p selkie-supervisor; \
+	fi
+	@KEEP='$(KEEP)' NODE='$(NODE)' bash e2e/scripts/demo.sh target/debug/selkie-demo
 
 .PHONY: FORCE
 FORCE:

@@ -166,6 +166,8 @@ pub struct Cluster {
     // Field order is drop order: the node stops first, the apiserver before etcd, files last.
     node: Option<crate::node::Node>,
     apiserver: ManagedProcess,
+    /// kube-apiserver's arguments, to start it again ([`Cluster::restart_apiserver`]).
+    apiserver_args: Vec<OsString>,
     etcd: ManagedProcess,
     pki: ClusterPki,
     server_url: String,
@@ -296,6 +298,7 @@ impl Cluster {
         Ok(Cluster {
             node,
             apiserver,
+            apiserver_args: args,
             etcd,
             pki,
             server_url,
@@ -397,6 +400,31 @@ impl Cluster {
             .metadata
             .name
             .ok_or_else(|| HarnessError::kube("creating a namespace", "no name returned"))
+    }
+
+    /// Stops kube-apiserver (SIGTERM, as a rolling control-plane upgrade does, then SIGKILL after
+    /// 5 s), keeps it down for `down`, and starts it again with the same arguments on the same
+    /// port and etcd; returns when it is ready again (90 s at most) with how long it took from
+    /// the stop. Its log continues in `kube-apiserver.log`. Fails like [`ClusterBuilder::start`]
+    /// when it does not come back.
+    pub async fn restart_apiserver(&mut self, down: Duration) -> Result<Duration, HarnessError> {
+        let stopped = Instant::now();
+        self.apiserver.stop_async(Duration::from_secs(5)).await;
+        tokio::time::sleep(down).await;
+        self.apiserver = ManagedProcess::spawn(
+            "kube-apiserver",
+            &self.components.kube_apiserver,
+            &self.apiserver_args,
+            self.dir.path().join("kube-apiserver.log"),
+        )?;
+        wait_for_apiserver(
+            &mut self.apiserver,
+            &mut self.etcd,
+            &self.kubeconfig,
+            DEFAULT_APISERVER_READY_TIMEOUT,
+        )
+        .await?;
+        Ok(stopped.elapsed())
     }
 
     /// Stops both components (the apiserver first) and removes temporary files.

@@ -18,7 +18,8 @@
 //! * [`images`] builds the node's images and Selkie's (from the `Containerfile`) with buildah,
 //!   without pulling (`scripts/build-images.sh`); [`load_balancer`] is haproxy in front of a
 //!   node's Services.
-//! * [`kubectl`] runs the real kubectl against a cluster.
+//! * [`kubectl`] runs the real kubectl against a cluster; [`helm`] the real helm, for the chart
+//!   `conf/helm/selkie`.
 //! * [`dex`] runs Dex, the real OIDC provider, with static users and the password grant, or with
 //!   its LDAP connector on a [`ldap::Slapd`].
 //! * [`echo_api`] serves a small aggregated API on loopback, registered through an APIService,
@@ -52,6 +53,7 @@ pub mod echo_api;
 mod error;
 /// The GitHub-API-compatible stand-in (GitHub itself is unreachable from these machines).
 pub mod github_api;
+pub mod helm;
 pub mod images;
 pub mod keycloak;
 pub mod kubectl;

@@ -134,11 +134,8 @@ impl ManagedProcess {
 
     /// Asks the process to stop with SIGTERM and waits up to `grace`; then kills it.
     pub(crate) fn stop(&mut self, grace: Duration) {
-        if self.exit_status().is_some() {
+        if !self.terminate() {
             return;
-        }
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = signal::kill(Pid::from_raw(pid), signal::Signal::SIGTERM);
         }
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
@@ -149,6 +146,34 @@ impl ManagedProcess {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// [`stop`](Self::stop) without blocking the runtime's thread while it waits (for tests that
+    /// stop a component while their own load keeps running on the same thread).
+    pub(crate) async fn stop_async(&mut self, grace: Duration) {
+        if !self.terminate() {
+            return;
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.exit_status().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM; `false` when the process had already ended.
+    fn terminate(&mut self) -> bool {
+        if self.exit_status().is_some() {
+            return false;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = signal::kill(Pid::from_raw(pid), signal::Signal::SIGTERM);
+        }
+        true
     }
 }
 

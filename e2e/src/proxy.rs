@@ -35,12 +35,14 @@ pub const PROXY_USER: &str = "selkie-impersonation-proxy";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// RBAC for [`PROXY_USER`]: impersonate anyone (what the impersonation proxy is for).
+/// RBAC for [`PROXY_USER`]: impersonate anyone (what the impersonation proxy is for), and review
+/// access and tokens (nested impersonation, `upstream.tokenReview`).
 const PROXY_RBAC: &str = r#"{"apiVersion": "v1", "kind": "List", "items": [
   {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
    "metadata": {"name": "selkie-impersonation-proxy"},
    "rules": [{"apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"], "verbs": ["impersonate"]},
              {"apiGroups": ["authentication.k8s.io"], "resources": ["*"], "verbs": ["impersonate"]},
+             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
              {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]},
   {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
    "metadata": {"name": "selkie-impersonation-proxy"},

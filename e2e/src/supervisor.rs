@@ -13,7 +13,7 @@ use selkie_oidc::https::{HttpsClient, TlsOptions};
 use crate::{
     dex::{Dex, CLIENT_ID, CLIENT_SECRET},
     keycloak::Keycloak,
-    pki::CertificateAuthority,
+    pki::{CertAndKey, CertificateAuthority},
     process::{workspace_binary, ManagedProcess},
     Cluster, HarnessError,
 };
@@ -82,6 +82,50 @@ pub trait Upstream {
     }
     /// The YAML of the resource and its Secrets in `namespace`.
     fn manifests(&self, namespace: &str) -> String;
+}
+
+/// The YAML of a FederationDomain's whole configuration in `namespace`: the TLS Secret
+/// `tls.0` holding the serving certificate `tls.1`, every upstream's resources, and the
+/// FederationDomain `name` at `issuer` listing the upstreams with their display names, in order.
+pub fn federation_domain_manifests(
+    namespace: &str,
+    name: &str,
+    issuer: &str,
+    tls: (&str, &CertAndKey),
+    upstreams: &[(&dyn Upstream, &str)],
+) -> String {
+    let (tls_secret, serving) = tls;
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: {tls_secret}, namespace: {namespace}}}
+type: kubernetes.io/tls
+data: {{tls.crt: {cert}, tls.key: {key}}}
+---
+{upstream_manifests}---
+apiVersion: config.supervisor.pinniped.dev/v1alpha1
+kind: FederationDomain
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  issuer: {issuer}
+  identityProviders:
+{references}"#,
+        cert = B64.encode(&serving.cert_pem),
+        key = B64.encode(&serving.key_pem),
+        upstream_manifests = upstreams
+            .iter()
+            .map(|(upstream, _)| upstream.manifests(namespace))
+            .collect::<Vec<_>>()
+            .join("---\n"),
+        references = upstreams
+            .iter()
+            .map(|(upstream, display_name)| format!(
+                "  - displayName: {display_name:?}\n    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: {}, name: {}}}\n",
+                upstream.kind(),
+                upstream.name()
+            ))
+            .collect::<String>(),
+    )
 }
 
 /// An OIDCIdentityProvider `name` for an upstream at `issuer` (its serving CA `ca_pem`) where the
@@ -450,36 +494,12 @@ impl Supervisor {
             .unwrap_or("supervisor-tls")
             .to_string();
 
-        let manifests = format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: {tls_secret}, namespace: {namespace}}}
-type: kubernetes.io/tls
-data: {{tls.crt: {cert}, tls.key: {key}}}
----
-{upstream_manifests}---
-apiVersion: config.supervisor.pinniped.dev/v1alpha1
-kind: FederationDomain
-metadata: {{name: federation-domain, namespace: {namespace}}}
-spec:
-  issuer: {issuer}
-  identityProviders:
-{references}"#,
-            cert = B64.encode(&serving.cert_pem),
-            key = B64.encode(&serving.key_pem),
-            upstream_manifests = upstreams
-                .iter()
-                .map(|(upstream, _)| upstream.manifests(namespace))
-                .collect::<Vec<_>>()
-                .join("---\n"),
-            references = upstreams
-                .iter()
-                .map(|(upstream, display_name)| format!(
-                    "  - displayName: {display_name:?}\n    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: {}, name: {}}}\n",
-                    upstream.kind(),
-                    upstream.name()
-                ))
-                .collect::<String>(),
+        let manifests = federation_domain_manifests(
+            namespace,
+            "federation-domain",
+            &issuer,
+            (&tls_secret, &serving),
+            upstreams,
         );
         cluster
             .kubectl()

@@ -14,6 +14,10 @@
 //! breaking its controller manager: one exec per agent pod, a garbage key, a missing file. Each test writes `kube-system`, so each has a private cluster.
 //!
 //! The agent binary itself (`selkie-kube-cert-agent`) is run for real with files the test writes.
+//!
+//! Two replicas (two `signing::run` loops, each with its own login API, one the leader) show how a
+//! replica that does not hold the key yet behaves: TokenCredentialRequests wait for the key while
+//! the agent pod is starting, and are answered at once where the agent cannot work.
 
 use std::{
     path::PathBuf,
@@ -36,7 +40,10 @@ use kube::{
     api::{Api, DeleteParams, Patch, PatchParams, PostParams},
     Client,
 };
-use selkie_api::concierge_config::{CredentialIssuerStrategy, StrategyReason, StrategyStatus, StrategyType};
+use selkie_api::{
+    concierge_config::{CredentialIssuerStrategy, StrategyReason, StrategyStatus, StrategyType},
+    login::{TokenCredentialRequest, TokenCredentialRequestSpec, TypedLocalObjectReference},
+};
 use selkie_control_plane::{
     config::ControlPlaneConfig,
     kube_cert_agent::{
@@ -45,10 +52,17 @@ use selkie_control_plane::{
     published::Publisher,
     signing,
 };
-use selkie_e2e::Cluster;
+use selkie_e2e::{pki::CertAndKey, Cluster};
+use selkie_filters::{
+    chain::{Chain, TokenAuthenticator},
+    identity::CertificateIdentity,
+    issuing::login_api::{ConciergeApi as _, SignerConciergeApi, PREFERRED_SIGNER_WAIT},
+    tokenreview::{ClientAuth, TokenReviewAuthenticator, TokenReviewConfig},
+};
 use selkie_kube::certs;
 use serde_json::{json, Value};
 use tokio::{sync::watch, task::JoinHandle};
+use x509_cert::der::DecodePem as _;
 
 use crate::eventually;
 
@@ -169,8 +183,10 @@ async fn create_node(client: &Client, name: &str, port: u16) -> anyhow::Result<(
     Ok(())
 }
 
-/// `signing::run` in the background as the leader, with every strategy it records.
+/// One replica's `signing::run` in the background: its own login API (`publisher`), and every
+/// strategy it records.
 struct Running {
+    publisher: Publisher,
     strategies: watch::Receiver<Option<CredentialIssuerStrategy>>,
     task: JoinHandle<()>,
 }
@@ -181,33 +197,77 @@ impl Drop for Running {
     }
 }
 
+/// `signing::run` as the leader, execs through kube-apiserver.
 fn run_signing(client: &Client, config: ControlPlaneConfig) -> Running {
+    run_replica(client, Arc::new(config), true, None)
+}
+
+/// `signing::run` as the leader or not (for ever), with `executor` standing in for the kubelet
+/// if given.
+fn run_replica(
+    client: &Client,
+    config: Arc<ControlPlaneConfig>,
+    is_leader: bool,
+    executor: Option<Arc<dyn PodExecutor>>,
+) -> Running {
     let (sender, strategies) = watch::channel(None);
     let sender = Arc::new(sender);
-    let (leader_sender, leader) = watch::channel(true);
+    let (leader_sender, leader) = watch::channel(is_leader);
     let client = client.clone();
-    let task = tokio::spawn(async move {
-        // Kept alive so the leadership never changes.
-        let _leader = leader_sender;
-        signing::run(
-            client,
-            Arc::new(config),
-            Publisher::new(),
-            leader,
-            move |strategy: CredentialIssuerStrategy| {
+    let publisher = Publisher::new();
+    let task = tokio::spawn({
+        let publisher = publisher.clone();
+        async move {
+            // Kept alive so the leadership never changes.
+            let _leader = leader_sender;
+            let record = move |strategy: CredentialIssuerStrategy| {
                 let sender = sender.clone();
                 async move {
                     sender.send_replace(Some(strategy));
                     Ok(())
                 }
-            },
-        )
-        .await;
+            };
+            match executor {
+                Some(executor) => {
+                    signing::run_with_executor(client, config, publisher, leader, executor, record).await
+                }
+                None => signing::run(client, config, publisher, leader, record).await,
+            }
+        }
     });
-    Running { strategies, task }
+    Running {
+        publisher,
+        strategies,
+        task,
+    }
 }
 
 impl Running {
+    /// The replica's login API.
+    fn login_api(&self) -> Arc<SignerConciergeApi> {
+        self.publisher.login_api().clone()
+    }
+
+    /// How many signing rounds the replica has finished.
+    fn rounds(&self) -> u64 {
+        self.publisher.login_api().refresh().finished_rounds()
+    }
+
+    /// Waits until the replica has a signer and the cluster key is pending (`true`) or not.
+    async fn expect_pending(&self, pending: bool) -> anyhow::Result<()> {
+        eventually(WAIT, || async {
+            let login_api = self.publisher.login_api();
+            ensure!(login_api.signer().is_some(), "no signer installed yet");
+            ensure!(
+                login_api.refresh().is_pending() == pending,
+                "the cluster key is not {}pending",
+                if pending { "" } else { "un" }
+            );
+            Ok(())
+        })
+        .await
+    }
+
     /// Waits until the recorded strategy is `CouldNotFetchKey` with exactly `message`.
     async fn expect_failure(&self, message: &str) -> anyhow::Result<()> {
         eventually(WAIT, || async {
@@ -676,6 +736,226 @@ async fn the_agent_binary_prints_the_files_and_fails_in_one_line() -> anyhow::Re
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
     let status = tokio::time::timeout(Duration::from_secs(10), sleeper.wait()).await??;
     ensure!(status.success(), "sleep exited with {status}");
+    Ok(())
+}
+
+/// The authenticators' API group of the default suffix.
+const AUTHENTICATION_GROUP: &str = "authentication.concierge.pinniped.dev";
+
+/// A login as the service account `robot` of `namespace`: kube-apiserver's TokenReview as a
+/// WebhookAuthenticator (Selkie's `UsernameAndGroups`, so the service account's identity, which
+/// has a UID, gets a certificate), and a TokenCredentialRequest with a real token.
+async fn service_account_login(
+    cluster: &Cluster,
+    namespace: &str,
+) -> anyhow::Result<(Chain, TokenCredentialRequest)> {
+    let kubectl = cluster.kubectl();
+    kubectl
+        .run(&["create", "serviceaccount", "robot", "-n", namespace])
+        .await?;
+    let token = kubectl
+        .run(&["create", "token", "robot", "-n", namespace, "--duration=10m"])
+        .await?
+        .trim()
+        .to_string();
+    let mut config = TokenReviewConfig::new(
+        "kube-apiserver",
+        format!(
+            "{}/apis/authentication.k8s.io/v1/tokenreviews",
+            cluster.server_url()
+        ),
+    );
+    config.ca_bundle_pem = Some(cluster.pki().server_ca.cert_pem());
+    config.client_auth = ClientAuth::Certificate {
+        cert_pem: cluster.pki().admin.cert_pem.clone(),
+        key_pem: cluster.pki().admin.key_pem.clone(),
+    };
+    config.certificate_identity = CertificateIdentity::UsernameAndGroups;
+    let chain = Chain::new(vec![TokenAuthenticator::TokenReview(Arc::new(
+        TokenReviewAuthenticator::new(config)?,
+    ))]);
+    let request = TokenCredentialRequest {
+        api_version: "login.concierge.pinniped.dev/v1alpha1".into(),
+        kind: "TokenCredentialRequest".into(),
+        spec: TokenCredentialRequestSpec {
+            token,
+            authenticator: TypedLocalObjectReference {
+                api_group: Some(AUTHENTICATION_GROUP.into()),
+                kind: "WebhookAuthenticator".into(),
+                name: "kube-apiserver".into(),
+            },
+        },
+        ..TokenCredentialRequest::default()
+    };
+    Ok((chain, request))
+}
+
+/// Sends `request` to a replica's login API, as kube-apiserver relays a TokenCredentialRequest to
+/// one of the Concierge pods; returns the answer and how long it took.
+async fn exchange(
+    login_api: Arc<SignerConciergeApi>,
+    chain: Chain,
+    request: TokenCredentialRequest,
+) -> (TokenCredentialRequest, Duration) {
+    let started = tokio::time::Instant::now();
+    let answer = login_api
+        .token_credential_request(&chain, AUTHENTICATION_GROUP, request)
+        .await;
+    (answer, started.elapsed())
+}
+
+/// The issuer of the certificate in `answer`.
+fn issuer(answer: &TokenCredentialRequest) -> anyhow::Result<String> {
+    let credential = answer
+        .status
+        .credential
+        .as_ref()
+        .with_context(|| format!("no credential: {:?}", answer.status.message))?;
+    let certificate = x509_cert::Certificate::from_pem(credential.client_certificate_data.as_bytes())?;
+    Ok(certificate.tbs_certificate.issuer.to_string())
+}
+
+/// The subject of a PEM certificate.
+fn subject(pem: &str) -> anyhow::Result<String> {
+    Ok(x509_cert::Certificate::from_pem(pem.as_bytes())?
+        .tbs_certificate
+        .subject
+        .to_string())
+}
+
+/// `kubectl auth whoami` straight against kube-apiserver with the certificate in `answer`.
+async fn whoami(
+    cluster: &Cluster,
+    answer: &TokenCredentialRequest,
+) -> anyhow::Result<selkie_e2e::kubectl::KubectlOutput> {
+    let credential = answer.status.credential.as_ref().context("no credential")?;
+    let kubeconfig = cluster.kubeconfig_with(&CertAndKey {
+        cert_pem: credential.client_certificate_data.clone(),
+        key_pem: credential.client_key_data.clone(),
+    })?;
+    Ok(cluster
+        .kubectl()
+        .with_kubeconfig(&kubeconfig)
+        .output(
+            &["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"],
+            None,
+        )
+        .await?)
+}
+
+#[tokio::test]
+async fn where_the_agent_cannot_work_a_replica_reads_at_the_normal_pace_and_answers_at_once(
+) -> anyhow::Result<()> {
+    // No kube-controller-manager pod (a managed cloud); nothing here writes kube-system.
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "kca").await?;
+    let (chain, request) = service_account_login(cluster, &namespace).await?;
+    let replica = run_replica(&client, Arc::new(config(&namespace, "")?), true, None);
+    replica.expect_failure(NO_CONTROLLER_MANAGER).await?;
+    // A lasting failure: the key is not pending, the signer CA is installed.
+    replica.expect_pending(false).await?;
+
+    // A TokenCredentialRequest asks for no round and waits for nothing: the signer CA's
+    // certificate at once.
+    let rounds = replica.rounds();
+    let (answer, took) = exchange(replica.login_api(), chain, request).await;
+    assert_eq!(issuer(&answer)?, format!("CN={}", signing::SIGNER_CA_NAME));
+    ensure!(took < PREFERRED_SIGNER_WAIT / 2, "answered in {took:?}");
+    // The rounds go on every RESYNC (5 s), not every RETRY: at most one more in 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let more = replica.rounds() - rounds;
+    ensure!(more <= 1, "{more} rounds in 3 s");
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_replicas_issue_from_the_cluster_key_as_soon_as_the_agent_pod_runs() -> anyhow::Result<()> {
+    let binary = selkie_e2e::workspace_binary("selkie-concierge", "selkie-kube-cert-agent")?;
+    let cluster = Cluster::start().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "kca").await?;
+    let config = Arc::new(config(&namespace, "")?);
+    let (chain, request) = service_account_login(&cluster, &namespace).await?;
+    let robot = format!("system:serviceaccount:{namespace}:robot");
+
+    // The controller manager's signing files are the cluster's client CA: certificates signed
+    // with it are users of kube-apiserver.
+    let dir = tempfile::tempdir()?;
+    let (cert_path, key_path) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+    std::fs::write(&cert_path, cluster.pki().client_ca.cert_pem())?;
+    std::fs::write(&key_path, cluster.pki().client_ca.key_pem())?;
+    let cluster_ca = subject(&cluster.pki().client_ca.cert_pem())?;
+    let cert_flag = format!("--cluster-signing-cert-file={}", cert_path.display());
+    let key_flag = format!("--cluster-signing-key-file={}", key_path.display());
+    create_controller_manager(&client, "kcm", "cp-1", &[&cert_flag, &key_flag]).await?;
+    mark_running(&client, "kube-system", "kcm").await?;
+
+    let kubelet = Arc::new(LocalKubelet {
+        client: client.clone(),
+        binary,
+        execs: AtomicUsize::new(0),
+    });
+    let leader = run_replica(&client, config.clone(), true, Some(kubelet.clone()));
+    let follower = run_replica(&client, config.clone(), false, Some(kubelet.clone()));
+
+    // The leader creates the Deployment; no agent pod runs yet. Both replicas issue with the
+    // signer CA meanwhile, and wait for the key: they read every RETRY (0.5 s), not every
+    // RESYNC (5 s).
+    leader
+        .expect_failure("could not find a healthy agent pod (0 candidates)")
+        .await?;
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &namespace)
+        .get(&format!("{namespace}-kube-cert-agent"))
+        .await?;
+    leader.expect_pending(true).await?;
+    follower.expect_pending(true).await?;
+    let rounds = follower.rounds();
+
+    // While no agent pod comes, a request waits for the bound, then gets the signer CA's
+    // certificate, which kube-apiserver refuses.
+    let (answer, took) = exchange(follower.login_api(), chain.clone(), request.clone()).await;
+    assert_eq!(issuer(&answer)?, format!("CN={}", signing::SIGNER_CA_NAME));
+    ensure!(
+        took >= PREFERRED_SIGNER_WAIT && took < PREFERRED_SIGNER_WAIT + Duration::from_secs(2),
+        "answered in {took:?}"
+    );
+    let refused = whoami(&cluster, &answer).await?;
+    ensure!(
+        !refused.success && refused.stderr.contains("Unauthorized"),
+        "{refused:?}"
+    );
+    let more = follower.rounds() - rounds;
+    ensure!(more >= 3, "only {more} rounds in {took:?}");
+
+    // Requests that reach either replica before the agent pod runs wait for it: each is issued
+    // by the cluster's key, and kube-apiserver accepts the certificate.
+    let waiting: Vec<_> = [&follower, &leader]
+        .iter()
+        .map(|replica| tokio::spawn(exchange(replica.login_api(), chain.clone(), request.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        waiting.iter().all(|request| !request.is_finished()),
+        "a request did not wait"
+    );
+    create_agent_pod(&client, &deployment, "agent-1").await?;
+    for request in waiting {
+        let (answer, took) = request.await?;
+        assert_eq!(issuer(&answer)?, cluster_ca);
+        ensure!(took < PREFERRED_SIGNER_WAIT, "answered in {took:?}");
+        let accepted = whoami(&cluster, &answer).await?;
+        ensure!(accepted.success, "{accepted:?}");
+        assert_eq!(accepted.stdout, robot);
+    }
+    // One exec per replica.
+    assert_eq!(kubelet.execs.load(Ordering::SeqCst), 2);
+
+    // With the key held, nothing waits.
+    follower.expect_pending(false).await?;
+    let (answer, took) = exchange(follower.login_api(), chain, request).await;
+    assert_eq!(issuer(&answer)?, cluster_ca);
+    ensure!(took < PREFERRED_SIGNER_WAIT / 2, "answered in {took:?}");
     Ok(())
 }
 

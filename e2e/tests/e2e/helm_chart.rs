@@ -20,137 +20,31 @@
 //! release on the shared cluster would clash with the tests that apply `conf/install/` there (and
 //! CRDs for a second suffix would make kubectl's short resource names ambiguous for them).
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    process::Stdio,
-    time::Duration,
-};
+use std::{collections::BTreeMap, path::Path, process::Stdio, time::Duration};
 
 use anyhow::{bail, ensure, Context as _};
 use selkie_control_plane::config::ControlPlaneConfig;
-use selkie_e2e::{cluster::write_kubeconfig_for_user, components::Components, kubectl::Kubectl, Cluster};
+use selkie_e2e::{
+    cluster::write_kubeconfig_for_user,
+    helm::{chart_dir, conf_dir, Helm},
+    kubectl::Kubectl,
+    Cluster,
+};
 use selkie_supervisor::{KeySecret, SupervisorConfig};
 use serde_json::{json, Value};
 
 use crate::eventually;
 
-/// How long one helm invocation may take.
-const HELM_TIMEOUT: Duration = Duration::from_secs(360);
 /// The release the cluster test installs, and the namespace its record lives in.
 const RELEASE: &str = "selkie-e2e";
 const RELEASE_NAMESPACE: &str = "selkie-helm";
 
-fn conf_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conf")
-}
-
-pub(crate) fn chart_dir() -> String {
-    conf_dir().join("helm/selkie").to_string_lossy().into_owned()
-}
-
-/// What one helm invocation did.
-#[derive(Debug)]
-pub(crate) struct HelmOutput {
-    success: bool,
-    status: String,
-    stdout: String,
-    stderr: String,
-}
-
-/// The real helm with configuration, cache and data directories of its own, talking to the
-/// cluster of `kubeconfig` (none: rendering only).
-pub(crate) struct Helm {
-    binary: PathBuf,
-    home: tempfile::TempDir,
-    kubeconfig: Option<PathBuf>,
-}
-
-impl Helm {
-    pub(crate) fn new(kubeconfig: Option<&Path>) -> anyhow::Result<Self> {
-        Ok(Self {
-            binary: Components::get()?.helm.clone(),
-            home: tempfile::Builder::new().prefix("selkie-helm-").tempdir()?,
-            kubeconfig: kubeconfig.map(Path::to_path_buf),
-        })
-    }
-
-    /// A directory for the test's files (values, renderings), removed with this.
-    pub(crate) fn dir(&self) -> &Path {
-        self.home.path()
-    }
-
-    /// Runs `helm <args>` and returns what it did, whatever its exit status.
-    pub(crate) async fn output(&self, args: &[&str]) -> anyhow::Result<HelmOutput> {
-        let home = self.home.path();
-        let kubeconfig = self
-            .kubeconfig
-            .clone()
-            .unwrap_or_else(|| home.join("no-cluster.kubeconfig"));
-        let child = tokio::process::Command::new(&self.binary)
-            .args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", self.binary.display()))?;
-        let output = tokio::time::timeout(HELM_TIMEOUT, child.wait_with_output())
-            .await
-            .with_context(|| format!("helm {} did not exit within {HELM_TIMEOUT:?}", args.join(" ")))??;
-        Ok(HelmOutput {
-            success: output.status.success(),
-            status: output.status.to_string(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        })
-    }
-
-    /// Runs `helm <args>` and returns its stdout; a non-zero exit is an error carrying stderr.
-    pub(crate) async fn run(&self, args: &[&str]) -> anyhow::Result<String> {
-        let output = self.output(args).await?;
-        ensure!(
-            output.success,
-            "helm {} failed ({}):\n{}",
-            args.join(" "),
-            output.status,
-            output.stderr
-        );
-        Ok(output.stdout)
-    }
-
-    /// Runs `helm <args>`, which must fail with every one of `needles` in its error output.
-    async fn refused(&self, args: &[&str], needles: &[&str]) -> anyhow::Result<()> {
-        let output = self.output(args).await?;
-        ensure!(
-            !output.success,
-            "helm {} succeeded; it should have failed naming {needles:?}:\n{}",
-            args.join(" "),
-            output.stdout
-        );
-        // helm lint reports on stdout, the other commands on stderr.
-        let said = format!("{}{}", output.stdout, output.stderr);
-        for needle in needles {
-            ensure!(
-                said.contains(needle),
-                "helm {} failed without naming {needle:?}:\n{said}",
-                args.join(" "),
-            );
-        }
-        Ok(())
-    }
-
-    /// `helm template <release> <chart> <args>`, parsed into its objects.
-    async fn render(&self, release: &str, args: &[&str]) -> anyhow::Result<Vec<Value>> {
-        let chart = chart_dir();
-        let mut all = vec!["template", release, chart.as_str()];
-        all.extend_from_slice(args);
-        documents(&self.run(&all).await?)
-    }
+/// `helm template <release> <chart> <args>`, parsed into its objects.
+async fn render(helm: &Helm, release: &str, args: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let chart = chart_dir();
+    let mut all = vec!["template", release, chart.as_str()];
+    all.extend_from_slice(args);
+    documents(&helm.run(&all).await?)
 }
 
 /// The objects of a multi-document YAML text (empty documents left out).
@@ -321,7 +215,7 @@ async fn conf_install_is_the_chart_rendered_with_its_default_values() -> anyhow:
     );
 
     // Pinniped's names, every object once.
-    let objects = helm.render("selkie", &[]).await?;
+    let objects = render(&helm, "selkie", &[]).await?;
     let mut found = identities(&objects);
     let mut expected: Vec<String> = DEFAULT_OBJECTS.iter().map(|object| object.to_string()).collect();
     found.sort();
@@ -557,7 +451,7 @@ async fn every_value_reaches_its_object_and_configuration() -> anyhow::Result<()
     let helm = Helm::new(None)?;
     let values = helm.dir().join("every-value.json");
     std::fs::write(&values, every_value().to_string())?;
-    let objects = helm.render("acme", &["-f", &values.to_string_lossy()]).await?;
+    let objects = render(&helm, "acme", &["-f", &values.to_string_lossy()]).await?;
 
     // Names, namespaces and API groups all come from the values.
     let text = serde_json::to_string(&objects)?;

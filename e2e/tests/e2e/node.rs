@@ -15,11 +15,14 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 use selkie_e2e::{
+    helm::{chart_dir, Helm},
     images::{selkie_images, SelkieImages},
     Cluster,
 };
 use serde_json::Value;
 use tokio::sync::OnceCell;
+
+use crate::helm_chart::{identities, objects_of_release};
 
 /// The node cluster with Selkie's images imported into its containerd.
 pub(crate) struct NodeEnv {
@@ -260,4 +263,153 @@ async fn node_pods_resolve_services_and_reach_kube_apiserver_with_their_service_
         "kube-controller-manager is not a static pod: {kcm}"
     );
     Ok(())
+}
+
+/// One helm release of `conf/helm/selkie` on the node, driven by a test from install to
+/// uninstall: its component runs in `namespace` as the pods labelled `app=<app>`, and its values
+/// file is rewritten for each install or upgrade.
+pub(crate) struct Release {
+    pub(crate) helm: Helm,
+    name: &'static str,
+    namespace: &'static str,
+    app: &'static str,
+    values: PathBuf,
+}
+
+/// The namespace the node tests' releases keep their records in.
+pub(crate) const RELEASE_NAMESPACE: &str = "selkie-node-releases";
+
+impl Release {
+    /// A release `name` whose component is `app=<app>` in `namespace`.
+    pub(crate) fn new(
+        env: &NodeEnv,
+        name: &'static str,
+        namespace: &'static str,
+        app: &'static str,
+    ) -> anyhow::Result<Self> {
+        let helm = Helm::new(Some(env.cluster.admin_kubeconfig()))?;
+        let values = helm.dir().join("values.json");
+        Ok(Self {
+            helm,
+            name,
+            namespace,
+            app,
+            values,
+        })
+    }
+
+    /// `helm <verb>` (`install` or `upgrade`) of the chart with `values`, waiting (5 minutes at
+    /// most) until the release's pods are Ready; helm's output or error.
+    pub(crate) async fn apply(&self, verb: &str, values: &Value) -> anyhow::Result<String> {
+        std::fs::write(&self.values, values.to_string())?;
+        let chart = chart_dir();
+        let values = self.values.to_string_lossy().into_owned();
+        let mut args = vec![verb, self.name, &chart, "--namespace", RELEASE_NAMESPACE];
+        if verb == "install" {
+            args.push("--create-namespace");
+        }
+        args.extend(["-f", &values, "--wait", "--timeout", "5m"]);
+        self.helm
+            .run(&args)
+            .await
+            .with_context(|| format!("helm {verb} {}", self.name))
+    }
+
+    /// The component's pods, as JSON.
+    pub(crate) async fn pods(&self, env: &NodeEnv) -> anyhow::Result<Vec<Value>> {
+        app_pods(env, self.namespace, self.app).await
+    }
+
+    /// A rolling `helm upgrade` to `values`: returns once the new pods are Ready and every pod
+    /// from before is gone (2 minutes each at most); the pods after.
+    pub(crate) async fn upgrade(&self, env: &NodeEnv, values: &Value) -> anyhow::Result<Vec<Value>> {
+        let old = names(&self.pods(env).await?);
+        self.apply("upgrade", values).await?;
+        let kubectl = env.cluster.kubectl();
+        for pod in &old {
+            kubectl
+                .run(&[
+                    "wait",
+                    "--for=delete",
+                    "--timeout=120s",
+                    "-n",
+                    self.namespace,
+                    &format!("pod/{pod}"),
+                ])
+                .await?;
+        }
+        self.pods(env).await
+    }
+
+    /// Kills the pod `victim` (`kubectl delete pod --force --grace-period=0`) and waits (2
+    /// minutes at most) until two pods are Ready again, the victim not among them. `meanwhile`
+    /// runs before each look: its first failure fails this at once.
+    pub(crate) async fn kill<F, Fut>(&self, env: &NodeEnv, victim: &str, meanwhile: F) -> anyhow::Result<()>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        env.cluster
+            .kubectl()
+            .run(&[
+                "delete",
+                "pod",
+                victim,
+                "-n",
+                self.namespace,
+                "--force",
+                "--grace-period=0",
+            ])
+            .await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            meanwhile().await.context("while the killed pod was replaced")?;
+            let pods = self.pods(env).await?;
+            let ready: Vec<&str> = pods
+                .iter()
+                .filter(|p| is_ready(p))
+                .filter_map(|p| p["metadata"]["name"].as_str())
+                .collect();
+            if ready.len() == 2 && !ready.contains(&victim) {
+                return Ok(());
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "no second Ready pod 120 s after {victim} was killed; ready: {ready:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// `helm uninstall`, then waits (3 minutes at most) until the component's namespace is gone
+    /// (the node's controller manager finishes the deletion); fails naming whatever of the
+    /// release is left.
+    pub(crate) async fn uninstall(&self, env: &NodeEnv) -> anyhow::Result<()> {
+        self.helm
+            .run(&["uninstall", self.name, "--namespace", RELEASE_NAMESPACE, "--wait"])
+            .await?;
+        let kubectl = env.cluster.kubectl();
+        kubectl
+            .run(&[
+                "wait",
+                "--for=delete",
+                "--timeout=180s",
+                &format!("namespace/{}", self.namespace),
+            ])
+            .await?;
+        let left = objects_of_release(&kubectl, self.name).await?;
+        ensure!(
+            left.is_empty(),
+            "left after helm uninstall: {}",
+            identities(&left).join(", ")
+        );
+        Ok(())
+    }
+}
+
+/// The names of `pods` (JSON).
+pub(crate) fn names(pods: &[Value]) -> Vec<String> {
+    pods.iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect()
 }

@@ -23,7 +23,6 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _};
-use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use selkie_e2e::{
     concierge::InstalledConcierge,
     dex::{Dex, DexUser},
@@ -32,21 +31,19 @@ use selkie_e2e::{
     load_balancer::LoadBalancer,
     pinniped_cli,
     pki::CertificateAuthority,
-    supervisor::Upstream as _,
+    supervisor::{federation_domain_manifests, Upstream as _},
     Cluster,
 };
 use selkie_oidc::https::{HttpsClient, TlsOptions};
 use serde_json::{json, Value};
 
 use crate::{
-    helm_chart::{chart_dir, identities, objects_of_release, Helm},
-    node::{app_pods, is_ready, node_env, NodeEnv},
+    node::{is_ready, node_env, Release},
     supervisor_full::{get_kubeconfig, whoami},
     supervisor_login::{cli_says_logged_in, opened_url, recording_browser},
 };
 
 const RELEASE: &str = "selkie-node-supervisor";
-const RELEASE_NAMESPACE: &str = "selkie-node-releases";
 /// The chart's defaults: Pinniped's names.
 const NAMESPACE: &str = "pinniped-supervisor";
 const PREFIX: &str = "pinniped-supervisor";
@@ -69,10 +66,6 @@ fn values(images: &SelkieImages, revision: &str) -> Value {
             "service": {"type": "NodePort"},
         },
     })
-}
-
-async fn supervisor_pods(env: &NodeEnv) -> anyhow::Result<Vec<Value>> {
-    app_pods(env, NAMESPACE, PREFIX).await
 }
 
 /// Logins (`cli_password`, a fresh connection each) and refreshes at the issuer, one after
@@ -124,8 +117,7 @@ async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and
 ) -> anyhow::Result<()> {
     let env = node_env().await?;
     let kubectl = env.cluster.kubectl();
-    let helm = Helm::new(Some(env.cluster.admin_kubeconfig()))?;
-    let chart = chart_dir();
+    let release = Release::new(env, RELEASE, NAMESPACE, PREFIX)?;
     let endpoint = SocketAddr::new(env.host_ip, selkie_e2e::free_port()?);
     let issuer = format!("https://{endpoint}/node-issuer");
     let dex = Dex::start_on(
@@ -139,27 +131,10 @@ async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and
         &[format!("{issuer}/callback")],
     )
     .await?;
-    let values_path = helm.dir().join("values.json");
-    std::fs::write(&values_path, values(env.images, "1").to_string())?;
-    let values_arg = values_path.to_string_lossy().into_owned();
 
     // 1. helm install; the pods become Ready through their probes.
-    helm.run(&[
-        "install",
-        RELEASE,
-        &chart,
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "--create-namespace",
-        "-f",
-        &values_arg,
-        "--wait",
-        "--timeout",
-        "5m",
-    ])
-    .await
-    .context("helm install of the Supervisor")?;
-    let pods = supervisor_pods(env).await?;
+    release.apply("install", &values(env.images, "1")).await?;
+    let pods = release.pods(env).await?;
     ensure!(pods.len() == 2 && pods.iter().all(is_ready), "pods: {pods:#?}");
     for pod in &pods {
         let spec = &pod["spec"];
@@ -179,17 +154,12 @@ async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and
     // the upstream, the FederationDomain; the load balancer in front of the node port.
     let ca = CertificateAuthority::new("selkie-node-supervisor-ca")?;
     let serving = ca.issue_serving("supervisor", &[&env.host_ip.to_string()])?;
-    let manifests = format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {PREFIX}-default-tls-certificate, namespace: {NAMESPACE}}}\n\
-         type: kubernetes.io/tls\ndata: {{tls.crt: {cert}, tls.key: {key}}}\n---\n{upstream}---\n\
-         apiVersion: config.supervisor.pinniped.dev/v1alpha1\nkind: FederationDomain\n\
-         metadata: {{name: node-federation-domain, namespace: {NAMESPACE}}}\n\
-         spec:\n  issuer: {issuer}\n  identityProviders:\n  - displayName: {IDP_NAME:?}\n    \
-         objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: OIDCIdentityProvider, name: {name}}}\n",
-        cert = B64.encode(&serving.cert_pem),
-        key = B64.encode(&serving.key_pem),
-        upstream = dex.manifests(NAMESPACE),
-        name = dex.name(),
+    let manifests = federation_domain_manifests(
+        NAMESPACE,
+        "node-federation-domain",
+        &issuer,
+        (&format!("{PREFIX}-default-tls-certificate"), &serving),
+        &[(&dex, IDP_NAME)],
     );
     kubectl
         .run_with_stdin(&["apply", "-f", "-"], Some(&manifests))
@@ -283,40 +253,10 @@ async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and
         .node()
         .context("node")?
         .import_image(&upgraded.supervisor.archive)?;
-    std::fs::write(&values_path, values(&upgraded, "2").to_string())?;
-    let old_pods: Vec<String> = pods
-        .iter()
-        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
-        .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let load = start_load(client.clone(), issuer.clone(), stop.clone());
-    helm.run(&[
-        "upgrade",
-        RELEASE,
-        &chart,
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "-f",
-        &values_arg,
-        "--wait",
-        "--timeout",
-        "5m",
-    ])
-    .await?;
-    for old in &old_pods {
-        kubectl
-            .run(&[
-                "wait",
-                "--for=delete",
-                "--timeout=120s",
-                "-n",
-                NAMESPACE,
-                &format!("pod/{old}"),
-            ])
-            .await?;
-    }
+    let pods = release.upgrade(env, &values(&upgraded, "2")).await?;
     finish_load(&stop, load, "rolling upgrade").await?;
-    let pods = supervisor_pods(env).await?;
     ensure!(
         pods.len() == 2
             && pods.iter().all(|p| is_ready(p)
@@ -336,49 +276,10 @@ async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and
     let stop = Arc::new(AtomicBool::new(false));
     let load = start_load(client.clone(), issuer.clone(), stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
-    kubectl
-        .run(&[
-            "delete",
-            "pod",
-            &victim,
-            "-n",
-            NAMESPACE,
-            "--force",
-            "--grace-period=0",
-        ])
-        .await?;
-    eventually(Duration::from_secs(120), || async {
-        let pods = supervisor_pods(env).await?;
-        let ready: Vec<&str> = pods
-            .iter()
-            .filter(|p| is_ready(p))
-            .filter_map(|p| p["metadata"]["name"].as_str())
-            .collect();
-        ensure!(
-            ready.len() == 2 && !ready.contains(&victim.as_str()),
-            "ready pods: {ready:?}"
-        );
-        Ok(())
-    })
-    .await?;
+    release.kill(env, &victim, || async { Ok(()) }).await?;
     finish_load(&stop, load, "pod killed").await?;
 
     // 5. helm uninstall leaves nothing of the release; its namespace is deleted for good.
-    helm.run(&["uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait"])
-        .await?;
-    kubectl
-        .run(&[
-            "wait",
-            "--for=delete",
-            "--timeout=180s",
-            &format!("namespace/{NAMESPACE}"),
-        ])
-        .await?;
-    let left = objects_of_release(&kubectl, RELEASE).await?;
-    ensure!(
-        left.is_empty(),
-        "left after helm uninstall: {}",
-        identities(&left).join(", ")
-    );
+    release.uninstall(env).await?;
     Ok(())
 }

@@ -11,8 +11,15 @@
 //! for a short-lived certificate at the Concierge, and reaches the cluster through the
 //! impersonation proxy. Everything runs on loopback and stops at the end — unless `KEEP=1`: then
 //! it prints the kubeconfig's path and keeps running until Ctrl-C.
+//!
+//! With `NODE=1` ([`node`]) Selkie runs as an admin runs it instead: on a real node, as pods of
+//! its own images, installed with `helm install`; the user's steps are the same.
 
-use std::{path::Path, process::Command};
+use std::{
+    any::Any,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context, Result};
 use selkie_e2e::{
@@ -22,12 +29,14 @@ use selkie_e2e::{
     Cluster,
 };
 
-/// The display name of Dex in the FederationDomain.
-const IDP_NAME: &str = "Dex Users";
-/// The audience of the demo cluster's tokens.
-const AUDIENCE: &str = "demo-cluster";
+mod node;
 
-fn step(text: &str) {
+/// The display name of Dex in the FederationDomain.
+pub(crate) const IDP_NAME: &str = "Dex Users";
+/// The audience of the demo cluster's tokens.
+pub(crate) const AUDIENCE: &str = "demo-cluster";
+
+pub(crate) fn step(text: &str) {
     println!("\n\x1b[1m== {text}\x1b[0m");
 }
 
@@ -55,10 +64,26 @@ fn run(
     Ok(stdout)
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let keep = std::env::var("KEEP").is_ok_and(|value| !value.is_empty() && value != "0");
-    let browser = std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+/// Everything the demo's user steps need, and what keeps running until the end.
+pub(crate) struct Setup {
+    /// The cluster admin's kubeconfig.
+    admin: PathBuf,
+    /// The real kubectl.
+    kubectl: PathBuf,
+    /// Where the CLI's caches and the user's kubeconfig go.
+    dir: PathBuf,
+    /// The FederationDomain's issuer.
+    issuer: String,
+    /// Dex's issuer.
+    dex_issuer: String,
+    /// The `--concierge-mode` for `selkie get kubeconfig` (`None`: what it discovers).
+    concierge_mode: Option<&'static str>,
+    /// Everything started, stopped in this order when dropped.
+    running: Vec<Box<dyn Any>>,
+}
+
+/// The demo on loopback: Selkie's binaries as processes, installed from `conf/install/`.
+async fn processes(user: &DexUser) -> Result<Setup> {
     step("Starting etcd and kube-apiserver on loopback (the real components)");
     let owned = Cluster::start().await?;
     let cluster = &owned;
@@ -69,15 +94,9 @@ async fn main() -> Result<()> {
     );
 
     step("Starting Dex, the identity provider, with the user pinny@example.com");
-    let user = DexUser {
-        email: "pinny@example.com".into(),
-        password: "password123".into(),
-        user_id: "4f1c2a9e-demo-4000-8000-000000000001".into(),
-        groups: vec!["demo-viewers".into()],
-    };
     let port = selkie_e2e::free_port()?;
     let callback = format!("{}/callback", Supervisor::issuer_for(port, "pinniped-supervisor"));
-    let dex = Dex::start_with_redirects(std::slice::from_ref(&user), &[callback]).await?;
+    let dex = Dex::start_with_redirects(std::slice::from_ref(user), &[callback]).await?;
     println!("issuer {}", dex.issuer());
 
     step("Installing Selkie's Supervisor from conf/crds and conf/install/supervisor.yaml");
@@ -126,7 +145,41 @@ async fn main() -> Result<()> {
         &admin_env,
         true,
     )?;
+    Ok(Setup {
+        admin: admin.clone(),
+        kubectl,
+        dir: concierge.dir().to_path_buf(),
+        issuer: supervisor.issuer().to_string(),
+        dex_issuer: dex.issuer().to_string(),
+        concierge_mode: None,
+        running: vec![
+            Box::new(concierge),
+            Box::new(supervisor),
+            Box::new(dex),
+            Box::new(owned),
+        ],
+    })
+}
 
+#[tokio::main]
+async fn main() -> Result<()> {
+    let keep = std::env::var("KEEP").is_ok_and(|value| !value.is_empty() && value != "0");
+    let on_node = std::env::var("NODE").is_ok_and(|value| !value.is_empty() && value != "0");
+    let browser = std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+    let user = DexUser {
+        email: "pinny@example.com".into(),
+        password: "password123".into(),
+        user_id: "4f1c2a9e-demo-4000-8000-000000000001".into(),
+        groups: vec!["demo-viewers".into()],
+    };
+    let setup = if on_node {
+        node::setup(&user).await?
+    } else {
+        processes(&user).await?
+    };
+    let admin = setup.admin.clone();
+    let admin_env = [("KUBECONFIG", admin.to_str().context("a UTF-8 path")?)];
+    let kubectl = setup.kubectl.clone();
     step("Letting the group demo-viewers read namespaces (RBAC, as the cluster admin)");
     run(
         &kubectl,
@@ -157,10 +210,14 @@ async fn main() -> Result<()> {
 
     step("selkie get kubeconfig: a kubeconfig for everyone, from what the Concierge publishes");
     let selkie = selkie_e2e::workspace_binary("selkie", "selkie")?;
-    let dir = concierge.dir();
+    let dir = setup.dir.as_path();
     let sessions = format!("--oidc-session-cache={}", dir.join("sessions.yaml").display());
     let credentials = format!("--credential-cache={}", dir.join("credentials.yaml").display());
+    let mode = setup
+        .concierge_mode
+        .map(|mode| format!("--concierge-mode={mode}"));
     let mut args = vec!["get", "kubeconfig", &sessions, &credentials];
+    args.extend(mode.as_deref());
     if !browser {
         // No display: the password flow (the Supervisor asks Dex with the password grant).
         args.push("--upstream-identity-provider-flow=cli_password");
@@ -197,18 +254,13 @@ async fn main() -> Result<()> {
             pinny.display()
         );
         println!("kubeconfig of the cluster admin: {}", admin.display());
-        println!(
-            "Supervisor issuer: {}   Dex: {}",
-            supervisor.issuer(),
-            dex.issuer()
-        );
+        println!("Supervisor issuer: {}   Dex: {}", setup.issuer, setup.dex_issuer);
         tokio::signal::ctrl_c().await?;
     }
     step("Stopping everything");
-    drop(concierge);
-    drop(supervisor);
-    drop(dex);
-    owned.stop();
+    for running in setup.running {
+        drop(running);
+    }
     println!("done");
     Ok(())
 }

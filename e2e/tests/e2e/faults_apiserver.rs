@@ -1,0 +1,280 @@
+//! Reliability, first fault row (`perf/results/reliability.md`): kube-apiserver restarted under
+//! load through the Concierge (installed from `conf/`, its control plane included), on a private
+//! cluster.
+//!
+//! The load: one client reading ConfigMaps through the impersonation proxy one request after
+//! another (kube-rs, a client certificate of the cluster's client CA, which the Concierge
+//! trusts), each with a 10 s deadline; a watch through the proxy (kube-rs' watcher, which
+//! re-lists as informers do); the admin writing a ConfigMap every 300 ms straight to
+//! kube-apiserver. kube-apiserver is stopped (SIGTERM), kept down for 5 s and started again.
+//!
+//! What must hold: no request through the proxy hangs (each ends, with an answer or an error,
+//! well within its deadline: the proxy fails fast while kube-apiserver is away); from 5 s after
+//! kube-apiserver is ready again every request succeeds; the watch sees every write the admin's
+//! client had acknowledged, before and after the restart; the Concierge's controllers resume by
+//! themselves (a JWTAuthenticator applied after the restart gets its status); the Concierge's
+//! memory is the same afterwards. The figures are printed for the results page.
+
+use std::{
+    collections::BTreeSet,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use anyhow::ensure;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    api::{ObjectMeta, PostParams},
+    runtime::{watcher, WatchStreamExt as _},
+    Api,
+};
+use selkie_e2e::{concierge::InstalledConcierge, eventually, Cluster};
+use tokio::time::Instant;
+
+/// The deadline of one request through the proxy: a request that takes longer hung.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// How long kube-apiserver stays down.
+const DOWN: Duration = Duration::from_secs(5);
+/// After kube-apiserver is ready again, how long the proxy may take to serve again.
+const RECOVERY_GRACE: Duration = Duration::from_secs(5);
+
+/// One request through the proxy: when it started, how long it took, and its error if any.
+struct Sample {
+    at: Instant,
+    took: Duration,
+    error: Option<String>,
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    selkie_perf::procstat::rss_kib(pid).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_everything_recovers(
+) -> anyhow::Result<()> {
+    let mut cluster = Cluster::start().await?;
+    let concierge = InstalledConcierge::install(&cluster).await?;
+    let (endpoint, proxy_ca) = concierge.expose_proxy(&cluster).await?;
+    let kubectl = cluster.kubectl();
+    let admin = cluster.client().await?;
+    let namespace = cluster.create_namespace(&admin, "faults-apiserver").await?;
+    // (A Role of its own: the aggregated ClusterRoles such as `edit` are empty without a
+    // controller manager.)
+    kubectl
+        .run(&[
+            "create",
+            "role",
+            "faults-read",
+            "-n",
+            &namespace,
+            "--verb=get,list,watch",
+            "--resource=configmaps",
+        ])
+        .await?;
+    kubectl
+        .run(&[
+            "create",
+            "rolebinding",
+            "faults-read",
+            "-n",
+            &namespace,
+            "--role=faults-read",
+            "--user=faults-user",
+        ])
+        .await?;
+    let user = cluster.pki().client_ca.issue_client("faults-user", &[])?;
+    let kubeconfig = concierge.dir().join("faults-user.kubeconfig");
+    selkie_e2e::cluster::write_kubeconfig(&kubeconfig, &endpoint, &proxy_ca, "faults-user", &user)?;
+    let through_proxy = selkie_e2e::cluster::client_from_kubeconfig(&kubeconfig).await?;
+    let pid = concierge.process().pid();
+
+    // The watch through the proxy.
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let watch = {
+        let seen = seen.clone();
+        let configmaps: Api<ConfigMap> = Api::namespaced(through_proxy.clone(), &namespace);
+        tokio::spawn(async move {
+            let mut events = watcher(configmaps, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(name) = event.map(|object| object.metadata.name.unwrap_or_default()) {
+                    seen.lock().unwrap_or_else(|e| e.into_inner()).insert(name);
+                }
+            }
+        })
+    };
+    // The reads through the proxy.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = {
+        let (stop, configmaps) = (
+            stop.clone(),
+            Api::<ConfigMap>::namespaced(through_proxy.clone(), &namespace),
+        );
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let at = Instant::now();
+                let error = match tokio::time::timeout(REQUEST_DEADLINE, configmaps.list(&Default::default()))
+                    .await
+                {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(error)) => Some(format!("{:#}", anyhow::Error::from(error))),
+                    Err(_) => Some(format!("no answer within {REQUEST_DEADLINE:?}: hung")),
+                };
+                let failed = error.is_some();
+                samples.push(Sample {
+                    at,
+                    took: at.elapsed(),
+                    error,
+                });
+                if failed {
+                    // A failing client retries, as kubectl's users and informers do, not in a
+                    // tight loop.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            samples
+        })
+    };
+    // The admin's writes, straight to kube-apiserver; only acknowledged ones count.
+    let writes = {
+        let (stop, configmaps) = (
+            stop.clone(),
+            Api::<ConfigMap>::namespaced(admin.clone(), &namespace),
+        );
+        tokio::spawn(async move {
+            let (mut written, mut n) = (Vec::new(), 0);
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let object = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(format!("write-{n}")),
+                        ..ObjectMeta::default()
+                    },
+                    ..ConfigMap::default()
+                };
+                let created = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    configmaps.create(&PostParams::default(), &object),
+                )
+                .await;
+                if let Ok(Ok(object)) = created {
+                    written.push(object.metadata.name.unwrap_or_default());
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            written
+        })
+    };
+
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_before = rss_kib(pid);
+    let stopped_at = Instant::now();
+    let restart_took = cluster.restart_apiserver(DOWN).await?;
+    let ready_at = Instant::now();
+    let rss_during = rss_kib(pid);
+    tokio::time::sleep(RECOVERY_GRACE + Duration::from_secs(10)).await;
+    stop.store(true, Ordering::Relaxed);
+    let samples = reads.await?;
+    let written = writes.await?;
+
+    // Every acknowledged write is seen through the proxy's watch (it resumes by itself).
+    let missing = eventually(Duration::from_secs(60), || async {
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let missing: Vec<&String> = written.iter().filter(|name| !seen.contains(*name)).collect();
+        ensure!(
+            missing.is_empty(),
+            "the watch through the proxy never saw {missing:?}"
+        );
+        Ok(())
+    })
+    .await;
+    watch.abort();
+
+    // The controllers resume without a restart of their own: an authenticator applied now gets
+    // its status (an issuer that cannot be reached: an error phase, written by the controller).
+    let authenticator = serde_json::json!({
+        "apiVersion": "authentication.concierge.pinniped.dev/v1alpha1",
+        "kind": "JWTAuthenticator",
+        "metadata": {"name": "after-restart"},
+        "spec": {"issuer": "https://127.0.0.1:1/unreachable", "audience": "faults"},
+    });
+    kubectl
+        .run_with_stdin(&["apply", "-f", "-"], Some(&authenticator.to_string()))
+        .await?;
+    let phase = eventually(Duration::from_secs(60), || async {
+        let phase = kubectl
+            .run(&[
+                "get",
+                "jwtauthenticator",
+                "after-restart",
+                "-o",
+                "jsonpath={.status.phase}",
+            ])
+            .await?;
+        ensure!(!phase.is_empty(), "no status yet");
+        Ok(phase)
+    })
+    .await?;
+    let rss_after = rss_kib(pid);
+
+    let failed: Vec<&Sample> = samples.iter().filter(|s| s.error.is_some()).collect();
+    let slowest = samples.iter().map(|s| s.took).max().unwrap_or_default();
+    let late: Vec<&str> = failed
+        .iter()
+        .filter(|s| s.at > ready_at + RECOVERY_GRACE)
+        .filter_map(|s| s.error.as_deref())
+        .collect();
+    let first_success_after_ready = samples
+        .iter()
+        .filter(|s| s.error.is_none() && s.at + s.took >= ready_at)
+        .map(|s| (s.at + s.took).saturating_duration_since(ready_at))
+        .min();
+    let early: Vec<&str> = failed
+        .iter()
+        .filter(|s| s.at + s.took < stopped_at)
+        .filter_map(|s| s.error.as_deref())
+        .collect();
+    let kinds: BTreeSet<String> = failed
+        .iter()
+        .filter_map(|s| s.error.as_deref())
+        .map(|e| e.chars().take(160).collect())
+        .collect();
+    println!("what the clients got while kube-apiserver was away: {kinds:#?}");
+    println!(
+        "kube-apiserver restart (down {DOWN:?}, back and ready after {restart_took:?}): {} requests through \
+         the proxy, {} failed while it was away (slowest answer {slowest:?}), {} failed before or >{RECOVERY_GRACE:?} \
+         after it was ready; first success {first_success_after_ready:?} after ready; {} writes, all seen by the \
+         watch: {}; controller wrote phase {phase:?} after the restart; Concierge RSS {rss_before} / {rss_during} / \
+         {rss_after} KiB (before / right after / end)",
+        samples.len(),
+        failed.len(),
+        early.len() + late.len(),
+        written.len(),
+        missing.is_ok(),
+    );
+    ensure!(
+        slowest < REQUEST_DEADLINE,
+        "a request through the proxy hung while kube-apiserver was away"
+    );
+    ensure!(
+        early.is_empty() && late.is_empty(),
+        "requests that should have succeeded failed: before the stop {early:?}, after recovery {late:?}"
+    );
+    ensure!(
+        first_success_after_ready.is_some_and(|t| t <= RECOVERY_GRACE),
+        "no success within {RECOVERY_GRACE:?} of kube-apiserver being ready: {first_success_after_ready:?}"
+    );
+    missing?;
+    ensure!(written.len() > 20 && samples.len() > 20, "too little load ran");
+    ensure!(
+        rss_after < rss_before * 2,
+        "the Concierge's memory grew from {rss_before} to {rss_after} KiB"
+    );
+    Ok(())
+}
