@@ -9,13 +9,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{process::ManagedProcess, HarnessError};
+use crate::{process::ManagedProcess, Cluster, HarnessError};
 
 /// A running haproxy forwarding one address to backends. Stopped on drop.
 #[derive(Debug)]
 pub struct LoadBalancer {
     process: ManagedProcess,
     address: SocketAddr,
+    backends: Vec<SocketAddr>,
     _dir: tempfile::TempDir,
 }
 
@@ -69,13 +70,59 @@ impl LoadBalancer {
         Ok(LoadBalancer {
             process,
             address,
+            backends: backends.to_vec(),
             _dir: dir,
         })
+    }
+
+    /// Starts haproxy on `address` in front of the Service `namespace/service` of `cluster`, at
+    /// its (first) node port on the cluster's node, as a cloud's load balancer fronts a
+    /// `LoadBalancer` or `NodePort` Service; waits up to 60 s for the Service to have a node
+    /// port. Fails when the cluster has no node, or as [`LoadBalancer::start_on`].
+    pub async fn for_service(
+        cluster: &Cluster,
+        namespace: &str,
+        service: &str,
+        address: SocketAddr,
+    ) -> Result<LoadBalancer, HarnessError> {
+        let node = cluster
+            .node()
+            .ok_or_else(|| HarnessError::NotReady("the cluster has no node to balance to".into()))?;
+        let kubectl = cluster.kubectl();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let port = loop {
+            let port = kubectl
+                .run(&[
+                    "get",
+                    "service",
+                    service,
+                    "-n",
+                    namespace,
+                    "-o",
+                    "jsonpath={.spec.ports[0].nodePort}",
+                ])
+                .await;
+            match port.as_deref().map(|port| port.trim().parse::<u16>()) {
+                Ok(Ok(port)) => break port,
+                last if Instant::now() >= deadline => {
+                    return Err(HarnessError::NotReady(format!(
+                        "the Service {namespace}/{service} has no node port after 60 s: {last:?}"
+                    )))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        };
+        Self::start_on(address, &[SocketAddr::new(node.ip().into(), port)]).await
     }
 
     /// Where clients connect.
     pub fn address(&self) -> SocketAddr {
         self.address
+    }
+
+    /// Where it forwards to.
+    pub fn backends(&self) -> &[SocketAddr] {
+        &self.backends
     }
 
     /// Fails with haproxy's log tail if it has exited.

@@ -353,22 +353,7 @@ async fn node_concierge_installed_with_helm_serves_users_survives_upgrades_and_u
     );
 
     // 2. The load balancer in front of the Service's node port; a user through it.
-    let node_port = eventually(Duration::from_secs(60), || async {
-        let port = kubectl
-            .run(&[
-                "get",
-                "service",
-                LB_SERVICE,
-                "-n",
-                NAMESPACE,
-                "-o",
-                "jsonpath={.spec.ports[0].nodePort}",
-            ])
-            .await?;
-        Ok(port.trim().parse::<u16>()?)
-    })
-    .await?;
-    let _load_balancer = LoadBalancer::start_on(endpoint, &[SocketAddr::new(env.host_ip, node_port)]).await?;
+    let _load_balancer = LoadBalancer::for_service(env.cluster, NAMESPACE, LB_SERVICE, endpoint).await?;
     successful_strategy(env, "ImpersonationProxy").await?;
 
     let dex = Dex::start_on(env.host_ip, &[DexUser::pinny()], &[]).await?;

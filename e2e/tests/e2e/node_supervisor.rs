@@ -175,20 +175,7 @@ async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and
             &format!("oidcidentityproviders.idp.supervisor.pinniped.dev/{}", dex.name()),
         ])
         .await?;
-    let node_port: u16 = kubectl
-        .run(&[
-            "get",
-            "service",
-            SERVICE,
-            "-n",
-            NAMESPACE,
-            "-o",
-            "jsonpath={.spec.ports[0].nodePort}",
-        ])
-        .await?
-        .trim()
-        .parse()?;
-    let _load_balancer = LoadBalancer::start_on(endpoint, &[SocketAddr::new(env.host_ip, node_port)]).await?;
+    let _load_balancer = LoadBalancer::for_service(env.cluster, NAMESPACE, SERVICE, endpoint).await?;
     let client = HttpsClient::new(&TlsOptions {
         ca_pem: Some(ca.cert_pem().into_bytes()),
         ..TlsOptions::default()

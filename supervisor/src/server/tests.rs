@@ -12,15 +12,14 @@ use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::{
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
-    crypto::CryptoProvider,
-    pki_types::{pem::PemObject as _, CertificateDer, ServerName, UnixTime},
-    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    pki_types::{pem::PemObject as _, CertificateDer, ServerName},
+    ClientConfig,
 };
 use selkie_kube::{
     certs::{self, CertPair},
     serving::ServingCert,
 };
+use selkie_oidc::https::TlsOptions;
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::TcpStream,
@@ -104,50 +103,6 @@ fn leaf_of(pair: &CertPair) -> CertificateDer<'static> {
     CertificateDer::from_pem_slice(pair.cert_pem.as_bytes()).unwrap()
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Accepts any server certificate (still checking the handshake signatures), as a probe that
-/// does not verify does.
-#[derive(Debug)]
-struct AcceptAnything(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnything {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// How the client checks the server's certificate.
 enum Trust<'a> {
     Anything,
@@ -161,22 +116,21 @@ enum Version {
     Http2,
 }
 
+/// The client side of Selkie's own TLS clients (`selkie_oidc::https::client_config`), asking
+/// for `version` by ALPN.
 fn client_config(trust: &Trust<'_>, version: Version) -> ClientConfig {
-    let provider = provider();
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap();
-    let mut config = match trust {
-        Trust::Anything => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAnything(provider)))
-            .with_no_client_auth(),
-        Trust::Ca(ca) => {
-            let mut roots = RootCertStore::empty();
-            roots.add(leaf_of(ca)).unwrap();
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
+    let tls = match trust {
+        // As a probe that does not verify: any certificate, handshake signatures still checked.
+        Trust::Anything => TlsOptions {
+            insecure_skip_verify: true,
+            ..TlsOptions::default()
+        },
+        Trust::Ca(ca) => TlsOptions {
+            ca_pem: Some(ca.cert_pem.clone().into_bytes()),
+            ..TlsOptions::default()
+        },
     };
+    let mut config = selkie_oidc::https::client_config(&tls).unwrap();
     config.alpn_protocols = vec![match version {
         Version::Http1 => b"http/1.1".to_vec(),
         Version::Http2 => b"h2".to_vec(),

@@ -31,26 +31,6 @@ const CONCIERGE_NAMESPACE: &str = "pinniped-concierge";
 const SUPERVISOR_SERVICE: &str = "pinniped-supervisor";
 const PROXY_SERVICE: &str = "pinniped-concierge-impersonation-proxy-load-balancer";
 
-/// The node port of `service` in `namespace`, once it has one (60 s).
-async fn node_port(cluster: &Cluster, namespace: &str, service: &str) -> Result<u16> {
-    let kubectl = cluster.kubectl();
-    eventually(Duration::from_secs(60), || async {
-        let port = kubectl
-            .run(&[
-                "get",
-                "service",
-                service,
-                "-n",
-                namespace,
-                "-o",
-                "jsonpath={.spec.ports[0].nodePort}",
-            ])
-            .await?;
-        Ok(port.trim().parse::<u16>()?)
-    })
-    .await
-}
-
 /// Starts everything of the node demo and returns it as a [`Setup`]: the cluster with its node,
 /// Dex, the helm release, the load balancers, a JWTAuthenticator trusting the FederationDomain.
 /// Fails naming the step that failed; what was started stops when the error drops it.
@@ -157,14 +137,21 @@ pub(crate) async fn setup(user: &selkie_e2e::dex::DexUser) -> Result<Setup> {
             &format!("oidcidentityproviders.idp.supervisor.pinniped.dev/{}", dex.name()),
         ])
         .await?;
-    let port = node_port(&cluster, SUPERVISOR_NAMESPACE, SUPERVISOR_SERVICE).await?;
-    let supervisor_lb =
-        LoadBalancer::start_on(supervisor_endpoint, &[SocketAddr::new(host.into(), port)]).await?;
-    println!("FederationDomain issuer {issuer} (haproxy → node port {port})");
+    let supervisor_lb = LoadBalancer::for_service(
+        &cluster,
+        SUPERVISOR_NAMESPACE,
+        SUPERVISOR_SERVICE,
+        supervisor_endpoint,
+    )
+    .await?;
+    println!(
+        "FederationDomain issuer {issuer} (haproxy → {:?})",
+        supervisor_lb.backends()
+    );
 
     step("The Concierge: haproxy in front of the impersonation proxy's LoadBalancer Service (the CredentialIssuer's externalEndpoint)");
-    let port = node_port(&cluster, CONCIERGE_NAMESPACE, PROXY_SERVICE).await?;
-    let proxy_lb = LoadBalancer::start_on(proxy_endpoint, &[SocketAddr::new(host.into(), port)]).await?;
+    let proxy_lb =
+        LoadBalancer::for_service(&cluster, CONCIERGE_NAMESPACE, PROXY_SERVICE, proxy_endpoint).await?;
     eventually(Duration::from_secs(120), || async {
         let issuer: Value = serde_json::from_str(
             &kubectl
@@ -190,7 +177,10 @@ pub(crate) async fn setup(user: &selkie_e2e::dex::DexUser) -> Result<Setup> {
         Ok(())
     })
     .await?;
-    println!("impersonation proxy at https://{proxy_endpoint} (haproxy → node port {port})");
+    println!(
+        "impersonation proxy at https://{proxy_endpoint} (haproxy → {:?})",
+        proxy_lb.backends()
+    );
 
     step("Configuring the Concierge the GitOps way: kubectl apply of a JWTAuthenticator trusting the FederationDomain");
     let authenticator = json!({
