@@ -287,7 +287,9 @@ impl ConciergeClient {
             return Err(ExchangeError::Http {
                 url,
                 status: response.status,
+                // Never quote an answer that repeats the token (a misdirected echo).
                 detail: status_message(&response.body)
+                    .filter(|_| !String::from_utf8_lossy(&response.body).contains(token))
                     .map(|message| format!(": {message}"))
                     .unwrap_or_default(),
             });
@@ -328,12 +330,28 @@ impl ConciergeClient {
     }
 }
 
-/// The `message` of a `metav1.Status` body, on one line and bounded, if the body is one.
+/// What an error answer says, on one line and bounded to 300 characters: the `message` of a
+/// `metav1.Status` body; else a short plain-text body (kube-apiserver's aggregation layer answers
+/// `service unavailable` or `error trying to reach service: …` as text); else nothing (JSON
+/// without a message, binary, or a text longer than 1 KiB, such as an HTML page).
 pub fn status_message(body: &[u8]) -> Option<String> {
-    let status: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let message = status.get("message")?.as_str()?;
-    let one_line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    Some(one_line.chars().take(300).collect())
+    let message = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(status) => status.get("message")?.as_str()?.to_string(),
+        Err(_) if body.len() <= 1024 => {
+            let text = std::str::from_utf8(body).ok()?;
+            if text.trim_start().starts_with(['{', '[', '<']) {
+                return None;
+            }
+            text.to_string()
+        }
+        Err(_) => return None,
+    };
+    let one_line: String = message
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|word| !word.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    (!one_line.is_empty()).then(|| one_line.chars().take(300).collect())
 }
 
 #[cfg(test)]
@@ -436,5 +454,34 @@ mod tests {
             let error = client(endpoint, ca, kind, name, suffix).unwrap_err();
             assert!(error.contains(expected), "{error:?} lacks {expected:?}");
         }
+    }
+
+    #[test]
+    fn error_answers_are_quoted_from_a_status_or_a_short_text_only() {
+        let status = br#"{"kind":"Status","message":"tokencredentialrequests is forbidden:\n  denied"}"#;
+        assert_eq!(
+            status_message(status).as_deref(),
+            Some("tokencredentialrequests is forbidden: denied")
+        );
+        // kube-apiserver's aggregation layer answers in plain text.
+        assert_eq!(
+            status_message(b"service unavailable\n").as_deref(),
+            Some("service unavailable")
+        );
+        assert_eq!(
+            status_message(b"error trying to reach service: dial tcp 10.0.0.1:443: i/o timeout\n").as_deref(),
+            Some("error trying to reach service: dial tcp 10.0.0.1:443: i/o timeout")
+        );
+        for unquoted in [
+            &br#"{"kind":"Status"}"#[..],
+            b"<html><body>gateway</body></html>",
+            b"{not json",
+            b"\xff\xfe",
+            b"   \n",
+            &[b'x'; 2000][..],
+        ] {
+            assert_eq!(status_message(unquoted), None, "{unquoted:?}");
+        }
+        assert_eq!(status_message(&[b'y'; 1000]).map(|m| m.len()), Some(300));
     }
 }

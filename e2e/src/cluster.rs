@@ -169,6 +169,8 @@ pub struct Cluster {
     /// kube-apiserver's arguments, to start it again ([`Cluster::restart_apiserver`]).
     apiserver_args: Vec<OsString>,
     etcd: ManagedProcess,
+    /// etcd's client and peer ports, to start it again ([`Cluster::restart_etcd`]).
+    etcd_ports: (u16, u16),
     pki: ClusterPki,
     server_url: String,
     apiserver_port: u16,
@@ -300,6 +302,7 @@ impl Cluster {
             apiserver,
             apiserver_args: args,
             etcd,
+            etcd_ports: (etcd_client_port, etcd_peer_port),
             pki,
             server_url,
             apiserver_port,
@@ -417,6 +420,27 @@ impl Cluster {
             &self.apiserver_args,
             self.dir.path().join("kube-apiserver.log"),
         )?;
+        wait_for_apiserver(
+            &mut self.apiserver,
+            &mut self.etcd,
+            &self.kubeconfig,
+            DEFAULT_APISERVER_READY_TIMEOUT,
+        )
+        .await?;
+        Ok(stopped.elapsed())
+    }
+
+    /// Stops etcd (SIGTERM, then SIGKILL after 5 s), keeps it down for `down`, and starts it
+    /// again on the same ports and data directory, kube-apiserver staying up throughout; returns
+    /// when etcd is healthy and kube-apiserver ready again (90 s at most) with how long it took
+    /// from the stop. Its log continues in `etcd.log`. Fails when either does not come back.
+    pub async fn restart_etcd(&mut self, down: Duration) -> Result<Duration, HarnessError> {
+        let stopped = Instant::now();
+        self.etcd.stop_async(Duration::from_secs(5)).await;
+        tokio::time::sleep(down).await;
+        let (client_port, peer_port) = self.etcd_ports;
+        self.etcd = start_etcd(self.components, self.dir.path(), client_port, peer_port)?;
+        wait_for_etcd(&mut self.etcd, client_port, DEFAULT_ETCD_READY_TIMEOUT).await?;
         wait_for_apiserver(
             &mut self.apiserver,
             &mut self.etcd,

@@ -1,19 +1,20 @@
-//! Reliability, first fault row (`perf/results/reliability.md`): kube-apiserver restarted under
-//! load through the Concierge (installed from `conf/`, its control plane included), on a private
-//! cluster.
+//! Reliability rows of the control plane (`perf/results/reliability.md`): kube-apiserver
+//! restarted, and etcd restarted under kube-apiserver, under load through the Concierge
+//! (installed from `conf/`, its control plane included), each on a private cluster.
 //!
 //! The load: one client reading ConfigMaps through the impersonation proxy one request after
 //! another (kube-rs, a client certificate of the cluster's client CA, which the Concierge
 //! trusts), each with a 10 s deadline; a watch through the proxy (kube-rs' watcher, which
 //! re-lists as informers do); the admin writing a ConfigMap every 300 ms straight to
-//! kube-apiserver. kube-apiserver is stopped (SIGTERM), kept down for 5 s and started again.
+//! kube-apiserver. The component is stopped (SIGTERM), kept down for 5 s and started again.
 //!
 //! What must hold: no request through the proxy hangs (each ends, with an answer or an error,
-//! well within its deadline: the proxy fails fast while kube-apiserver is away); from 5 s after
-//! kube-apiserver is ready again every request succeeds; the watch sees every write the admin's
-//! client had acknowledged, before and after the restart; the Concierge's controllers resume by
-//! themselves (a JWTAuthenticator applied after the restart gets its status); the Concierge's
-//! memory is the same afterwards. The figures are printed for the results page.
+//! well within its deadline: the proxy fails fast while kube-apiserver is away, and passes on
+//! kube-apiserver's own answer while etcd is); from 5 s after kube-apiserver is ready again
+//! every request succeeds; the watch sees every write the admin's client had acknowledged,
+//! before and after the restart; the Concierge's controllers resume by themselves (a
+//! JWTAuthenticator applied after the restart gets its status); the Concierge's memory is the
+//! same afterwards. The figures are printed for the results page.
 
 use std::{
     collections::BTreeSet,
@@ -35,8 +36,13 @@ use kube::{
 use selkie_e2e::{concierge::InstalledConcierge, eventually, Cluster};
 use tokio::time::Instant;
 
-/// The deadline of one request through the proxy: a request that takes longer hung.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// The deadline of one request through the proxy while kube-apiserver is away: the proxy itself
+/// must answer, so a request that takes longer hung.
+const PROXY_DEADLINE: Duration = Duration::from_secs(10);
+/// The deadline of one request while etcd is away: kube-apiserver holds a request until its own
+/// `--request-timeout` (60 s) and the proxy passes its answer on, so a request that takes longer
+/// hung in the proxy.
+const APISERVER_DEADLINE: Duration = Duration::from_secs(65);
 /// How long kube-apiserver stays down.
 const DOWN: Duration = Duration::from_secs(5);
 /// After kube-apiserver is ready again, how long the proxy may take to serve again.
@@ -53,9 +59,45 @@ fn rss_kib(pid: u32) -> u64 {
     selkie_perf::procstat::rss_kib(pid).unwrap_or(0)
 }
 
+/// What is restarted.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// kube-apiserver: the proxy's upstream is gone.
+    Apiserver,
+    /// etcd: kube-apiserver stays up without its storage.
+    Etcd,
+}
+
+impl Fault {
+    /// The deadline of one request through the proxy during this fault.
+    fn deadline(self) -> Duration {
+        match self {
+            Fault::Apiserver => PROXY_DEADLINE,
+            Fault::Etcd => APISERVER_DEADLINE,
+        }
+    }
+
+    /// Restarts the component, down for [`DOWN`]; how long until kube-apiserver was ready again.
+    async fn inject(self, cluster: &mut Cluster) -> anyhow::Result<Duration> {
+        Ok(match self {
+            Fault::Apiserver => cluster.restart_apiserver(DOWN).await?,
+            Fault::Etcd => cluster.restart_etcd(DOWN).await?,
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_everything_recovers(
 ) -> anyhow::Result<()> {
+    restarted_under_load(Fault::Apiserver).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_etcd_restarted_under_load_requests_end_and_everything_recovers() -> anyhow::Result<()> {
+    restarted_under_load(Fault::Etcd).await
+}
+
+async fn restarted_under_load(fault: Fault) -> anyhow::Result<()> {
     let mut cluster = Cluster::start().await?;
     let concierge = InstalledConcierge::install(&cluster).await?;
     let (endpoint, proxy_ca) = concierge.expose_proxy(&cluster).await?;
@@ -111,6 +153,7 @@ async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_every
     // The reads through the proxy.
     let stop = Arc::new(AtomicBool::new(false));
     let reads = {
+        let deadline = fault.deadline();
         let (stop, configmaps) = (
             stop.clone(),
             Api::<ConfigMap>::namespaced(through_proxy.clone(), &namespace),
@@ -119,12 +162,10 @@ async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_every
             let mut samples = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let at = Instant::now();
-                let error = match tokio::time::timeout(REQUEST_DEADLINE, configmaps.list(&Default::default()))
-                    .await
-                {
+                let error = match tokio::time::timeout(deadline, configmaps.list(&Default::default())).await {
                     Ok(Ok(_)) => None,
                     Ok(Err(error)) => Some(format!("{:#}", anyhow::Error::from(error))),
-                    Err(_) => Some(format!("no answer within {REQUEST_DEADLINE:?}: hung")),
+                    Err(_) => Some(format!("no answer within {deadline:?}: hung")),
                 };
                 let failed = error.is_some();
                 samples.push(Sample {
@@ -175,7 +216,7 @@ async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_every
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rss_before = rss_kib(pid);
     let stopped_at = Instant::now();
-    let restart_took = cluster.restart_apiserver(DOWN).await?;
+    let restart_took = fault.inject(&mut cluster).await?;
     let ready_at = Instant::now();
     let rss_during = rss_kib(pid);
     tokio::time::sleep(RECOVERY_GRACE + Duration::from_secs(10)).await;
@@ -245,9 +286,9 @@ async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_every
         .filter_map(|s| s.error.as_deref())
         .map(|e| e.chars().take(160).collect())
         .collect();
-    println!("what the clients got while kube-apiserver was away: {kinds:#?}");
+    println!("what the clients got during the {fault:?} restart: {kinds:#?}");
     println!(
-        "kube-apiserver restart (down {DOWN:?}, back and ready after {restart_took:?}): {} requests through \
+        "{fault:?} restart (down {DOWN:?}, back and ready after {restart_took:?}): {} requests through \
          the proxy, {} failed while it was away (slowest answer {slowest:?}), {} failed before or >{RECOVERY_GRACE:?} \
          after it was ready; first success {first_success_after_ready:?} after ready; {} writes, all seen by the \
          watch: {}; controller wrote phase {phase:?} after the restart; Concierge RSS {rss_before} / {rss_during} / \
@@ -259,8 +300,8 @@ async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_every
         missing.is_ok(),
     );
     ensure!(
-        slowest < REQUEST_DEADLINE,
-        "a request through the proxy hung while kube-apiserver was away"
+        slowest < fault.deadline(),
+        "a request through the proxy hung during the {fault:?} restart"
     );
     ensure!(
         early.is_empty() && late.is_empty(),

@@ -381,6 +381,54 @@ impl Release {
         }
     }
 
+    /// `outcome` unchanged; when it is an error, first prints (to the test's captured output)
+    /// what an admin would look at: the namespace's pods, kube-apiserver's view of the
+    /// aggregated APIServices, the namespace's recent events, and the last 40 log lines of each
+    /// pod of the component. What cannot be read is named instead.
+    pub(crate) async fn explain<T>(&self, env: &NodeEnv, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
+        if outcome.is_err() {
+            let kubectl = env.cluster.kubectl();
+            let mut looks: Vec<(String, Vec<String>)> = vec![
+                (
+                    "pods".into(),
+                    vec!["get", "pods", "-n", self.namespace, "-o", "wide"]
+                        .into_iter()
+                        .map(String::from)
+                        .collect(),
+                ),
+                (
+                    "APIServices".into(),
+                    ["get", "apiservices"].map(String::from).to_vec(),
+                ),
+                (
+                    "events".into(),
+                    ["get", "events", "-n", self.namespace, "--sort-by=.lastTimestamp"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
+            ];
+            if let Ok(pods) = self.pods(env).await {
+                for pod in names(&pods) {
+                    looks.push((
+                        format!("log of {pod}"),
+                        ["logs", "-n", self.namespace, &pod, "--tail=40"]
+                            .map(String::from)
+                            .to_vec(),
+                    ));
+                }
+            }
+            for (what, args) in looks {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let said = kubectl
+                    .run(&args)
+                    .await
+                    .unwrap_or_else(|e| format!("(unreadable: {e})"));
+                println!("---- {what} (kubectl {}):\n{said}", args.join(" "));
+            }
+        }
+        outcome
+    }
+
     /// `helm uninstall`, then waits (3 minutes at most) until the component's namespace is gone
     /// (the node's controller manager finishes the deletion); fails naming whatever of the
     /// release is left.

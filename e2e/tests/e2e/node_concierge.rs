@@ -321,8 +321,13 @@ async fn successful_strategy(env: &NodeEnv, kind: &str) -> anyhow::Result<Value>
 async fn node_concierge_installed_with_helm_serves_users_survives_upgrades_and_uninstalls_cleanly(
 ) -> anyhow::Result<()> {
     let env = node_env().await?;
-    let kubectl = env.cluster.kubectl();
     let release = Release::new(env, RELEASE, NAMESPACE, PREFIX)?;
+    let outcome = concierge_story(env, &release).await;
+    release.explain(env, outcome).await
+}
+
+async fn concierge_story(env: &'static NodeEnv, release: &Release) -> anyhow::Result<()> {
+    let kubectl = env.cluster.kubectl();
     let endpoint = SocketAddr::new(env.host_ip, selkie_e2e::free_port()?);
 
     // 1. helm install; the pods become Ready through their probes.
@@ -345,6 +350,18 @@ async fn node_concierge_installed_with_helm_serves_users_survives_upgrades_and_u
             !volumes.contains("kubeconfig") && !volumes.contains("admin"),
             "{volumes}"
         );
+    }
+    // kube-apiserver's aggregation layer reaches both APIs: the leader published the serving
+    // CA in the APIServices, and the replicas serve with its certificate.
+    for api in ["login", "identity"] {
+        kubectl
+            .run(&[
+                "wait",
+                "--for=condition=Available",
+                "--timeout=120s",
+                &format!("apiservice/v1alpha1.{api}.concierge.pinniped.dev"),
+            ])
+            .await?;
     }
     let processes = container_processes("/usr/local/bin/selkie-concierge");
     ensure!(

@@ -38,7 +38,7 @@ use selkie_oidc::https::{HttpsClient, TlsOptions};
 use serde_json::{json, Value};
 
 use crate::{
-    node::{is_ready, node_env, Release},
+    node::{is_ready, node_env, NodeEnv, Release},
     supervisor_full::{get_kubeconfig, whoami},
     supervisor_login::{cli_says_logged_in, opened_url, recording_browser},
 };
@@ -116,8 +116,13 @@ async fn finish_load(
 async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and_uninstalls_cleanly(
 ) -> anyhow::Result<()> {
     let env = node_env().await?;
-    let kubectl = env.cluster.kubectl();
     let release = Release::new(env, RELEASE, NAMESPACE, PREFIX)?;
+    let outcome = supervisor_story(env, &release).await;
+    release.explain(env, outcome).await
+}
+
+async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::Result<()> {
+    let kubectl = env.cluster.kubectl();
     let endpoint = SocketAddr::new(env.host_ip, selkie_e2e::free_port()?);
     let issuer = format!("https://{endpoint}/node-issuer");
     let dex = Dex::start_on(
