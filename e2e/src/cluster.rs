@@ -430,6 +430,36 @@ impl Cluster {
         Ok(stopped.elapsed())
     }
 
+    /// Black-holes kube-apiserver for `frozen`: SIGSTOP, then SIGCONT. Meanwhile the kernel
+    /// still accepts connections to its port and acknowledges what is sent on open ones, but
+    /// nothing is answered, as with a hung or black-holed apiserver behind a load balancer.
+    /// Returns once it answers `/readyz` again (90 s at most), with how long it took from the
+    /// freeze.
+    pub async fn freeze_apiserver(&mut self, frozen: Duration) -> Result<Duration, HarnessError> {
+        use nix::{sys::signal, unistd::Pid};
+        let began = Instant::now();
+        let pid = Pid::from_raw(self.apiserver.pid() as i32);
+        let signal_it = |sig| {
+            signal::kill(pid, sig).map_err(|e| {
+                HarnessError::io(
+                    format!("sending {sig} to kube-apiserver"),
+                    std::io::Error::from(e),
+                )
+            })
+        };
+        signal_it(signal::Signal::SIGSTOP)?;
+        tokio::time::sleep(frozen).await;
+        signal_it(signal::Signal::SIGCONT)?;
+        wait_for_apiserver(
+            &mut self.apiserver,
+            &mut self.etcd,
+            &self.kubeconfig,
+            DEFAULT_APISERVER_READY_TIMEOUT,
+        )
+        .await?;
+        Ok(began.elapsed())
+    }
+
     /// Stops etcd (SIGTERM, then SIGKILL after 5 s), keeps it down for `down`, and starts it
     /// again on the same ports and data directory, kube-apiserver staying up throughout; returns
     /// when etcd is healthy and kube-apiserver ready again (90 s at most) with how long it took

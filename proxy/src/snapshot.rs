@@ -45,7 +45,8 @@ pub struct Upstream {
     pub ca: Arc<[WrappedX509]>,
     /// The proxy's own credential.
     pub credential: UpstreamCredential,
-    /// Deadline for connecting.
+    /// Deadline for the TCP connection; the TLS handshake after it has [`TLS_HANDSHAKE_TIMEOUT`]
+    /// more.
     pub connect_timeout: Duration,
     /// HTTP/2 streams per connection before another connection is opened (kube-apiserver allows
     /// 250 by default).
@@ -75,6 +76,10 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
+/// How long the TLS handshake with kube-apiserver may take once TCP is connected (Go's
+/// `http.Transport` default, which client-go uses).
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Upstream {
     /// The proxy's own `Authorization` header for kube-apiserver, when it authenticates with a
     /// token (with a client certificate, the TLS handshake carries the credential).
@@ -95,6 +100,9 @@ impl Upstream {
         let mut peer = HttpPeer::new(self.address, true, self.sni.clone());
         peer.options.ca = Some(self.ca.clone());
         peer.options.connection_timeout = Some(self.connect_timeout);
+        // A kube-apiserver that accepts connections but never answers (stopped, overloaded,
+        // black-holed behind a load balancer) must not hold a request in the handshake forever.
+        peer.options.total_connection_timeout = Some(self.connect_timeout + TLS_HANDSHAKE_TIMEOUT);
         if upgrade {
             peer.options.set_http_version(1, 1);
             peer.options.http_upstream_request_policy.h1_upgrade =

@@ -1,16 +1,19 @@
 //! Reliability rows of the control plane (`perf/results/reliability.md`): kube-apiserver
-//! restarted, and etcd restarted under kube-apiserver, under load through the Concierge
-//! (installed from `conf/`, its control plane included), each on a private cluster.
+//! restarted, kube-apiserver black-holed (frozen: connections accepted, nothing answered), and
+//! etcd restarted under kube-apiserver, under load through the Concierge (installed from
+//! `conf/`, its control plane included), each on a private cluster.
 //!
 //! The load: one client reading ConfigMaps through the impersonation proxy one request after
 //! another (kube-rs, a client certificate of the cluster's client CA, which the Concierge
 //! trusts), each with a 10 s deadline; a watch through the proxy (kube-rs' watcher, which
 //! re-lists as informers do); the admin writing a ConfigMap every 300 ms straight to
-//! kube-apiserver. The component is stopped (SIGTERM), kept down for 5 s and started again.
+//! kube-apiserver. The component is stopped (SIGTERM), kept down for 5 s and started again, or
+//! kube-apiserver is frozen (SIGSTOP) for 80 s and continued.
 //!
 //! What must hold: no request through the proxy hangs (each ends, with an answer or an error,
-//! well within its deadline: the proxy fails fast while kube-apiserver is away, and passes on
-//! kube-apiserver's own answer while etcd is); from 5 s after kube-apiserver is ready again
+//! well within its deadline: the proxy fails fast while kube-apiserver is away, gives up on a
+//! frozen one within its HTTP/2 ping and TLS handshake timeouts, and passes on kube-apiserver's
+//! own answer while etcd is away); from 5 s after kube-apiserver is ready again
 //! every request succeeds; the watch sees every write the admin's client had acknowledged,
 //! before and after the restart; the Concierge's controllers resume by themselves (a
 //! JWTAuthenticator applied after the restart gets its status); the Concierge's memory is the
@@ -39,6 +42,15 @@ use tokio::time::Instant;
 /// The deadline of one request through the proxy while kube-apiserver is away: the proxy itself
 /// must answer, so a request that takes longer hung.
 const PROXY_DEADLINE: Duration = Duration::from_secs(10);
+/// The deadline of one request while kube-apiserver is frozen: the proxy drops an upstream
+/// connection whose HTTP/2 ping goes unanswered (pings every 30 s, 5 s for the pong) and gives a
+/// new connection's TLS handshake 10 s after its TCP connect (5 s), so a request that takes
+/// longer hung in the proxy.
+const FROZEN_DEADLINE: Duration = Duration::from_secs(40);
+/// How long kube-apiserver stays frozen: long enough that a request waiting on the frozen
+/// connection or handshake with no bound of its own would outlast [`FROZEN_DEADLINE`] (the ping
+/// may take 35 s to drop the connection, and a handshake begun then would wait for the rest).
+const FROZEN: Duration = Duration::from_secs(80);
 /// The deadline of one request while etcd is away: kube-apiserver holds a request until its own
 /// `--request-timeout` (60 s) and the proxy passes its answer on, so a request that takes longer
 /// hung in the proxy.
@@ -64,6 +76,8 @@ fn rss_kib(pid: u32) -> u64 {
 enum Fault {
     /// kube-apiserver: the proxy's upstream is gone.
     Apiserver,
+    /// kube-apiserver frozen: connections are accepted and nothing is answered.
+    ApiserverFrozen,
     /// etcd: kube-apiserver stays up without its storage.
     Etcd,
 }
@@ -73,14 +87,17 @@ impl Fault {
     fn deadline(self) -> Duration {
         match self {
             Fault::Apiserver => PROXY_DEADLINE,
+            Fault::ApiserverFrozen => FROZEN_DEADLINE,
             Fault::Etcd => APISERVER_DEADLINE,
         }
     }
 
-    /// Restarts the component, down for [`DOWN`]; how long until kube-apiserver was ready again.
+    /// Restarts the component, down for [`DOWN`] (or freezes kube-apiserver for [`FROZEN`]); how
+    /// long until kube-apiserver was ready again.
     async fn inject(self, cluster: &mut Cluster) -> anyhow::Result<Duration> {
         Ok(match self {
             Fault::Apiserver => cluster.restart_apiserver(DOWN).await?,
+            Fault::ApiserverFrozen => cluster.freeze_apiserver(FROZEN).await?,
             Fault::Etcd => cluster.restart_etcd(DOWN).await?,
         })
     }
@@ -90,6 +107,12 @@ impl Fault {
 async fn faults_kube_apiserver_restarted_under_load_requests_fail_fast_and_everything_recovers(
 ) -> anyhow::Result<()> {
     restarted_under_load(Fault::Apiserver).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_kube_apiserver_black_holed_under_load_no_request_hangs_and_everything_recovers(
+) -> anyhow::Result<()> {
+    restarted_under_load(Fault::ApiserverFrozen).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,6 +46,26 @@ fn a_passed_through_request_never_presents_the_proxys_client_certificate() {
 }
 
 #[test]
+fn every_upstream_connection_has_a_deadline_for_its_tls_handshake_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = config(
+        dir.path(),
+        "clientCertificate: {certFile: DIR/client.crt, keyFile: DIR/client.key}",
+    )
+    .snapshot()
+    .unwrap();
+    let upstream = &snapshot.upstream;
+    for upgrade in [false, true] {
+        let options = upstream.peer(upgrade, true).options;
+        assert_eq!(options.connection_timeout, Some(upstream.connect_timeout));
+        assert_eq!(
+            options.total_connection_timeout,
+            Some(upstream.connect_timeout + super::TLS_HANDSHAKE_TIMEOUT)
+        );
+    }
+}
+
+#[test]
 fn kube_apiservers_token_review_is_on_by_default_and_ends_the_chain() {
     let dir = tempfile::tempdir().unwrap();
     for credential in [
