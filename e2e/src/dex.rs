@@ -239,6 +239,15 @@ impl Dex {
         Ok(())
     }
 
+    /// Stops Dex (SIGTERM, SIGKILL after 10 s) without blocking the runtime's thread: its port
+    /// refuses connections (an identity provider that is down) until [`Dex::restart`] starts it
+    /// again. Nothing to do when it is stopped already.
+    pub async fn stop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.stop_async(Duration::from_secs(10)).await;
+        }
+    }
+
     /// Stops Dex and starts it again on the same port with the same users. Its storage is in
     /// memory, so it comes back with new signing keys: tokens it issued before are signed by a key
     /// it no longer publishes.

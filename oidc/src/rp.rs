@@ -141,6 +141,9 @@ pub struct Provider {
     /// Its discovery document.
     pub discovery: Discovery,
     client: HttpsClient,
+    /// The bound of each request to the issuer ([`HTTP_TIMEOUT`] unless
+    /// [`Provider::with_timeout`] says otherwise).
+    timeout: Duration,
     /// The issuer's keys as last fetched (again when no key verifies a token).
     jwks: ArcSwapOption<Vec<VerifyingKey>>,
 }
@@ -382,6 +385,7 @@ impl Provider {
             issuer: issuer.into(),
             discovery,
             client,
+            timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::empty(),
         })
     }
@@ -393,8 +397,24 @@ impl Provider {
             issuer: discovery.issuer.clone(),
             discovery,
             client: HttpsClient::new(tls).map_err(OidcError::Tls)?,
+            timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::empty(),
         })
+    }
+
+    /// The same provider with each later request to the issuer (token, userinfo, revocation
+    /// and JWKS endpoints) bounded by `timeout` instead of [`HTTP_TIMEOUT`]: for a server whose
+    /// own clients wait on these requests (the Supervisor in front of an upstream), which must
+    /// give up, and answer them, before they give up on it. A request that takes longer fails as
+    /// [`OidcError::Request`] with [`HttpError::Timeout`], which [`OidcError::is_retryable`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The bound of each request to the issuer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// The authorization URL for a browser login; `extra` parameters (the CLI's
@@ -539,7 +559,7 @@ impl Provider {
                 &[(http::header::AUTHORIZATION, bearer), accept_json()],
                 bytes::Bytes::new(),
                 MAX_ANSWER_BYTES,
-                Some(HTTP_TIMEOUT),
+                Some(self.timeout),
             )
             .await
             .map_err(|cause| OidcError::Request { what, cause })?;
@@ -588,7 +608,7 @@ impl Provider {
                 &[accept_json()],
                 bytes::Bytes::new(),
                 MAX_ANSWER_BYTES,
-                Some(HTTP_TIMEOUT),
+                Some(self.timeout),
             )
             .await
             .map_err(|cause| OidcError::Request { what, cause })?;
@@ -632,7 +652,7 @@ impl Provider {
                 &headers,
                 bytes::Bytes::new(),
                 MAX_ANSWER_BYTES,
-                Some(HTTP_TIMEOUT),
+                Some(self.timeout),
             )
             .await
             .map_err(|cause| OidcError::Request { what, cause })?;
@@ -757,7 +777,7 @@ impl Provider {
                 &headers,
                 body.into(),
                 MAX_ANSWER_BYTES,
-                Some(HTTP_TIMEOUT),
+                Some(self.timeout),
             )
             .await
             .map_err(|cause| OidcError::Request { what, cause })?;
@@ -891,7 +911,7 @@ impl Provider {
         let what = "fetching the issuer's signing keys (jwks_uri)";
         let body = self
             .client
-            .get_json(&self.discovery.jwks_uri, MAX_DOCUMENT_BYTES, Some(HTTP_TIMEOUT))
+            .get_json(&self.discovery.jwks_uri, MAX_DOCUMENT_BYTES, Some(self.timeout))
             .await
             .map_err(|cause| match cause {
                 HttpError::Status { .. } => OidcError::BadTokenResponse {
@@ -1093,8 +1113,65 @@ mod tests {
                 ..Discovery::default()
             },
             client: HttpsClient::new(&TlsOptions::default()).unwrap(),
+            timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::from_pointee(jwks),
         }
+    }
+
+    /// An issuer that accepts connections and never answers (black-holed): with
+    /// [`Provider::with_timeout`], a password grant, a refresh and a userinfo call each give up
+    /// within that timeout — not [`HTTP_TIMEOUT`] — and say the issuer may work later.
+    #[tokio::test]
+    async fn requests_to_a_silent_issuer_end_within_the_providers_timeout() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let issuer = format!("https://{}", silent.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut connections = Vec::new();
+            while let Ok((connection, _)) = silent.accept().await {
+                connections.push(connection);
+            }
+        });
+        let discovery = Discovery {
+            issuer: issuer.clone(),
+            authorization_endpoint: format!("{issuer}/authorize"),
+            token_endpoint: format!("{issuer}/token"),
+            jwks_uri: format!("{issuer}/keys"),
+            userinfo_endpoint: format!("{issuer}/userinfo"),
+            ..Discovery::default()
+        };
+        let timeout = Duration::from_millis(300);
+        let provider = Provider::from_discovery(discovery, &TlsOptions::default())
+            .unwrap()
+            .with_timeout(timeout);
+        assert_eq!(provider.timeout(), timeout);
+        let config = ClientConfig {
+            client_id: "client".into(),
+            client_secret: Some("secret".into()),
+            scopes: vec!["openid".into()],
+        };
+        let started = tokio::time::Instant::now();
+        let failures = [
+            provider.password_grant(&config, "pinny", "password").await.err(),
+            provider.refresh(&config, "refresh-token").await.err(),
+            provider.userinfo("access-token").await.err(),
+        ];
+        let took = started.elapsed();
+        for failure in failures {
+            let failure = failure.expect("a silent issuer gave an answer");
+            assert!(
+                matches!(
+                    failure,
+                    OidcError::Request {
+                        cause: HttpError::Timeout { timeout: t, .. },
+                        ..
+                    } if t == timeout
+                ),
+                "{failure}"
+            );
+            assert!(failure.is_retryable(), "{failure}");
+        }
+        assert!(took < Duration::from_secs(3), "three requests took {took:?}");
+        held.abort();
     }
 
     #[tokio::test]

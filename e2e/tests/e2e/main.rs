@@ -13,6 +13,8 @@ mod concierge_kube_cert_agent;
 mod concierge_process;
 mod crds;
 mod faults_apiserver;
+mod faults_churn;
+mod faults_idp;
 mod harness_failures;
 mod harness_lifecycle;
 mod helm_chart;

@@ -22,7 +22,11 @@ fn review_endpoint(cluster: &Cluster) -> String {
 }
 
 /// A fresh service account in `ns` and a real token for it.
-async fn service_account_token(cluster: &Cluster, ns: &str, name: &str) -> anyhow::Result<(String, String)> {
+pub(crate) async fn service_account_token(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<(String, String)> {
     let kubectl = cluster.kubectl();
     kubectl.run(&["create", "serviceaccount", name, "-n", ns]).await?;
     let token = kubectl

@@ -38,6 +38,12 @@ pub(crate) const DISALLOWED_AUTHORIZE_PARAMETERS: [&str; 9] = [
 ];
 /// The bound of one discovery.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The bound of each request to a discovered upstream (its token, userinfo, JWKS and revocation
+/// endpoints), which logins and refreshes wait on. Well within the time the Supervisor's own
+/// clients wait for it ([`selkie_oidc::rp::HTTP_TIMEOUT`], 60 s, the CLI's): an upstream that
+/// accepts connections and never answers costs a login this long, and the user is told
+/// `temporarily_unavailable` rather than their client timing out with no reason.
+pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The OIDCIdentityProvider kind (see the module documentation).
 pub(crate) struct OidcProvider;
@@ -153,7 +159,7 @@ impl Provider for OidcProvider {
                 )),
             };
         let provider = match discovered {
-            Ok(provider) => Arc::new(provider),
+            Ok(provider) => Arc::new(provider.with_timeout(UPSTREAM_TIMEOUT)),
             Err(error) => {
                 let message = format!("failed to perform OIDC discovery against {issuer:?}:\n{error}");
                 checks.push(Check::failure(

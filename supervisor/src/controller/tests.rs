@@ -895,6 +895,36 @@ async fn oidc_issuer_that_does_not_answer_is_unreachable_and_retried() {
     assert!(harness.served("dex").is_none());
 }
 
+/// The upstream built for a working issuer bounds each request to it by
+/// [`crate::controller::oidc::UPSTREAM_TIMEOUT`], well within the 60 s the Supervisor's own
+/// clients wait for it, so that a black-holed upstream is answered `temporarily_unavailable`
+/// before they give up (before, the upstream's requests had the CLI's own 60 s).
+#[tokio::test]
+async fn oidc_upstream_requests_are_bounded_well_within_the_clients_timeout() {
+    let server = FakeHttps::start().await;
+    let mut harness = oidc_harness().await;
+    harness
+        .watched
+        .apply(oidc_client_secret("dex-client-secret", "1"));
+    let dex = idp_object(
+        OIDC,
+        "dex",
+        1,
+        json!({
+            "issuer": server.url(),
+            "tls": {"certificateAuthorityData": ca_data()},
+            "client": {"secretName": "dex-client"},
+        }),
+    );
+    assert_eq!(harness.reconcile(&dex).await, Ok(()));
+    let upstream = harness.served("dex").expect("served");
+    let Upstream::Oidc(oidc) = &*upstream else {
+        panic!("not an OIDC upstream");
+    };
+    assert_eq!(oidc.provider.timeout(), crate::controller::oidc::UPSTREAM_TIMEOUT);
+    assert!(oidc.provider.timeout() * 3 <= selkie_oidc::rp::HTTP_TIMEOUT);
+}
+
 /// The reconciler keeps what each object last built; a reconcile of the same object with the
 /// same Secret and CA bundle must not discover again. The issuer is a real discovery document on
 /// 127.0.0.1; after the first reconcile the server stops listening, so a discovery attempt would

@@ -67,6 +67,8 @@ const DYNAMIC_CLIENT: &str = "client.oauth.pinniped.dev-other";
 const IDP: &str = "Dex";
 /// The upstream access token the sessions hold, which the upstream knows.
 const UPSTREAM_TOKEN: &str = "upstream-access-token";
+/// An upstream access token the upstream answers 503 for (it is failing).
+const UNAVAILABLE_TOKEN: &str = "upstream-unavailable";
 
 /// The CA and serving certificate of the fake upstream (made once: key generation is the
 /// slowest part of starting one).
@@ -81,7 +83,8 @@ fn upstream_pki() -> &'static (selkie_kube::certs::CertPair, selkie_kube::certs:
 }
 
 /// An OIDC upstream's userinfo endpoint on 127.0.0.1 (HTTPS): it answers the claims of the
-/// access tokens it knows, 401 for others, and counts the requests.
+/// access tokens it knows, 503 for [`UNAVAILABLE_TOKEN`], 401 for others, and counts the
+/// requests.
 struct FakeUpstream {
     issuer: String,
     /// Upstream access token → the userinfo claims.
@@ -113,15 +116,17 @@ impl FakeUpstream {
                     let service =
                         hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                             counter.fetch_add(1, Ordering::SeqCst);
-                            let claims = request
+                            let token = request
                                 .headers()
                                 .get(header::AUTHORIZATION)
                                 .and_then(|value| value.to_str().ok())
                                 .and_then(|value| value.strip_prefix("Bearer "))
-                                .filter(|_| request.uri().path() == "/userinfo")
-                                .and_then(|token| known.lock().unwrap().get(token).cloned());
+                                .filter(|_| request.uri().path() == "/userinfo");
+                            let failing = token == Some(UNAVAILABLE_TOKEN);
+                            let claims = token.and_then(|token| known.lock().unwrap().get(token).cloned());
                             let response = match claims {
                                 Some(claims) => json(StatusCode::OK, Bytes::from(claims.to_string())),
+                                None if failing => json(StatusCode::SERVICE_UNAVAILABLE, Bytes::new()),
                                 None => json(StatusCode::UNAUTHORIZED, Bytes::new()),
                             };
                             async move { Ok::<_, Infallible>(response) }
@@ -907,6 +912,34 @@ async fn a_refresh_that_says_try_again_may_be_tried_again() {
             answer.assert_error(Code::InvalidGrant);
         }
     }
+}
+
+/// A refresh the upstream cannot check (it fails: a 5xx, as for a timeout or a refused
+/// connection) is `temporarily_unavailable`, not a refusal of the session: nothing was rotated,
+/// and once the upstream answers again the same refresh token works. (Before, it was
+/// `invalid_grant`, "the upstream identity provider refused the refresh".)
+#[tokio::test(flavor = "current_thread")]
+async fn a_refresh_the_upstream_cannot_check_is_temporarily_unavailable_and_can_be_tried_again() {
+    let harness = Harness::start().await;
+    let (_, tokens) = harness.logged_in().await;
+    let refresh_token = tokens.field("refresh_token");
+    harness.edit(Kind::RefreshToken, refresh_token, |session| {
+        session.upstream.access_token = Some(UNAVAILABLE_TOKEN.into())
+    });
+    let answer = harness.send(refresh_request(refresh_token)).await;
+    answer.assert_error(Code::TemporarilyUnavailable);
+    assert!(
+        answer
+            .field("error_description")
+            .contains("Upstream refresh failed. Reason: the upstream identity provider could not be reached"),
+        "{}",
+        answer.body
+    );
+    harness.edit(Kind::RefreshToken, refresh_token, |session| {
+        session.upstream.access_token = Some(UPSTREAM_TOKEN.into())
+    });
+    let retried = harness.send(refresh_request(refresh_token)).await;
+    assert!(retried.granted(), "{}", retried.body);
 }
 
 /// `count` refreshes with `refresh_token` at once.

@@ -165,6 +165,9 @@ pub(crate) async fn upstream_refresh(
 /// refresh grant when the session holds an upstream refresh token, else the upstream's userinfo
 /// endpoint with the upstream access token it holds; the upstream subject must be the same and
 /// the upstream username unchanged; the additional claims become what the upstream says now.
+/// An OIDC upstream that cannot be reached, times out or fails (5xx, 429) is
+/// `temporarily_unavailable` — the refresh token was not rotated and may be tried again — and
+/// everything else `invalid_grant`.
 pub(crate) async fn upstream_identity(
     issuer: &Arc<Issuer>,
     session: &mut Session,
@@ -208,6 +211,13 @@ pub(crate) async fn upstream_identity(
         return Err(denied("The identity provider's issuer changed."));
     }
     let refused = |error: selkie_oidc::rp::OidcError| {
+        if error.is_retryable() {
+            tracing::warn!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "the upstream refresh could not be checked");
+            return OAuthError::new(
+                Code::TemporarilyUnavailable,
+                "Upstream refresh failed. Reason: the upstream identity provider could not be reached or failed; try again later.",
+            );
+        }
         tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream refresh refused");
         denied("The upstream identity provider refused the refresh.")
     };
