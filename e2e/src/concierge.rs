@@ -41,6 +41,13 @@ impl InstalledConcierge {
     /// token. Returns once the process serves (its `/readyz` answers 200); the control plane
     /// then writes the CredentialIssuer's status and the APIServices' `caBundle` within seconds.
     pub async fn install(cluster: &Cluster) -> Result<Self, HarnessError> {
+        Self::install_with(cluster, json!({})).await
+    }
+
+    /// [`InstalledConcierge::install`] with `settings` (an object of keys of the proxy's
+    /// configuration file, such as `listenerLimits`) set over the harness's, as an admin sets
+    /// them through the chart's `concierge.proxy` values.
+    pub async fn install_with(cluster: &Cluster, settings: serde_json::Value) -> Result<Self, HarnessError> {
         let kubectl = cluster.kubectl();
         let conf = conf_dir();
         kubectl
@@ -137,6 +144,9 @@ impl InstalledConcierge {
                 if let Some(upstream) = config["upstream"].as_object_mut() {
                     upstream.remove("clientCertificate");
                     upstream.insert("tokenFile".into(), json!(token_file));
+                }
+                for (key, value) in settings.as_object().into_iter().flatten() {
+                    config[key] = value.clone();
                 }
             },
             &[OsString::from("--control-plane"), control_plane.into_os_string()],

@@ -392,6 +392,19 @@ impl Supervisor {
         idp_display_name: &str,
         port: u16,
     ) -> Result<Self, HarnessError> {
+        Self::install_with(cluster, upstream, idp_display_name, port, serde_json::json!({})).await
+    }
+
+    /// [`Supervisor::install_on`] with `settings` (an object of configuration-file keys, such as
+    /// `listenerLimits`) set over the manifests' configuration, as an admin sets them through the
+    /// chart's values.
+    pub async fn install_with(
+        cluster: &Cluster,
+        upstream: &dyn Upstream,
+        idp_display_name: &str,
+        port: u16,
+        settings: serde_json::Value,
+    ) -> Result<Self, HarnessError> {
         const NAMESPACE: &str = "pinniped-supervisor";
         crate::crds::install_conf_crds(cluster).await?;
         let manifest =
@@ -411,6 +424,9 @@ impl Supervisor {
             .await?;
         let mut config: serde_json::Value = serde_yaml::from_str(&yaml)
             .map_err(|e| HarnessError::NotReady(format!("the manifests' supervisor.yaml: {e}")))?;
+        for (key, value) in settings.as_object().into_iter().flatten() {
+            config[key] = value.clone();
+        }
         let token = kubectl
             .run(&[
                 "create",

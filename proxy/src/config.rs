@@ -29,6 +29,7 @@ use selkie_kube::serving::ServingCert;
 use serde::Deserialize;
 
 use crate::{
+    admission::ListenerLimits,
     downstream::Timeouts,
     snapshot::{ConciergePaths, Snapshot, TokenFile, Upstream, UpstreamCredential},
     upstream_gate::ConnectionGate,
@@ -54,6 +55,9 @@ pub struct StaticConfig {
     /// How long clients may take to send a request head and may stay idle. Read at start-up.
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// How many client connections may be open at once. Read at start-up.
+    #[serde(default)]
+    pub listener_limits: ListenerLimits,
     /// kube-apiserver.
     pub upstream: UpstreamConfig,
     /// CA bundles whose client certificates identify users (CN = user, O = groups).

@@ -11,6 +11,8 @@
 //!   `Impersonate-*` headers over pooled HTTP/2 (HTTP/1.1 for upgrades);
 //! * [`downstream`]: what a client connection is allowed before authentication: header-read and
 //!   idle timeouts (none for a request in progress) and request-head size limits;
+//! * [`admission`]: how many client connections are open at once (`listenerLimits`), counted
+//!   from before their TLS handshake;
 //! * the header policy itself lives in `selkie_filters::impersonation`, free of pingora;
 //! * [`snapshot`] and [`config`]: the immutable configuration a request runs with, and the static
 //!   YAML file it can be built from without a control plane;
@@ -26,6 +28,7 @@
 //!
 //! It knows nothing of CRDs; the control plane publishes snapshots into the same `ArcSwap`.
 
+pub mod admission;
 pub mod audit;
 pub mod composer;
 pub mod config;

@@ -11,6 +11,8 @@
 //! | `upstream_connections_total` | counter | `connection` (`new` or `reused`) |
 //! | `in_flight_requests` | gauge | `verb_class` |
 //! | `active_tunnels` | gauge | — |
+//! | `connections_open` | gauge | — |
+//! | `connections_refused_total` | counter | — |
 //!
 //! Every label value comes from a fixed set (status codes, [`VerbClass`], reject reasons) or from
 //! the configuration (authenticator names); none is taken from a request, so user names, tokens,
@@ -176,6 +178,8 @@ pub struct Metrics {
     upstream_connections: [Counter; 2],
     in_flight: [Gauge; 5],
     tunnels: Gauge,
+    connections_open: Gauge,
+    connections_refused: Counter,
     /// The `authenticator` label values that name no configured authenticator.
     anonymous: Arc<str>,
     chain: Arc<str>,
@@ -239,6 +243,19 @@ impl Metrics {
             tunnels.clone(),
         );
 
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "Client connections open now, TLS handshakes included (at most listenerLimits.maxConnections)",
+            connections_open.clone(),
+        );
+        let connections_refused = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Client connections closed at once because listenerLimits.maxConnections were open",
+            connections_refused.clone(),
+        );
+
         Self {
             requests,
             durations,
@@ -246,6 +263,8 @@ impl Metrics {
             upstream_connections,
             in_flight,
             tunnels,
+            connections_open,
+            connections_refused,
             anonymous: Arc::from("anonymous"),
             chain: Arc::from("chain"),
         }
@@ -307,6 +326,19 @@ impl Metrics {
     pub fn tunnel_opened(&self) -> Active {
         self.tunnels.inc();
         Active(self.tunnels.clone())
+    }
+
+    /// Call when a client connection takes a place under `listenerLimits.maxConnections`
+    /// ([`crate::admission`]): it counts as open until the returned guard is dropped.
+    pub fn connection_admitted(&self) -> Active {
+        self.connections_open.inc();
+        Active(self.connections_open.clone())
+    }
+
+    /// Call when a client connection is closed at once because `listenerLimits.maxConnections`
+    /// are open.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     /// How many requests are in flight now, all classes together (what a graceful shutdown waits

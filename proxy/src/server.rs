@@ -1,6 +1,7 @@
-//! The proxy process on pingora: the listener with its TLS settings, the operations port, the
-//! shutdown signals and the lifecycle (ready, draining, exit). `selkie-concierge` builds a
-//! [`ProxyServer`] and runs it; nothing outside this crate touches pingora.
+//! The proxy process on pingora: the listener with its TLS settings and its connection limit
+//! ([`crate::admission`]), the operations port, the shutdown signals and the lifecycle (ready,
+//! draining, exit). `selkie-concierge` builds a [`ProxyServer`] and runs it; nothing outside this
+//! crate touches pingora.
 //!
 //! SIGTERM makes `/readyz` answer 503 at once, keeps serving for `shutdown.gracePeriodSeconds`,
 //! then closes the listeners and lets the requests in flight finish for up to
@@ -27,6 +28,7 @@ use tokio::{
 };
 
 use crate::{
+    admission::ConnectionLimit,
     config::{ShutdownConfig, StaticConfig},
     downstream::Timeouts,
     metrics::Metrics,
@@ -126,6 +128,10 @@ impl ProxyServer {
         tls.set_client_cert_verifier(Arc::new(PossessionVerifier::new()));
         tls.enable_h2();
         proxy.add_tls_with_settings(&listen.to_string(), None, tls);
+        // Each connection takes a place before its TLS handshake and keeps it until it closes.
+        let limit = Arc::new(ConnectionLimit::new(config.listener_limits, &metrics));
+        proxy.set_connection_filter(limit.clone());
+        proxy.endpoints().set_pre_tls_callback(limit);
         server.add_service(proxy);
         if let Some(address) = operations {
             let operations = Operations::new(health.clone(), Arc::new(registry));

@@ -12,6 +12,7 @@ mod concierge_credential_issuer;
 mod concierge_kube_cert_agent;
 mod concierge_process;
 mod crds;
+mod faults_abuse;
 mod faults_apiserver;
 mod faults_churn;
 mod faults_idp;

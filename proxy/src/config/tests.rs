@@ -26,6 +26,11 @@ fn the_example_configuration_parses() {
         Timeouts::default(),
         "the example shows the defaults"
     );
+    assert_eq!(
+        config.listener_limits,
+        ListenerLimits::default(),
+        "the example shows the defaults"
+    );
 }
 
 #[test]
@@ -165,6 +170,23 @@ fn timeouts_default_and_are_named_when_wrong() {
     let error = parse_minimal("timeouts: {idle: 0ms}\n").unwrap_err().to_string();
     assert!(
         error.contains("timeouts.idle") && error.contains("greater than zero"),
+        "{error}"
+    );
+}
+
+#[test]
+fn listener_limits_default_and_are_named_when_wrong() {
+    assert_eq!(
+        parse_minimal("").unwrap().listener_limits,
+        ListenerLimits::DEFAULT
+    );
+    let config = parse_minimal("listenerLimits: {maxConnections: 5000}\n").unwrap();
+    assert_eq!(config.listener_limits.max_connections, 5000);
+    let error = parse_minimal("listenerLimits: {maxConnections: 0}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("listenerLimits") && error.contains("maxConnections 0: must be between 1 and 1000000"),
         "{error}"
     );
 }

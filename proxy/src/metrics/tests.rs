@@ -167,6 +167,8 @@ fn the_exposition_has_every_family_with_bounded_labels() {
         Some(0.0)
     );
     assert_eq!(sample(&text, "selkie_proxy_active_tunnels"), Some(1.0));
+    assert_eq!(sample(&text, "selkie_proxy_connections_open"), Some(0.0));
+    assert_eq!(sample(&text, "selkie_proxy_connections_refused_total"), Some(0.0));
 
     assert_eq!(
         sample(

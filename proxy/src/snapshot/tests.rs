@@ -60,7 +60,7 @@ fn every_upstream_connection_has_a_deadline_for_its_tls_handshake_too() {
         assert_eq!(options.connection_timeout, Some(upstream.connect_timeout));
         assert_eq!(
             options.total_connection_timeout,
-            Some(upstream.connect_timeout + super::TLS_HANDSHAKE_TIMEOUT)
+            Some(upstream.connect_timeout + TLS_HANDSHAKE_TIMEOUT)
         );
     }
 }
