@@ -6,12 +6,27 @@
 #   x509_identity   client certificates into the x509 authenticator (none may authenticate)
 #   header_policy   header maps and users into the proxy's header policy (no credential field
 #                   survives stripping; requested impersonation and Impersonate-* round trips agree)
+#   supervisor_authorize  authorization requests into the Supervisor's oauth2/authorize (answers are
+#                   OAuth errors, redirects to registered URIs or a sealed continuation; no code)
+#   supervisor_token      token and revocation requests into oauth2/token and oauth2/revoke (no
+#                   tokens without a grant; errors are OAuth JSON errors)
+#   supervisor_sealed     sealed states and CSRF cookies, opened directly and by callback and login
+#                   (nothing opens unless sealed with the key; endpoints answer 400/403)
+#   supervisor_cel        identity transforms and policies (CEL) compiled and run at and beyond
+#                   their budget (errors are errors; outcomes well-formed; examples agree)
+#   supervisor_specs      OIDCClients, FederationDomains and identity providers into the controllers'
+#                   checks (conditions well-formed; only valid objects are served)
+#   supervisor_github     GitHub API and OAuth answers into the GitHub identity provider (the token
+#                   goes only to the API; identities well-formed; no secret in errors)
+#   supervisor_ldap       directory entries (BER and parsed) and typed values into the LDAP and Active
+#                   Directory identity providers (identities, groups, filters ldap3 parses back)
 # The toolchain is stable: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its nightly flags. cargo-fuzz
 # itself is installed (pinned) into ~/.cargo/bin when that version is missing. The fuzz crate is
 # its own workspace; its lock file (not in git) is copied from the main Cargo.lock, so it builds
 # the versions `cargo test --locked` tests. Each target starts from its checked-in seeds
-# (fuzz/seeds/<target>) and its corpus (fuzz/corpus/<target>, kept between runs); the corpus,
-# crash inputs (fuzz/artifacts/<target>/), logs and the build (fuzz/target) stay out of git.
+# (fuzz/seeds/<target>) and its corpus (fuzz/corpus/<target>, kept between runs, except for the
+# targets in FRESH_CORPUS, which start from their seeds every time); the corpus, crash inputs
+# (fuzz/artifacts/<target>/), logs and the build (fuzz/target) stay out of git.
 # Prints one summary line per target; on a crash, the input's path, the panic, and how to
 # reproduce it.
 #
@@ -23,7 +38,12 @@ log() { printf '[fuzz] %s\n' "$*" >&2; }
 die() { printf '[fuzz] error: %s\n' "$*" >&2; exit 1; }
 
 CARGO_FUZZ_VERSION=0.13.2
-TARGETS=(jwt_token jwks_document x509_identity header_policy)
+TARGETS=(jwt_token jwks_document x509_identity header_policy supervisor_authorize supervisor_token
+  supervisor_sealed supervisor_cel supervisor_specs supervisor_github supervisor_ldap)
+# libFuzzer runs a target's whole corpus before it mutates anything, whatever -max_total_time says.
+# One input of these costs milliseconds (supervisor_cel: parsing CEL under AddressSanitizer), so a
+# corpus kept between runs would soon take longer to run than the run's time: theirs is dropped.
+FRESH_CORPUS=(supervisor_cel)
 seconds="${1:-20}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 [seconds-per-target] (a positive integer, not '$seconds')"
 
@@ -56,6 +76,9 @@ for target in "${TARGETS[@]}"; do
   args=(-max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30)
   [[ -f "fuzz/dicts/$target.dict" ]] && args+=(-dict="fuzz/dicts/$target.dict")
   # New inputs go to the first directory; the seeds are only read.
+  if [[ " ${FRESH_CORPUS[*]} " == *" $target "* ]]; then
+    rm -rf "fuzz/corpus/$target"
+  fi
   dirs=("fuzz/corpus/$target")
   [[ -d "fuzz/seeds/$target" ]] && dirs+=("fuzz/seeds/$target")
   mkdir -p "${dirs[0]}" "fuzz/artifacts/$target"

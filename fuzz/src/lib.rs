@@ -1,10 +1,14 @@
 //! What Selkie's fuzz targets share, built once per process: a current-thread Tokio runtime, the
 //! JWT authenticator under test, and key material whose private halves are thrown away as soon as
-//! they have been used, so no input can carry a valid signature.
+//! they have been used, so no input can carry a valid signature; and for the Supervisor's targets,
+//! its endpoints' answers read whole, and what an OAuth error answer must look like.
 
 use std::{sync::OnceLock, time::Duration};
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
 use ring::{
     rand::SystemRandom,
     signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair as _},
@@ -189,4 +193,107 @@ pub fn throwaway_ca_pem() -> String {
         .self_signed(&key)
         .expect("self-signing a CA certificate")
         .pem()
+}
+
+/// An answer of the Supervisor's endpoints, read whole.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// A header's value as text (empty when absent or not text).
+    pub fn header(&self, name: http::HeaderName) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+    }
+}
+
+/// What `endpoints` answer to `request` (on [`runtime`]).
+pub fn answer(endpoints: &selkie_supervisor::Endpoints, request: Request<Full<Bytes>>) -> Answer {
+    runtime().block_on(async {
+        let response = endpoints.handle(request).await;
+        let (parts, body) = response.into_parts();
+        let body = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(never) => match never {},
+        };
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    })
+}
+
+/// The OAuth 2.0 error codes (RFC 6749 §4.1.2.1, §5.2; OpenID Connect Core §3.1.2.6) and the
+/// status of each when it is answered directly rather than redirected: `invalid_client` is 401
+/// (RFC 6749 §5.2), `access_denied` 403, `server_error` 500, `temporarily_unavailable` 503, and
+/// the others 400.
+pub const OAUTH_ERRORS: [(&str, u16); 13] = [
+    ("invalid_request", 400),
+    ("invalid_client", 401),
+    ("invalid_grant", 400),
+    ("invalid_scope", 400),
+    ("invalid_state", 400),
+    ("unauthorized_client", 400),
+    ("unsupported_grant_type", 400),
+    ("unsupported_response_type", 400),
+    ("unsupported_response_mode", 400),
+    ("access_denied", 403),
+    ("server_error", 500),
+    ("temporarily_unavailable", 503),
+    ("login_required", 400),
+];
+
+/// The `error` of a direct OAuth error answer, after checking that it is one: JSON (uncached)
+/// holding exactly `error`, a known code whose status is the answer's, and a non-empty
+/// `error_description`; and `WWW-Authenticate: Basic` with `invalid_client` when `basic` (the
+/// token and revocation endpoints). Panics otherwise.
+pub fn expect_oauth_error(answer: &Answer, basic: bool) -> String {
+    assert_eq!(
+        answer.header(http::header::CONTENT_TYPE),
+        "application/json",
+        "an error answer that is not JSON: {answer:?}"
+    );
+    assert_eq!(
+        answer.header(http::header::CACHE_CONTROL),
+        "no-store",
+        "{answer:?}"
+    );
+    let body: Value = serde_json::from_slice(&answer.body)
+        .unwrap_or_else(|e| panic!("an error answer that does not parse ({e}): {answer:?}"));
+    let object = body.as_object().expect("an error answer is a JSON object");
+    let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["error", "error_description"], "{body}");
+    let error = body["error"].as_str().expect("error is a string");
+    let description = body["error_description"]
+        .as_str()
+        .expect("error_description is a string");
+    assert!(!description.is_empty(), "{body}");
+    let Some((_, status)) = OAUTH_ERRORS.iter().find(|(code, _)| *code == error) else {
+        panic!("an unknown OAuth error code: {body}");
+    };
+    assert_eq!(answer.status.as_u16(), *status, "the status of {body}");
+    if basic && error == "invalid_client" {
+        assert_eq!(
+            answer.header(http::header::WWW_AUTHENTICATE),
+            "Basic",
+            "{answer:?}"
+        );
+    }
+    error.to_string()
+}
+
+/// The text of `bytes` as the fuzz targets read it (lossy UTF-8).
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }

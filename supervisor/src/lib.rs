@@ -43,11 +43,14 @@
 //!   hold on them (`server::limits`), Prometheus metrics (`server::metrics`) and the audit events
 //!   (`server::audit`).
 //! * `config`: the Supervisor's own configuration file.
+//! * `fuzzing` (feature `fuzzing`, off by default): what the fuzz targets in `fuzz/` drive.
 
 mod clients;
 mod config;
 mod controller;
 mod endpoints;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod idp;
 mod issuer;
 mod sealed;

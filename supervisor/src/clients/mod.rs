@@ -372,6 +372,33 @@ fn dynamic_client(name: &str, spec: &OIDCClientSpec, hashes: Vec<String>) -> Dyn
     }
 }
 
+/// An OIDCClient `name` checked with its storage Secret as the reconciler checks it: the
+/// conditions of [`validate`] and, when it gave hashes, the client the reconciler publishes
+/// (fuzz targets only).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn checked(
+    name: &str,
+    spec: &OIDCClientSpec,
+    storage: Option<&Secret>,
+) -> (Vec<Check>, Option<DynamicClient>) {
+    let (checks, hashes) = validate(spec, storage);
+    let client = (!hashes.is_empty()).then(|| dynamic_client(name, spec, hashes));
+    (checks, client)
+}
+
+#[cfg(feature = "fuzzing")]
+impl Clients {
+    /// The table of `clients`, each one [`checked`] gave (fuzz targets only).
+    pub(crate) fn of(clients: impl IntoIterator<Item = DynamicClient>) -> Self {
+        Self {
+            by_id: clients
+                .into_iter()
+                .map(|client| (client.client.id.clone(), Arc::new(client)))
+                .collect(),
+        }
+    }
+}
+
 /// A spec enum (a scope, a grant type) as it is written in the CR and in OAuth requests.
 fn wire<T: Serialize>(value: &T) -> String {
     serde_json::to_value(value)

@@ -171,6 +171,31 @@ impl<P: Provider> IdentityProviderReconciler<P> {
     }
 }
 
+/// The first check of `object` as a replica that does not lead makes it (nothing built before,
+/// no status written): its typed form read as a reconcile reads it, `provider`'s evaluation
+/// against `sources`, and the status it would write. Fails as the typed reading does (fuzz
+/// targets only; they never give `sources` what would make the check ask another server).
+#[cfg(feature = "fuzzing")]
+pub(crate) async fn evaluate_once<P: Provider>(
+    provider: &P,
+    kind: &Kind,
+    sources: &Sources,
+    object: &DynamicObject,
+) -> Result<(Evaluation<P::Built>, serde_json::Value), ReconcileError> {
+    let typed_object: P::Object = typed(object)?;
+    let interim = Interim::<P> {
+        kind,
+        object,
+        typed: &typed_object,
+        enabled: false,
+    };
+    let evaluation = provider
+        .evaluate(sources, &object.name_any(), &typed_object, None, &interim)
+        .await;
+    let status = P::status(&typed_object, &evaluation.checks);
+    Ok((evaluation, status))
+}
+
 impl<P: Provider> Reconciler for IdentityProviderReconciler<P> {
     type Error = ReconcileError;
 

@@ -22,6 +22,8 @@
 mod directory;
 pub(crate) mod federation_domain;
 mod federation_domains;
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing;
 mod github;
 mod identity_provider;
 pub(crate) mod keys;

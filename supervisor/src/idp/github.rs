@@ -137,7 +137,24 @@ pub struct GitHub {
     pub groups: GitHubGroupNameAttribute,
     /// The allowed organizations, lower-case; empty: every GitHub user.
     pub allowed_organizations: BTreeSet<String>,
-    https: HttpsClient,
+    transport: Transport,
+}
+
+/// Where GitHub's answers come from.
+#[derive(Clone)]
+#[cfg_attr(
+    feature = "fuzzing",
+    expect(
+        clippy::large_enum_variant,
+        reason = "the small variant exists in fuzz targets only; the Supervisor's GitHub has one variant"
+    )
+)]
+enum Transport {
+    /// GitHub itself, over HTTPS.
+    Https(HttpsClient),
+    /// Answers given in advance (the fuzz targets': no request leaves the process).
+    #[cfg(feature = "fuzzing")]
+    Answers(std::sync::Arc<crate::fuzzing::GitHubAnswers>),
 }
 
 impl std::fmt::Debug for GitHub {
@@ -216,7 +233,30 @@ impl GitHub {
                 .iter()
                 .map(|org| org.to_lowercase())
                 .collect(),
-            https,
+            transport: Transport::Https(https),
+        }
+    }
+
+    /// The same GitHub, answered by `answers` instead of the network (fuzz targets only).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn answered_by(mut self, answers: std::sync::Arc<crate::fuzzing::GitHubAnswers>) -> Self {
+        self.transport = Transport::Answers(answers);
+        self
+    }
+
+    /// One request to GitHub, bounded by [`TIMEOUT`], reading at most `limit` bytes of answer.
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        body: Bytes,
+        limit: usize,
+    ) -> Result<selkie_oidc::https::Response, HttpError> {
+        match &self.transport {
+            Transport::Https(https) => https.send(method, url, headers, body, limit, Some(TIMEOUT)).await,
+            #[cfg(feature = "fuzzing")]
+            Transport::Answers(answers) => answers.answer(method, url, headers, limit),
         }
     }
 
@@ -252,7 +292,6 @@ impl GitHub {
             .append_pair("redirect_uri", redirect_uri)
             .finish();
         let response = self
-            .https
             .send(
                 Method::POST,
                 &format!("{}/access_token", self.endpoints.oauth),
@@ -265,7 +304,6 @@ impl GitHub {
                 ],
                 Bytes::from(body),
                 64 * 1024,
-                Some(TIMEOUT),
             )
             .await
             .map_err(unavailable)?;
@@ -411,14 +449,12 @@ impl GitHub {
     /// `GET url` with `token`; any answer but 2xx is an error saying what GitHub said.
     async fn request(&self, token: &str, url: &str) -> Result<selkie_oidc::https::Response, GitHubError> {
         let response = self
-            .https
             .send(
                 Method::GET,
                 url,
                 &api_headers(Some(token)),
                 Bytes::new(),
                 MAX_BODY,
-                Some(TIMEOUT),
             )
             .await
             .map_err(unavailable)?;

@@ -534,7 +534,7 @@ impl Directory {
     }
 
     /// The username, UID and refresh attributes of the user `entry` (no groups yet).
-    fn identity_of(&self, entry: &SearchEntry) -> Result<LdapIdentity, LdapError> {
+    pub(crate) fn identity_of(&self, entry: &SearchEntry) -> Result<LdapIdentity, LdapError> {
         let search = &self.config.user_search;
         let username = text_value(entry, &search.username_attribute)?;
         let uid = if search.uid_attribute == DN {
@@ -572,6 +572,21 @@ impl Directory {
         if search.base.is_empty() {
             return Ok(Vec::new());
         }
+        let (name_attribute, _) = self.group_naming();
+        let attributes = if name_attribute == DN {
+            vec!["1.1".to_string()]
+        } else {
+            vec![name_attribute.to_string()]
+        };
+        let filter = self.group_filter(entry)?;
+        let entries = self.paged_search(&search.base, &filter, attributes).await?;
+        self.group_names(&entries)
+    }
+
+    /// The filter of the group search for the user `entry`: the template with `{}` standing for
+    /// the user's DN, or for the value of `user_attribute_for_filter`.
+    pub(crate) fn group_filter(&self, entry: &SearchEntry) -> Result<String, LdapError> {
+        let search = &self.config.group_search;
         let value = match search.user_attribute_for_filter.as_deref() {
             Some(attribute) if !attribute.is_empty() && attribute != DN => text_value(entry, attribute)?,
             _ => entry.dn.clone(),
@@ -581,6 +596,13 @@ impl Directory {
         } else {
             search.filter.clone()
         };
+        Ok(fill_filter(&template, &value))
+    }
+
+    /// How a group is named: the attribute holding its name (`dn`: the DN), and whether
+    /// `@<domain>` is appended (Active Directory's default).
+    fn group_naming(&self) -> (&str, bool) {
+        let search = &self.config.group_search;
         let with_domain =
             self.config.flavor == Flavor::ActiveDirectory && search.group_name_attribute.is_empty();
         let name_attribute = match search.group_name_attribute.as_str() {
@@ -588,15 +610,15 @@ impl Directory {
             "" => DN,
             other => other,
         };
-        let attributes = if name_attribute == DN {
-            vec!["1.1".to_string()]
-        } else {
-            vec![name_attribute.to_string()]
-        };
-        let filter = fill_filter(&template, &value);
-        let entries = self.paged_search(&search.base, &filter, attributes).await?;
+        (name_attribute, with_domain)
+    }
+
+    /// The names of the group entries a group search found, sorted, de-duplicated; an entry
+    /// without a single name is [`LdapError::MissingAttribute`].
+    pub(crate) fn group_names(&self, entries: &[SearchEntry]) -> Result<Vec<String>, LdapError> {
+        let (name_attribute, with_domain) = self.group_naming();
         let mut names = Vec::with_capacity(entries.len());
-        for group in &entries {
+        for group in entries {
             let name = if name_attribute == DN {
                 group.dn.clone()
             } else {
@@ -918,7 +940,7 @@ async fn connect_searcher(
 
 /// The entry of a search answer. `ldap3` panics on an entry it cannot read (a DN that is not
 /// UTF-8, a malformed message): a directory's bad answer is an error, never a crash.
-fn entry_of(entry: ldap3::ResultEntry, base: &str) -> Result<SearchEntry, LdapError> {
+pub(crate) fn entry_of(entry: ldap3::ResultEntry, base: &str) -> Result<SearchEntry, LdapError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| SearchEntry::construct(entry))).map_err(|_| {
         LdapError::Search {
             base: base.to_string(),
@@ -955,7 +977,7 @@ fn result_text(rc: u32, text: &str) -> String {
 
 /// Active Directory's refresh checks: `pwdLastSet` as at login, the account neither disabled nor
 /// locked.
-fn active_directory_checks(
+pub(crate) fn active_directory_checks(
     entry: &SearchEntry,
     at_login: &BTreeMap<String, String>,
 ) -> Result<(), LdapError> {

@@ -21,6 +21,17 @@ use selkie_filters::expression::Expression;
 /// A policy's refusal when it has no message of its own (Pinniped's words).
 pub(crate) const DEFAULT_REJECTION: &str = "authentication was rejected by a configured policy";
 
+/// How large transforms may make an identity (its username's bytes, and each group's plus one):
+/// a step whose result is larger than [`IDENTITY_GROWTH_FACTOR`] times the identity the transforms
+/// were given, plus this, fails the login. Each expression's cost is bounded for bounded inputs
+/// (the compilation budget), but each step's result is the next step's input: unbounded, steps
+/// that each copy what they are given a few times (`username + username`) make an identity
+/// exponentially large in the number of steps. Bounded, every step's input is at most a few times
+/// the upstream identity.
+pub(crate) const IDENTITY_GROWTH_BYTES: usize = 64 * 1024;
+/// See [`IDENTITY_GROWTH_BYTES`]: room for prefixes and suffixes on every group.
+pub(crate) const IDENTITY_GROWTH_FACTOR: usize = 4;
+
 /// The variables expressions may use.
 const VARIABLES: [&str; 4] = ["username", "groups", "strConst", "strListConst"];
 
@@ -113,8 +124,12 @@ impl Transforms {
     }
 
     /// Runs the expressions in order on `username` and `groups`. Fails when an expression fails
-    /// or returns the wrong type, or leaves an empty username; the error names the expression.
+    /// or returns the wrong type, leaves an empty username, or makes the identity too large
+    /// (more than four times the identity given, plus 64 KiB); the error names the expression.
     pub fn apply(&self, username: &str, groups: &[String]) -> Result<Outcome, String> {
+        let limit = identity_bytes(username, groups)
+            .saturating_mul(IDENTITY_GROWTH_FACTOR)
+            .saturating_add(IDENTITY_GROWTH_BYTES);
         let mut username = username.to_string();
         let mut groups = groups.to_vec();
         let constants = (
@@ -170,6 +185,12 @@ impl Transforms {
                 return Err(
                     "identity transformation returned an empty username, which is not allowed".into(),
                 );
+            }
+            let size = identity_bytes(&username, &groups);
+            if size > limit {
+                return Err(failed(format!(
+                    "the identity it returned has {size} bytes, more than the {limit} allowed"
+                )));
             }
         }
         groups.sort();
@@ -240,6 +261,14 @@ impl Transforms {
         }
         failures
     }
+}
+
+/// The size of an identity: its username's bytes, and each group's plus one (so that many empty
+/// groups count too).
+fn identity_bytes(username: &str, groups: &[String]) -> usize {
+    groups
+        .iter()
+        .fold(username.len(), |size, group| size.saturating_add(group.len() + 1))
 }
 
 fn strings(values: &[String]) -> Value {
@@ -350,6 +379,49 @@ expressions:
             .apply("pinny", &[])
             .unwrap_err();
         assert!(error.contains("empty username"), "{error}");
+    }
+
+    /// Found with the `supervisor_cel` fuzz target: steps that each return their input copied a
+    /// few times grew the identity exponentially down the list — eight steps of 32 copies made a
+    /// 5-byte username gigabytes long and exhausted memory. Now a step's result may not outgrow
+    /// four times the identity given plus [`IDENTITY_GROWTH_BYTES`].
+    #[test]
+    fn steps_cannot_grow_the_identity_without_bound() {
+        let copies = vec!["(username)"; 32].join("+");
+        let growing = format!("{{type: username/v1, expression: \"{copies}\"}}");
+        let spec_of = |expressions: Vec<String>| spec(&format!("expressions: [{}]", expressions.join(", ")));
+        let transforms = Transforms::compile(&spec_of(vec![growing; 8]), 0).unwrap();
+        let error = transforms.apply("pinny", &[]).unwrap_err();
+        assert_eq!(
+            error,
+            "identity transformation at index 2: the identity it returned has 163840 bytes, more than the 65556 allowed"
+        );
+        // Groups count too, each at least a byte: copying a list of empty groups is growth.
+        let copying = "{type: groups/v1, expression: \"groups + groups + groups + groups\"}".to_string();
+        let error = Transforms::compile(&spec_of(vec![copying; 12]), 0)
+            .unwrap()
+            .apply("pinny", &[String::new()])
+            .unwrap_err();
+        assert!(error.contains("more than the 65560 allowed"), "{error}");
+        // A large identity may still be transformed, up to four times its size.
+        let big: Vec<String> = (0..20_000).map(|n| format!("group-{n}")).collect();
+        let prefixed = spec_of(vec![
+            "{type: groups/v1, expression: \"groups.map(g, 'ldap:' + g)\"}".into(),
+        ]);
+        let allowed = Transforms::compile(&prefixed, 0).unwrap().apply("pinny", &big);
+        assert!(matches!(allowed, Ok(Outcome::Allowed { groups, .. }) if groups.len() == big.len()));
+        let five = spec_of(vec![
+            "{type: groups/v1, expression: \"groups + groups + groups + groups + groups.map(g, g + '.')\"}"
+                .into(),
+        ]);
+        let error = Transforms::compile(&five, 0)
+            .unwrap()
+            .apply("pinny", &big)
+            .unwrap_err();
+        assert!(
+            error.starts_with("identity transformation at index 0: the identity it returned has"),
+            "{error}"
+        );
     }
 
     fn spec_empty_username() -> FederationDomainTransforms {

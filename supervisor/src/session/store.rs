@@ -13,15 +13,16 @@
 //! as precondition), delete (optionally with UID and resourceVersion preconditions) and list by
 //! label selector — to kube-apiserver through an `Api<Secret>`. That is its seam: unit tests put
 //! an in-memory namespace in its place (`Store::in_memory` and the `memory` module, both
-//! `#[cfg(test)]`), which answers those five as kube-apiserver does — status codes and reasons
-//! included —, counts them, can fail one on demand, and interleaves concurrent callers in an
-//! order drawn from a seed; the real endpoints run against it.
+//! `#[cfg(test)]`, and built for the fuzz targets with the `fuzzing` feature), which answers
+//! those five as kube-apiserver does — status codes and reasons included —, counts them, can fail
+//! one on demand, and interleaves concurrent callers in an order drawn from a seed; the real
+//! endpoints run against it.
 
 use std::collections::BTreeMap;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{
     api::{DeleteParams, ListParams, PostParams, Preconditions},
     Api,
@@ -62,17 +63,17 @@ pub struct Store {
 /// answers as kube-apiserver does; errors are [`kube::Error::Api`] with its status.
 #[derive(Clone)]
 #[cfg_attr(
-    test,
+    any(test, feature = "fuzzing"),
     expect(
         clippy::large_enum_variant,
-        reason = "the small variant exists in unit tests only; the Supervisor's store has one variant"
+        reason = "the small variant exists in unit tests and fuzz targets only; the Supervisor's store has one variant"
     )
 )]
 enum Secrets {
     /// The Supervisor's namespace at kube-apiserver.
     Kube(Api<Secret>),
     /// An in-memory namespace ([`memory::MemorySecrets`]).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     Memory(Arc<memory::MemorySecrets>),
 }
 
@@ -81,7 +82,7 @@ impl Secrets {
     async fn create(&self, secret: &Secret) -> Result<(), kube::Error> {
         match self {
             Self::Kube(api) => api.create(&PostParams::default(), secret).await.map(drop),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fuzzing"))]
             Self::Memory(memory) => memory.create(secret).await.map(drop),
         }
     }
@@ -90,7 +91,7 @@ impl Secrets {
     async fn get(&self, name: &str) -> Result<Secret, kube::Error> {
         match self {
             Self::Kube(api) => api.get(name).await,
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fuzzing"))]
             Self::Memory(memory) => memory.get(name).await,
         }
     }
@@ -99,7 +100,7 @@ impl Secrets {
     async fn replace(&self, name: &str, secret: &Secret) -> Result<(), kube::Error> {
         match self {
             Self::Kube(api) => api.replace(name, &PostParams::default(), secret).await.map(drop),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fuzzing"))]
             Self::Memory(memory) => memory.replace(name, secret).await.map(drop),
         }
     }
@@ -108,7 +109,7 @@ impl Secrets {
     async fn delete(&self, name: &str, params: &DeleteParams) -> Result<(), kube::Error> {
         match self {
             Self::Kube(api) => api.delete(name, params).await.map(drop),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fuzzing"))]
             Self::Memory(memory) => memory.delete(name, params.preconditions.as_ref()).await,
         }
     }
@@ -117,11 +118,37 @@ impl Secrets {
     async fn list(&self, selector: &str) -> Result<Vec<Secret>, kube::Error> {
         match self {
             Self::Kube(api) => Ok(api.list(&ListParams::default().labels(selector)).await?.items),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "fuzzing"))]
             Self::Memory(memory) => memory.list(selector).await,
         }
     }
+
+    /// One page of a metadata-only `LIST` (`PartialObjectMetadata`: no data, no values of the
+    /// Secrets) of those matching `selector`: at most `limit`, from `continue_token` on; the
+    /// metadata and the token of the next page, if any.
+    async fn list_metadata_page(
+        &self,
+        selector: &str,
+        limit: u32,
+        continue_token: Option<String>,
+    ) -> Result<(Vec<ObjectMeta>, Option<String>), kube::Error> {
+        match self {
+            Self::Kube(api) => {
+                let mut params = ListParams::default().labels(selector).limit(limit);
+                params.continue_token = continue_token;
+                let page = api.list_metadata(&params).await?;
+                let next = page.metadata.continue_.filter(|token| !token.is_empty());
+                Ok((page.items.into_iter().map(|item| item.metadata).collect(), next))
+            }
+            #[cfg(any(test, feature = "fuzzing"))]
+            Self::Memory(memory) => memory.list_metadata_page(selector, limit, continue_token).await,
+        }
+    }
 }
+
+/// How many Secrets one page of the garbage collector's list holds: with metadata only, a page
+/// is some hundreds of KiB however many sessions there are.
+pub(crate) const COLLECTOR_PAGE: u32 = 500;
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -144,7 +171,7 @@ impl Store {
     /// A store over an empty in-memory namespace, and that namespace, to look into, to change
     /// behind the store's back, and to interleave concurrent requests with
     /// ([`memory::MemorySecrets`]).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn in_memory() -> (Self, Arc<memory::MemorySecrets>) {
         let memory = Arc::new(memory::MemorySecrets::default());
         (
@@ -264,13 +291,45 @@ impl Store {
         Ok(deleted)
     }
 
-    /// Every storage Secret whose garbage-collect-after time is before `now` (one list call).
+    /// Every storage Secret whose garbage-collect-after time is before `now`. The collection
+    /// time is an annotation, so the storage Secrets are listed by metadata only, in pages of
+    /// [`COLLECTOR_PAGE`], and only the expired ones are read in whole (one `GET` each): a sweep
+    /// costs kube-apiserver and the Supervisor's memory the metadata of the live sessions, not
+    /// their contents. An expired Secret deleted between the list and its read is skipped.
     pub async fn collectable(&self, now: OffsetDateTime) -> Result<Vec<Secret>, StoreError> {
-        let found = self.secrets.list(TYPE_LABEL).await?;
-        Ok(found
-            .into_iter()
-            .filter(|secret| garbage_collect_after(secret).is_some_and(|after| after < now))
-            .collect())
+        let mut expired = Vec::new();
+        let mut next = None;
+        loop {
+            let (page, continue_token) = self
+                .secrets
+                .list_metadata_page(TYPE_LABEL, COLLECTOR_PAGE, next)
+                .await?;
+            expired.extend(page.into_iter().filter_map(|metadata| {
+                let listed = Secret {
+                    metadata,
+                    ..Secret::default()
+                };
+                let due = garbage_collect_after(&listed).is_some_and(|after| after < now);
+                due.then_some(listed.metadata.name).flatten()
+            }));
+            match continue_token {
+                Some(token) => next = Some(token),
+                None => break,
+            }
+        }
+        let mut collectable = Vec::with_capacity(expired.len());
+        for name in expired {
+            match self.secrets.get(&name).await {
+                // Read again: it may have been written since it was listed.
+                Ok(secret) if garbage_collect_after(&secret).is_some_and(|after| after < now) => {
+                    collectable.push(secret);
+                }
+                Ok(_) => {}
+                Err(error) if is_status(&error, 404) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(collectable)
     }
 
     /// Deletes `secret` if it is still the object that was read (same UID and resourceVersion,
@@ -294,9 +353,9 @@ impl Store {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod memory {
-    //! An in-memory namespace of Secrets for unit tests, answering the five requests the store
+    //! An in-memory namespace of Secrets for unit tests (and fuzz targets), answering the five requests the store
     //! makes as kube-apiserver does:
     //!
     //! * create: 409 `AlreadyExists` when the name is taken, 400 `BadRequest` when the object
@@ -322,7 +381,7 @@ pub(crate) mod memory {
     use std::collections::BTreeMap;
     use std::sync::{Mutex, MutexGuard, PoisonError};
 
-    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
     use kube::api::Preconditions;
 
     /// The largest Secret kube-apiserver stores (its data, in bytes).
@@ -754,8 +813,41 @@ pub(crate) mod memory {
             self.state().list(selector)
         }
 
+        /// A metadata-only `LIST` page by label selector, in name order: at most `limit` after
+        /// the name `continue_token` holds; the token of the next page is the last name given,
+        /// when more are left.
+        pub(crate) async fn list_metadata_page(
+            &self,
+            selector: &str,
+            limit: u32,
+            continue_token: Option<String>,
+        ) -> Result<(Vec<ObjectMeta>, Option<String>), kube::Error> {
+            self.arrive(Verb::List).await?;
+            let mut matching: Vec<ObjectMeta> = self
+                .state()
+                .list(selector)?
+                .into_iter()
+                .map(|secret| secret.metadata)
+                .filter(|metadata| continue_token.is_none() || metadata.name > continue_token)
+                .collect();
+            matching.sort_by(|a, b| a.name.cmp(&b.name));
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX).max(1);
+            let next = (matching.len() > limit)
+                .then(|| matching[limit - 1].name.clone())
+                .flatten();
+            matching.truncate(limit);
+            Ok((matching, next))
+        }
+
         /// From now on every request first yields to the runtime 0 to `max_yields` times, as
         /// drawn by a generator seeded with `seed`.
+        #[cfg_attr(
+            not(test),
+            expect(
+                dead_code,
+                reason = "unit tests only: the fuzz targets inject no failure or interleaving"
+            )
+        )]
         pub(crate) fn interleave(&self, seed: u64, max_yields: u64) {
             self.state().interleaving = Some(Interleaving {
                 state: seed,
@@ -764,6 +856,13 @@ pub(crate) mod memory {
         }
 
         /// The next request of kind `verb` fails with `code` (`InternalError`).
+        #[cfg_attr(
+            not(test),
+            expect(
+                dead_code,
+                reason = "unit tests only: the fuzz targets inject no failure or interleaving"
+            )
+        )]
         pub(crate) fn fail_next(&self, verb: Verb, code: u16) {
             self.state().failures.push((verb, code));
         }
@@ -779,12 +878,26 @@ pub(crate) mod memory {
         }
 
         /// The Secret `name`, as stored (no request is counted).
+        #[cfg_attr(
+            not(test),
+            expect(
+                dead_code,
+                reason = "unit tests only: the fuzz targets inject no failure or interleaving"
+            )
+        )]
         pub(crate) fn stored(&self, name: &str) -> Option<Secret> {
             self.state().secrets.get(name).cloned()
         }
 
         /// Changes the Secret `name` as another writer would (it takes a new resourceVersion);
         /// `false` when there is none.
+        #[cfg_attr(
+            not(test),
+            expect(
+                dead_code,
+                reason = "unit tests only: the fuzz targets inject no failure or interleaving"
+            )
+        )]
         pub(crate) fn edit(&self, name: &str, change: impl FnOnce(&mut Secret)) -> bool {
             let mut state = self.state();
             let version = state.write();
@@ -1107,6 +1220,49 @@ mod tests {
         assert!(store.delete_unchanged(&collectable[0]).await.unwrap());
         assert!(!store.delete_unchanged(&collectable[0]).await.unwrap(), "gone");
         assert!(memory.stored(&Resource::AccessToken.secret_name("old")).is_none());
+    }
+
+    /// The collector lists by metadata only, page by page, and reads in whole just the expired
+    /// Secrets: with 1,201 sessions of which 3 are expired (one in each page), a sweep's list is
+    /// three pages and three reads.
+    #[tokio::test]
+    async fn the_collector_lists_metadata_in_pages_and_reads_only_what_expired() {
+        let (store, memory) = Store::in_memory();
+        let now = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let hour = time::Duration::hours(1);
+        let mut expired = Vec::new();
+        for n in 0..1201 {
+            let signature = format!("s{n:05}");
+            let lifetime = if n % 500 == 7 { -hour } else { hour };
+            store
+                .create(Resource::AccessToken, &signature, &session("r"), lifetime, now)
+                .await
+                .unwrap();
+            if lifetime < time::Duration::ZERO {
+                expired.push(Resource::AccessToken.secret_name(&signature));
+            }
+        }
+        memory.take_requests();
+        let collectable = store.collectable(now).await.unwrap();
+        let mut names: Vec<String> = collectable
+            .iter()
+            .map(|secret| secret.metadata.name.clone().unwrap())
+            .collect();
+        names.sort();
+        expired.sort();
+        assert_eq!(names, expired);
+        assert!(
+            collectable.iter().all(|secret| secret.data.is_some()),
+            "read in whole"
+        );
+        assert_eq!(
+            memory.take_requests(),
+            Requests {
+                list: 3,
+                get: 3,
+                ..Requests::default()
+            }
+        );
     }
 
     /// Concurrent callers interleave in an order that depends on the seed only: the same seed
