@@ -420,13 +420,7 @@ impl Cluster {
             &self.apiserver_args,
             self.dir.path().join("kube-apiserver.log"),
         )?;
-        wait_for_apiserver(
-            &mut self.apiserver,
-            &mut self.etcd,
-            &self.kubeconfig,
-            DEFAULT_APISERVER_READY_TIMEOUT,
-        )
-        .await?;
+        self.wait_until_ready_again().await?;
         Ok(stopped.elapsed())
     }
 
@@ -450,13 +444,7 @@ impl Cluster {
         signal_it(signal::Signal::SIGSTOP)?;
         tokio::time::sleep(frozen).await;
         signal_it(signal::Signal::SIGCONT)?;
-        wait_for_apiserver(
-            &mut self.apiserver,
-            &mut self.etcd,
-            &self.kubeconfig,
-            DEFAULT_APISERVER_READY_TIMEOUT,
-        )
-        .await?;
+        self.wait_until_ready_again().await?;
         Ok(began.elapsed())
     }
 
@@ -471,14 +459,21 @@ impl Cluster {
         let (client_port, peer_port) = self.etcd_ports;
         self.etcd = start_etcd(self.components, self.dir.path(), client_port, peer_port)?;
         wait_for_etcd(&mut self.etcd, client_port, DEFAULT_ETCD_READY_TIMEOUT).await?;
+        self.wait_until_ready_again().await?;
+        Ok(stopped.elapsed())
+    }
+
+    /// After a fault the cluster's own methods injected: waits (90 s at most) until
+    /// kube-apiserver answers `/readyz` again, as at start-up, failing early when either process
+    /// has exited.
+    async fn wait_until_ready_again(&mut self) -> Result<(), HarnessError> {
         wait_for_apiserver(
             &mut self.apiserver,
             &mut self.etcd,
             &self.kubeconfig,
             DEFAULT_APISERVER_READY_TIMEOUT,
         )
-        .await?;
-        Ok(stopped.elapsed())
+        .await
     }
 
     /// Stops both components (the apiserver first) and removes temporary files.
