@@ -10,7 +10,7 @@ use selkie_api::login::{TokenCredentialRequest, TokenCredentialRequestSpec, Type
 
 use crate::{
     exec::CredentialStatus,
-    http::{HttpError, HttpsClient, TlsOptions},
+    http::{is_retryable_status, HttpError, HttpsClient, Response, TlsOptions},
     timestamp,
 };
 
@@ -258,7 +258,9 @@ impl ConciergeClient {
         )
     }
 
-    /// Exchanges `token` for a cluster credential, within `timeout`.
+    /// Exchanges `token` for a cluster credential, within `timeout`, asking again while the
+    /// Concierge is briefly out of reach (see [`ConciergeClient::post_retrying`]). A refusal
+    /// (`status.message`) is final at once.
     pub async fn exchange(&self, token: &str, timeout: Duration) -> Result<CredentialStatus, ExchangeError> {
         let request = TokenCredentialRequest {
             api_version: format!("login.concierge.{}/v1alpha1", self.group_suffix),
@@ -278,11 +280,7 @@ impl ConciergeClient {
             reason: format!("the request could not be encoded: {e}"),
         })?;
         let url = self.http.url(&self.path());
-        let response = self
-            .http
-            .post_json(&self.path(), body, Some(timeout))
-            .await
-            .map_err(ExchangeError::Unreachable)?;
+        let response = self.post_retrying(body, timeout).await?;
         if !response.status.is_success() {
             return Err(ExchangeError::Http {
                 url,
@@ -329,6 +327,43 @@ impl ConciergeClient {
         Ok(status)
     }
 }
+
+impl ConciergeClient {
+    /// `POST`s the TokenCredentialRequest `body`, sending it again after [`RETRY_DELAYS`] while
+    /// the failure is one a moment may cure: the connection was refused, reset or closed before
+    /// an answer, or the answer was 429, 502, 503 or 504 (a Concierge pod killed or restarting
+    /// behind kube-apiserver's aggregation layer or a load balancer). Everything fits in
+    /// `timeout`; the last answer (whatever its status) or error is returned. A request is
+    /// only a credential asked for: sending it twice issues nothing the caller does not get.
+    async fn post_retrying(&self, body: Vec<u8>, timeout: Duration) -> Result<Response, ExchangeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut delays = RETRY_DELAYS.iter();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let outcome = self.http.post_json(&self.path(), body.clone(), Some(left)).await;
+            let again = match &outcome {
+                Ok(response) => is_retryable_status(response.status),
+                Err(error) => error.is_retryable(),
+            };
+            match delays.next() {
+                Some(delay) if again && tokio::time::Instant::now() + *delay < deadline => {
+                    tokio::time::sleep(*delay).await;
+                }
+                _ => return outcome.map_err(ExchangeError::Unreachable),
+            }
+        }
+    }
+}
+
+/// The pauses before sending a TokenCredentialRequest again ([`ConciergeClient::exchange`]):
+/// about 4 s in all, the time a Service and its load balancers take to forget a killed pod.
+pub const RETRY_DELAYS: [Duration; 5] = [
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1200),
+    Duration::from_millis(1600),
+];
 
 /// What an error answer says, on one line and bounded to 300 characters: the `message` of a
 /// `metav1.Status` body; else a short plain-text body (kube-apiserver's aggregation layer answers

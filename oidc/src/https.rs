@@ -94,6 +94,10 @@ pub enum HttpError {
         url: String,
         /// The error and its causes, one line.
         cause: String,
+        /// Whether the connection was refused, reset or closed before an answer: a server
+        /// restarting or a load balancer's stale backend, which a later attempt may not meet.
+        /// A TLS failure (an untrusted certificate), a bad address or a timeout is not.
+        connection_lost: bool,
     },
     /// No complete answer within the timeout.
     #[error("{method} {url}: no answer within {timeout:?}")]
@@ -128,6 +132,18 @@ pub enum HttpError {
 }
 
 impl HttpError {
+    /// Whether the same request may succeed if sent again at once: the connection was refused,
+    /// reset or closed before an answer, or the answer was 429 or a gateway's 502, 503 or 504
+    /// (kube-apiserver's aggregation layer, a load balancer, a server starting or stopping).
+    /// Every other failure is final: a timeout has spent its time already.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Request { connection_lost, .. } => *connection_lost,
+            Self::Status { status, .. } => is_retryable_status(*status),
+            _ => false,
+        }
+    }
+
     /// The status of a non-2xx answer, if that is what this error is.
     pub fn status(&self) -> Option<http::StatusCode> {
         match self {
@@ -240,6 +256,7 @@ impl HttpsClient {
                     method: method.clone(),
                     url: url.to_string(),
                     cause: error_chain(&e),
+                    connection_lost: connection_lost(&e),
                 })?;
             let status = response.status();
             let headers = response.headers().clone();
@@ -329,6 +346,47 @@ pub fn https_url(url: &str) -> Result<http::Uri, HttpError> {
         return Err(bad("it has no host".into()));
     }
     Ok(uri)
+}
+
+/// Whether an answer with `status` says "not now" rather than "no": 429, or a gateway's 502, 503
+/// or 504.
+pub fn is_retryable_status(status: http::StatusCode) -> bool {
+    matches!(status.as_u16(), 429 | 502 | 503 | 504)
+}
+
+/// Whether `error` (or a cause of it) is a connection refused, reset, aborted or closed before
+/// the whole answer came. TLS errors reach here as `InvalidData` and are not.
+fn connection_lost(error: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::NotConnected
+                    | ErrorKind::UnexpectedEof
+            ) {
+                return true;
+            }
+            // hyper-rustls wraps the TLS stream's errors in `io::Error::other`, whose `source`
+            // skips the wrapped error itself: look inside.
+            if let Some(inner) = io.get_ref() {
+                current = Some(inner);
+                continue;
+            }
+        }
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>() {
+            if hyper.is_incomplete_message() || hyper.is_closed() || hyper.is_canceled() {
+                return true;
+            }
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// An error and its sources on one line, repeated messages dropped (hyper's wrappers often
@@ -467,6 +525,69 @@ mod tests {
         let text = error.to_string();
         assert!(text.starts_with(&format!("GET {url}: ")), "{text}");
         assert!(text.to_lowercase().contains("connection refused"), "{text}");
+        assert!(
+            error.is_retryable(),
+            "a refused connection may be a restarting server"
+        );
+    }
+
+    /// A server on a local port that, for each connection, reads a little and then does `answer`
+    /// with the socket.
+    async fn one_shot_server(answer: &'static [u8]) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buffer = [0u8; 512];
+                let _ = socket.read(&mut buffer).await;
+                let _ = socket.write_all(answer).await;
+                drop(socket);
+            }
+        });
+        format!("https://127.0.0.1:{port}/x")
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_before_an_answer_is_retryable_and_a_tls_failure_is_not() {
+        let client = HttpsClient::new(&TlsOptions::default()).unwrap();
+        let closed = one_shot_server(b"").await;
+        let error = client
+            .get_json(&closed, 1024, Some(Duration::from_secs(10)))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, HttpError::Request { .. }), "{error}");
+        assert!(error.is_retryable(), "{error}");
+
+        // Plain HTTP where TLS is expected: the handshake fails, and so would every retry.
+        let not_tls = one_shot_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n").await;
+        let error = client
+            .get_json(&not_tls, 1024, Some(Duration::from_secs(10)))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, HttpError::Request { .. }), "{error}");
+        assert!(!error.is_retryable(), "{error}");
+    }
+
+    #[test]
+    fn only_gateway_answers_and_429_are_retryable_statuses() {
+        let status = |code: u16| HttpError::Status {
+            method: http::Method::GET,
+            url: "https://x.example/".into(),
+            status: http::StatusCode::from_u16(code).unwrap(),
+        };
+        for code in [429, 502, 503, 504] {
+            assert!(status(code).is_retryable(), "{code}");
+        }
+        for code in [400, 401, 403, 404, 409, 500, 501] {
+            assert!(!status(code).is_retryable(), "{code}");
+        }
+        let timeout = HttpError::Timeout {
+            method: http::Method::GET,
+            url: "https://x.example/".into(),
+            timeout: Duration::from_secs(1),
+        };
+        assert!(!timeout.is_retryable());
     }
 
     #[test]

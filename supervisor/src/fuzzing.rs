@@ -523,6 +523,7 @@ impl GitHubAnswers {
                 method,
                 url: url.to_string(),
                 cause: "no answer".into(),
+                connection_lost: false,
             });
         };
         if answer.body.len() > limit {

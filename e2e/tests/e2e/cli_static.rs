@@ -753,3 +753,125 @@ async fn bad_input_fails_with_one_clear_line_and_a_damaged_cache_is_survived() -
     assert!(!stderr.contains(&wrong_token), "{stderr}");
     setup.assert_token_not_logged()
 }
+
+/// A load balancer in front of the proxy whose first `closed` connections meet a backend that
+/// just died: each is accepted and closed at once. Later connections are relayed to the proxy.
+struct DyingBackend {
+    url: String,
+    connections: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for DyingBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl DyingBackend {
+    async fn start(proxy_url: &str, closed: usize) -> anyhow::Result<Self> {
+        let target = proxy_url
+            .strip_prefix("https://")
+            .unwrap_or(proxy_url)
+            .trim_end_matches('/')
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("https://{}", listener.local_addr()?);
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                if counted.fetch_add(1, Ordering::SeqCst) < closed {
+                    drop(socket);
+                    continue;
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut socket, &mut upstream).await;
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            url,
+            connections,
+            task,
+        })
+    }
+
+    /// `args` with the Concierge endpoint replaced by this load balancer.
+    fn in_front(&self, args: Vec<String>) -> Vec<String> {
+        args.into_iter()
+            .map(|arg| {
+                if arg.starts_with("--concierge-endpoint=") {
+                    format!("--concierge-endpoint={}", self.url)
+                } else {
+                    arg
+                }
+            })
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_login_while_the_concierge_is_briefly_unreachable_is_retried_and_a_tls_failure_is_not(
+) -> anyhow::Result<()> {
+    let setup = Setup::start("cli-retry").await?;
+    let env = [(TOKEN_ENV, setup.token.as_str())];
+
+    // Two connections closed (a killed pod still in the Service's endpoints), then the proxy:
+    // the login succeeds on the third attempt with one TokenCredentialRequest answered.
+    let front = DyingBackend::start(setup.proxy.url(), 2).await?;
+    let args = front.in_front(setup.concierge_args(&setup.path("retry.yaml")));
+    let (ok, stdout, stderr) = setup.run(&setup.selkie, &args, &env).await?;
+    assert!(ok, "the login must survive two lost connections: {stderr}");
+    let credential: Value = serde_json::from_str(&stdout)?;
+    assert!(
+        credential["status"]["clientCertificateData"]
+            .as_str()
+            .is_some_and(|pem| pem.starts_with("-----BEGIN CERTIFICATE-----")),
+        "{credential}"
+    );
+    assert!(selkie_lines(&stderr).is_empty(), "retries are silent: {stderr}");
+    assert_eq!(front.connections.load(Ordering::SeqCst), 3);
+    setup
+        .assert_token_credential_requests(1, "after a login that met two lost connections")
+        .await?;
+
+    // Every connection closed: the login gives up after its retries, a few seconds in, with
+    // one line.
+    let dead = DyingBackend::start(setup.proxy.url(), usize::MAX).await?;
+    let args = dead.in_front(setup.concierge_args(&setup.path("dead.yaml")));
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = setup.run(&setup.selkie, &args, &env).await?;
+    let took = started.elapsed();
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("could not reach the Concierge"), "{stderr}");
+    let attempts = dead.connections.load(Ordering::SeqCst);
+    assert_eq!(attempts, 6, "one attempt and five retries");
+    assert!(took < Duration::from_secs(20), "gave up after {took:?}");
+
+    // A certificate the CLI does not trust fails at once: retrying cannot cure it.
+    let other_ca = CertificateAuthority::new("selkie-test-unrelated-ca")?;
+    let relay = DyingBackend::start(setup.proxy.url(), 0).await?;
+    let args: Vec<String> = relay
+        .in_front(setup.concierge_args(&setup.path("untrusted.yaml")))
+        .into_iter()
+        .map(|arg| {
+            if arg.starts_with("--concierge-ca-bundle-data=") {
+                format!("--concierge-ca-bundle-data={}", B64.encode(other_ca.cert_pem()))
+            } else {
+                arg
+            }
+        })
+        .collect();
+    let (ok, _, stderr) = setup.run(&setup.selkie, &args, &env).await?;
+    assert!(
+        !ok && stderr.contains("could not reach the Concierge"),
+        "{stderr}"
+    );
+    assert_eq!(relay.connections.load(Ordering::SeqCst), 1, "{stderr}");
+    setup.assert_token_not_logged()
+}
