@@ -15,6 +15,7 @@ use std::{
 
 use anyhow::{ensure, Context as _};
 use selkie_e2e::{
+    eventually,
     helm::{chart_dir, Helm},
     images::{selkie_images, SelkieImages},
     Cluster,
@@ -341,9 +342,11 @@ impl Release {
         self.pods(env).await
     }
 
-    /// Kills the pod `victim` (`kubectl delete pod --force --grace-period=0`) and waits (2
-    /// minutes at most) until two pods are Ready again, the victim not among them. `meanwhile`
-    /// runs before each look: its first failure fails this at once.
+    /// Kills the pod `victim` (`kubectl delete pod --force --grace-period=0`), waits (30 s at
+    /// most) until no EndpointSlice of the namespace lists it (connections sent to a killed pod
+    /// before then are lost, whatever the server), then waits (2 minutes at most) until two
+    /// pods are Ready again, the victim not among them. `meanwhile` runs before each look of
+    /// that second wait: its first failure fails this at once.
     pub(crate) async fn kill<F, Fut>(&self, env: &NodeEnv, victim: &str, meanwhile: F) -> anyhow::Result<()>
     where
         F: Fn() -> Fut,
@@ -361,6 +364,27 @@ impl Release {
                 "--grace-period=0",
             ])
             .await?;
+        eventually(Duration::from_secs(30), || async {
+            let slices = env
+                .cluster
+                .kubectl()
+                .run(&["get", "endpointslices", "-n", self.namespace, "-o", "json"])
+                .await?;
+            let slices: Value = serde_json::from_str(&slices)?;
+            let listed = slices["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|slice| slice["endpoints"].as_array().into_iter().flatten())
+                .any(|endpoint| endpoint["targetRef"]["name"] == victim);
+            ensure!(
+                !listed,
+                "the EndpointSlices of {} still list {victim}",
+                self.namespace
+            );
+            Ok(())
+        })
+        .await?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
             meanwhile().await.context("while the killed pod was replaced")?;
@@ -382,11 +406,13 @@ impl Release {
     }
 
     /// `outcome` unchanged; when it is an error, first prints (to the test's captured output)
-    /// what an admin would look at: the namespace's pods, kube-apiserver's view of the
-    /// aggregated APIServices, the namespace's recent events, and the last 40 log lines of each
-    /// pod of the component. What cannot be read is named instead.
+    /// the error itself (CI shows the head of a failure's output, and the diagnosis is long),
+    /// then what an admin would look at: the namespace's pods, kube-apiserver's view of the
+    /// aggregated (non-local) APIServices, the namespace's recent events, and the last 40 log
+    /// lines of each pod of the component. What cannot be read is named instead.
     pub(crate) async fn explain<T>(&self, env: &NodeEnv, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
-        if outcome.is_err() {
+        if let Err(error) = &outcome {
+            println!("---- the failure: {error:#}");
             let kubectl = env.cluster.kubectl();
             let mut looks: Vec<(String, Vec<String>)> = vec![
                 (
@@ -419,10 +445,17 @@ impl Release {
             }
             for (what, args) in looks {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                let said = kubectl
+                let mut said = kubectl
                     .run(&args)
                     .await
                     .unwrap_or_else(|e| format!("(unreadable: {e})"));
+                if what == "APIServices" {
+                    said = said
+                        .lines()
+                        .filter(|line| !line.contains(" Local "))
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                }
                 println!("---- {what} (kubectl {}):\n{said}", args.join(" "));
             }
         }

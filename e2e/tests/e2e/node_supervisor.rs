@@ -52,6 +52,9 @@ const IDP_NAME: &str = "Dex Users";
 const AUDIENCE: &str = "node-member-cluster";
 const EMAIL: &str = "walrus@example.com";
 const PASSWORD: &str = "arctic-password";
+/// The load's own Dex user: Dex keeps one live refresh token per user and client, so logins of
+/// the browser user by the load would revoke that user's session upstream.
+const LOAD_EMAIL: &str = "walrus-load@example.com";
 
 fn values(images: &SelkieImages, revision: &str) -> Value {
     let image = &images.supervisor;
@@ -79,7 +82,7 @@ fn start_load(
         let (mut logins, mut refreshes, mut failures) = (0, 0, Vec::new());
         let token_url = format!("{issuer}/oauth2/token");
         while !stop.load(Ordering::Relaxed) {
-            match pinniped_cli::login(&client, &issuer, IDP_NAME, EMAIL, PASSWORD).await {
+            match pinniped_cli::login(&client, &issuer, IDP_NAME, LOAD_EMAIL, PASSWORD).await {
                 Ok(tokens) => {
                     logins += 1;
                     let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
@@ -127,12 +130,20 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
     let issuer = format!("https://{endpoint}/node-issuer");
     let dex = Dex::start_on(
         env.host_ip,
-        &[DexUser {
-            email: EMAIL.into(),
-            password: PASSWORD.into(),
-            user_id: "walrus-1".into(),
-            groups: vec!["walruses".into()],
-        }],
+        &[
+            DexUser {
+                email: EMAIL.into(),
+                password: PASSWORD.into(),
+                user_id: "walrus-1".into(),
+                groups: vec!["walruses".into()],
+            },
+            DexUser {
+                email: LOAD_EMAIL.into(),
+                password: PASSWORD.into(),
+                user_id: "walrus-load".into(),
+                groups: vec!["walruses".into()],
+            },
+        ],
         &[format!("{issuer}/callback")],
     )
     .await?;
@@ -256,8 +267,11 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
                 && p["metadata"]["labels"]["selkie-e2e-revision"] == "2"),
         "after the upgrade: {pods:#?}"
     );
-    // The session from before the upgrade still works: the cluster is reached again.
-    let user = whoami(&member, &kubeconfig).await?;
+    // The session from before the upgrade still works: the cluster is reached again, without a
+    // new browser login (nobody would answer one: the CLI would wait for it).
+    let user = tokio::time::timeout(Duration::from_secs(120), whoami(&member, &kubeconfig))
+        .await
+        .context("the session from before the upgrade did not reach the cluster within 120 s: the CLI is waiting for a new browser login")??;
     ensure!(user["username"] == EMAIL, "{user}");
 
     // 4. A pod killed under load.
