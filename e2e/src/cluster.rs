@@ -430,22 +430,51 @@ impl Cluster {
     /// Returns once it answers `/readyz` again (90 s at most), with how long it took from the
     /// freeze.
     pub async fn freeze_apiserver(&mut self, frozen: Duration) -> Result<Duration, HarnessError> {
-        use nix::{sys::signal, unistd::Pid};
+        use nix::sys::signal::Signal;
         let began = Instant::now();
-        let pid = Pid::from_raw(self.apiserver.pid() as i32);
-        let signal_it = |sig| {
-            signal::kill(pid, sig).map_err(|e| {
-                HarnessError::io(
-                    format!("sending {sig} to kube-apiserver"),
-                    std::io::Error::from(e),
-                )
-            })
-        };
-        signal_it(signal::Signal::SIGSTOP)?;
+        self.signal_apiserver(Signal::SIGSTOP)?;
         tokio::time::sleep(frozen).await;
-        signal_it(signal::Signal::SIGCONT)?;
+        self.signal_apiserver(Signal::SIGCONT)?;
         self.wait_until_ready_again().await?;
         Ok(began.elapsed())
+    }
+
+    /// Makes kube-apiserver slow for `total`: stopped (SIGSTOP) for `paused` of every `period`,
+    /// running the rest, as an apiserver starved of CPU answers — late, but it answers. Returns
+    /// once it answers `/readyz` after the last SIGCONT (90 s at most), with how long it took
+    /// from the start. `paused` must be shorter than `period`.
+    pub async fn slow_apiserver(
+        &mut self,
+        period: Duration,
+        paused: Duration,
+        total: Duration,
+    ) -> Result<Duration, HarnessError> {
+        use nix::sys::signal::Signal;
+        if paused >= period {
+            return Err(HarnessError::NotReady(format!(
+                "slow_apiserver: paused {paused:?} is not shorter than the period {period:?}"
+            )));
+        }
+        let began = Instant::now();
+        while began.elapsed() + period <= total {
+            self.signal_apiserver(Signal::SIGSTOP)?;
+            tokio::time::sleep(paused).await;
+            self.signal_apiserver(Signal::SIGCONT)?;
+            tokio::time::sleep(period - paused).await;
+        }
+        self.wait_until_ready_again().await?;
+        Ok(began.elapsed())
+    }
+
+    /// Sends `signal` to kube-apiserver.
+    fn signal_apiserver(&self, signal: nix::sys::signal::Signal) -> Result<(), HarnessError> {
+        let pid = nix::unistd::Pid::from_raw(self.apiserver.pid() as i32);
+        nix::sys::signal::kill(pid, signal).map_err(|e| {
+            HarnessError::io(
+                format!("sending {signal} to kube-apiserver"),
+                std::io::Error::from(e),
+            )
+        })
     }
 
     /// Stops etcd (SIGTERM, then SIGKILL after 5 s), keeps it down for `down`, and starts it

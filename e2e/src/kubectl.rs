@@ -164,6 +164,35 @@ impl Kubectl {
         })
     }
 
+    /// `kubectl create role <name>` in `namespace` with `--verb=<verbs>` on `--resource=<resources>`
+    /// (both comma-separated), then `kubectl create rolebinding <name>` of it to `subjects` (flags
+    /// such as `--user=<name>` or `--group=<name>`). The harness runs no controller manager, so the
+    /// aggregated ClusterRoles (`view`, `edit`) are empty: tests say what they need this way.
+    pub async fn create_role_and_binding(
+        &self,
+        namespace: &str,
+        name: &str,
+        verbs: &str,
+        resources: &str,
+        subjects: &[&str],
+    ) -> Result<(), HarnessError> {
+        self.run(&[
+            "create",
+            "role",
+            name,
+            "-n",
+            namespace,
+            &format!("--verb={verbs}"),
+            &format!("--resource={resources}"),
+        ])
+        .await?;
+        let role = format!("--role={name}");
+        let mut binding = vec!["create", "rolebinding", name, "-n", namespace, &role];
+        binding.extend_from_slice(subjects);
+        self.run(&binding).await?;
+        Ok(())
+    }
+
     /// Runs `kubectl <args>` and returns its stdout; a non-zero exit is an error carrying stderr.
     pub async fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Result<String, HarnessError> {
         self.run_with_stdin(args, None).await

@@ -75,6 +75,14 @@ impl CertificateAuthority {
         Self::with_key(common_name, key, key_pem)
     }
 
+    /// [`CertificateAuthority::new`] valid only until `not_after`: a CA close to its end, as
+    /// a long-running cluster's is one day.
+    pub fn new_ending_at(common_name: &str, not_after: SystemTime) -> Result<Self, HarnessError> {
+        let key = KeyPair::generate().map_err(pki_err("generating a CA key"))?;
+        let key_pem = key.serialize_pem();
+        Self::with_key_until(common_name, key, key_pem, Some(not_after))
+    }
+
     /// A new CA with the given common name for the harness's RSA-2048 test key (`keys/`; ring
     /// cannot generate RSA keys), its key given in PKCS#1 as kubeadm writes `ca.key`.
     pub fn new_rsa(common_name: &str) -> Result<Self, HarnessError> {
@@ -97,6 +105,17 @@ impl CertificateAuthority {
     }
 
     fn with_key(common_name: &str, key: KeyPair, key_pem: String) -> Result<Self, HarnessError> {
+        Self::with_key_until(common_name, key, key_pem, None)
+    }
+
+    /// A CA of `key`, valid until `not_after` (by default for thirty times the harness's
+    /// certificate validity).
+    fn with_key_until(
+        common_name: &str,
+        key: KeyPair,
+        key_pem: String,
+        not_after: Option<SystemTime>,
+    ) -> Result<Self, HarnessError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::CommonName, common_name);
@@ -106,9 +125,9 @@ impl CertificateAuthority {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        let (not_before, not_after) = validity_window();
+        let (not_before, default_end) = validity_window();
         params.not_before = not_before.into();
-        params.not_after = (not_after + VALIDITY * 30).into();
+        params.not_after = not_after.unwrap_or(default_end + VALIDITY * 30).into();
         let issuer = CertifiedIssuer::self_signed(params, key).map_err(pki_err("self-signing the CA"))?;
         let issuer_name = x509_cert::Certificate::from_der(issuer.der())
             .map_err(|e| HarnessError::Pki(format!("parsing the CA certificate: {e}")))?

@@ -1,6 +1,7 @@
 //! Reliability rows of the control plane (`perf/results/reliability.md`): kube-apiserver
-//! restarted, kube-apiserver black-holed (frozen: connections accepted, nothing answered), and
-//! etcd restarted under kube-apiserver, under load through the Concierge (installed from
+//! restarted, kube-apiserver black-holed (frozen: connections accepted, nothing answered),
+//! kube-apiserver slow (stopped 0.7 s of every second for 40 s: answering, late), and etcd
+//! restarted under kube-apiserver, under load through the Concierge (installed from
 //! `conf/`, its control plane included), each on a private cluster.
 //!
 //! The load: one client reading ConfigMaps through the impersonation proxy one request after
@@ -13,7 +14,8 @@
 //! What must hold: no request through the proxy hangs (each ends, with an answer or an error,
 //! well within its deadline: the proxy fails fast while kube-apiserver is away, gives up on a
 //! frozen one within its HTTP/2 ping and TLS handshake timeouts, and passes on kube-apiserver's
-//! own answer while etcd is away); from 5 s after kube-apiserver is ready again
+//! own answer while etcd is away; while kube-apiserver is only slow, nothing fails at all); from
+//! 5 s after kube-apiserver is ready again
 //! every request succeeds; the watch sees every write the admin's client had acknowledged,
 //! before and after the restart; the Concierge's controllers resume by themselves (a
 //! JWTAuthenticator applied after the restart gets its status); the Concierge's memory is the
@@ -55,6 +57,15 @@ const FROZEN: Duration = Duration::from_secs(80);
 /// `--request-timeout` (60 s) and the proxy passes its answer on, so a request that takes longer
 /// hung in the proxy.
 const APISERVER_DEADLINE: Duration = Duration::from_secs(65);
+/// The deadline of one request while kube-apiserver is slow: it runs 0.3 s of every second, so
+/// a list takes a few of its pauses at most; nothing may fail, and a request that takes longer
+/// hung.
+const SLOW_DEADLINE: Duration = Duration::from_secs(20);
+/// How long kube-apiserver is slow, and its rhythm: stopped [`SLOW_PAUSE`] of every
+/// [`SLOW_PERIOD`].
+const SLOW: Duration = Duration::from_secs(40);
+const SLOW_PERIOD: Duration = Duration::from_secs(1);
+const SLOW_PAUSE: Duration = Duration::from_millis(700);
 /// How long kube-apiserver stays down.
 const DOWN: Duration = Duration::from_secs(5);
 /// After kube-apiserver is ready again, how long the proxy may take to serve again.
@@ -78,6 +89,8 @@ enum Fault {
     Apiserver,
     /// kube-apiserver frozen: connections are accepted and nothing is answered.
     ApiserverFrozen,
+    /// kube-apiserver slow: it answers, late.
+    ApiserverSlow,
     /// etcd: kube-apiserver stays up without its storage.
     Etcd,
 }
@@ -88,8 +101,14 @@ impl Fault {
         match self {
             Fault::Apiserver => PROXY_DEADLINE,
             Fault::ApiserverFrozen => FROZEN_DEADLINE,
+            Fault::ApiserverSlow => SLOW_DEADLINE,
             Fault::Etcd => APISERVER_DEADLINE,
         }
+    }
+
+    /// Whether every request must succeed during the fault too (kube-apiserver still answers).
+    fn nothing_may_fail(self) -> bool {
+        matches!(self, Fault::ApiserverSlow)
     }
 
     /// Restarts the component, down for [`DOWN`] (or freezes kube-apiserver for [`FROZEN`]); how
@@ -98,6 +117,7 @@ impl Fault {
         Ok(match self {
             Fault::Apiserver => cluster.restart_apiserver(DOWN).await?,
             Fault::ApiserverFrozen => cluster.freeze_apiserver(FROZEN).await?,
+            Fault::ApiserverSlow => cluster.slow_apiserver(SLOW_PERIOD, SLOW_PAUSE, SLOW).await?,
             Fault::Etcd => cluster.restart_etcd(DOWN).await?,
         })
     }
@@ -116,6 +136,11 @@ async fn faults_kube_apiserver_black_holed_under_load_no_request_hangs_and_every
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_kube_apiserver_slow_under_load_every_request_succeeds_late() -> anyhow::Result<()> {
+    restarted_under_load(Fault::ApiserverSlow).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_etcd_restarted_under_load_requests_end_and_everything_recovers() -> anyhow::Result<()> {
     restarted_under_load(Fault::Etcd).await
 }
@@ -127,29 +152,14 @@ async fn restarted_under_load(fault: Fault) -> anyhow::Result<()> {
     let kubectl = cluster.kubectl();
     let admin = cluster.client().await?;
     let namespace = cluster.create_namespace(&admin, "faults-apiserver").await?;
-    // (A Role of its own: the aggregated ClusterRoles such as `edit` are empty without a
-    // controller manager.)
     kubectl
-        .run(&[
-            "create",
-            "role",
-            "faults-read",
-            "-n",
+        .create_role_and_binding(
             &namespace,
-            "--verb=get,list,watch",
-            "--resource=configmaps",
-        ])
-        .await?;
-    kubectl
-        .run(&[
-            "create",
-            "rolebinding",
             "faults-read",
-            "-n",
-            &namespace,
-            "--role=faults-read",
-            "--user=faults-user",
-        ])
+            "get,list,watch",
+            "configmaps",
+            &["--user=faults-user"],
+        )
         .await?;
     let user = cluster.pki().client_ca.issue_client("faults-user", &[])?;
     let kubeconfig = concierge.dir().join("faults-user.kubeconfig");
@@ -329,6 +339,10 @@ async fn restarted_under_load(fault: Fault) -> anyhow::Result<()> {
     ensure!(
         early.is_empty() && late.is_empty(),
         "requests that should have succeeded failed: before the stop {early:?}, after recovery {late:?}"
+    );
+    ensure!(
+        !fault.nothing_may_fail() || failed.is_empty(),
+        "requests failed while kube-apiserver was only slow: {kinds:#?}"
     );
     ensure!(
         first_success_after_ready.is_some_and(|t| t <= RECOVERY_GRACE),

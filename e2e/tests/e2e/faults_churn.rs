@@ -61,7 +61,7 @@ fn authenticators(client: &Client, kind: &str) -> Api<DynamicObject> {
 }
 
 /// Lists ConfigMaps in `namespace` through `client` until `stop`: (requests, failures).
-fn load(
+pub(crate) fn load(
     client: Client,
     namespace: String,
     stop: Arc<AtomicBool>,
@@ -95,30 +95,14 @@ async fn faults_authenticators_edited_ten_times_a_second_under_load_no_request_f
     concierge
         .apply_jwt_authenticator(&cluster, "stable", dex.issuer(), CLIENT_ID, &dex_ca)
         .await?;
-    // (A Role of its own: the aggregated ClusterRoles such as `view` are empty without a
-    // controller manager.)
     kubectl
-        .run(&[
-            "create",
-            "role",
-            "churn-read",
-            "-n",
+        .create_role_and_binding(
             &namespace,
-            "--verb=list",
-            "--resource=configmaps",
-        ])
-        .await?;
-    kubectl
-        .run(&[
-            "create",
-            "rolebinding",
             "churn-read",
-            "-n",
-            &namespace,
-            "--role=churn-read",
-            "--user=churn-user",
-            &format!("--user={}", pinny.email),
-        ])
+            "list",
+            "configmaps",
+            &["--user=churn-user", &format!("--user={}", pinny.email)],
+        )
         .await?;
     let certificate = cluster.pki().client_ca.issue_client("churn-user", &[])?;
     let cert_kubeconfig = concierge.dir().join("churn-user.kubeconfig");

@@ -16,6 +16,7 @@ mod faults_abuse;
 mod faults_apiserver;
 mod faults_churn;
 mod faults_idp;
+mod faults_signer;
 mod harness_failures;
 mod harness_lifecycle;
 mod helm_chart;
