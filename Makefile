@@ -32,6 +32,8 @@ test: lint
 	$(CARGO) test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
 	bash perf/run --smoke
 	bash perf/run-streams --smoke
+	bash perf/soak --smoke
+	bash perf/scale --smoke
 	@bash e2e/scripts/fuzz.sh $(FUZZ_SECONDS)
 	@awk '/^test result:/ { passed += $$4; failed += $$6 } \
 	  END { printf "total: %d passed, %d failed\n", passed, failed }' target/test-output.log

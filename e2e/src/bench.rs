@@ -1,7 +1,7 @@
 //! What the benchmark binaries (`selkie-supervisor-bench`, `selkie-ldap-bench`) share: the CPU
 //! time of the processes they measure, the wait for a quiet machine, the re-measure of a phase
 //! that other work disturbed, the clients that run a phase's operations, and kube-apiserver's
-//! request counts (from its `/metrics`).
+//! request counts (from its `/metrics`), and what a process holds open (from `/proc`).
 //!
 //! Its functions return [`anyhow::Result`], as [`crate::eventually`] does: they run the caller's
 //! fallible operations and hand their errors back unchanged.
@@ -373,4 +373,118 @@ pub fn write_report(
 pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The loopback ports that tell the Supervisor's connections apart.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    /// The Supervisor's HTTPS listener (inbound: the bench's clients).
+    pub supervisor: u16,
+    /// kube-apiserver's port (outbound).
+    pub kube_apiserver: u16,
+    /// Dex's port (outbound).
+    pub dex: u16,
+}
+
+/// What a process holds open.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Handles {
+    /// File descriptors, sockets included.
+    pub fds: usize,
+    /// Established TCP connections accepted on the Supervisor's HTTPS port.
+    pub inbound: usize,
+    /// Established TCP connections to kube-apiserver.
+    pub kube_apiserver: usize,
+    /// Established TCP connections to Dex.
+    pub dex: usize,
+}
+
+/// The file descriptors and established loopback connections of `pid`, from `/proc`.
+pub fn handles(pid: u32, ports: Ports) -> anyhow::Result<Handles> {
+    let mut inodes = std::collections::BTreeSet::new();
+    let mut fds = 0;
+    for fd in
+        std::fs::read_dir(format!("/proc/{pid}/fd")).with_context(|| format!("reading /proc/{pid}/fd"))?
+    {
+        fds += 1;
+        let target = std::fs::read_link(fd?.path()).unwrap_or_default();
+        let target = target.to_string_lossy();
+        if let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|rest| rest.strip_suffix(']'))
+        {
+            inodes.insert(inode.to_string());
+        }
+    }
+    let mut found = Handles {
+        fds,
+        inbound: 0,
+        kube_apiserver: 0,
+        dex: 0,
+    };
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = |field: usize| {
+                fields
+                    .get(field)
+                    .and_then(|address| address.rsplit_once(':'))
+                    .and_then(|(_, port)| u16::from_str_radix(port, 16).ok())
+            };
+            let established = fields.get(3) == Some(&"01");
+            if !established || !fields.get(9).is_some_and(|inode| inodes.contains(*inode)) {
+                continue;
+            }
+            match (port(1), port(2)) {
+                (Some(local), _) if local == ports.supervisor => found.inbound += 1,
+                (_, Some(remote)) if remote == ports.kube_apiserver => found.kube_apiserver += 1,
+                (_, Some(remote)) if remote == ports.dex => found.dex += 1,
+                _ => {}
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The port of an `https://host:port/…` URL.
+pub fn url_port(url: &str) -> anyhow::Result<u16> {
+    let uri: http::Uri = url.parse().with_context(|| format!("{url} is no URL"))?;
+    uri.port_u16().with_context(|| format!("{url} has no port"))
+}
+
+/// 32 random bytes (from `/dev/urandom`).
+pub fn random_seed() -> anyhow::Result<[u8; 32]> {
+    use std::io::Read as _;
+    let mut seed = [0; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut seed))
+        .context("reading /dev/urandom")?;
+    Ok(seed)
+}
+
+/// The processes of a Supervisor benchmark whose CPU time is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Process {
+    /// The Supervisor under test (its first replica).
+    Supervisor,
+    /// Dex, the upstream identity provider.
+    Dex,
+    /// kube-apiserver.
+    Apiserver,
+    /// etcd.
+    Etcd,
+}
+
+/// `result`, or its error with the last 30 lines of `supervisor`'s log added: what the
+/// Supervisor logged (it logs no token or password) says why an answer was refused.
+pub fn with_supervisor_log<T>(
+    result: anyhow::Result<T>,
+    supervisor: &crate::supervisor::Supervisor,
+) -> anyhow::Result<T> {
+    result.map_err(|error| {
+        let log = tail(&supervisor.log(), 30);
+        error.context(format!("the Supervisor's log ends:\n{log}"))
+    })
 }

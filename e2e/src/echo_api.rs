@@ -62,6 +62,53 @@ use x509_cert::der::Decode;
 
 use crate::{pki::CertificateAuthority, Cluster, HarnessError};
 
+/// A client's WebSocket through the impersonation proxy ([`websocket_exec`]).
+pub type ExecSocket = WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket `exec` through the impersonation proxy at `proxy_url` (`https://127.0.0.1:<port>`,
+/// its serving CA bundle `ca_pem`) to `path`, as `kubectl exec` (1.30+) opens one: HTTP/1.1 over
+/// TLS with `credential` as the client certificate, offering `v5.channel.k8s.io`. Fails when the
+/// upgrade is refused or not done within 15 s.
+pub async fn websocket_exec(
+    proxy_url: &str,
+    ca_pem: &str,
+    credential: &crate::pki::CertAndKey,
+    path: &str,
+) -> anyhow::Result<ExecSocket> {
+    use anyhow::Context as _;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(credential.cert_pem.as_bytes())?],
+            PrivateKeyDer::from_pem_slice(credential.key_pem.as_bytes())?,
+        )?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let address = proxy_url
+        .strip_prefix("https://")
+        .context("the proxy URL is not https")?;
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect(address).await?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(rustls_pki_types::ServerName::try_from("127.0.0.1")?, tcp)
+            .await?;
+        let mut request = format!("wss://{address}{path}").into_client_request()?;
+        request.headers_mut().insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_static("v5.channel.k8s.io"),
+        );
+        let (socket, _) = tokio_tungstenite::client_async(request, tls).await?;
+        anyhow::Ok(socket)
+    };
+    tokio::time::timeout(Duration::from_secs(15), handshake)
+        .await
+        .context("no WebSocket handshake within 15s")?
+}
+
 /// A response of the echo API.
 type Reply = Response<Full<Bytes>>;
 

@@ -257,3 +257,102 @@ pub fn jwt_claims(jwt: &str) -> anyhow::Result<Value> {
     };
     Ok(serde_json::from_slice(&URL_SAFE_NO_PAD.decode(payload)?)?)
 }
+
+/// One logged-in session: its user and tokens (never printed, so no `Debug`).
+#[derive(Clone)]
+pub struct Session {
+    /// The user's login name (email).
+    pub email: String,
+    /// The access token (`pin_at_…`).
+    pub access: String,
+    /// The refresh token (`pin_rt_…`).
+    pub refresh: String,
+}
+
+/// A full [`login`] of `email`; fails unless it yields all three tokens, the ID token naming the
+/// user.
+pub async fn login_session(
+    client: &HttpsClient,
+    issuer: &str,
+    idp_name: &str,
+    email: &str,
+    password: &str,
+) -> anyhow::Result<Session> {
+    let tokens = login(client, issuer, idp_name, email, password).await?;
+    check_id_token(&tokens, email, CLIENT_ID)?;
+    Ok(Session {
+        email: email.to_string(),
+        access: string(&tokens, "access_token")?,
+        refresh: string(&tokens, "refresh_token")?,
+    })
+}
+
+/// One [`refresh`] grant with `session`'s refresh token at `token_url`; returns the session with
+/// the new tokens after checking the answer is a 200 with a new refresh token, an access token
+/// and an ID token of the session's user.
+pub async fn refresh_session(
+    client: &HttpsClient,
+    token_url: &str,
+    session: Session,
+) -> anyhow::Result<Session> {
+    let (status, answer) = refresh(client, token_url, &session.refresh).await?;
+    anyhow::ensure!(status == 200, "refresh: {status}: {}", without_tokens(&answer));
+    let (access, refresh) = (
+        string(&answer, "access_token")?,
+        string(&answer, "refresh_token")?,
+    );
+    anyhow::ensure!(
+        access.starts_with("pin_at_") && refresh.starts_with("pin_rt_") && refresh != session.refresh,
+        "refresh: unexpected tokens in {}",
+        without_tokens(&answer)
+    );
+    check_id_token(&answer, &session.email, CLIENT_ID)?;
+    Ok(Session {
+        access,
+        refresh,
+        ..session
+    })
+}
+
+/// Fails unless the token response `answer` has an ID token for `audience` naming `email`.
+pub fn check_id_token(answer: &Value, email: &str, audience: &str) -> anyhow::Result<()> {
+    let claims = jwt_claims(&string(answer, "id_token")?)?;
+    anyhow::ensure!(
+        claims["username"] == email && has_audience(&claims, audience),
+        "the ID token is not the user's: username {}, aud {}",
+        claims["username"],
+        claims["aud"]
+    );
+    Ok(())
+}
+
+/// Whether the JWT `claims` name `audience` in `aud` (a string or an array of them).
+pub fn has_audience(claims: &Value, audience: &str) -> bool {
+    match &claims["aud"] {
+        Value::String(aud) => aud == audience,
+        Value::Array(auds) => auds.iter().any(|aud| aud == audience),
+        _ => false,
+    }
+}
+
+/// The string `name` of a token response.
+pub fn string(answer: &Value, name: &str) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    answer[name]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no {name} in {}", without_tokens(answer)))
+}
+
+/// A token response with every token replaced by its length, fit for an error message.
+pub fn without_tokens(answer: &Value) -> Value {
+    let mut shown = answer.clone();
+    if let Some(object) = shown.as_object_mut() {
+        for (name, value) in object.iter_mut() {
+            if name.ends_with("token") {
+                *value = serde_json::json!(format!("<{} bytes>", value.as_str().map_or(0, str::len)));
+            }
+        }
+    }
+    shown
+}

@@ -168,15 +168,22 @@ impl Upstream for Dex {
         "dex"
     }
     fn manifests(&self, namespace: &str) -> String {
-        oidc_manifests(
-            namespace,
-            self.name(),
-            self.issuer(),
-            &self.ca_pem(),
-            (CLIENT_ID, CLIENT_SECRET),
-            &["offline_access", "email", "groups"],
-        )
+        dex_manifests(self, namespace, self.name())
     }
+}
+
+/// The YAML of an OIDCIdentityProvider `name` for `dex` and its client Secret `<name>-client` in
+/// `namespace`, as [`Upstream::manifests`] makes Dex's (`dex`): for a Supervisor with many
+/// identity providers on one Dex.
+pub fn dex_manifests(dex: &Dex, namespace: &str, name: &str) -> String {
+    oidc_manifests(
+        namespace,
+        name,
+        dex.issuer(),
+        &dex.ca_pem(),
+        (CLIENT_ID, CLIENT_SECRET),
+        &["offline_access", "email", "groups"],
+    )
 }
 
 impl Upstream for Keycloak {

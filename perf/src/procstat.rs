@@ -50,13 +50,32 @@ pub fn total_cpu_time(pids: &[u32]) -> anyhow::Result<Duration> {
 
 /// Resident memory of a process in KiB (`VmRSS`).
 pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    status_number(pid, "VmRSS")
+}
+
+/// The number of threads of a process (`Threads`).
+pub fn threads(pid: u32) -> anyhow::Result<u64> {
+    status_number(pid, "Threads")
+}
+
+/// The number in the field `name` of `/proc/PID/status` (a unit such as `kB` left out).
+fn status_number(pid: u32, name: &str) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");
     let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .with_context(|| format!("{path} has no VmRSS"))
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("{path} has no {name}"))
+}
+
+/// The number of file descriptors a process holds open (entries of `/proc/PID/fd`), sockets
+/// included.
+pub fn open_fds(pid: u32) -> anyhow::Result<usize> {
+    let path = format!("/proc/{pid}/fd");
+    Ok(std::fs::read_dir(&path)
+        .with_context(|| format!("reading {path}"))?
+        .count())
 }
 
 /// A process and its descendants (through `/proc/PID/task/*/children`), parents first.
@@ -153,6 +172,9 @@ mod tests {
         assert!(x > 0);
         assert!(cpu_time(me).unwrap_or_default() >= before);
         assert!(rss_kib(me).unwrap_or(0) > 0);
+        assert!(threads(me).unwrap_or(0) >= 1);
+        // stdin, stdout and stderr at least.
+        assert!(open_fds(me).unwrap_or(0) >= 3);
         assert_eq!(process_tree(me).first(), Some(&me));
         assert!(load_average().is_ok());
     }

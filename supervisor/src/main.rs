@@ -2,7 +2,11 @@
 //! controller (FederationDomains, identity providers, keys, certificates), the session garbage
 //! collector and the listeners, and stops on SIGTERM or SIGINT after draining connections.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
@@ -131,7 +135,10 @@ async fn main() -> anyhow::Result<()> {
                     continue;
                 }
                 let issuers = issuers.load_full();
-                match sweep_sessions(&store, &issuers, time::OffsetDateTime::now_utc()).await {
+                let started = Instant::now();
+                let swept = sweep_sessions(&store, &issuers, time::OffsetDateTime::now_utc()).await;
+                metrics.sweep_finished(started.elapsed(), swept.is_ok());
+                match swept {
                     Ok(sweep) if sweep == Sweep::default() => {}
                     Ok(sweep) => {
                         metrics.sweep(&sweep);

@@ -170,14 +170,8 @@ async fn main() -> Result<()> {
         issuer: supervisor.issuer().into(),
         dex,
     };
-    let (quiet, selkie, dex) = match measure(&args, &meter, &logins).await {
-        Ok(measured) => measured,
-        // What the Supervisor logged (it logs no password) says why a login was refused.
-        Err(error) => {
-            let log = bench::tail(&supervisor.log(), 30);
-            return Err(error.context(format!("the Supervisor's log ends:\n{log}")));
-        }
-    };
+    let (quiet, selkie, dex) =
+        bench::with_supervisor_log(measure(&args, &meter, &logins).await, &supervisor)?;
     let results = Results {
         args: &args,
         load_at_start,

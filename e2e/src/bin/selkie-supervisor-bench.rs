@@ -45,11 +45,11 @@ use clap::Parser;
 use futures::future::try_join_all;
 use selkie_e2e::{
     bench::{
-        apiserver_requests, delta, dex_build, parallel, quietly, samples, tail, wait_for_quiet, write_report,
-        Quiet, QuietArgs, Requests,
+        apiserver_requests, delta, dex_build, handles, parallel, quietly, samples, url_port, wait_for_quiet,
+        with_supervisor_log, write_report, Handles, Ports, Process, Quiet, QuietArgs, Requests,
     },
     dex::{Dex, DexUser},
-    pinniped_cli::{self, jwt_claims},
+    pinniped_cli::{self, has_audience, jwt_claims, without_tokens, Session},
     supervisor::Supervisor,
     Cluster,
 };
@@ -177,14 +177,10 @@ async fn main() -> Result<()> {
             .out
             .clone()
             .unwrap_or_else(|| PathBuf::from("perf/results/supervisor-flood.md"));
-        let results =
-            match flood::measure(&args, load_at_start, cluster, &dex, &supervisor, aggregated_port).await {
-                Ok(results) => results,
-                Err(error) => {
-                    let log = tail(&supervisor.log(), 30);
-                    return Err(error.context(format!("the Supervisor's log ends:\n{log}")));
-                }
-            };
+        let results = with_supervisor_log(
+            flood::measure(&args, load_at_start, cluster, &dex, &supervisor, aggregated_port).await,
+            &supervisor,
+        )?;
         write_report(&out, &results.json(), |json_path| results.markdown(json_path))?;
         let wrong = results.wrong_answers();
         ensure!(
@@ -194,14 +190,10 @@ async fn main() -> Result<()> {
         );
         return Ok(());
     }
-    let results = match measure(&args, load_at_start, cluster, kube, &dex, &supervisor).await {
-        Ok(results) => results,
-        // What the Supervisor logged (it logs no token) says why an answer was refused.
-        Err(error) => {
-            let log = tail(&supervisor.log(), 30);
-            return Err(error.context(format!("the Supervisor's log ends:\n{log}")));
-        }
-    };
+    let results = with_supervisor_log(
+        measure(&args, load_at_start, cluster, kube, &dex, &supervisor).await,
+        &supervisor,
+    )?;
     let out = args
         .out
         .clone()
@@ -326,14 +318,6 @@ async fn measure<'a>(
 /// The name of the phase of Dex's own refresh grants.
 const DEX_REFRESHES: &str = "Dex's own refreshes";
 
-/// One logged-in session: its user and tokens (never printed).
-#[derive(Clone)]
-struct Session {
-    email: String,
-    access: String,
-    refresh: String,
-}
-
 /// The client side of the Supervisor: one pooled HTTPS client (HTTP/2 by ALPN).
 #[derive(Clone)]
 struct Bench {
@@ -348,13 +332,7 @@ impl Bench {
     /// A full cli_password login of `email`; fails unless it yields all three tokens, the ID
     /// token naming the user.
     async fn login(&self, email: &str) -> Result<Session> {
-        let tokens = pinniped_cli::login(&self.http, &self.issuer, IDP_NAME, email, PASSWORD).await?;
-        check_id_token(&tokens, email, pinniped_cli::CLIENT_ID)?;
-        Ok(Session {
-            email: email.to_string(),
-            access: string(&tokens, "access_token")?,
-            refresh: string(&tokens, "refresh_token")?,
-        })
+        pinniped_cli::login_session(&self.http, &self.issuer, IDP_NAME, email, PASSWORD).await
     }
 
     /// One token exchange of `session`'s access token for an ID token of [`AUDIENCE`] over
@@ -392,36 +370,8 @@ impl Bench {
     /// tokens after checking the answer is a 200 with a new refresh token, an access token and
     /// an ID token of the session's user.
     async fn refresh(&self, session: Session) -> Result<Session> {
-        let (status, answer) = pinniped_cli::refresh(&self.http, &self.token_url, &session.refresh).await?;
-        ensure!(status == 200, "refresh: {status}: {}", without_tokens(&answer));
-        let (access, refresh) = (
-            string(&answer, "access_token")?,
-            string(&answer, "refresh_token")?,
-        );
-        ensure!(
-            access.starts_with("pin_at_") && refresh.starts_with("pin_rt_") && refresh != session.refresh,
-            "refresh: unexpected tokens in {}",
-            without_tokens(&answer)
-        );
-        check_id_token(&answer, &session.email, pinniped_cli::CLIENT_ID)?;
-        Ok(Session {
-            access,
-            refresh,
-            ..session
-        })
+        pinniped_cli::refresh_session(&self.http, &self.token_url, session).await
     }
-}
-
-/// Fails unless the token response `answer` has an ID token for `audience` naming `email`.
-fn check_id_token(answer: &Value, email: &str, audience: &str) -> Result<()> {
-    let claims = jwt_claims(&string(answer, "id_token")?)?;
-    ensure!(
-        claims["username"] == email && has_audience(&claims, audience),
-        "the ID token is not the user's: username {}, aud {}",
-        claims["username"],
-        claims["aud"]
-    );
-    Ok(())
 }
 
 /// Full logins, of every user in turn.
@@ -571,122 +521,6 @@ async fn dex_refresh(dex: &Dex, (email, refresh): (String, String)) -> Result<(S
         claims["email"]
     );
     Ok((email, next))
-}
-
-/// Whether the JWT `claims` name `audience` in `aud` (a string or an array of them).
-fn has_audience(claims: &Value, audience: &str) -> bool {
-    match &claims["aud"] {
-        Value::String(aud) => aud == audience,
-        Value::Array(auds) => auds.iter().any(|aud| aud == audience),
-        _ => false,
-    }
-}
-
-/// The string `name` of a token response.
-fn string(answer: &Value, name: &str) -> Result<String> {
-    answer[name]
-        .as_str()
-        .map(str::to_string)
-        .with_context(|| format!("no {name} in {}", without_tokens(answer)))
-}
-
-/// A token response with every token replaced by its length, fit for an error message.
-fn without_tokens(answer: &Value) -> Value {
-    let mut shown = answer.clone();
-    if let Some(object) = shown.as_object_mut() {
-        for (name, value) in object.iter_mut() {
-            if name.ends_with("token") {
-                *value = json!(format!("<{} bytes>", value.as_str().map_or(0, str::len)));
-            }
-        }
-    }
-    shown
-}
-
-/// The loopback ports that tell the Supervisor's connections apart.
-#[derive(Debug, Clone, Copy)]
-struct Ports {
-    /// The Supervisor's HTTPS listener (inbound: the bench's clients).
-    supervisor: u16,
-    kube_apiserver: u16,
-    dex: u16,
-}
-
-/// What a process holds open.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-struct Handles {
-    /// File descriptors, sockets included.
-    fds: usize,
-    /// Established TCP connections accepted on the Supervisor's HTTPS port.
-    inbound: usize,
-    /// Established TCP connections to kube-apiserver.
-    kube_apiserver: usize,
-    /// Established TCP connections to Dex.
-    dex: usize,
-}
-
-/// The file descriptors and established loopback connections of `pid`, from `/proc`.
-fn handles(pid: u32, ports: Ports) -> Result<Handles> {
-    let mut inodes = std::collections::BTreeSet::new();
-    let mut fds = 0;
-    for fd in
-        std::fs::read_dir(format!("/proc/{pid}/fd")).with_context(|| format!("reading /proc/{pid}/fd"))?
-    {
-        fds += 1;
-        let target = std::fs::read_link(fd?.path()).unwrap_or_default();
-        let target = target.to_string_lossy();
-        if let Some(inode) = target
-            .strip_prefix("socket:[")
-            .and_then(|rest| rest.strip_suffix(']'))
-        {
-            inodes.insert(inode.to_string());
-        }
-    }
-    let mut found = Handles {
-        fds,
-        inbound: 0,
-        kube_apiserver: 0,
-        dex: 0,
-    };
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let port = |field: usize| {
-                fields
-                    .get(field)
-                    .and_then(|address| address.rsplit_once(':'))
-                    .and_then(|(_, port)| u16::from_str_radix(port, 16).ok())
-            };
-            let established = fields.get(3) == Some(&"01");
-            if !established || !fields.get(9).is_some_and(|inode| inodes.contains(*inode)) {
-                continue;
-            }
-            match (port(1), port(2)) {
-                (Some(local), _) if local == ports.supervisor => found.inbound += 1,
-                (_, Some(remote)) if remote == ports.kube_apiserver => found.kube_apiserver += 1,
-                (_, Some(remote)) if remote == ports.dex => found.dex += 1,
-                _ => {}
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// The port of an `https://host:port/…` URL.
-fn url_port(url: &str) -> Result<u16> {
-    let uri: http::Uri = url.parse().with_context(|| format!("{url} is no URL"))?;
-    uri.port_u16().with_context(|| format!("{url} has no port"))
-}
-
-/// The processes whose CPU time is measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Process {
-    Supervisor,
-    Dex,
-    Apiserver,
-    Etcd,
 }
 
 /// CPU time (utime + stime) of the measured processes, the bench's clients and the machine.
@@ -1181,10 +1015,7 @@ mod flood {
     use sha2::Digest as _;
     use tokio::task::JoinSet;
 
-    use super::{
-        check_id_token, email, grants, string, Args, Bench, Cpu, Pids, Process, Session, GC_INTERVAL,
-        IDP_NAME, PASSWORD,
-    };
+    use super::{email, grants, Args, Bench, Cpu, Pids, Process, GC_INTERVAL, IDP_NAME, PASSWORD};
 
     /// The OIDCClient the flood names.
     const FLOODED: &str = "client.oauth.pinniped.dev-bench-flooded";
@@ -1327,16 +1158,6 @@ mod flood {
             .collect()
     }
 
-    /// 32 random bytes.
-    fn random_seed() -> Result<[u8; 32]> {
-        use std::io::Read as _;
-        let mut seed = [0; 32];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut random| random.read_exact(&mut seed))
-            .context("reading /dev/urandom")?;
-        Ok(seed)
-    }
-
     /// Runs `op` (numbered) from `start` on, one at a time, each started `interval` after the
     /// previous one started (or as soon as it ended, when it took longer), until `deadline`:
     /// at most one more than `deadline − start` over `interval` probes. A probe taking longer
@@ -1405,14 +1226,9 @@ mod flood {
             let http = ctx.new_client()?;
             let email = email(n % ctx.users);
             let began = Instant::now();
-            let tokens = pinniped_cli::login(&http, &ctx.bench.issuer, IDP_NAME, &email, PASSWORD).await?;
-            check_id_token(&tokens, &email, pinniped_cli::CLIENT_ID)?;
+            let session =
+                pinniped_cli::login_session(&http, &ctx.bench.issuer, IDP_NAME, &email, PASSWORD).await?;
             parts.push(("login", began.elapsed()));
-            let session = Session {
-                email,
-                access: string(&tokens, "access_token")?,
-                refresh: string(&tokens, "refresh_token")?,
-            };
             let began = Instant::now();
             ctx.bench.exchange_with(&http, &session).await?;
             parts.push(("exchange", began.elapsed()));
@@ -1592,7 +1408,7 @@ mod flood {
         let quiet = wait_for_quiet(&args.quiet).await?;
         eprintln!("{name} window: {} s", args.flood_seconds);
         let timeout = Duration::from_secs(args.probe_timeout);
-        let seed = random_seed()?;
+        let seed = selkie_e2e::bench::random_seed()?;
         let grants_before = grants(&supervisor.metrics().await?)?;
         let flood_start = Instant::now();
         let start = flood_start

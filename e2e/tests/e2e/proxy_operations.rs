@@ -13,19 +13,13 @@ use std::{
 use anyhow::{bail, ensure, Context as _};
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use futures::{SinkExt as _, StreamExt as _};
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName};
 use selkie_e2e::{
-    echo_api::EchoApi,
-    pki::{CertAndKey, CertificateAuthority},
+    echo_api::{websocket_exec, EchoApi},
+    pki::CertificateAuthority,
     proxy::{JwtSpec, Proxy},
     Cluster,
 };
-use tokio_rustls::{client::TlsStream, TlsConnector};
-use tokio_tungstenite::{
-    client_async,
-    tungstenite::{client::IntoClientRequest as _, Message},
-    WebSocketStream,
-};
+use tokio_tungstenite::tungstenite::Message;
 
 use crate::eventually;
 
@@ -481,42 +475,6 @@ async fn the_drain_timeout_cuts_what_still_runs_and_the_exit_is_still_zero() -> 
     Ok(())
 }
 
-/// A WebSocket `exec` through the proxy to `path`, as `kubectl exec` (1.30+) opens one: HTTP/1.1
-/// over TLS with the user's client certificate.
-async fn websocket_exec(
-    proxy: &Proxy,
-    credential: &CertAndKey,
-    path: &str,
-) -> anyhow::Result<WebSocketStream<TlsStream<tokio::net::TcpStream>>> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(
-        proxy.serving_ca().cert_pem().as_bytes(),
-    )?)?;
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(
-            vec![CertificateDer::from_pem_slice(credential.cert_pem.as_bytes())?],
-            PrivateKeyDer::from_pem_slice(credential.key_pem.as_bytes())?,
-        )?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let address = proxy
-        .url()
-        .strip_prefix("https://")
-        .context("the proxy URL is https")?;
-    let tcp = tokio::net::TcpStream::connect(address).await?;
-    let tls = TlsConnector::from(std::sync::Arc::new(config))
-        .connect(ServerName::try_from("127.0.0.1")?, tcp)
-        .await?;
-    let mut request = format!("wss://{address}{path}").into_client_request()?;
-    request
-        .headers_mut()
-        .insert("sec-websocket-protocol", "v5.channel.k8s.io".parse()?);
-    let (socket, _) = tokio::time::timeout(Duration::from_secs(15), client_async(request, tls))
-        .await
-        .context("no WebSocket handshake within 15s")??;
-    Ok(socket)
-}
-
 #[tokio::test]
 async fn an_upgraded_connection_is_an_active_tunnel_until_it_closes() -> anyhow::Result<()> {
     let cluster = Cluster::shared().await?;
@@ -529,10 +487,11 @@ async fn an_upgraded_connection_is_an_active_tunnel_until_it_closes() -> anyhow:
     let proxy = Proxy::start(cluster, &[]).await?;
     let credential = proxy.signer().issue_client(&user, &[])?;
     let path = echo.exec_path(&namespace, "metrics-tunnel");
+    let ca_pem = proxy.serving_ca().cert_pem();
 
     // Until the new Role reaches the authorizer the upgrade may be refused; then it stays open.
     let mut socket = eventually(Duration::from_secs(30), || {
-        websocket_exec(&proxy, &credential, &path)
+        websocket_exec(proxy.url(), &ca_pem, &credential, &path)
     })
     .await?;
     let text = metrics(&proxy).await?;

@@ -9,6 +9,8 @@
 //! | `request_duration_seconds` | histogram, 100 µs … 30 s | `endpoint` |
 //! | `token_grants_total` | counter | `grant_type`, `result` (`ok` or the OAuth 2.0 error code) |
 //! | `sessions_collected_total` | counter | `outcome` (`deleted`, `revoked`, `retrying`, `failed`) |
+//! | `session_sweeps_total` | counter | `result` (`ok`, or `failed` when the list failed): garbage-collection sweeps finished |
+//! | `session_sweep_duration_seconds` | histogram, 1 ms … 10 min | — : the time a sweep took, list, revocations and deletions |
 //! | `connections_open` | gauge | `listener` (`https`, `http`, `metrics`) |
 //! | `connections_refused_total` | counter | `listener`: connections closed at once because `listenerLimits.maxConnections` were open |
 //!
@@ -30,6 +32,12 @@ use crate::session::gc::Sweep;
 /// Latency bucket bounds, in seconds: 100 µs (discovery from memory) to 30 s (an upstream login).
 const DURATION_BUCKETS: [f64; 15] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// Sweep duration bucket bounds, in seconds: a sweep lists every session's metadata (pages of
+/// 500), so it grows with the sessions stored: 1 ms (none) to 10 min.
+const SWEEP_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 600.0,
 ];
 
 /// Which endpoint a request was for.
@@ -109,6 +117,11 @@ struct CollectedLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SweepLabels {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ListenerLabels {
     listener: Listener,
 }
@@ -121,6 +134,8 @@ pub struct Metrics {
     durations: Family<EndpointLabels, Histogram>,
     grants: Family<GrantLabels, Counter>,
     collected: Family<CollectedLabels, Counter>,
+    sweeps: Family<SweepLabels, Counter>,
+    sweep_durations: Histogram,
     connections_open: Family<ListenerLabels, Gauge>,
     connections_refused: Family<ListenerLabels, Counter>,
 }
@@ -161,6 +176,19 @@ impl Metrics {
             "Expired session Secrets handled by the garbage collector, by outcome",
             collected.clone(),
         );
+        let sweeps = Family::<SweepLabels, Counter>::default();
+        registry.register(
+            "session_sweeps",
+            "Session garbage-collection sweeps finished, by result (ok, or failed: the list failed)",
+            sweeps.clone(),
+        );
+        let sweep_durations = Histogram::new(SWEEP_BUCKETS);
+        registry.register_with_unit(
+            "session_sweep_duration",
+            "Time a session garbage-collection sweep took",
+            Unit::Seconds,
+            sweep_durations.clone(),
+        );
         let connections_open = Family::<ListenerLabels, Gauge>::default();
         registry.register(
             "connections_open",
@@ -179,6 +207,8 @@ impl Metrics {
             durations,
             grants,
             collected,
+            sweeps,
+            sweep_durations,
             connections_open,
             connections_refused,
         }
@@ -222,6 +252,13 @@ impl Metrics {
         }
     }
 
+    /// Counts a finished sweep that took `elapsed`: `ok`, or failed (its list failed).
+    pub fn sweep_finished(&self, elapsed: Duration, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.sweeps.get_or_create(&SweepLabels { result }).inc();
+        self.sweep_durations.observe(elapsed.as_secs_f64());
+    }
+
     /// The gauge of `listener`'s open connections (a handle: increment it when a connection is
     /// admitted, decrement it when the connection ends).
     pub fn connections_open(&self, listener: Listener) -> Gauge {
@@ -263,6 +300,9 @@ mod tests {
             revoked: 1,
             ..Sweep::default()
         });
+        metrics.sweep_finished(Duration::from_millis(20), true);
+        metrics.sweep_finished(Duration::from_millis(30), true);
+        metrics.sweep_finished(Duration::from_secs(2), false);
         metrics.connections_refused(Listener::https).inc();
         let open = metrics.connections_open(Listener::http);
         open.inc();
@@ -277,6 +317,10 @@ mod tests {
             "selkie_supervisor_token_grants_total{grant_type=\"authorization_code\",result=\"invalid_grant\"} 1",
             "selkie_supervisor_sessions_collected_total{outcome=\"deleted\"} 3",
             "selkie_supervisor_sessions_collected_total{outcome=\"revoked\"} 1",
+            "selkie_supervisor_session_sweeps_total{result=\"ok\"} 2",
+            "selkie_supervisor_session_sweeps_total{result=\"failed\"} 1",
+            "selkie_supervisor_session_sweep_duration_seconds_count 3",
+            "selkie_supervisor_session_sweep_duration_seconds_bucket{le=\"0.05\"} 2",
             "selkie_supervisor_connections_refused_total{listener=\"https\"} 1",
             "selkie_supervisor_connections_open{listener=\"http\"} 1",
         ] {
