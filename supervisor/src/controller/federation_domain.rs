@@ -34,6 +34,52 @@ pub(crate) struct Namespace {
     pub idp_group: String,
 }
 
+/// What checking one FederationDomain needs of every FederationDomain of its namespace (itself
+/// included): its `spec.issuer` and `spec.tls.secretName` (empty when unset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IssuerClaim {
+    /// `spec.issuer`, as written.
+    pub issuer: String,
+    /// `spec.tls.secretName`, or empty.
+    pub tls_secret: String,
+}
+
+impl IssuerClaim {
+    /// The claim of a typed FederationDomain.
+    #[cfg(test)]
+    pub(crate) fn of(fd: &FederationDomain) -> Self {
+        Self {
+            issuer: fd.spec.issuer.clone(),
+            tls_secret: fd
+                .spec
+                .tls
+                .as_ref()
+                .and_then(|tls| tls.secret_name.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The claim read straight from a watched object's JSON (the same as [`IssuerClaim::of`] of
+    /// its typed form; a missing or non-string field reads as empty). Every reconcile reads the
+    /// claims of every FederationDomain of the namespace: converting each object in full made
+    /// each reconcile cost O(FederationDomains) conversions, and the periodic reconciles of all of
+    /// them O(N²).
+    pub(crate) fn of_object(object: &kube::api::DynamicObject) -> Self {
+        let text = |pointer: &str| {
+            object
+                .data
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        Self {
+            issuer: text("/spec/issuer"),
+            tls_secret: text("/spec/tls/secretName"),
+        }
+    }
+}
+
 /// The key under which two issuers are the same: lower-case host (with port) and path.
 fn issuer_key(issuer: &str) -> Option<String> {
     let uri: http::Uri = issuer.parse().ok()?;
@@ -46,12 +92,12 @@ fn host(issuer: &str) -> Option<String> {
     split_issuer(issuer).ok().map(|(host, _)| host)
 }
 
-/// The conditions of `fd` among `all` (its namespace's FederationDomains, itself included), and
-/// the upstreams it serves, in its order and under its display names — `None` when it cannot be
-/// served (a condition says why).
+/// The conditions of `fd` among `all` (the claims of its namespace's FederationDomains, itself
+/// included), and the upstreams it serves, in its order and under its display names — `None`
+/// when it cannot be served (a condition says why).
 pub(crate) fn check(
     fd: &FederationDomain,
-    all: &[FederationDomain],
+    all: &[IssuerClaim],
     namespace: &Namespace,
 ) -> (Vec<Check>, Option<Vec<Arc<Upstream>>>) {
     let mut checks = Vec::new();
@@ -73,7 +119,7 @@ pub(crate) fn check(
         (Some(key), Some(hostname)) => {
             let same = all
                 .iter()
-                .filter(|other| issuer_key(&other.spec.issuer).as_deref() == Some(key.as_str()))
+                .filter(|other| issuer_key(&other.issuer).as_deref() == Some(key.as_str()))
                 .count();
             if same > 1 {
                 servable = false;
@@ -90,15 +136,8 @@ pub(crate) fn check(
             }
             let secrets: BTreeSet<String> = all
                 .iter()
-                .filter(|other| host(&other.spec.issuer).as_deref() == Some(hostname.as_str()))
-                .map(|other| {
-                    other
-                        .spec
-                        .tls
-                        .as_ref()
-                        .and_then(|tls| tls.secret_name.clone())
-                        .unwrap_or_default()
-                })
+                .filter(|other| host(&other.issuer).as_deref() == Some(hostname.as_str()))
+                .map(|other| other.tls_secret.clone())
                 .collect();
             if secrets.len() > 1 {
                 servable = false;
@@ -373,6 +412,38 @@ mod tests {
 
     const GROUP: &str = "idp.supervisor.pinniped.dev";
 
+    fn claims(all: &[FederationDomain]) -> Vec<IssuerClaim> {
+        all.iter().map(IssuerClaim::of).collect()
+    }
+
+    #[test]
+    fn a_claim_read_from_the_watched_object_is_the_typed_ones() {
+        let object: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "config.supervisor.pinniped.dev/v1alpha1",
+            "kind": "FederationDomain",
+            "metadata": {"name": "t1", "namespace": "ns"},
+            "spec": {"issuer": "https://host.example.com/1", "tls": {"secretName": "one"},
+                     "identityProviders": [reference("Corp", "OIDCIdentityProvider", "dex")]},
+            "status": {"phase": "Ready"},
+        }))
+        .unwrap();
+        let typed: FederationDomain = crate::controller::sources::typed(&object).unwrap();
+        let claim = IssuerClaim::of_object(&object);
+        assert_eq!(claim, IssuerClaim::of(&typed));
+        assert_eq!(claim.issuer, "https://host.example.com/1");
+        assert_eq!(claim.tls_secret, "one");
+
+        let bare: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "config.supervisor.pinniped.dev/v1alpha1",
+            "kind": "FederationDomain",
+            "metadata": {"name": "t2"},
+            "spec": {"issuer": 42},
+        }))
+        .unwrap();
+        let claim = IssuerClaim::of_object(&bare);
+        assert_eq!((claim.issuer.as_str(), claim.tls_secret.as_str()), ("", ""));
+    }
+
     fn fd(name: &str, issuer: &str, idps: serde_json::Value) -> FederationDomain {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "config.supervisor.pinniped.dev/v1alpha1",
@@ -436,7 +507,7 @@ mod tests {
         );
         let (checks, upstreams) = check(
             &one,
-            std::slice::from_ref(&one),
+            &claims(std::slice::from_ref(&one)),
             &namespace(&[("OIDCIdentityProvider", "dex")]),
         );
         assert!(checks.iter().all(Check::is_true), "{checks:?}");
@@ -458,7 +529,7 @@ mod tests {
             "https://SSO.example.com/x/",
             serde_json::json!([reference("Corp", "OIDCIdentityProvider", "dex")]),
         );
-        let (checks, upstreams) = check(&a, &[a.clone(), b], &ns);
+        let (checks, upstreams) = check(&a, &claims(&[a.clone(), b]), &ns);
         assert_eq!(reason(&checks, "IssuerIsUnique"), "DuplicateIssuer");
         assert!(upstreams.is_none());
 
@@ -471,7 +542,7 @@ mod tests {
                 {"displayName": "Other", "objectRef": {"apiGroup": "idp.supervisor.acme.io", "kind": "OIDCIdentityProvider", "name": "dex"}},
             ]),
         );
-        let (checks, upstreams) = check(&bad, std::slice::from_ref(&bad), &ns);
+        let (checks, upstreams) = check(&bad, &claims(std::slice::from_ref(&bad)), &ns);
         assert!(upstreams.is_none());
         assert_eq!(
             reason(&checks, "IdentityProvidersFound"),
@@ -494,7 +565,7 @@ mod tests {
             "metadata": {"name": "t1"}, "spec": {"issuer": "https://host.example.com/1", "tls": {"secretName": "one"}}})).unwrap();
         let tls_b: FederationDomain = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "t2"}, "spec": {"issuer": "https://host.example.com/2", "tls": {"secretName": "two"}}})).unwrap();
-        let (checks, _) = check(&tls_a, &[tls_a.clone(), tls_b], &ns);
+        let (checks, _) = check(&tls_a, &claims(&[tls_a.clone(), tls_b]), &ns);
         assert_eq!(
             reason(&checks, "OneTLSSecretPerIssuerHostname"),
             "DifferentSecretRefsFound"
@@ -502,7 +573,7 @@ mod tests {
 
         // Legacy mode: with two identity providers, none is chosen.
         let legacy = fd("legacy", "https://sso.example.com/z", serde_json::json!([]));
-        let (checks, upstreams) = check(&legacy, std::slice::from_ref(&legacy), &ns);
+        let (checks, upstreams) = check(&legacy, &claims(std::slice::from_ref(&legacy)), &ns);
         assert_eq!(
             reason(&checks, "IdentityProvidersFound"),
             "IdentityProviderNotSpecified"
@@ -510,7 +581,7 @@ mod tests {
         assert!(upstreams.is_none());
         let (checks, upstreams) = check(
             &legacy,
-            std::slice::from_ref(&legacy),
+            &claims(std::slice::from_ref(&legacy)),
             &namespace(&[("OIDCIdentityProvider", "dex")]),
         );
         assert_eq!(
@@ -541,7 +612,7 @@ mod tests {
             serde_json::json!([{"username": "mallory", "expects": {"rejected": true}}]),
             "username != 'mallory'",
         );
-        let (checks, upstreams) = check(&passing, std::slice::from_ref(&passing), &ns);
+        let (checks, upstreams) = check(&passing, &claims(std::slice::from_ref(&passing)), &ns);
         assert_eq!(reason(&checks, "TransformsExpressionsValid"), "Success");
         assert_eq!(reason(&checks, "TransformsExamplesPassed"), "Success");
         assert!(upstreams.is_some());
@@ -551,7 +622,7 @@ mod tests {
             serde_json::json!([{"username": "pinny", "expects": {"rejected": true}}]),
             "username != 'mallory'",
         );
-        let (checks, upstreams) = check(&failing, std::slice::from_ref(&failing), &ns);
+        let (checks, upstreams) = check(&failing, &claims(std::slice::from_ref(&failing)), &ns);
         assert_eq!(
             reason(&checks, "TransformsExamplesPassed"),
             "TransformsExamplesFailed"
@@ -559,7 +630,7 @@ mod tests {
         assert!(upstreams.is_none(), "a failing example keeps it from serving");
 
         let invalid = with(serde_json::json!([]), "username !=");
-        let (checks, upstreams) = check(&invalid, std::slice::from_ref(&invalid), &ns);
+        let (checks, upstreams) = check(&invalid, &claims(std::slice::from_ref(&invalid)), &ns);
         assert_eq!(
             reason(&checks, "TransformsExpressionsValid"),
             "InvalidTransformsExpressions"

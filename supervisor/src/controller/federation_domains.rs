@@ -142,12 +142,12 @@ impl FederationDomainReconciler {
             // Another FederationDomain's conditions may depend on this one (unique issuers).
             self.pending.push(SourceEvent::All);
         }
-        let all: Vec<FederationDomain> = self
+        let all: Vec<federation_domain::IssuerClaim> = self
             .kind
             .store
             .state()
             .iter()
-            .filter_map(|object| typed(object).ok())
+            .map(|object| federation_domain::IssuerClaim::of_object(object))
             .collect();
         let view = federation_domain::Namespace {
             existing: self
