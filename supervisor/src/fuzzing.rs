@@ -353,7 +353,11 @@ pub fn federation_domain(
         })
         .as_ref()
         .map_err(Clone::clone)?;
-    let (checks, upstreams) = crate::controller::federation_domain::check(fd, all, namespace);
+    let claims: Vec<_> = all
+        .iter()
+        .map(crate::controller::federation_domain::IssuerClaim::of)
+        .collect();
+    let (checks, upstreams) = crate::controller::federation_domain::check(fd, &claims, namespace);
     let served = upstreams.map(|upstreams| {
         upstreams
             .iter()
