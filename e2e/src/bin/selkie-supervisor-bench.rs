@@ -1382,19 +1382,6 @@ mod flood {
         rss_kib: u64,
     }
 
-    /// The Supervisor's thread count, from `/proc/PID/status`.
-    fn threads(pid: u32) -> u64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|status| {
-                status
-                    .lines()
-                    .find_map(|line| line.strip_prefix("Threads:"))
-                    .and_then(|count| count.trim().parse().ok())
-            })
-            .unwrap_or(0)
-    }
-
     /// Waits for a quiet machine, then runs the probes (and, when `flooding`, the flood) for
     /// `--flood-seconds`; then waits (bounded) for the requests still in flight.
     async fn window(
@@ -1471,7 +1458,10 @@ mod flood {
         tokio::time::sleep_until(deadline.into()).await;
         let cpu = Cpu::of(pids)?.since(&cpu_before);
         let wall = start.elapsed();
-        let (threads, rss_kib) = (threads(supervisor.pid()), procstat::rss_kib(supervisor.pid())?);
+        let (threads, rss_kib) = (
+            procstat::threads(supervisor.pid())?,
+            procstat::rss_kib(supervisor.pid())?,
+        );
         // Every request started before the deadline ends within the timeout (a login's two
         // requests and exchange within one), so this wait is bounded.
         let (flood, mut by_name) = tokio::time::timeout(timeout * 2 + Duration::from_secs(5), async {
