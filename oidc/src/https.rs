@@ -9,7 +9,11 @@
 //! whole cause chain on one line (the refused connection, the unknown CA), never a header value or
 //! a body.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError, Weak},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -24,6 +28,7 @@ use rustls::{
     pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
+use sha2::Digest as _;
 
 /// A client certificate and its key, PEM.
 #[derive(Clone)]
@@ -311,6 +316,87 @@ impl HttpsClient {
     }
 }
 
+/// HTTPS clients shared by everyone who asks with the same [`TlsOptions`], so that they share one
+/// connection pool: a hundred OIDC identity providers of one issuer with the same CA bundle hold
+/// the connections of one client, not of a hundred.
+///
+/// The contract:
+/// * [`SharedClients::get`] with options of the same content (CA bundle bytes, server name,
+///   `insecure_skip_verify`, client certificate and key, compared by a SHA-256 fingerprint,
+///   [`TlsOptions::fingerprint`]) answers the same client (`Arc::ptr_eq`) for as long as one of
+///   its holders keeps it; options that differ in any of these get another client.
+/// * Clients are held weakly: once the last holder drops its `Arc` the client and its pool are
+///   gone (the next `get` builds a new one), so the clients of deleted or reconfigured users do
+///   not linger. Dead entries are pruned whenever a client is built.
+/// * A holder whose options change (a rotated CA bundle) asks again and gets the client of
+///   its new options; clients are never changed in place.
+#[derive(Debug, Default)]
+pub struct SharedClients {
+    clients: Mutex<HashMap<[u8; 32], Weak<HttpsClient>>>,
+}
+
+impl SharedClients {
+    /// The client for `tls`: the live one of the same options, else a new one
+    /// ([`HttpsClient::new`], which does no IO; its error when the options cannot be used).
+    pub fn get(&self, tls: &TlsOptions) -> Result<Arc<HttpsClient>, TlsError> {
+        let key = tls.fingerprint();
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = clients.get(&key).and_then(Weak::upgrade) {
+            return Ok(client);
+        }
+        let client = Arc::new(HttpsClient::new(tls)?);
+        clients.retain(|_, client| client.strong_count() > 0);
+        clients.insert(key, Arc::downgrade(&client));
+        Ok(client)
+    }
+
+    /// How many clients are remembered, dead ones not yet pruned included.
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.clients.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+impl TlsOptions {
+    /// SHA-256 of everything in these options (the CA bundle's bytes, `insecure_skip_verify`,
+    /// the server name, the client certificate and key), each field length-prefixed so that
+    /// no two different options share a fingerprint by accident: equal fingerprints, equal
+    /// options. It names the options without revealing them (a client key included), for
+    /// caches keyed by them ([`SharedClients`]).
+    pub fn fingerprint(&self) -> [u8; 32] {
+        // Destructured so that a new field cannot be forgotten here.
+        let Self {
+            ca_pem,
+            insecure_skip_verify,
+            server_name,
+            client_identity,
+        } = self;
+        let mut digest = sha2::Sha256::new();
+        let mut field = |value: Option<&[u8]>| match value {
+            None => digest.update([0]),
+            Some(bytes) => {
+                digest.update([1]);
+                digest.update(u64::try_from(bytes.len()).unwrap_or(u64::MAX).to_be_bytes());
+                digest.update(bytes);
+            }
+        };
+        field(ca_pem.as_deref());
+        field(Some(&[u8::from(*insecure_skip_verify)]));
+        field(server_name.as_deref().map(str::as_bytes));
+        field(
+            client_identity
+                .as_ref()
+                .map(|identity| identity.cert_pem.as_slice()),
+        );
+        field(
+            client_identity
+                .as_ref()
+                .map(|identity| identity.key_pem.as_slice()),
+        );
+        digest.finalize().into()
+    }
+}
+
 /// The `Accept: application/json` header.
 pub fn accept_json() -> (http::HeaderName, http::HeaderValue) {
     (
@@ -508,6 +594,107 @@ impl ServerCertVerifier for AcceptAnyServerCertificate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options with the same content share one client; options that differ in anything get
+    /// another; a client nobody holds is gone, and forgotten once another is built.
+    #[test]
+    fn clients_are_shared_by_the_same_options_and_dropped_with_their_last_holder() {
+        let clients = SharedClients::default();
+        let insecure = || TlsOptions {
+            insecure_skip_verify: true,
+            ..TlsOptions::default()
+        };
+        let named = |name: &str| TlsOptions {
+            insecure_skip_verify: true,
+            server_name: Some(name.into()),
+            ..TlsOptions::default()
+        };
+        let a = clients.get(&insecure()).unwrap();
+        let b = clients.get(&insecure()).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "the same options, built apart");
+        let c = clients.get(&named("dex.example.com")).unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert!(Arc::ptr_eq(&c, &clients.get(&named("dex.example.com")).unwrap()));
+        assert!(!Arc::ptr_eq(
+            &c,
+            &clients.get(&named("okta.example.com")).unwrap()
+        ));
+
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(weak.upgrade().is_none(), "the cache keeps no client alive");
+        let d = clients.get(&insecure()).unwrap();
+        // `c` and `d` live; the `okta` client died at once and was pruned when `d` was built.
+        assert_eq!(clients.remembered(), 2);
+        drop(d);
+        assert_eq!(clients.remembered(), 2, "pruned only when a client is built");
+        drop(c);
+        let _e = clients.get(&named("okta.example.com")).unwrap();
+        assert_eq!(clients.remembered(), 1);
+    }
+
+    /// Unusable options are refused and nothing is remembered for them.
+    #[test]
+    fn unusable_options_get_no_client() {
+        let clients = SharedClients::default();
+        let bad = TlsOptions {
+            ca_pem: Some(b"not PEM".to_vec()),
+            ..TlsOptions::default()
+        };
+        assert!(matches!(clients.get(&bad), Err(TlsError::BadCaBundle(_))));
+        assert_eq!(clients.remembered(), 0);
+    }
+
+    /// Every field counts, absent differs from empty, and fields do not run into each other.
+    #[test]
+    fn the_fingerprint_covers_every_option() {
+        let identity = |cert: &[u8], key: &[u8]| {
+            Some(ClientIdentity {
+                cert_pem: cert.to_vec(),
+                key_pem: key.to_vec(),
+            })
+        };
+        let options = [
+            TlsOptions::default(),
+            TlsOptions {
+                ca_pem: Some(Vec::new()),
+                ..TlsOptions::default()
+            },
+            TlsOptions {
+                ca_pem: Some(b"ab".to_vec()),
+                ..TlsOptions::default()
+            },
+            TlsOptions {
+                ca_pem: Some(b"a".to_vec()),
+                server_name: Some("b".into()),
+                ..TlsOptions::default()
+            },
+            TlsOptions {
+                insecure_skip_verify: true,
+                ..TlsOptions::default()
+            },
+            TlsOptions {
+                server_name: Some(String::new()),
+                ..TlsOptions::default()
+            },
+            TlsOptions {
+                client_identity: identity(b"cert", b"key"),
+                ..TlsOptions::default()
+            },
+            TlsOptions {
+                client_identity: identity(b"cert", b"other key"),
+                ..TlsOptions::default()
+            },
+            TlsOptions {
+                client_identity: identity(b"certkey", b""),
+                ..TlsOptions::default()
+            },
+        ];
+        let fingerprints: std::collections::HashSet<[u8; 32]> =
+            options.iter().map(TlsOptions::fingerprint).collect();
+        assert_eq!(fingerprints.len(), options.len());
+        assert_eq!(options[6].fingerprint(), options[6].clone().fingerprint());
+    }
 
     #[tokio::test]
     async fn a_refused_connection_keeps_its_cause() {

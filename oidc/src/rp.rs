@@ -7,7 +7,7 @@
 //! Every error is one line that names the issuer or endpoint and what to do; none quotes a
 //! token, a code, a password or a response body that could hold one.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use arc_swap::ArcSwapOption;
 use base64::{
@@ -140,7 +140,9 @@ pub struct Provider {
     pub issuer: String,
     /// Its discovery document.
     pub discovery: Discovery,
-    client: HttpsClient,
+    /// The client of every request to the issuer; possibly shared with other providers of the
+    /// same TLS options ([`Provider::discover_with`]).
+    client: Arc<HttpsClient>,
     /// The bound of each request to the issuer ([`HTTP_TIMEOUT`] unless
     /// [`Provider::with_timeout`] says otherwise).
     timeout: Duration,
@@ -350,6 +352,13 @@ impl Provider {
     /// same issuer and has the endpoints a login needs.
     pub async fn discover(issuer: &str, tls: &TlsOptions) -> Result<Self, OidcError> {
         let client = HttpsClient::new(tls).map_err(OidcError::Tls)?;
+        Self::discover_with(issuer, Arc::new(client)).await
+    }
+
+    /// [`Provider::discover`] with `client` for discovery and every later request to the
+    /// issuer: a client (and its connection pool) shared with other providers of the same TLS
+    /// options ([`crate::https::SharedClients`]) rather than one of its own.
+    pub async fn discover_with(issuer: &str, client: Arc<HttpsClient>) -> Result<Self, OidcError> {
         let bad = |reason: String| OidcError::BadDiscovery {
             issuer: issuer.into(),
             reason,
@@ -396,7 +405,7 @@ impl Provider {
         Ok(Self {
             issuer: discovery.issuer.clone(),
             discovery,
-            client: HttpsClient::new(tls).map_err(OidcError::Tls)?,
+            client: Arc::new(HttpsClient::new(tls).map_err(OidcError::Tls)?),
             timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::empty(),
         })
@@ -860,7 +869,7 @@ impl Provider {
             Some(Err(JoseError::UnknownKey(_) | JoseError::BadSignature)) | None => {
                 let keys = self.fetch_jwks().await?;
                 jws.verify(&keys).map_err(|e| OidcError::IdToken(e.to_string()))?;
-                self.jwks.store(Some(std::sync::Arc::new(keys)));
+                self.jwks.store(Some(Arc::new(keys)));
             }
             Some(Err(e)) => return Err(OidcError::IdToken(e.to_string())),
         }
@@ -1112,7 +1121,7 @@ mod tests {
                 response_modes_supported: vec!["query".into(), "form_post".into()],
                 ..Discovery::default()
             },
-            client: HttpsClient::new(&TlsOptions::default()).unwrap(),
+            client: Arc::new(HttpsClient::new(&TlsOptions::default()).unwrap()),
             timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::from_pointee(jwks),
         }

@@ -3,8 +3,18 @@
 //! `Ready`) and, when they hold, the upstream logins use. Discovery runs only when the issuer, the
 //! CA bundle, the client credentials or the object changed; an issuer that does not answer is
 //! retried with backoff while the last working form keeps serving.
+//!
+//! The upstreams share their HTTPS clients: every OIDCIdentityProvider with the same TLS
+//! options (the same CA bundle, or none: the system's roots) discovers and then reaches its
+//! issuer through one client ([`HTTPS_CLIENTS`]), so a hundred of them in front of one issuer
+//! hold the connections of one pool, not of a hundred. A provider whose CA bundle changes is
+//! discovered again and gets the client of its new bundle; a client lives as long as an
+//! upstream built with it.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
 use selkie_api::supervisor_idp::{OIDCIdentityProvider, OIDCIdentityProviderStatus, Phase};
 use selkie_kube::{
@@ -12,8 +22,8 @@ use selkie_kube::{
     tls_spec,
 };
 use selkie_oidc::{
-    https::TlsOptions,
-    rp::{ClientConfig, Provider as Discovery},
+    https::{HttpsClient, SharedClients, TlsError, TlsOptions},
+    rp::{ClientConfig, OidcError, Provider as Discovery},
 };
 
 use crate::controller::identity_provider::{Evaluation, Interim, Provider};
@@ -44,6 +54,19 @@ const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// accepts connections and never answers costs a login this long, and the user is told
 /// `temporarily_unavailable` rather than their client timing out with no reason.
 pub(crate) const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTPS clients of the OIDC upstreams, one per distinct TLS options in use, shared by the
+/// upstreams built with those options (see [`SharedClients`] for the contract: held weakly, so
+/// the client of options no upstream uses any more is dropped with the last upstream holding
+/// it). One for the process, as the OIDCIdentityProviders are one controller's; the
+/// Supervisor runs one tokio runtime, which drives every client's pooled connections.
+static HTTPS_CLIENTS: LazyLock<SharedClients> = LazyLock::new(SharedClients::default);
+
+/// The HTTPS client of an upstream with TLS `options` ([`HTTPS_CLIENTS`]): the one the
+/// upstreams of the same options already use, else a new one.
+fn https_client(options: &TlsOptions) -> Result<Arc<HttpsClient>, TlsError> {
+    HTTPS_CLIENTS.get(options)
+}
 
 /// The OIDCIdentityProvider kind (see the module documentation).
 pub(crate) struct OidcProvider;
@@ -150,14 +173,17 @@ impl Provider for OidcProvider {
             format!("performing OIDC discovery against {issuer:?}"),
         ));
         interim.report(&waiting).await;
-        let discovered =
-            match tokio::time::timeout(DISCOVERY_TIMEOUT, Discovery::discover(issuer, &options)).await {
-                Ok(discovered) => discovered.map_err(|error| error.to_string()),
-                Err(_) => Err(format!(
-                    "no answer within {} seconds",
-                    DISCOVERY_TIMEOUT.as_secs()
-                )),
-            };
+        let discovery = async {
+            let client = https_client(&options).map_err(OidcError::Tls)?;
+            Discovery::discover_with(issuer, client).await
+        };
+        let discovered = match tokio::time::timeout(DISCOVERY_TIMEOUT, discovery).await {
+            Ok(discovered) => discovered.map_err(|error| error.to_string()),
+            Err(_) => Err(format!(
+                "no answer within {} seconds",
+                DISCOVERY_TIMEOUT.as_secs()
+            )),
+        };
         let provider = match discovered {
             Ok(provider) => Arc::new(provider.with_timeout(UPSTREAM_TIMEOUT)),
             Err(error) => {
@@ -242,6 +268,42 @@ pub(crate) fn compute_scopes(additional: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CA bundle (PEM) of a new CA.
+    fn ca_bundle(name: &str) -> Vec<u8> {
+        let ca = selkie_kube::certs::generate_ca(name, Duration::from_secs(3600)).unwrap();
+        ca.cert_pem.into_bytes()
+    }
+
+    fn options(ca_pem: &[u8]) -> TlsOptions {
+        TlsOptions {
+            ca_pem: Some(ca_pem.to_vec()),
+            ..TlsOptions::default()
+        }
+    }
+
+    /// Upstreams with the same CA bundle get the same client (one connection pool), another
+    /// bundle (a rotated one) gets another client, and a client no upstream holds any more is
+    /// dropped.
+    #[test]
+    fn upstreams_with_the_same_tls_options_share_one_client() {
+        let (dex, rotated) = (ca_bundle("dex CA"), ca_bundle("dex CA, rotated"));
+        let first = https_client(&options(&dex)).unwrap();
+        let second = https_client(&options(&dex.clone())).unwrap();
+        assert!(Arc::ptr_eq(&first, &second));
+        let after_rotation = https_client(&options(&rotated)).unwrap();
+        assert!(!Arc::ptr_eq(&first, &after_rotation));
+
+        let dropped = Arc::downgrade(&first);
+        drop((first, second));
+        assert!(dropped.upgrade().is_none(), "kept alive by the cache");
+        let again = https_client(&options(&dex)).unwrap();
+        assert!(Arc::ptr_eq(&again, &https_client(&options(&dex)).unwrap()));
+        assert!(matches!(
+            https_client(&options(b"not PEM")),
+            Err(TlsError::BadCaBundle(_))
+        ));
+    }
 
     #[test]
     fn scopes_are_pinnipeds() {

@@ -269,9 +269,12 @@ impl FakeHttps {
         let requests = Arc::new(AtomicUsize::new(0));
         let counter = requests.clone();
         let task = tokio::spawn(async move {
+            // The connections are this task's: stopping it closes them too, so a client's pooled
+            // connection cannot reach a stopped server.
+            let mut connections = tokio::task::JoinSet::new();
             while let Ok((tcp, _)) = listener.accept().await {
                 let (acceptor, counter, issuer) = (acceptor.clone(), counter.clone(), issuer.clone());
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
@@ -320,7 +323,8 @@ impl FakeHttps {
         self.requests.load(Ordering::SeqCst)
     }
 
-    /// Stops listening: every later connection to its address is refused.
+    /// Stops listening and closes the connections it serves: every later request to its
+    /// address is refused, pooled connections or not.
     async fn stop(self) {
         self.task.abort();
         let _ = self.task.await;

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 #[cfg(any(test, feature = "fuzzing"))]
 use std::sync::Arc;
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{
     api::{DeleteParams, ListParams, PostParams, Preconditions},
@@ -295,8 +296,14 @@ impl Store {
     /// time is an annotation, so the storage Secrets are listed by metadata only, in pages of
     /// [`COLLECTOR_PAGE`], and only the expired ones are read in whole (one `GET` each): a sweep
     /// costs kube-apiserver and the Supervisor's memory the metadata of the live sessions, not
-    /// their contents. An expired Secret deleted between the list and its read is skipped.
-    pub async fn collectable(&self, now: OffsetDateTime) -> Result<Vec<Secret>, StoreError> {
+    /// their contents. The reads are `concurrency` (at least 1) at a time, in the listed (name)
+    /// order; the first that fails fails the whole call (the ones in flight are dropped). An
+    /// expired Secret deleted between the list and its read is skipped.
+    pub async fn collectable(
+        &self,
+        now: OffsetDateTime,
+        concurrency: usize,
+    ) -> Result<Vec<Secret>, StoreError> {
         let mut expired = Vec::new();
         let mut next = None;
         loop {
@@ -317,19 +324,22 @@ impl Store {
                 None => break,
             }
         }
-        let mut collectable = Vec::with_capacity(expired.len());
-        for name in expired {
-            match self.secrets.get(&name).await {
-                // Read again: it may have been written since it was listed.
-                Ok(secret) if garbage_collect_after(&secret).is_some_and(|after| after < now) => {
-                    collectable.push(secret);
+        let read: Vec<Option<Secret>> = futures::stream::iter(expired)
+            .map(|name| async move {
+                match self.secrets.get(&name).await {
+                    // Read again: it may have been written since it was listed.
+                    Ok(secret) if garbage_collect_after(&secret).is_some_and(|after| after < now) => {
+                        Ok(Some(secret))
+                    }
+                    Ok(_) => Ok(None),
+                    Err(error) if is_status(&error, 404) => Ok(None),
+                    Err(error) => Err(StoreError::from(error)),
                 }
-                Ok(_) => {}
-                Err(error) if is_status(&error, 404) => {}
-                Err(error) => return Err(error.into()),
-            }
-        }
-        Ok(collectable)
+            })
+            .buffered(concurrency.max(1))
+            .try_collect()
+            .await?;
+        Ok(read.into_iter().flatten().collect())
     }
 
     /// Deletes `secret` if it is still the object that was read (same UID and resourceVersion,
@@ -1209,7 +1219,7 @@ mod tests {
             .await
             .unwrap();
         memory.create(&secret("unrelated", &[])).await.unwrap();
-        let collectable = store.collectable(now).await.unwrap();
+        let collectable = store.collectable(now, 8).await.unwrap();
         assert_eq!(
             collectable
                 .iter()
@@ -1243,7 +1253,7 @@ mod tests {
             }
         }
         memory.take_requests();
-        let collectable = store.collectable(now).await.unwrap();
+        let collectable = store.collectable(now, 8).await.unwrap();
         let mut names: Vec<String> = collectable
             .iter()
             .map(|secret| secret.metadata.name.clone().unwrap())
