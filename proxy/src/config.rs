@@ -645,6 +645,7 @@ impl UpstreamConfig {
             access_reviewer,
             token_reviewer,
             gate: Arc::new(ConnectionGate::new(MAX_H2_STREAMS)),
+            stream_gate: Arc::new(ConnectionGate::new(MAX_H2_STREAMS)),
         })
     }
 

@@ -63,7 +63,6 @@ use pingora::{
         GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
         TimingDigest, UniqueID, UniqueIDType, ALPN,
     },
-    proxy::{HttpProxy, ProxyHttp},
     server::{configuration::ServerConf, ShutdownWatch},
     services::listening::Service,
 };
@@ -73,7 +72,7 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use crate::status::Failure;
+use crate::{service::ImpersonationProxy, status::Failure, streams::Routes};
 
 /// The largest request head the proxy serves: the request target plus, for every header field,
 /// its name, its value and 32 bytes (HTTP/2's accounting, RFC 9113 §6.5.2, used for HTTP/1.1
@@ -172,26 +171,26 @@ pub fn request_head_read(session: &mut ServerSession) {
     }
 }
 
-/// Builds the listening service: `proxy` behind [`DownstreamApp`], with the HTTP/2 idle timeout
-/// and header-list limit set. Add listeners to the result as to any pingora service.
-pub fn service<SV>(
+/// Builds the listening service: `proxy` (pingora's request loop, with long-lived HTTP/2
+/// responses taken out of it: [`crate::streams`]) behind [`DownstreamApp`], with the HTTP/2 idle
+/// timeout and header-list limit set. Add listeners to the result as to any pingora service.
+pub fn service(
     conf: &Arc<ServerConf>,
-    proxy: SV,
+    proxy: ImpersonationProxy,
     name: &str,
     timeouts: Timeouts,
-) -> Service<DownstreamApp<HttpProxy<SV>>>
-where
-    SV: ProxyHttp + Send + Sync + 'static,
-    SV::CTX: Send + Sync,
-{
-    let mut app = pingora::proxy::http_proxy(conf, proxy);
+) -> Service<DownstreamApp<Routes>> {
+    let mut app = pingora::proxy::http_proxy(conf, proxy.clone());
     let mut options = HttpServerOptions::default();
     options.h2_idle_timeout = Some(timeouts.idle);
     app.server_options = Some(options);
     let mut h2 = default_h2_options();
     h2.max_header_list_size(H2_MAX_HEADER_LIST_SIZE);
     app.h2_options = Some(h2);
-    Service::new(name.to_string(), DownstreamApp::new(app, timeouts))
+    Service::new(
+        name.to_string(),
+        DownstreamApp::new(Routes::new(conf, app, proxy), timeouts),
+    )
 }
 
 /// A pingora [`ServerApp`] that runs an HTTP application (pingora's proxy) on [`TimedStream`]s.

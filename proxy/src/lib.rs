@@ -9,6 +9,8 @@
 //!   removal of client-supplied `Authorization`, `Impersonate-*`, `X-Remote-*` and
 //!   `X-Forwarded-For`, then forwarding to kube-apiserver with the proxy's credential and
 //!   `Impersonate-*` headers over pooled HTTP/2 (HTTP/1.1 for upgrades);
+//! * [`streams`]: watches and followed logs over HTTP/2, served outside pingora's request loop
+//!   by the same steps, so that an idle stream holds only what it needs;
 //! * [`downstream`]: what a client connection is allowed before authentication: header-read and
 //!   idle timeouts (none for a request in progress) and request-head size limits;
 //! * [`admission`]: how many client connections are open at once (`listenerLimits`), counted
@@ -40,5 +42,6 @@ pub mod server;
 pub mod service;
 pub mod snapshot;
 pub mod status;
+pub mod streams;
 pub mod tls;
 pub mod upstream_gate;

@@ -1,4 +1,6 @@
-//! The request path (DESIGN.md, data flow 1–6) as a pingora [`ProxyHttp`].
+//! The request path (DESIGN.md, data flow 1–6): its steps as hooks of [`ImpersonationProxy`],
+//! run by pingora's request loop ([`ProxyHttp`]) and by the lean path of long-lived HTTP/2
+//! responses ([`crate::streams`]).
 //!
 //! Per request: load the snapshot once; take the connection's certificate identity (computed at
 //! the handshake) or run the bearer token through the chain; remove every client credential and
@@ -13,6 +15,7 @@ use async_trait::async_trait;
 use http::{header, HeaderName, HeaderValue};
 use pingora::{
     http::{RequestHeader, ResponseHeader},
+    protocols::http::ServerSession,
     proxy::{ProxyHttp, Session},
     upstreams::peer::HttpPeer,
     Error, Result,
@@ -56,11 +59,13 @@ fn append_header(request: &mut RequestHeader, name: &HeaderName, value: HeaderVa
 }
 
 /// The impersonation proxy: the snapshot handle, the metrics, and the `Impersonate-*` headers of
-/// the identities authenticators hand out again and again.
+/// the identities authenticators hand out again and again. Cheap to clone: clones share all
+/// three (pingora's request loop holds one, [`crate::streams`] another).
+#[derive(Clone)]
 pub struct ImpersonationProxy {
     snapshot: Arc<ArcSwap<Snapshot>>,
     metrics: Metrics,
-    prepared: PreparedCache,
+    prepared: Arc<PreparedCache>,
 }
 
 /// How many token identities keep their prepared `Impersonate-*` headers (as many as a JWT
@@ -74,7 +79,7 @@ impl ImpersonationProxy {
         Self {
             snapshot,
             metrics,
-            prepared: PreparedCache::new(PREPARED_IDENTITIES),
+            prepared: Arc::new(PreparedCache::new(PREPARED_IDENTITIES)),
         }
     }
 }
@@ -116,7 +121,7 @@ pub struct RequestContext {
 }
 
 /// The connection's client certificate, if the client presented one.
-fn peer_certificate(session: &Session) -> Option<&PeerCertificate> {
+fn peer_certificate(session: &ServerSession) -> Option<&PeerCertificate> {
     session
         .digest()
         .and_then(|digest| digest.ssl_digest.as_ref())
@@ -129,12 +134,12 @@ fn bearer_token(value: &HeaderValue) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-async fn refuse(session: &mut Session, failure: Failure) -> Result<bool> {
+async fn refuse(session: &mut ServerSession, failure: Failure) -> Result<bool> {
     refuse_with(session, failure.code, failure.reason, failure.message).await
 }
 
 /// Answers the request with a `metav1.Status` failure and ends it.
-async fn refuse_with(session: &mut Session, code: u16, reason: &str, message: &str) -> Result<bool> {
+async fn refuse_with(session: &mut ServerSession, code: u16, reason: &str, message: &str) -> Result<bool> {
     let body = status_body(code, reason, message);
     let mut response = ResponseHeader::build(code, Some(3))?;
     response.insert_header(header::CONTENT_TYPE, "application/json")?;
@@ -144,8 +149,8 @@ async fn refuse_with(session: &mut Session, code: u16, reason: &str, message: &s
     if !session.is_http2() {
         session.set_keepalive(None);
     }
-    session.write_response_header(Box::new(response), false).await?;
-    session.write_response_body(Some(body), true).await?;
+    session.write_response_header(Box::new(response)).await?;
+    session.write_response_body(body, true).await?;
     Ok(true)
 }
 
@@ -268,7 +273,7 @@ struct Authenticated {
 /// under the CA pools of the snapshot this request runs with; otherwise a bearer token goes
 /// through the chain. A certificate that does not verify (expired, from a CA no longer
 /// trusted), with no token, is a failed authentication, never anonymous, as in kube-apiserver.
-async fn authenticate(session: &Session, snapshot: &Snapshot) -> Authenticated {
+async fn authenticate(session: &ServerSession, snapshot: &Snapshot) -> Authenticated {
     let verdict = peer_certificate(session)
         .map(|peer| peer.current(snapshot.client_certificates.as_ref(), UnixTime::now()));
     let (certificate, prepared, refused_certificate) = match verdict {
@@ -325,7 +330,7 @@ async fn authenticate(session: &Session, snapshot: &Snapshot) -> Authenticated {
 /// `Impersonate-*`, `X-Remote-*`, `X-Forwarded-For`) and returns the impersonation the client
 /// asked for; malformed `Impersonate-*` headers are a 400. The caller's own bearer token, when
 /// it is to be passed through, was read before ([`Authenticated::pass_through`]).
-fn strip_client_headers(session: &mut Session) -> Step<RequestedImpersonation> {
+fn strip_client_headers(session: &mut ServerSession) -> Step<RequestedImpersonation> {
     let (names, requested) = client_credentials(&session.req_header().headers);
     let request = session.req_header_mut();
     for name in &names {
@@ -337,7 +342,7 @@ fn strip_client_headers(session: &mut Session) -> Step<RequestedImpersonation> {
 /// Step 3: who the request acts as before any nested impersonation: the authenticated identity
 /// (its own token passed through, for identities kube-apiserver must see unchanged), the static
 /// identity for callers without credentials, or anonymous on the anonymous paths; 401 otherwise.
-fn caller(session: &Session, snapshot: &Snapshot, authenticated: Authenticated) -> Step<Effective> {
+fn caller(session: &ServerSession, snapshot: &Snapshot, authenticated: Authenticated) -> Step<Effective> {
     let Authenticated {
         decision,
         refused_certificate,
@@ -527,7 +532,7 @@ fn invalid_body(kind: LocalApi, error: &serde_json::Error) -> String {
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes.
-async fn read_body(session: &mut Session, limit: usize) -> Result<std::result::Result<Vec<u8>, ()>> {
+async fn read_body(session: &mut ServerSession, limit: usize) -> Result<std::result::Result<Vec<u8>, ()>> {
     let mut body = Vec::new();
     while let Some(chunk) = session.read_request_body().await? {
         if body.len() + chunk.len() > limit {
@@ -561,7 +566,7 @@ fn effective_user(effective: Option<&Effective>) -> UserInfo {
 /// with the object, or a `metav1.Status` for a wrong method (405) or an unreadable body (400,
 /// 413).
 async fn answer_locally(
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestContext,
     api: &dyn ConciergeApi,
     snapshot: &Snapshot,
@@ -615,18 +620,19 @@ async fn answer_locally(
     let mut response = ResponseHeader::build(201, Some(3))?;
     response.insert_header(header::CONTENT_TYPE, "application/json")?;
     response.insert_header(header::CONTENT_LENGTH, answer.len())?;
-    session.write_response_header(Box::new(response), false).await?;
+    session.write_response_header(Box::new(response)).await?;
     session
-        .write_response_body(Some(bytes::Bytes::from(answer)), true)
+        .write_response_body(bytes::Bytes::from(answer), true)
         .await?;
     Ok(true)
 }
 
-#[async_trait]
-impl ProxyHttp for ImpersonationProxy {
-    type CTX = RequestContext;
-
-    fn new_ctx(&self) -> Self::CTX {
+/// The request path's hooks, each a step of its own, called by pingora's request loop
+/// ([`ProxyHttp`], below) and by the lean path of long-lived HTTP/2 responses
+/// ([`crate::streams`]) alike: both answer a request the same way.
+impl ImpersonationProxy {
+    /// A new request's state, its clock started.
+    pub(crate) fn new_context(&self) -> RequestContext {
         RequestContext {
             started: Instant::now(),
             snapshot: None,
@@ -642,11 +648,12 @@ impl ProxyHttp for ImpersonationProxy {
         }
     }
 
-    /// Runs first, as soon as pingora has parsed the request head: ends the connection's
-    /// header-read deadline (the request itself runs with none, see [`crate::downstream`]) and
-    /// refuses a head over the size limits with 431 and a `metav1.Status` body. A refusal is
-    /// returned as an `HTTPStatus(431)` error, so no later phase runs and the connection closes.
-    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<()> {
+    /// Runs first, as soon as the request head is parsed: counts the request as in flight, ends
+    /// the connection's header-read deadline (the request itself runs with none, see
+    /// [`crate::downstream`]) and refuses a head over the size limits with 431 and a
+    /// `metav1.Status` body. A refusal is returned as an `HTTPStatus(431)` error, so no later
+    /// step runs and the connection closes.
+    pub(crate) async fn begin(&self, session: &mut ServerSession, ctx: &mut RequestContext) -> Result<()> {
         ctx.verb_class = VerbClass::of(session.req_header());
         ctx.in_flight = Some(self.metrics.request_started(ctx.verb_class));
         crate::downstream::request_head_read(session);
@@ -663,8 +670,9 @@ impl ProxyHttp for ImpersonationProxy {
 
     /// The request path's steps, in order: [`authenticate`], [`strip_client_headers`],
     /// [`caller`], [`resolve_nested`], [`prepare_upstream`]; then the Concierge APIs the proxy
-    /// answers itself. A step that refuses ends the request with its `metav1.Status`.
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+    /// answers itself. `Ok(true)` when the request was answered here (a step refused it with its
+    /// `metav1.Status`, or it was a Concierge API request); `Ok(false)` when it goes upstream.
+    pub(crate) async fn admit(&self, session: &mut ServerSession, ctx: &mut RequestContext) -> Result<bool> {
         let snapshot = self.snapshot.load_full();
         ctx.snapshot = Some(snapshot.clone());
         let mut authenticated = authenticate(session, &snapshot).await;
@@ -711,35 +719,48 @@ impl ProxyHttp for ImpersonationProxy {
         }
     }
 
-    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<Box<HttpPeer>> {
+    /// kube-apiserver as the peer of an admitted request: HTTP/1.1 for an `upgrade`, HTTP/2
+    /// otherwise, with the proxy's client certificate unless the caller's token passes through.
+    /// An HTTP/2 request with the proxy's own credential first takes its place in the upstream
+    /// connection gate `gate` (kept in `ctx` until the request ends; a retry keeps it).
+    pub(crate) async fn choose_peer(
+        &self,
+        upgrade: bool,
+        gate: impl Fn(&Upstream) -> &Arc<crate::upstream_gate::ConnectionGate>,
+        ctx: &mut RequestContext,
+    ) -> Result<HttpPeer> {
+        let peer = self.peer(upgrade, ctx)?;
+        let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
+        // Upgrades get a connection of their own anyway; passed-through tokens use another pool.
+        if let (false, true, None, Some(snapshot)) =
+            (upgrade, own_credential, &ctx.upstream_stream, &ctx.snapshot)
+        {
+            let upstream = &snapshot.upstream;
+            ctx.upstream_stream = Some(gate(upstream).pass(upstream.connect_timeout).await);
+        }
+        Ok(peer)
+    }
+
+    /// The peer [`ImpersonationProxy::choose_peer`] chose for the request of `ctx`, built again
+    /// from the same snapshot (so it names the same connection pool), without the gate.
+    pub(crate) fn peer(&self, upgrade: bool, ctx: &RequestContext) -> Result<HttpPeer> {
         let snapshot = ctx
             .snapshot
             .as_ref()
             .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded"))?;
         let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
-        let upgrade = session.is_upgrade_req();
-        // Upgrades get a connection of their own anyway; passed-through tokens use another pool.
-        // A retried request keeps the stream it already has.
-        if !upgrade && own_credential && ctx.upstream_stream.is_none() {
-            let upstream = &snapshot.upstream;
-            ctx.upstream_stream = Some(upstream.gate.pass(upstream.connect_timeout).await);
-        }
-        Ok(Box::new(snapshot.upstream.peer(upgrade, own_credential)))
+        Ok(snapshot.upstream.peer(upgrade, own_credential))
     }
 
-    async fn upstream_request_filter(
-        &self,
-        _session: &mut Session,
-        upstream_request: &mut RequestHeader,
-        ctx: &mut Self::CTX,
-    ) -> Result<()> {
+    /// Step 6 on the request about to go upstream ([`identify_upstream`]), with what the earlier
+    /// steps left in `ctx`. Takes the headers by reference, not drained: should the upstream
+    /// request be retried, the new attempt carries the same identity headers.
+    pub(crate) fn identify(&self, upstream_request: &mut RequestHeader, ctx: &RequestContext) -> Result<()> {
         let upstream = ctx
             .snapshot
             .as_ref()
             .map(|snapshot| &*snapshot.upstream)
             .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded"))?;
-        // By reference, not drained: should pingora retry the upstream request, the new attempt
-        // carries the same identity headers.
         let shared = ctx.shared_headers.as_deref().unwrap_or_default();
         identify_upstream(
             upstream_request,
@@ -750,36 +771,17 @@ impl ProxyHttp for ImpersonationProxy {
         )
     }
 
-    async fn connected_to_upstream(
-        &self,
-        _session: &mut Session,
-        reused: bool,
-        _peer: &HttpPeer,
-        #[cfg(unix)] _fd: std::os::unix::io::RawFd,
-        #[cfg(windows)] _sock: std::os::windows::io::RawSocket,
-        _digest: Option<&pingora::protocols::Digest>,
-        ctx: &mut Self::CTX,
-    ) -> Result<()> {
+    /// Records that the request has an upstream connection (`reused` from a pool or new).
+    pub(crate) fn connected(&self, reused: bool, ctx: &mut RequestContext) {
         self.metrics.upstream_connected(reused);
         if let Some(stream) = &mut ctx.upstream_stream {
             stream.connected(reused);
         }
-        Ok(())
     }
 
-    async fn response_filter(
-        &self,
-        _session: &mut Session,
-        upstream_response: &mut ResponseHeader,
-        ctx: &mut Self::CTX,
-    ) -> Result<()> {
-        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
-            ctx.tunnel = Some(self.metrics.tunnel_opened());
-        }
-        Ok(())
-    }
-
-    async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Self::CTX) {
+    /// Runs last, however the request ended: the audit line and the request's metrics, and the
+    /// request stops counting as in flight (and as a tunnel, and in the upstream gate).
+    pub(crate) fn end(&self, session: &ServerSession, error: Option<&Error>, ctx: &mut RequestContext) {
         let status = session
             .response_written()
             .map_or(0, |response| response.status.as_u16());
@@ -820,6 +822,93 @@ impl ProxyHttp for ImpersonationProxy {
         ctx.upstream_stream = None;
     }
 
+    /// Answers a request that failed after it was accepted with the `metav1.Status` of
+    /// [`failure_of`] (unless a response was already under way), and logs the failure. Returns
+    /// the status written (0 when none could be).
+    pub(crate) async fn fail(
+        &self,
+        session: &mut ServerSession,
+        error: &Error,
+        ctx: &mut RequestContext,
+    ) -> u16 {
+        let failure = failure_of(error);
+        let written = session.response_written().is_some();
+        log_failure(error, failure, written);
+        if written {
+            return 0;
+        }
+        if failure.code == 400 {
+            ctx.refusal = Some(failure.message.to_string());
+        }
+        let _ = refuse(session, failure).await;
+        failure.code
+    }
+}
+
+/// pingora's request loop, for every request [`crate::streams`] does not take: each hook is one
+/// of the steps above.
+#[async_trait]
+impl ProxyHttp for ImpersonationProxy {
+    type CTX = RequestContext;
+
+    fn new_ctx(&self) -> Self::CTX {
+        self.new_context()
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<()> {
+        self.begin(session, ctx).await
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        self.admit(session, ctx).await
+    }
+
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<Box<HttpPeer>> {
+        let upgrade = session.is_upgrade_req();
+        self.choose_peer(upgrade, |upstream| &upstream.gate, ctx)
+            .await
+            .map(Box::new)
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        self.identify(upstream_request, ctx)
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        reused: bool,
+        _peer: &HttpPeer,
+        #[cfg(unix)] _fd: std::os::unix::io::RawFd,
+        #[cfg(windows)] _sock: std::os::windows::io::RawSocket,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        self.connected(reused, ctx);
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            ctx.tunnel = Some(self.metrics.tunnel_opened());
+        }
+        Ok(())
+    }
+
+    async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Self::CTX) {
+        self.end(session, error, ctx);
+    }
+
     /// pingora's own error line would print the error's whole chain, with the upstream peer it
     /// adds (address, SNI, the proxy's client-certificate subject and expiry);
     /// [`ProxyHttp::fail_to_proxy`] logs what matters instead ([`log_failure`]).
@@ -827,28 +916,14 @@ impl ProxyHttp for ImpersonationProxy {
         true
     }
 
-    /// Answers a request that failed after it was accepted with the `metav1.Status` of
-    /// [`failure_of`] (unless a response was already under way), and logs the failure.
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
         error: &Error,
         ctx: &mut Self::CTX,
     ) -> pingora::proxy::FailToProxy {
-        let failure = failure_of(error);
-        let written = session.response_written().is_some();
-        log_failure(error, failure, written);
-        let code = if written {
-            0
-        } else {
-            if failure.code == 400 {
-                ctx.refusal = Some(failure.message.to_string());
-            }
-            let _ = refuse(session, failure).await;
-            failure.code
-        };
         pingora::proxy::FailToProxy {
-            error_code: code,
+            error_code: self.fail(session, error, ctx).await,
             can_reuse_downstream: false,
         }
     }

@@ -64,6 +64,9 @@ pub struct Upstream {
     /// a burst of requests opens connections one at a time ([`crate::upstream_gate`]). Must be
     /// built with `max_h2_streams`.
     pub gate: Arc<ConnectionGate>,
+    /// The same for the connections of long-lived responses ([`crate::streams`]), which have
+    /// a pool of their own. Must be built with `max_h2_streams`.
+    pub stream_gate: Arc<ConnectionGate>,
 }
 
 impl std::fmt::Debug for Upstream {

@@ -87,9 +87,34 @@ fn sample(exposition: &str, name: &str) -> Option<f64> {
         .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
 }
 
+/// How many of the watch `streams` deliver an event containing `needle` within 30 s (each is
+/// read until it does, or ends).
+async fn watches_seeing(
+    streams: &mut [http_body_util::BodyStream<hyper::body::Incoming>],
+    needle: &[u8],
+) -> anyhow::Result<usize> {
+    use futures::StreamExt as _;
+    let delivered = futures::future::join_all(streams.iter_mut().map(|stream| async move {
+        let mut seen = Vec::new();
+        while let Some(frame) = stream.next().await {
+            if let Ok(data) = frame?.into_data() {
+                seen.extend_from_slice(&data);
+                if seen.windows(needle.len()).any(|w| w == needle) {
+                    return anyhow::Ok(());
+                }
+            }
+        }
+        anyhow::bail!("the watch ended before the event")
+    }));
+    Ok(tokio::time::timeout(Duration::from_secs(30), delivered)
+        .await?
+        .into_iter()
+        .filter(Result::is_ok)
+        .count())
+}
+
 #[tokio::test]
 async fn more_watches_than_one_upstream_connection_carries_all_stay_open_and_deliver() -> anyhow::Result<()> {
-    use futures::StreamExt as _;
     use http_body_util::{BodyStream, Full};
 
     let cluster = Cluster::shared().await?;
@@ -146,23 +171,126 @@ async fn more_watches_than_one_upstream_connection_carries_all_stay_open_and_del
         .kubectl()
         .run(&["create", "configmap", "to-all", "-n", &namespace])
         .await?;
-    let delivered = futures::future::join_all(streams.iter_mut().map(|stream| async move {
-        let mut seen = Vec::new();
-        while let Some(frame) = stream.next().await {
-            if let Ok(data) = frame?.into_data() {
-                seen.extend_from_slice(&data);
-                if seen.windows(6).any(|w| w == b"to-all") {
-                    return anyhow::Ok(());
-                }
-            }
-        }
-        anyhow::bail!("the watch ended before the event")
-    }));
-    let delivered = tokio::time::timeout(Duration::from_secs(30), delivered)
-        .await?
-        .into_iter()
-        .filter(Result::is_ok)
-        .count();
+    let delivered = watches_seeing(&mut streams, b"to-all").await?;
     assert_eq!(delivered, HELD_WATCHES, "watches that saw the event");
+    Ok(())
+}
+
+/// kube-apiserver's count of the watches it is serving on `resource` (its
+/// `apiserver_longrunning_requests` gauge, every scope).
+async fn apiserver_watches(cluster: &Cluster, resource: &str) -> anyhow::Result<f64> {
+    let metrics = cluster.kubectl().run(&["get", "--raw", "/metrics"]).await?;
+    let label = format!("resource=\"{resource}\"");
+    Ok(metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("apiserver_longrunning_requests{")
+                && line.contains(&label)
+                && line.contains("verb=\"WATCH\"")
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum())
+}
+
+/// Watches over HTTP/2 take the proxy's lean path for long-lived responses
+/// (`selkie_proxy::streams`): they open, deliver, and when the client cancels them (resets its
+/// streams) kube-apiserver stops serving them too — the proxy resets the upstream streams rather
+/// than leaving watches running upstream until their timeout. Each watch leaves its audit line,
+/// with the status kube-apiserver answered.
+#[tokio::test]
+async fn cancelled_watches_end_at_kube_apiserver_too() -> anyhow::Result<()> {
+    use http_body_util::{BodyStream, Full};
+
+    // Nothing else in the suite watches PodTemplates, so kube-apiserver's gauge is this test's.
+    const RESOURCE: &str = "podtemplates";
+    const WATCHES: usize = 30;
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "proxy-cancel").await?;
+    let user = format!("canceller-{namespace}");
+    cluster
+        .kubectl()
+        .create_role_and_binding(
+            &namespace,
+            "watch-podtemplates",
+            "get,list,watch",
+            RESOURCE,
+            &[&format!("--user={user}")],
+        )
+        .await?;
+    let proxy = Proxy::start(cluster, &[]).await?;
+    let credential = proxy.signer().issue_client(&user, &[])?;
+    let before = apiserver_watches(cluster, RESOURCE).await?;
+
+    let url = format!(
+        "{}/api/v1/namespaces/{namespace}/{RESOURCE}?watch=true&timeoutSeconds=600",
+        proxy.url()
+    );
+    let http2 = crate::proxy_kubectl::proxy_client(&proxy, Some(&credential), true)?;
+    let mut streams = Vec::with_capacity(WATCHES);
+    for _ in 0..WATCHES {
+        let request = http::Request::get(&url).body(Full::new(bytes::Bytes::new()))?;
+        let response = http2.request(request).await?;
+        anyhow::ensure!(
+            response.status() == 200,
+            "a watch was answered {}",
+            response.status()
+        );
+        streams.push(BodyStream::new(response.into_body()));
+    }
+    selkie_e2e::eventually(Duration::from_secs(30), || async {
+        let now = apiserver_watches(cluster, RESOURCE).await?;
+        anyhow::ensure!(
+            now >= before + WATCHES as f64,
+            "kube-apiserver serves {now} watches, {before} before"
+        );
+        Ok(())
+    })
+    .await?;
+
+    // They deliver.
+    let template = serde_json::json!({
+        "apiVersion": "v1", "kind": "PodTemplate",
+        "metadata": {"name": "seen-by-all", "namespace": namespace},
+        "template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    });
+    cluster
+        .kubectl()
+        .run_with_stdin(&["create", "-f", "-"], Some(&template.to_string()))
+        .await?;
+    let delivered = watches_seeing(&mut streams, b"seen-by-all").await?;
+    anyhow::ensure!(
+        delivered == WATCHES,
+        "{delivered} of {WATCHES} watches saw the event"
+    );
+
+    // The client cancels them all; kube-apiserver stops serving them well before their timeout.
+    drop(streams);
+    selkie_e2e::eventually(Duration::from_secs(30), || async {
+        let now = apiserver_watches(cluster, RESOURCE).await?;
+        anyhow::ensure!(
+            now <= before,
+            "kube-apiserver still serves {now} watches on {RESOURCE} ({before} before the test)"
+        );
+        Ok(())
+    })
+    .await?;
+
+    let path = format!("\"path\":\"/api/v1/namespaces/{namespace}/{RESOURCE}\"");
+    selkie_e2e::eventually(Duration::from_secs(10), || async {
+        let log = proxy.log();
+        let audited = log
+            .lines()
+            .filter(|line| {
+                line.contains("selkie::audit") && line.contains(&path) && line.contains("\"status\":200")
+            })
+            .count();
+        anyhow::ensure!(
+            audited == WATCHES,
+            "{audited} audit lines for the {WATCHES} watches in:\n{log}"
+        );
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
