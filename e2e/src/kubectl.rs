@@ -81,19 +81,29 @@ impl Kubectl {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| HarnessError::io(format!("starting kubectl {shown}"), e))?;
-        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(input.as_bytes())
-                .await
-                .map_err(|e| HarnessError::io(format!("writing stdin of kubectl {shown}"), e))?;
-        }
-        let output = tokio::time::timeout(KUBECTL_TIMEOUT, child.wait_with_output())
+        // stdin is written while stdout and stderr are read: kubectl answers each object of a
+        // long manifest as it goes, and once its output fills the pipe it reads no more input,
+        // so writing all of the input first deadlocks (a manifest of ~1,400 objects did).
+        let pipe = child.stdin.take();
+        let write = async move {
+            if let (Some(input), Some(mut pipe)) = (stdin, pipe) {
+                pipe.write_all(input.as_bytes()).await?;
+                // Dropped here: kubectl sees the end of its input.
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        let exchange = async {
+            let (written, output) = tokio::join!(write, child.wait_with_output());
+            written.map_err(|e| HarnessError::io(format!("writing stdin of kubectl {shown}"), e))?;
+            output.map_err(|e| HarnessError::io(format!("waiting for kubectl {shown}"), e))
+        };
+        let output = tokio::time::timeout(KUBECTL_TIMEOUT, exchange)
             .await
             .map_err(|_| HarnessError::Kubectl {
                 args: shown.clone(),
                 status: format!("no exit within {KUBECTL_TIMEOUT:?}"),
                 stderr: String::new(),
-            })?
-            .map_err(|e| HarnessError::io(format!("waiting for kubectl {shown}"), e))?;
+            })??;
         Ok(KubectlOutput {
             success: output.status.success(),
             status: output.status.to_string(),
@@ -218,5 +228,25 @@ impl Kubectl {
                 stderr: output.stderr,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program that answers its input as it reads it (as kubectl answers each object of a
+    /// manifest) gets all of a large input, and all of its answer comes back: neither side waits
+    /// for the other with a full pipe. `cat` stands in for kubectl; 1 MiB is 16 pipe buffers.
+    #[tokio::test]
+    async fn a_large_input_is_written_while_the_output_is_read() {
+        let cat = Kubectl::new(Path::new("cat"), Path::new("/nonexistent/kubeconfig"));
+        let input = "object: created\n".repeat(65_536);
+        let output = tokio::time::timeout(Duration::from_secs(30), cat.output::<&str>(&[], Some(&input)))
+            .await
+            .expect("the exchange deadlocked")
+            .unwrap();
+        assert!(output.success, "{}", output.stderr);
+        assert_eq!(output.stdout.len(), input.len());
     }
 }
