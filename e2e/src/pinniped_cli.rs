@@ -32,7 +32,10 @@ pub const NONCE: &str = "nonce-0123456789";
 /// (`pinniped_idp_name`).
 pub const IDP_DISPLAY_NAME: &str = "Dex Users";
 
-const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request waits for its answer: as long as the CLIs wait
+/// ([`selkie_oidc::rp::HTTP_TIMEOUT`]), so that a Supervisor answering within its own bounds (an
+/// LDAP directory's 30 s in an outage) is seen answering, not as a hang.
+const TIMEOUT: Duration = selkie_oidc::rp::HTTP_TIMEOUT;
 const BODY_LIMIT: usize = 1 << 20;
 
 /// The S256 PKCE challenge of [`VERIFIER`].
@@ -74,7 +77,7 @@ pub fn authorize_url(base: &str, path: &str, without: &[&str], extra: &[(&str, &
 
 /// GETs `url`, with `email` and `password` as the `Pinniped-Username` / `Pinniped-Password`
 /// headers when `password` is given. Returns the answer whatever its status (redirects are not
-/// followed); fails only when there is no answer within 30 s.
+/// followed); fails only when there is no answer within [`TIMEOUT`].
 pub async fn get(
     client: &HttpsClient,
     url: &str,
@@ -130,7 +133,7 @@ pub fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> 
 }
 
 /// POSTs `form` (URL-encoded) to the token endpoint `url`: the status and the JSON answer. Fails
-/// when there is no answer within 30 s or it is not JSON.
+/// when there is no answer within [`TIMEOUT`] or it is not JSON.
 pub async fn token(client: &HttpsClient, url: &str, form: &[(&str, &str)]) -> anyhow::Result<(u16, Value)> {
     let body = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form)

@@ -46,6 +46,7 @@ use nix::{
 use selkie_e2e::{
     concierge::InstalledConcierge,
     dex::{Dex, DexUser, CLIENT_ID},
+    ldap::{LdapUser, Slapd},
     pinniped_cli,
     supervisor::Supervisor,
     Cluster,
@@ -531,6 +532,60 @@ fn token_answer(answer: anyhow::Result<(u16, Value)>) -> Got {
     }
 }
 
+/// Logins as `username` at `issuer`, one after another, from an outage's end (`continued_at`)
+/// until one gets tokens: how long after the end that was (`None`: not within
+/// [`REQUEST_DEADLINE`]), and what the failed ones got.
+async fn recovery(
+    http: &HttpsClient,
+    issuer: &str,
+    username: &str,
+    continued_at: Instant,
+) -> (Option<Duration>, Vec<Attempt>) {
+    let mut failed = Vec::new();
+    loop {
+        let attempt = Attempt::of(None, login(http, issuer, username)).await;
+        if attempt.tokens().is_some() {
+            return (Some(continued_at.elapsed()), failed);
+        }
+        failed.push(attempt);
+        if continued_at.elapsed() > REQUEST_DEADLINE {
+            return (None, failed);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// What every login and refresh during an upstream's outage must have got: an answer within
+/// `prompt` (none waited for the upstream to come back), either tokens or the OAuth error that
+/// says the upstream could not be asked (`temporarily_unavailable`; a refresh's says it was
+/// the upstream refresh), never `invalid_grant`, which would end a session the outage did not
+/// end.
+fn outage_answers(during: &[Attempt], prompt: Duration) -> anyhow::Result<()> {
+    for attempt in during {
+        ensure!(
+            attempt.took < prompt,
+            "an attempt took {:?} while the upstream was black-holed (the Supervisor waits too long on \
+             it): {attempt:?}",
+            attempt.took
+        );
+        match (&attempt.got, attempt.session) {
+            (Got::Tokens(_), _) => {}
+            (Got::Refused(error, description), None) => ensure!(
+                error == "temporarily_unavailable" && description.contains("upstream identity provider"),
+                "a login during the outage: {attempt:?}"
+            ),
+            (Got::Refused(error, description), Some(_)) => ensure!(
+                error == "temporarily_unavailable"
+                    && description.contains("Upstream refresh failed")
+                    && description.contains("upstream identity provider"),
+                "a refresh during the outage: {attempt:?}"
+            ),
+            (Got::Broken(_), _) => anyhow::bail!("no OAuth answer during the outage: {attempt:?}"),
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_idp_dex_black_holed_supervisor_logins_fail_fast_with_an_oauth_error_and_recover(
 ) -> anyhow::Result<()> {
@@ -600,18 +655,7 @@ async fn faults_idp_dex_black_holed_supervisor_logins_fail_fast_with_an_oauth_er
 
     // Recovery, nothing restarted: a login, a refresh of the session nobody touched, and again
     // the refreshes that failed during the outage (a failed refresh rotates nothing).
-    let mut logins_before_recovery = Vec::new();
-    let recovered = loop {
-        let attempt = Attempt::of(None, login(&http, &issuer, &email)).await;
-        if attempt.tokens().is_some() {
-            break Some(continued_at.elapsed());
-        }
-        logins_before_recovery.push(attempt);
-        if continued_at.elapsed() > REQUEST_DEADLINE {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let (recovered, logins_before_recovery) = recovery(&http, &issuer, &email, continued_at).await;
     let untouched = Attempt::of(Some(2), refresh(&http, &issuer, &sessions[2])).await;
     let mut retried = Vec::new();
     for attempt in during.iter().filter(|attempt| attempt.tokens().is_none()) {
@@ -664,28 +708,7 @@ async fn faults_idp_dex_black_holed_supervisor_logins_fail_fast_with_an_oauth_er
         started.elapsed(),
     );
 
-    for attempt in &during {
-        ensure!(
-            attempt.took < PROMPT,
-            "an attempt took {:?} while Dex was black-holed (the Supervisor waits too long on its upstream): \
-             {attempt:?}",
-            attempt.took
-        );
-        match (&attempt.got, attempt.session) {
-            (Got::Tokens(_), _) => {}
-            (Got::Refused(error, description), None) => ensure!(
-                error == "temporarily_unavailable" && description.contains("upstream identity provider"),
-                "a login during the outage: {attempt:?}"
-            ),
-            (Got::Refused(error, description), Some(_)) => ensure!(
-                error == "temporarily_unavailable"
-                    && description.contains("Upstream refresh failed")
-                    && description.contains("upstream identity provider"),
-                "a refresh during the outage: {attempt:?}"
-            ),
-            (Got::Broken(_), _) => anyhow::bail!("no OAuth answer during the outage: {attempt:?}"),
-        }
-    }
+    outage_answers(&during, PROMPT)?;
     ensure!(
         ended_in_outage(&logins) >= 4,
         "the first logins did not end during the outage: they waited for Dex"
@@ -705,6 +728,138 @@ async fn faults_idp_dex_black_holed_supervisor_logins_fail_fast_with_an_oauth_er
             "a refresh retried after the outage: {attempt:?}"
         );
     }
+    let log = supervisor.log();
+    ensure!(!log.contains(PASSWORD), "a password is in the Supervisor's log");
+    for refresh_token in &sessions {
+        ensure!(
+            !log.contains(refresh_token.as_str()),
+            "a refresh token is in the Supervisor's log"
+        );
+    }
+    ensure!(
+        rss_after < rss_before * 2,
+        "the Supervisor's memory grew from {rss_before} to {rss_after} KiB"
+    );
+    Ok(())
+}
+
+/// How long the Supervisor's LDAP directory stays black-holed: longer than one LDAP timeout
+/// plus the second wave's start, so every attempt of the test ends inside the outage.
+const LDAP_BLACK_HOLE: Duration = Duration::from_secs(50);
+/// The longest a refusal may take while the directory is black-holed: the Supervisor's bound on
+/// one LDAP operation (30 s), and 5 s for the rest.
+const LDAP_PROMPT: Duration = Duration::from_secs(35);
+
+/// The Supervisor with an LDAPIdentityProvider at OpenLDAP, slapd black-holed (SIGSTOP) for
+/// [`LDAP_BLACK_HOLE`] under password logins and a refresh: each ends within one LDAP timeout
+/// whatever the others do, with `temporarily_unavailable` (a refresh too: the directory did not
+/// say no, so the session is not ended); after SIGCONT logins work again by themselves, and the
+/// very refresh token refused during the outage refreshes (nothing was rotated or lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_idp_ldap_black_holed_supervisor_answers_within_one_timeout_and_sessions_survive(
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "faults-ldap").await?;
+    let users: Vec<LdapUser> = ["refreshed", "untouched", "logins"]
+        .into_iter()
+        .zip(2001..)
+        .map(|(uid, uid_number)| LdapUser {
+            uid: uid.into(),
+            password: PASSWORD.into(),
+            uid_number,
+            groups: vec!["seals".into()],
+        })
+        .collect();
+    let slapd = Slapd::start(&users).await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &slapd, IDP_NAME).await?;
+    let http = supervisor.client()?;
+    let issuer = supervisor.issuer().to_string();
+    let pid = supervisor.pid();
+    let username = users[2].uid.clone();
+
+    let mut sessions = Vec::new();
+    for user in &users[..2] {
+        let attempt = Attempt::of(None, login(&http, &issuer, &user.uid)).await;
+        let refresh_token = attempt
+            .tokens()
+            .with_context(|| format!("a login before the outage: {attempt:?}\n{}", supervisor.log()))?;
+        sessions.push(refresh_token.to_string());
+    }
+    let rss_before = rss_kib(pid);
+
+    // Black-holed: logins, several at once, and a refresh; a second wave of logins while the
+    // first waits.
+    let stopped = Stopped::stop(slapd.pid()).await?;
+    let stopped_at = Instant::now();
+    let mut attempts = JoinSet::new();
+    for _ in 0..4 {
+        let (http, issuer, username) = (http.clone(), issuer.clone(), username.clone());
+        attempts.spawn(async move { Attempt::of(None, login(&http, &issuer, &username)).await });
+    }
+    {
+        let (http, issuer, refresh_token) = (http.clone(), issuer.clone(), sessions[0].clone());
+        attempts.spawn(async move { Attempt::of(Some(0), refresh(&http, &issuer, &refresh_token)).await });
+    }
+    tokio::time::sleep_until(stopped_at + Duration::from_secs(12)).await;
+    for _ in 0..2 {
+        let (http, issuer, username) = (http.clone(), issuer.clone(), username.clone());
+        attempts.spawn(async move { Attempt::of(None, login(&http, &issuer, &username)).await });
+    }
+    let rss_during = rss_kib(pid);
+    tokio::time::sleep_until(stopped_at + LDAP_BLACK_HOLE).await;
+    stopped.resume()?;
+    let continued_at = Instant::now();
+    let during = tokio::time::timeout(LDAP_PROMPT * 2, attempts.join_all())
+        .await
+        .context("logins and refreshes still running long after the outage")?;
+
+    // Recovery, nothing restarted.
+    let (recovered, logins_before_recovery) = recovery(&http, &issuer, &username, continued_at).await;
+    let untouched = Attempt::of(Some(1), refresh(&http, &issuer, &sessions[1])).await;
+    let again = Attempt::of(Some(0), refresh(&http, &issuer, &sessions[0])).await;
+    let rss_after = rss_kib(pid);
+
+    let slowest = during
+        .iter()
+        .map(|attempt| attempt.took)
+        .max()
+        .unwrap_or_default();
+    let ended_in_outage = during
+        .iter()
+        .filter(|attempt| attempt.session.is_none() && attempt.at + attempt.took < continued_at)
+        .count();
+    println!(
+        "Supervisor, LDAP directory black-holed {LDAP_BLACK_HOLE:?}: {} logins and refreshes ({ended_in_outage} \
+         logins ended during the outage), slowest {slowest:?}, answers {:?}; after SIGCONT the first login \
+         succeeded after {recovered:?}; the untouched session refreshed: {}; the session refused during the \
+         outage refreshed: {}; Supervisor RSS {rss_before} / {rss_during} / {rss_after} KiB; the test took {:?}",
+        during.len(),
+        during.iter().map(|attempt| &attempt.got).collect::<Vec<_>>(),
+        untouched.tokens().is_some(),
+        again.tokens().is_some(),
+        started.elapsed(),
+    );
+
+    outage_answers(&during, LDAP_PROMPT)?;
+    ensure!(
+        ended_in_outage == 6,
+        "only {ended_in_outage} of 6 logins ended during the outage: some waited for the directory"
+    );
+    ensure!(
+        recovered.is_some(),
+        "no login succeeded within {REQUEST_DEADLINE:?} of SIGCONT: {logins_before_recovery:?}\n{}",
+        supervisor.log()
+    );
+    ensure!(
+        untouched.tokens().is_some(),
+        "the untouched session: {untouched:?}"
+    );
+    ensure!(
+        again.tokens().is_some(),
+        "the session whose refresh was refused during the outage: {again:?}"
+    );
     let log = supervisor.log();
     ensure!(!log.contains(PASSWORD), "a password is in the Supervisor's log");
     for refresh_token in &sessions {

@@ -350,13 +350,19 @@ impl LdapUpstream {
 
     /// Checks the user of a session (what it keeps of the login, `upstream`) again at the
     /// directory ([`Directory::refresh`]) and returns their groups there now. The session must
-    /// be of this directory (same URL); the error is the reason of the refused refresh.
-    pub async fn refresh(&self, upstream: &session::Upstream) -> Result<Vec<String>, String> {
+    /// be of this directory (same URL). Fails as [`RefreshFailure::Unavailable`] when the
+    /// directory could not be asked (unreachable, busy, timed out), else as
+    /// [`RefreshFailure::Refused`] with the reason.
+    pub async fn refresh(&self, upstream: &session::Upstream) -> Result<Vec<String>, RefreshFailure> {
         let Some(stored) = upstream.ldap.as_ref() else {
-            return Err("The session holds no LDAP entry; log in again.".into());
+            return Err(RefreshFailure::Refused(
+                "The session holds no LDAP entry; log in again.".into(),
+            ));
         };
         if upstream.issuer != self.directory.url() {
-            return Err("The identity provider's host or user search base changed.".into());
+            return Err(RefreshFailure::Refused(
+                "The identity provider's host or user search base changed.".into(),
+            ));
         }
         self.directory
             .refresh(&StoredLogin {
@@ -368,9 +374,31 @@ impl LdapUpstream {
             })
             .await
             .map_err(|error| match error {
-                LdapError::Changed(what) => what,
-                other => format!("The directory could not be asked: {other}"),
+                LdapError::Changed(what) => RefreshFailure::Refused(what),
+                other if other.is_unavailable() => {
+                    RefreshFailure::Unavailable(format!("The directory could not be asked: {other}"))
+                }
+                other => RefreshFailure::Refused(format!("The directory refused: {other}")),
             })
+    }
+}
+
+/// Why an upstream did not confirm a refresh. Both carry a reason for the client's
+/// `error_description`, never a secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefreshFailure {
+    /// The upstream could not be asked (unreachable, busy, timed out, failing): the session is
+    /// intact and the refresh may be tried again later.
+    Unavailable(String),
+    /// The upstream said no (the user changed, is gone, or may no longer log in): log in again.
+    Refused(String),
+}
+
+impl std::fmt::Display for RefreshFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unavailable(reason) | Self::Refused(reason) => f.write_str(reason),
+        }
     }
 }
 
@@ -429,18 +457,87 @@ impl GitHubUpstream {
         &self,
         upstream: &session::Upstream,
         downstream_subject: &str,
-    ) -> Result<(String, Vec<String>), String> {
+    ) -> Result<(String, Vec<String>), RefreshFailure> {
         let Some(token) = upstream.access_token.as_deref() else {
-            return Err("The session holds no GitHub access token; log in again.".into());
+            return Err(RefreshFailure::Refused(
+                "The session holds no GitHub access token; log in again.".into(),
+            ));
         };
         let user = self
             .github
             .user(token, &self.display_name)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| match error {
+                GitHubError::Unavailable(_) => RefreshFailure::Unavailable(error.to_string()),
+                GitHubError::Refused(_) | GitHubError::Denied => RefreshFailure::Refused(error.to_string()),
+            })?;
         if user.subject != downstream_subject {
-            return Err("The GitHub user or the identity provider's host changed.".into());
+            return Err(RefreshFailure::Refused(
+                "The GitHub user or the identity provider's host changed.".into(),
+            ));
         }
         Ok((user.username, user.groups))
+    }
+}
+
+#[cfg(test)]
+mod refresh_tests {
+    use selkie_api::supervisor_idp::{GitHubGroupNameAttribute, GitHubUsernameAttribute};
+    use selkie_oidc::https::{HttpsClient, TlsOptions};
+
+    use super::*;
+
+    fn github_at(host: &str) -> GitHubUpstream {
+        let github = GitHub::new(
+            github::Endpoints::of(host).unwrap(),
+            "app".into(),
+            "app-secret".into(),
+            GitHubUsernameAttribute::LoginAndID,
+            GitHubGroupNameAttribute::Slug,
+            &[],
+            HttpsClient::new(&TlsOptions::default()).unwrap(),
+        );
+        GitHubUpstream {
+            display_name: "github".into(),
+            resource_name: "github".into(),
+            resource_uid: "github-uid".into(),
+            github: Arc::new(github),
+        }
+    }
+
+    fn session(access_token: Option<&str>) -> session::Upstream {
+        session::Upstream {
+            idp_name: "github".into(),
+            idp_type: "github".into(),
+            provider_name: "github".into(),
+            provider_uid: "github-uid".into(),
+            issuer: String::new(),
+            subject: "https://api.github.com?idpName=github&login=seal&id=1".into(),
+            refresh_token: None,
+            access_token: access_token.map(Into::into),
+            ldap: None,
+            username: Some("seal:1".into()),
+            groups: Some(Vec::new()),
+        }
+    }
+
+    /// A GitHub that cannot be reached leaves the session to be refreshed again later
+    /// (`Unavailable`, which the token endpoint answers `temporarily_unavailable`); a session
+    /// that cannot be refreshed at all is `Refused`. Neither reason quotes the access token.
+    #[tokio::test]
+    async fn an_unreachable_github_is_unavailable_not_a_refusal() {
+        // Nothing listens on port 1 of the loopback: the connection is refused.
+        let github = github_at("127.0.0.1:1");
+        let failure = github
+            .refresh(&session(Some("gho_secret_token")), "downstream-subject")
+            .await
+            .unwrap_err();
+        assert!(matches!(failure, RefreshFailure::Unavailable(_)), "{failure:?}");
+        assert!(!failure.to_string().contains("gho_secret_token"), "{failure}");
+        let failure = github
+            .refresh(&session(None), "downstream-subject")
+            .await
+            .unwrap_err();
+        assert!(matches!(failure, RefreshFailure::Refused(_)), "{failure:?}");
     }
 }

@@ -10,7 +10,7 @@ use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::{end_login, issue_tokens, other_client, param, store_failed, TokenClient};
 use crate::endpoints::Endpoints;
 use crate::idp::transforms::Outcome;
-use crate::idp::Upstream;
+use crate::idp::{RefreshFailure, Upstream};
 use crate::issuer::Issuer;
 use crate::session::storage::Resource;
 use crate::session::store::StoreError;
@@ -165,15 +165,33 @@ pub(crate) async fn upstream_refresh(
 /// refresh grant when the session holds an upstream refresh token, else the upstream's userinfo
 /// endpoint with the upstream access token it holds; the upstream subject must be the same and
 /// the upstream username unchanged; the additional claims become what the upstream says now.
-/// An OIDC upstream that cannot be reached, times out or fails (5xx, 429) is
-/// `temporarily_unavailable` — the refresh token was not rotated and may be tried again — and
-/// everything else `invalid_grant`.
+/// An upstream that cannot be asked — unreachable, timed out, failing (5xx, 429), an LDAP
+/// directory busy — is `temporarily_unavailable` (the refresh token was not rotated and may be
+/// tried again: a client keeps its session through an outage), and everything else
+/// `invalid_grant`.
 pub(crate) async fn upstream_identity(
     issuer: &Arc<Issuer>,
     session: &mut Session,
 ) -> Result<Option<(String, Vec<String>)>, OAuthError> {
     let denied =
         |hint: &str| OAuthError::new(Code::InvalidGrant, &format!("Upstream refresh failed. {hint}"));
+    // An upstream that could not be asked: the refresh token was not rotated; try again later.
+    let unavailable = || {
+        OAuthError::new(
+            Code::TemporarilyUnavailable,
+            "Upstream refresh failed. Reason: the upstream identity provider could not be reached or failed; try again later.",
+        )
+    };
+    let failed = |idp: &str, failure: RefreshFailure| match failure {
+        RefreshFailure::Unavailable(reason) => {
+            tracing::warn!(issuer = %issuer.issuer, %idp, %reason, "the upstream refresh could not be checked");
+            unavailable()
+        }
+        RefreshFailure::Refused(reason) => {
+            tracing::info!(issuer = %issuer.issuer, %idp, %reason, "upstream refresh refused");
+            denied(&reason)
+        }
+    };
     let Some(idp) = issuer.idp(Some(&session.upstream.idp_name), Some(&session.upstream.idp_type)) else {
         return Err(denied("The identity provider of this session no longer exists."));
     };
@@ -187,20 +205,17 @@ pub(crate) async fn upstream_identity(
     let oidc = match idp.as_ref() {
         Upstream::Oidc(oidc) => oidc,
         Upstream::Ldap(ldap) => {
-            let groups = ldap.refresh(&session.upstream).await.map_err(|reason| {
-                tracing::info!(issuer = %issuer.issuer, idp = %ldap.display_name, %reason, "upstream refresh refused");
-                denied(&reason)
-            })?;
+            let groups = ldap
+                .refresh(&session.upstream)
+                .await
+                .map_err(|failure| failed(&ldap.display_name, failure))?;
             return Ok(Some((upstream_username, groups)));
         }
         Upstream::GitHub(github) => {
             let (username, groups) = github
                 .refresh(&session.upstream, &session.identity.subject)
                 .await
-                .map_err(|reason| {
-                    tracing::info!(issuer = %issuer.issuer, idp = %github.display_name, %reason, "upstream refresh refused");
-                    denied(&reason)
-                })?;
+                .map_err(|failure| failed(&github.display_name, failure))?;
             if username != upstream_username {
                 return Err(denied("The username changed."));
             }
@@ -213,10 +228,7 @@ pub(crate) async fn upstream_identity(
     let refused = |error: selkie_oidc::rp::OidcError| {
         if error.is_retryable() {
             tracing::warn!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "the upstream refresh could not be checked");
-            return OAuthError::new(
-                Code::TemporarilyUnavailable,
-                "Upstream refresh failed. Reason: the upstream identity provider could not be reached or failed; try again later.",
-            );
+            return unavailable();
         }
         tracing::info!(issuer = %issuer.issuer, idp = %oidc.display_name, %error, "upstream refresh refused");
         denied("The upstream identity provider refused the refresh.")
