@@ -350,17 +350,17 @@ impl LdapUpstream {
 
     /// Checks the user of a session (what it keeps of the login, `upstream`) again at the
     /// directory ([`Directory::refresh`]) and returns their groups there now. The session must
-    /// be of this directory (same URL). Fails as [`RefreshFailure::Unavailable`] when the
+    /// be of this directory (same URL). Fails as [`UpstreamFailure::Unavailable`] when the
     /// directory could not be asked (unreachable, busy, timed out), else as
-    /// [`RefreshFailure::Refused`] with the reason.
-    pub async fn refresh(&self, upstream: &session::Upstream) -> Result<Vec<String>, RefreshFailure> {
+    /// [`UpstreamFailure::Refused`] with the reason.
+    pub async fn refresh(&self, upstream: &session::Upstream) -> Result<Vec<String>, UpstreamFailure> {
         let Some(stored) = upstream.ldap.as_ref() else {
-            return Err(RefreshFailure::Refused(
+            return Err(UpstreamFailure::Refused(
                 "The session holds no LDAP entry; log in again.".into(),
             ));
         };
         if upstream.issuer != self.directory.url() {
-            return Err(RefreshFailure::Refused(
+            return Err(UpstreamFailure::Refused(
                 "The identity provider's host or user search base changed.".into(),
             ));
         }
@@ -374,27 +374,28 @@ impl LdapUpstream {
             })
             .await
             .map_err(|error| match error {
-                LdapError::Changed(what) => RefreshFailure::Refused(what),
+                LdapError::Changed(what) => UpstreamFailure::Refused(what),
                 other if other.is_unavailable() => {
-                    RefreshFailure::Unavailable(format!("The directory could not be asked: {other}"))
+                    UpstreamFailure::Unavailable(format!("The directory could not be asked: {other}"))
                 }
-                other => RefreshFailure::Refused(format!("The directory refused: {other}")),
+                other => UpstreamFailure::Refused(format!("The directory refused: {other}")),
             })
     }
 }
 
-/// Why an upstream did not confirm a refresh. Both carry a reason for the client's
-/// `error_description`, never a secret.
+/// Why an upstream did not do what was asked of it (confirm a refresh, revoke a token). Both
+/// carry a reason for a log line or a client's `error_description`, never a secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RefreshFailure {
-    /// The upstream could not be asked (unreachable, busy, timed out, failing): the session is
-    /// intact and the refresh may be tried again later.
+pub enum UpstreamFailure {
+    /// The upstream could not be asked (unreachable, busy, timed out, failing): nothing was
+    /// decided, and trying again later may succeed.
     Unavailable(String),
-    /// The upstream said no (the user changed, is gone, or may no longer log in): log in again.
+    /// The upstream said no (the user changed, is gone, or may no longer log in; the token was
+    /// refused), or the request cannot be made at all: trying again will not help.
     Refused(String),
 }
 
-impl std::fmt::Display for RefreshFailure {
+impl std::fmt::Display for UpstreamFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Unavailable(reason) | Self::Refused(reason) => f.write_str(reason),
@@ -451,15 +452,16 @@ impl GitHubUpstream {
 
     /// Checks the user of a session again at GitHub with the access token it keeps and returns
     /// their upstream username and groups now. The user must be the same one (the same
-    /// downstream subject, `downstream_subject`) and still pass the organization policy; the
-    /// error is the reason of the refused refresh.
+    /// downstream subject, `downstream_subject`) and still pass the organization policy. Fails
+    /// as [`UpstreamFailure::Unavailable`] when GitHub could not be asked, else as
+    /// [`UpstreamFailure::Refused`] with the reason.
     pub async fn refresh(
         &self,
         upstream: &session::Upstream,
         downstream_subject: &str,
-    ) -> Result<(String, Vec<String>), RefreshFailure> {
+    ) -> Result<(String, Vec<String>), UpstreamFailure> {
         let Some(token) = upstream.access_token.as_deref() else {
-            return Err(RefreshFailure::Refused(
+            return Err(UpstreamFailure::Refused(
                 "The session holds no GitHub access token; log in again.".into(),
             ));
         };
@@ -468,11 +470,11 @@ impl GitHubUpstream {
             .user(token, &self.display_name)
             .await
             .map_err(|error| match error {
-                GitHubError::Unavailable(_) => RefreshFailure::Unavailable(error.to_string()),
-                GitHubError::Refused(_) | GitHubError::Denied => RefreshFailure::Refused(error.to_string()),
+                GitHubError::Unavailable(_) => UpstreamFailure::Unavailable(error.to_string()),
+                GitHubError::Refused(_) | GitHubError::Denied => UpstreamFailure::Refused(error.to_string()),
             })?;
         if user.subject != downstream_subject {
-            return Err(RefreshFailure::Refused(
+            return Err(UpstreamFailure::Refused(
                 "The GitHub user or the identity provider's host changed.".into(),
             ));
         }
@@ -532,12 +534,12 @@ mod refresh_tests {
             .refresh(&session(Some("gho_secret_token")), "downstream-subject")
             .await
             .unwrap_err();
-        assert!(matches!(failure, RefreshFailure::Unavailable(_)), "{failure:?}");
+        assert!(matches!(failure, UpstreamFailure::Unavailable(_)), "{failure:?}");
         assert!(!failure.to_string().contains("gho_secret_token"), "{failure}");
         let failure = github
             .refresh(&session(None), "downstream-subject")
             .await
             .unwrap_err();
-        assert!(matches!(failure, RefreshFailure::Refused(_)), "{failure:?}");
+        assert!(matches!(failure, UpstreamFailure::Refused(_)), "{failure:?}");
     }
 }

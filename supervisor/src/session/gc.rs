@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Secret;
 use selkie_oidc::rp::TokenTypeHint;
 use time::OffsetDateTime;
 
-use crate::idp::{OidcUpstream, Upstream};
+use crate::idp::{OidcUpstream, Upstream, UpstreamFailure};
 use crate::issuer::Issuers;
 use crate::session::storage::{garbage_collect_after, Resource};
 use crate::session::store::{Store, StoreError};
@@ -91,22 +91,6 @@ pub(crate) fn token_to_revoke(resource: Resource, session: &Session) -> Option<(
     }
 }
 
-/// Why a revocation did not happen.
-pub(crate) enum RevokeFailure {
-    /// Trying again later may help.
-    Retryable(String),
-    /// It never will.
-    Final(String),
-}
-
-impl std::fmt::Display for RevokeFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Retryable(message) | Self::Final(message) => f.write_str(message),
-        }
-    }
-}
-
 /// One sweep at `now`: lists the expired storage Secrets (one list call), revokes what they
 /// hold upstream, deletes them (each only if unchanged since listed), `SWEEP_CONCURRENCY` (8)
 /// Secrets at a time. Fails only when the list, or the read of an expired Secret, fails (and
@@ -130,14 +114,14 @@ async fn collect(store: &Store, issuers: &Issuers, secret: Secret, now: OffsetDa
     match revoke_upstream(issuers, &secret, &label).await {
         Ok(true) => sweep.revoked += 1,
         Ok(false) => {}
-        Err(RevokeFailure::Retryable(reason))
+        Err(UpstreamFailure::Unavailable(reason))
             if garbage_collect_after(&secret).is_some_and(|after| after + RETRY_REVOCATION_FOR > now) =>
         {
             tracing::warn!(secret = %name, storage_type = %label, %reason, "revoking the upstream token failed; the session is kept to try again");
             sweep.retrying += 1;
             return sweep;
         }
-        Err(RevokeFailure::Retryable(reason) | RevokeFailure::Final(reason)) => {
+        Err(UpstreamFailure::Unavailable(reason) | UpstreamFailure::Refused(reason)) => {
             tracing::warn!(secret = %name, storage_type = %label, %reason, "revoking the upstream token failed; the session is deleted anyway");
             sweep.failed += 1;
         }
@@ -156,18 +140,20 @@ async fn collect(store: &Store, issuers: &Issuers, secret: Secret, now: OffsetDa
 /// Revokes the upstream token `secret` (of storage type `label`) must revoke. `Ok(true)` when
 /// one was revoked, `Ok(false)` when there was none to revoke or the upstream has no revocation
 /// endpoint.
-async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Result<bool, RevokeFailure> {
+async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Result<bool, UpstreamFailure> {
     let Some(resource) = Resource::from_label(label) else {
-        return Err(RevokeFailure::Final(format!("unknown storage type {label:?}")));
+        return Err(UpstreamFailure::Refused(format!(
+            "unknown storage type {label:?}"
+        )));
     };
     if matches!(resource, Resource::Pkce | Resource::Oidc) {
         return Ok(false);
     }
     let data = resource
         .read_secret(secret)
-        .map_err(|error| RevokeFailure::Final(error.to_string()))?;
+        .map_err(|error| UpstreamFailure::Refused(error.to_string()))?;
     let session: Session = serde_json::from_value(data).map_err(|error| {
-        RevokeFailure::Final(format!(
+        UpstreamFailure::Refused(format!(
             "the stored session cannot be read: {}",
             selkie_api::json::error_without_values(&error)
         ))
@@ -182,7 +168,7 @@ pub(crate) async fn revoke_upstream_of(
     issuers: &Issuers,
     resource: Resource,
     session: &Session,
-) -> Result<bool, RevokeFailure> {
+) -> Result<bool, UpstreamFailure> {
     let Some((token, hint)) = token_to_revoke(resource, session) else {
         return Ok(false);
     };
@@ -191,7 +177,7 @@ pub(crate) async fn revoke_upstream_of(
         &session.upstream.provider_name,
         &session.upstream.provider_uid,
     ) else {
-        return Err(RevokeFailure::Final(format!(
+        return Err(UpstreamFailure::Refused(format!(
             "no OIDCIdentityProvider named {:?} with UID {:?} is in use",
             session.upstream.provider_name, session.upstream.provider_uid
         )));
@@ -203,8 +189,8 @@ pub(crate) async fn revoke_upstream_of(
             }
             Ok(revoked)
         }
-        Err(error) if error.is_retryable() => Err(RevokeFailure::Retryable(error.to_string())),
-        Err(error) => Err(RevokeFailure::Final(error.to_string())),
+        Err(error) if error.is_retryable() => Err(UpstreamFailure::Unavailable(error.to_string())),
+        Err(error) => Err(UpstreamFailure::Refused(error.to_string())),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::{end_login, issue_tokens, other_client, param, store_failed, TokenClient};
 use crate::endpoints::Endpoints;
 use crate::idp::transforms::Outcome;
-use crate::idp::{RefreshFailure, Upstream};
+use crate::idp::{Upstream, UpstreamFailure};
 use crate::issuer::Issuer;
 use crate::session::storage::Resource;
 use crate::session::store::StoreError;
@@ -182,12 +182,12 @@ pub(crate) async fn upstream_identity(
             "Upstream refresh failed. Reason: the upstream identity provider could not be reached or failed; try again later.",
         )
     };
-    let failed = |idp: &str, failure: RefreshFailure| match failure {
-        RefreshFailure::Unavailable(reason) => {
+    let failed = |idp: &str, failure: UpstreamFailure| match failure {
+        UpstreamFailure::Unavailable(reason) => {
             tracing::warn!(issuer = %issuer.issuer, %idp, %reason, "the upstream refresh could not be checked");
             unavailable()
         }
-        RefreshFailure::Refused(reason) => {
+        UpstreamFailure::Refused(reason) => {
             tracing::info!(issuer = %issuer.issuer, %idp, %reason, "upstream refresh refused");
             denied(&reason)
         }
