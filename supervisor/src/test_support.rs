@@ -20,3 +20,35 @@ pub(crate) fn tls_acceptor(cert_pem: &str, key_pem: &str) -> tokio_rustls::TlsAc
             .unwrap();
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
+
+/// An OIDC upstream already discovered as `discovery` (no request is made), trusting `ca_pem`
+/// for its endpoints, logged in with the confidential client `supervisor` / `supervisor-secret`
+/// asking for `openid`, with no claim mappings and no extra parameters. Tests change what they
+/// need with struct update syntax.
+pub(crate) fn oidc_upstream(
+    display_name: &str,
+    resource_uid: &str,
+    discovery: selkie_oidc::rp::Discovery,
+    ca_pem: &str,
+) -> crate::idp::OidcUpstream {
+    let tls = selkie_oidc::https::TlsOptions {
+        ca_pem: Some(ca_pem.as_bytes().to_vec()),
+        ..Default::default()
+    };
+    crate::idp::OidcUpstream {
+        display_name: display_name.into(),
+        resource_name: "dex".into(),
+        resource_uid: resource_uid.into(),
+        provider: Arc::new(selkie_oidc::rp::Provider::from_discovery(discovery, &tls).unwrap()),
+        client: selkie_oidc::rp::ClientConfig {
+            client_id: "supervisor".into(),
+            client_secret: Some("supervisor-secret".into()),
+            scopes: vec!["openid".into()],
+        },
+        additional_authorize_parameters: Vec::new(),
+        allow_password_grant: false,
+        username_claim: None,
+        groups_claim: None,
+        additional_claim_mappings: Default::default(),
+    }
+}

@@ -216,12 +216,7 @@ mod tests {
 
     use bytes::Bytes;
     use http_body_util::{BodyExt as _, Full};
-    use selkie_oidc::{
-        discovery::Discovery,
-        https::TlsOptions,
-        jose::sign::SigningKey,
-        rp::{ClientConfig, Provider},
-    };
+    use selkie_oidc::{discovery::Discovery, jose::sign::SigningKey};
 
     use super::*;
     use crate::issuer::Issuer;
@@ -399,26 +394,7 @@ mod tests {
                 revocation_endpoint: format!("{}/revoke", self.url),
                 ..Discovery::default()
             };
-            let tls = TlsOptions {
-                ca_pem: Some(self.ca_pem.clone().into_bytes()),
-                ..TlsOptions::default()
-            };
-            let oidc = OidcUpstream {
-                display_name: "Dex".into(),
-                resource_name: "dex".into(),
-                resource_uid: "uid".into(),
-                provider: Arc::new(Provider::from_discovery(discovery, &tls).unwrap()),
-                client: ClientConfig {
-                    client_id: "supervisor".into(),
-                    client_secret: Some("supervisor-secret".into()),
-                    scopes: vec!["openid".into()],
-                },
-                additional_authorize_parameters: Vec::new(),
-                allow_password_grant: false,
-                username_claim: None,
-                groups_claim: None,
-                additional_claim_mappings: Default::default(),
-            };
+            let oidc = crate::test_support::oidc_upstream("Dex", "uid", discovery, &self.ca_pem);
             let url = "https://sso.example.com/fd";
             let issuer = Issuer::new(
                 "supervisor/fd".into(),

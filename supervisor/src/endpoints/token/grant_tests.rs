@@ -29,9 +29,7 @@ use http_body_util::{BodyExt as _, Full};
 use k8s_openapi::api::core::v1::Secret;
 use selkie_oidc::{
     discovery::Discovery,
-    https::TlsOptions,
     jose::{parse_jwks, sign::SigningKey, Jws},
-    rp::{ClientConfig, Provider},
 };
 use serde_json::Value;
 use sha2::Digest as _;
@@ -156,25 +154,10 @@ impl FakeUpstream {
             userinfo_endpoint: format!("{}/userinfo", self.issuer),
             ..Discovery::default()
         };
-        let tls = TlsOptions {
-            ca_pem: Some(ca.cert_pem.clone().into_bytes()),
-            ..TlsOptions::default()
-        };
         OidcUpstream {
-            display_name: IDP.into(),
-            resource_name: "dex".into(),
-            resource_uid: "dex-uid".into(),
-            provider: Arc::new(Provider::from_discovery(discovery, &tls).unwrap()),
-            client: ClientConfig {
-                client_id: "supervisor".into(),
-                client_secret: Some("supervisor-secret".into()),
-                scopes: vec!["openid".into()],
-            },
-            additional_authorize_parameters: Vec::new(),
-            allow_password_grant: false,
             username_claim: Some("username".into()),
             groups_claim: Some("groups".into()),
-            additional_claim_mappings: Default::default(),
+            ..crate::test_support::oidc_upstream(IDP, "dex-uid", discovery, &ca.cert_pem)
         }
     }
 
