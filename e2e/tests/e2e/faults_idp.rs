@@ -532,6 +532,107 @@ fn token_answer(answer: anyhow::Result<(u16, Value)>) -> Got {
     }
 }
 
+/// Logins at `issuer` as each of `usernames`, one after another, before an outage: their
+/// refresh tokens, and the longest a login took. Fails on any login that got no tokens (with
+/// the Supervisor's `log`).
+async fn sessions_before(
+    http: &HttpsClient,
+    issuer: &str,
+    usernames: &[&str],
+    log: impl Fn() -> String,
+) -> anyhow::Result<(Vec<String>, Duration)> {
+    let mut sessions = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for username in usernames {
+        let attempt = Attempt::of(None, login(http, issuer, username)).await;
+        let refresh_token = attempt
+            .tokens()
+            .with_context(|| format!("a login before the outage: {attempt:?}\n{}", log()))?;
+        sessions.push(refresh_token.to_string());
+        slowest = slowest.max(attempt.took);
+    }
+    Ok((sessions, slowest))
+}
+
+/// What happened at the Supervisor while its upstream was black-holed ([`black_holed`]).
+struct Outage {
+    /// Every login and refresh made during it.
+    during: Vec<Attempt>,
+    /// When the upstream was continued.
+    continued_at: Instant,
+    /// The Supervisor's RSS while the upstream was stopped, KiB.
+    rss_during: u64,
+}
+
+/// The load of an upstream outage at the Supervisor (process `supervisor`): the upstream
+/// process `upstream` stopped (SIGSTOP) for `length`; a second in, four logins as `username` and
+/// a refresh of each of `refreshed` (its index among the test's sessions, its refresh token) at
+/// once; 12 s in, two more logins while the first may still wait; then SIGCONT. Every attempt is
+/// waited for at most `bound` after SIGCONT.
+async fn black_holed(
+    http: &HttpsClient,
+    issuer: &str,
+    username: &str,
+    refreshed: &[(usize, &str)],
+    (upstream, supervisor): (u32, u32),
+    length: Duration,
+    bound: Duration,
+) -> anyhow::Result<Outage> {
+    let logins = |attempts: &mut JoinSet<Attempt>, count: usize| {
+        for _ in 0..count {
+            let (http, issuer, username) = (http.clone(), issuer.to_string(), username.to_string());
+            attempts.spawn(async move { Attempt::of(None, login(&http, &issuer, &username)).await });
+        }
+    };
+    let stopped = Stopped::stop(upstream).await?;
+    let stopped_at = Instant::now();
+    let mut attempts = JoinSet::new();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    logins(&mut attempts, 4);
+    for (index, refresh_token) in refreshed {
+        let (http, issuer, refresh_token, index) = (
+            http.clone(),
+            issuer.to_string(),
+            refresh_token.to_string(),
+            *index,
+        );
+        attempts
+            .spawn(async move { Attempt::of(Some(index), refresh(&http, &issuer, &refresh_token)).await });
+    }
+    tokio::time::sleep_until(stopped_at + Duration::from_secs(12)).await;
+    logins(&mut attempts, 2);
+    let rss_during = rss_kib(supervisor);
+    tokio::time::sleep_until(stopped_at + length).await;
+    stopped.resume()?;
+    let continued_at = Instant::now();
+    let during = tokio::time::timeout(bound, attempts.join_all())
+        .await
+        .with_context(|| format!("logins and refreshes still running {bound:?} after the outage"))?;
+    Ok(Outage {
+        during,
+        continued_at,
+        rss_during,
+    })
+}
+
+/// What must hold of the Supervisor after an outage, whatever its answers: no password and no
+/// refresh token of `sessions` in its `log`, and its memory (`rss_before`, `rss_after`, KiB) not
+/// doubled.
+fn nothing_leaked(log: &str, sessions: &[String], rss_before: u64, rss_after: u64) -> anyhow::Result<()> {
+    ensure!(!log.contains(PASSWORD), "a password is in the Supervisor's log");
+    for refresh_token in sessions {
+        ensure!(
+            !log.contains(refresh_token.as_str()),
+            "a refresh token is in the Supervisor's log"
+        );
+    }
+    ensure!(
+        rss_after < rss_before * 2,
+        "the Supervisor's memory grew from {rss_before} to {rss_after} KiB"
+    );
+    Ok(())
+}
+
 /// Logins as `username` at `issuer`, one after another, from an outage's end (`continued_at`)
 /// until one gets tokens: how long after the end that was (`None`: not within
 /// [`REQUEST_DEADLINE`]), and what the failed ones got.
@@ -613,45 +714,27 @@ async fn faults_idp_dex_black_holed_supervisor_logins_fail_fast_with_an_oauth_er
     let email = users[3].email.clone();
 
     // Sessions from before the outage.
-    let mut sessions = Vec::new();
-    let mut login_before = Duration::ZERO;
-    for user in &users[..3] {
-        let attempt = Attempt::of(None, login(&http, &issuer, &user.email)).await;
-        let refresh_token = attempt
-            .tokens()
-            .with_context(|| format!("a login before the outage: {attempt:?}\n{}", supervisor.log()))?;
-        sessions.push(refresh_token.to_string());
-        login_before = login_before.max(attempt.took);
-    }
+    let names: Vec<&str> = users[..3].iter().map(|user| user.email.as_str()).collect();
+    let (sessions, login_before) = sessions_before(&http, &issuer, &names, || supervisor.log()).await?;
     let rss_before = rss_kib(pid);
 
     // Black-holed: logins, several at once, and refreshes of two of the sessions; a second wave of
     // logins while the first may still wait.
-    let stopped = Stopped::stop(dex.pid().context("Dex is not running")?).await?;
-    let stopped_at = Instant::now();
-    let mut attempts = JoinSet::new();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    for _ in 0..4 {
-        let (http, issuer, email) = (http.clone(), issuer.clone(), email.clone());
-        attempts.spawn(async move { Attempt::of(None, login(&http, &issuer, &email)).await });
-    }
-    for (index, refresh_token) in sessions.iter().enumerate().take(2) {
-        let (http, issuer, refresh_token) = (http.clone(), issuer.clone(), refresh_token.clone());
-        attempts
-            .spawn(async move { Attempt::of(Some(index), refresh(&http, &issuer, &refresh_token)).await });
-    }
-    tokio::time::sleep_until(stopped_at + Duration::from_secs(12)).await;
-    for _ in 0..2 {
-        let (http, issuer, email) = (http.clone(), issuer.clone(), email.clone());
-        attempts.spawn(async move { Attempt::of(None, login(&http, &issuer, &email)).await });
-    }
-    let rss_during = rss_kib(pid);
-    tokio::time::sleep_until(stopped_at + BLACK_HOLE).await;
-    stopped.resume()?;
-    let continued_at = Instant::now();
-    let during = tokio::time::timeout(REQUEST_DEADLINE * 2, attempts.join_all())
-        .await
-        .context("logins and refreshes still running a minute after the outage")?;
+    let refreshed: Vec<(usize, &str)> = sessions.iter().map(String::as_str).enumerate().take(2).collect();
+    let Outage {
+        during,
+        continued_at,
+        rss_during,
+    } = black_holed(
+        &http,
+        &issuer,
+        &email,
+        &refreshed,
+        (dex.pid().context("Dex is not running")?, pid),
+        BLACK_HOLE,
+        REQUEST_DEADLINE * 2,
+    )
+    .await?;
 
     // Recovery, nothing restarted: a login, a refresh of the session nobody touched, and again
     // the refreshes that failed during the outage (a failed refresh rotates nothing).
@@ -728,19 +811,7 @@ async fn faults_idp_dex_black_holed_supervisor_logins_fail_fast_with_an_oauth_er
             "a refresh retried after the outage: {attempt:?}"
         );
     }
-    let log = supervisor.log();
-    ensure!(!log.contains(PASSWORD), "a password is in the Supervisor's log");
-    for refresh_token in &sessions {
-        ensure!(
-            !log.contains(refresh_token.as_str()),
-            "a refresh token is in the Supervisor's log"
-        );
-    }
-    ensure!(
-        rss_after < rss_before * 2,
-        "the Supervisor's memory grew from {rss_before} to {rss_after} KiB"
-    );
-    Ok(())
+    nothing_leaked(&supervisor.log(), &sessions, rss_before, rss_after)
 }
 
 /// How long the Supervisor's LDAP directory stays black-holed: longer than one LDAP timeout
@@ -779,41 +850,26 @@ async fn faults_idp_ldap_black_holed_supervisor_answers_within_one_timeout_and_s
     let pid = supervisor.pid();
     let username = users[2].uid.clone();
 
-    let mut sessions = Vec::new();
-    for user in &users[..2] {
-        let attempt = Attempt::of(None, login(&http, &issuer, &user.uid)).await;
-        let refresh_token = attempt
-            .tokens()
-            .with_context(|| format!("a login before the outage: {attempt:?}\n{}", supervisor.log()))?;
-        sessions.push(refresh_token.to_string());
-    }
+    let names: Vec<&str> = users[..2].iter().map(|user| user.uid.as_str()).collect();
+    let (sessions, _) = sessions_before(&http, &issuer, &names, || supervisor.log()).await?;
     let rss_before = rss_kib(pid);
 
     // Black-holed: logins, several at once, and a refresh; a second wave of logins while the
     // first waits.
-    let stopped = Stopped::stop(slapd.pid()).await?;
-    let stopped_at = Instant::now();
-    let mut attempts = JoinSet::new();
-    for _ in 0..4 {
-        let (http, issuer, username) = (http.clone(), issuer.clone(), username.clone());
-        attempts.spawn(async move { Attempt::of(None, login(&http, &issuer, &username)).await });
-    }
-    {
-        let (http, issuer, refresh_token) = (http.clone(), issuer.clone(), sessions[0].clone());
-        attempts.spawn(async move { Attempt::of(Some(0), refresh(&http, &issuer, &refresh_token)).await });
-    }
-    tokio::time::sleep_until(stopped_at + Duration::from_secs(12)).await;
-    for _ in 0..2 {
-        let (http, issuer, username) = (http.clone(), issuer.clone(), username.clone());
-        attempts.spawn(async move { Attempt::of(None, login(&http, &issuer, &username)).await });
-    }
-    let rss_during = rss_kib(pid);
-    tokio::time::sleep_until(stopped_at + LDAP_BLACK_HOLE).await;
-    stopped.resume()?;
-    let continued_at = Instant::now();
-    let during = tokio::time::timeout(LDAP_PROMPT * 2, attempts.join_all())
-        .await
-        .context("logins and refreshes still running long after the outage")?;
+    let Outage {
+        during,
+        continued_at,
+        rss_during,
+    } = black_holed(
+        &http,
+        &issuer,
+        &username,
+        &[(0, &sessions[0])],
+        (slapd.pid(), pid),
+        LDAP_BLACK_HOLE,
+        LDAP_PROMPT * 2,
+    )
+    .await?;
 
     // Recovery, nothing restarted.
     let (recovered, logins_before_recovery) = recovery(&http, &issuer, &username, continued_at).await;
@@ -860,19 +916,7 @@ async fn faults_idp_ldap_black_holed_supervisor_answers_within_one_timeout_and_s
         again.tokens().is_some(),
         "the session whose refresh was refused during the outage: {again:?}"
     );
-    let log = supervisor.log();
-    ensure!(!log.contains(PASSWORD), "a password is in the Supervisor's log");
-    for refresh_token in &sessions {
-        ensure!(
-            !log.contains(refresh_token.as_str()),
-            "a refresh token is in the Supervisor's log"
-        );
-    }
-    ensure!(
-        rss_after < rss_before * 2,
-        "the Supervisor's memory grew from {rss_before} to {rss_after} KiB"
-    );
-    Ok(())
+    nothing_leaked(&supervisor.log(), &sessions, rss_before, rss_after)
 }
 
 // -------------------------------------------------------------------------------------------------
