@@ -6,7 +6,8 @@
 //! A FederationDomain is reconciled again when it changes, when one of its key Secrets or its TLS
 //! Secret changes, when an identity provider appears, becomes ready or goes (the
 //! [`Upstreams`](crate::controller::upstreams::Upstreams) say so), when another FederationDomain
-//! changes (issuers must be unique), and every [`KEY_CHECK`] for the signing-key rotation.
+//! changes (issuers must be unique), at the leader when its signing keys are next due to change
+//! ([`keys::next_change`]), and at the latest every [`RESYNC`].
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -47,9 +48,12 @@ use crate::session::tokens::TokenKey;
 
 /// The kind's name.
 pub(crate) const KIND: &str = "FederationDomain";
-/// How often a FederationDomain is looked at again without an event: when its signing key is due
-/// for rotation it is rotated then.
-pub(crate) const KEY_CHECK: Duration = Duration::from_secs(10);
+/// The longest a FederationDomain goes without being looked at again when no event and no key
+/// change is due. Its keys are looked at sooner when they are due to change.
+pub(crate) const RESYNC: Duration = Duration::from_secs(3600);
+/// The least wait before a FederationDomain is looked at again for its keys: a rotation just
+/// written shows in the watched Secret only a moment later.
+const KEY_RETRY: Duration = Duration::from_secs(1);
 
 /// What one FederationDomain serves, and what it was built from.
 struct Served {
@@ -203,7 +207,22 @@ impl FederationDomainReconciler {
             self.kind.write_status(&object, &status).await?;
         }
         keys_written?;
-        Ok(Action::requeue(KEY_CHECK))
+        Ok(Action::requeue(self.next_look(&name)))
+    }
+
+    /// How long until the FederationDomain `name` is looked at again without an event: at the
+    /// leader, until its signing keys are next due to change (at least [`KEY_RETRY`]); at most
+    /// [`RESYNC`].
+    fn next_look(&self, name: &str) -> Duration {
+        if !self.kind.leading() {
+            return RESYNC;
+        }
+        let now = time::OffsetDateTime::now_utc();
+        self.sources
+            .secret(&KeySecret::Jwks.name(name))
+            .and_then(|secret| keys::next_change(&secret, now, self.rotation_interval))
+            .and_then(|at| Duration::try_from(at - now).ok())
+            .map_or(RESYNC, |wait| wait.clamp(KEY_RETRY, RESYNC))
     }
 
     /// Serves `fd` with `idps` (`None`: it cannot serve) when its issuer is usable and its keys

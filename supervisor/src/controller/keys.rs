@@ -300,6 +300,81 @@ pub(crate) struct Rotation {
     pub dropped: Vec<String>,
 }
 
+/// When the keys of a `jwks` Secret are due to change, as its annotations (or, without them, its
+/// creation time) say at `now`, with keys rotated every `interval` (`None`: never).
+struct Schedule {
+    /// The retired keys still published, by `kid`, with the time after which each goes; `None`
+    /// when that time is unreadable or beyond the overlap (an edited annotation would keep a
+    /// retired key published for ever): the key goes at once.
+    retired: BTreeMap<String, Option<OffsetDateTime>>,
+    /// When the next key is published: the lead ([`NEXT_KEY_LEAD`], at most half the interval)
+    /// before the rotation.
+    lead_at: Option<OffsetDateTime>,
+    /// When the active key is replaced.
+    due_at: Option<OffsetDateTime>,
+}
+
+impl Schedule {
+    fn of(secret: &Secret, now: OffsetDateTime, interval: Option<std::time::Duration>) -> Self {
+        let annotations = secret.metadata.annotations.clone().unwrap_or_default();
+        let parse_time = |text: &str| OffsetDateTime::parse(text, &Rfc3339).ok();
+        // When the active key became active. A time in the future (a clock gone wrong, an edited
+        // annotation) would keep the key from ever rotating: it counts as unreadable, and the
+        // Secret's creation time stands instead.
+        let since = annotations
+            .get(ACTIVE_SINCE_ANNOTATION)
+            .and_then(|text| parse_time(text))
+            .filter(|since| *since <= now)
+            .or_else(|| {
+                let created = secret.metadata.creation_timestamp.as_ref()?;
+                OffsetDateTime::from_unix_timestamp(created.0.as_second()).ok()
+            })
+            .unwrap_or(now);
+        let retired: BTreeMap<String, String> = annotations
+            .get(RETIRED_KEYS_ANNOTATION)
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_default();
+        let retired = retired
+            .into_iter()
+            .map(|(kid, until)| {
+                let until = parse_time(&until).filter(|until| *until <= now + RETIRED_KEY_OVERLAP);
+                (kid, until)
+            })
+            .collect();
+        let interval =
+            interval.map(|interval| time::Duration::try_from(interval).unwrap_or(time::Duration::MAX));
+        let due_at = interval.and_then(|interval| since.checked_add(interval));
+        let lead_at =
+            interval.and_then(|interval| since.checked_add(interval - NEXT_KEY_LEAD.min(interval / 2)));
+        Self {
+            retired,
+            lead_at,
+            due_at,
+        }
+    }
+}
+
+/// When [`rotate`] will next change the `jwks` Secret `secret`, as seen at `now` with keys
+/// rotated every `interval` (`None`: never): the earliest of the next key's publication, the
+/// rotation and a retired key's end (`now` when one is overdue). `None` when nothing is ever due
+/// or the Secret is unusable (nothing changes it but a new version of it).
+pub(crate) fn next_change(
+    secret: &Secret,
+    now: OffsetDateTime,
+    interval: Option<std::time::Duration>,
+) -> Option<OffsetDateTime> {
+    let (_, published) = read_jwks(secret).ok()?;
+    let has_next = read_next(secret, &published).is_some();
+    let schedule = Schedule::of(secret, now, interval);
+    let retired_ends = schedule.retired.values().map(|until| until.unwrap_or(now));
+    let lead_at = schedule.lead_at.filter(|_| !has_next);
+    retired_ends
+        .chain(lead_at)
+        .chain(schedule.due_at)
+        .min()
+        .map(|at| at.max(now))
+}
+
 /// The `jwks` Secret as it should be at `now` with keys rotated every `interval` (`None`: never):
 /// a next key published once the active one has been active for `interval` less the lead
 /// ([`NEXT_KEY_LEAD`], at most half of `interval`); a new active key — the next one, or a fresh
@@ -315,23 +390,11 @@ pub(crate) fn rotate(
 ) -> Result<Option<(Secret, Rotation)>, KeyError> {
     let (active, published) = read_jwks(secret)?;
     let next = read_next(secret, &published);
-    let annotations = secret.metadata.annotations.clone().unwrap_or_default();
-    let parse_time = |text: &str| OffsetDateTime::parse(text, &Rfc3339).ok();
-    // A time in the future (a clock gone wrong, an edited annotation) would keep the key from
-    // ever rotating: it counts as unreadable, and the Secret's creation time stands instead.
-    let since = annotations
-        .get(ACTIVE_SINCE_ANNOTATION)
-        .and_then(|text| parse_time(text))
-        .filter(|since| *since <= now)
-        .or_else(|| {
-            let created = secret.metadata.creation_timestamp.as_ref()?;
-            OffsetDateTime::from_unix_timestamp(created.0.as_second()).ok()
-        })
-        .unwrap_or(now);
-    let mut retired: BTreeMap<String, String> = annotations
-        .get(RETIRED_KEYS_ANNOTATION)
-        .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_default();
+    let Schedule {
+        mut retired,
+        lead_at,
+        due_at,
+    } = Schedule::of(secret, now, interval);
     let mut others: Vec<Value> = published["keys"]
         .as_array()
         .map(|keys| {
@@ -342,12 +405,10 @@ pub(crate) fn rotate(
         })
         .unwrap_or_default();
 
-    // Drop the retired keys whose overlap is over (an unreadable time counts as over).
+    // Drop the retired keys whose overlap is over.
     let mut dropped = Vec::new();
     retired.retain(|kid, until| {
-        // An end beyond the overlap (an edited annotation) would keep a retired key published
-        // for ever: it is over as if retired now.
-        let keep = parse_time(until).is_some_and(|until| until > now && until <= now + RETIRED_KEY_OVERLAP);
+        let keep = until.is_some_and(|until| until > now);
         if !keep {
             dropped.push(kid.clone());
         }
@@ -355,17 +416,14 @@ pub(crate) fn rotate(
     });
     others.retain(|jwk| !dropped.iter().any(|kid| jwk["kid"] == kid.as_str()));
 
-    let interval = interval.map(|interval| time::Duration::try_from(interval).unwrap_or(time::Duration::MAX));
-    let active_for = now - since;
-    let due = interval.is_some_and(|interval| active_for >= interval);
-    let publish_next = interval
-        .is_some_and(|interval| active_for >= interval - NEXT_KEY_LEAD.min(interval / 2) && next.is_none());
+    let due = due_at.is_some_and(|at| now >= at);
+    let publish_next = lead_at.is_some_and(|at| now >= at) && next.is_none();
     let (active, next, new_kid, next_kid) = if due {
         let promoted = match next {
             Some(next) => next,
             None => rotated_key()?,
         };
-        retired.insert(active.kid().to_string(), rfc3339(now + RETIRED_KEY_OVERLAP));
+        retired.insert(active.kid().to_string(), Some(now + RETIRED_KEY_OVERLAP));
         others.retain(|jwk| jwk["kid"] != promoted.kid());
         others.insert(0, active.public_jwk());
         let kid = promoted.kid().to_string();
@@ -390,6 +448,10 @@ pub(crate) fn rotate(
     if retired.is_empty() {
         annotations.remove(RETIRED_KEYS_ANNOTATION);
     } else {
+        let retired: BTreeMap<&String, String> = retired
+            .iter()
+            .filter_map(|(kid, until)| Some((kid, rfc3339((*until)?))))
+            .collect();
         annotations.insert(
             RETIRED_KEYS_ANNOTATION.to_string(),
             serde_json::to_string(&retired).unwrap_or_default(),
@@ -644,6 +706,60 @@ mod tests {
             .annotations
             .unwrap()
             .contains_key(RETIRED_KEYS_ANNOTATION));
+    }
+
+    /// The leader looks at a FederationDomain again when [`next_change`] says: each time it names
+    /// is the first at which [`rotate`] changes the Secret, and before it nothing changes.
+    #[test]
+    fn the_next_change_is_when_rotate_first_changes_the_secret() {
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let second = time::Duration::seconds(1);
+        let start = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+        let mut secret = KeySecret::Jwks.generate("fd", "ns", owner()).unwrap();
+        secret.metadata.annotations = Some(BTreeMap::from([(
+            ACTIVE_SINCE_ANNOTATION.to_string(),
+            rfc3339(start),
+        )]));
+        let changes_first_at = |secret: &Secret, at: OffsetDateTime| {
+            assert_eq!(
+                rotate(secret, at - second, Some(day)).unwrap(),
+                None,
+                "changed before {at}"
+            );
+            rotate(secret, at, Some(day))
+                .unwrap()
+                .expect("changes at the time named")
+                .0
+        };
+
+        // The next key is published two hours before the rotation.
+        let lead = start + time::Duration::hours(22);
+        assert_eq!(next_change(&secret, start, Some(day)), Some(lead));
+        let with_next = changes_first_at(&secret, lead);
+        // Then the rotation.
+        let due = start + time::Duration::days(1);
+        assert_eq!(next_change(&with_next, lead, Some(day)), Some(due));
+        let rotated = changes_first_at(&with_next, due);
+        // Then the retired key's end, before the new key's lead.
+        let retired_end = due + RETIRED_KEY_OVERLAP;
+        assert_eq!(next_change(&rotated, due, Some(day)), Some(retired_end));
+        assert!(rotate(&rotated, retired_end - second, Some(day))
+            .unwrap()
+            .is_none());
+        assert!(rotate(&rotated, retired_end + second, Some(day))
+            .unwrap()
+            .is_some());
+
+        // Never rotating: only the retired key's end, then nothing at all.
+        assert_eq!(next_change(&rotated, due, None), Some(retired_end));
+        assert_eq!(next_change(&secret, start, None), None);
+        // Overdue (the Supervisor was down): now.
+        let late = due + time::Duration::days(3);
+        assert_eq!(next_change(&secret, late, Some(day)), Some(late));
+        // An unusable Secret changes only when it is written again.
+        let mut broken = secret.clone();
+        broken.data.as_mut().unwrap().remove(ACTIVE_JWK_KEY);
+        assert_eq!(next_change(&broken, start, Some(day)), None);
     }
 
     #[test]

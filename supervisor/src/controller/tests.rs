@@ -2292,7 +2292,7 @@ async fn a_follower_serves_a_federation_domain_once_its_keys_exist_and_follows_i
 /// An issuer is rebuilt (and a new snapshot published) only when something it is made from
 /// changed. `federation_domain::check` hands out a new `Arc` for every upstream on every call
 /// (`with_display_name`), so a fingerprint over those would never match and every reconcile
-/// (every `KEY_CHECK`, 10 s, per FederationDomain, and every wake) would rebuild the issuer.
+/// (every time its keys are due, every `RESYNC`, and every wake) would rebuild the issuer.
 #[tokio::test]
 async fn a_federation_domain_is_not_rebuilt_when_nothing_changed() {
     let mut follower = Follower::new();
