@@ -193,6 +193,11 @@ impl SambaDc {
         "127.0.0.1:636".into()
     }
 
+    /// The domain controller's process id (one process: it runs with `--model=single`).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// The CA of the domain controller's certificate, PEM.
     pub fn ca_pem(&self) -> String {
         self.ca.cert_pem()

@@ -2,7 +2,8 @@
 //! outage"): Dex black-holed — its process stopped with SIGSTOP, so the kernel still accepts
 //! connections and buffers requests but nothing answers, and Dex keeps its state and keys — and
 //! Dex down (stopped, then started again with new signing keys), under the Concierge and under
-//! the Supervisor; and a WebhookAuthenticator's webhook black-holed.
+//! the Supervisor; an LDAP directory (slapd) and an Active Directory domain controller (Samba)
+//! black-holed under the Supervisor; and a WebhookAuthenticator's webhook black-holed.
 //!
 //! * The Concierge (installed from `conf/`, control plane included, on a private cluster) with a
 //!   JWTAuthenticator trusting Dex; the load: ConfigMap lists through the impersonation proxy with
@@ -48,6 +49,7 @@ use selkie_e2e::{
     dex::{Dex, DexUser, CLIENT_ID},
     ldap::{LdapUser, Slapd},
     pinniped_cli,
+    samba::{AdUser, SambaDc},
     supervisor::Supervisor,
     Cluster,
 };
@@ -822,18 +824,14 @@ const LDAP_BLACK_HOLE: Duration = Duration::from_secs(50);
 const LDAP_PROMPT: Duration = Duration::from_secs(35);
 
 /// The Supervisor with an LDAPIdentityProvider at OpenLDAP, slapd black-holed (SIGSTOP) for
-/// [`LDAP_BLACK_HOLE`] under password logins and a refresh: each ends within one LDAP timeout
-/// whatever the others do, with `temporarily_unavailable` (a refresh too: the directory did not
-/// say no, so the session is not ended); after SIGCONT logins work again by themselves, and the
-/// very refresh token refused during the outage refreshes (nothing was rotated or lost).
+/// [`LDAP_BLACK_HOLE`] under password logins and a refresh: see [`directory_black_holed`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_idp_ldap_black_holed_supervisor_answers_within_one_timeout_and_sessions_survive(
 ) -> anyhow::Result<()> {
-    let started = Instant::now();
     let cluster = Cluster::shared().await?;
     let client = cluster.client().await?;
     let namespace = cluster.create_namespace(&client, "faults-ldap").await?;
-    let users: Vec<LdapUser> = ["refreshed", "untouched", "logins"]
+    let users: Vec<LdapUser> = DIRECTORY_USERS
         .into_iter()
         .zip(2001..)
         .map(|(uid, uid_number)| LdapUser {
@@ -845,13 +843,50 @@ async fn faults_idp_ldap_black_holed_supervisor_answers_within_one_timeout_and_s
         .collect();
     let slapd = Slapd::start(&users).await?;
     let supervisor = Supervisor::start(cluster, &namespace, &slapd, IDP_NAME).await?;
+    directory_black_holed("LDAP directory (slapd)", &supervisor, slapd.pid()).await
+}
+
+/// The same with an ActiveDirectoryIdentityProvider at a Samba domain controller (one process,
+/// `--model=single`), black-holed the same way: Active Directory's refresh checks (account
+/// disabled, password changed, locked) cannot be made either, and must not end the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_idp_active_directory_black_holed_supervisor_answers_within_one_timeout_and_sessions_survive(
+) -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let client = cluster.client().await?;
+    let namespace = cluster.create_namespace(&client, "faults-ad").await?;
+    let users: Vec<AdUser> = DIRECTORY_USERS
+        .into_iter()
+        .map(|name| AdUser {
+            name: name.into(),
+            password: PASSWORD.into(),
+            groups: vec!["seals".into()],
+        })
+        .collect();
+    let samba = SambaDc::start(&users, &[]).await?;
+    let supervisor = Supervisor::start(cluster, &namespace, &samba, IDP_NAME).await?;
+    directory_black_holed("Active Directory (Samba)", &supervisor, samba.pid()).await
+}
+
+/// The users of a directory's outage row, by login name: a session refreshed during the outage,
+/// one untouched, and the one the logins during the outage are made as.
+const DIRECTORY_USERS: [&str; 3] = ["refreshed", "untouched", "logins"];
+
+/// The outage row of an LDAP-based identity provider (`label`) whose directory is the process
+/// `directory`, behind `supervisor` (its users [`DIRECTORY_USERS`], password [`PASSWORD`]):
+/// the directory black-holed (SIGSTOP) for [`LDAP_BLACK_HOLE`] under password logins and a
+/// refresh. What must hold: each ends within one LDAP timeout whatever the others do, with
+/// `temporarily_unavailable` (a refresh too: the directory did not say no, so the session is not
+/// ended); after SIGCONT logins work again by themselves, and the very refresh token refused
+/// during the outage refreshes (nothing was rotated or lost).
+async fn directory_black_holed(label: &str, supervisor: &Supervisor, directory: u32) -> anyhow::Result<()> {
+    let started = Instant::now();
     let http = supervisor.client()?;
     let issuer = supervisor.issuer().to_string();
     let pid = supervisor.pid();
-    let username = users[2].uid.clone();
+    let [refreshed, untouched, username] = DIRECTORY_USERS;
 
-    let names: Vec<&str> = users[..2].iter().map(|user| user.uid.as_str()).collect();
-    let (sessions, _) = sessions_before(&http, &issuer, &names, || supervisor.log()).await?;
+    let (sessions, _) = sessions_before(&http, &issuer, &[refreshed, untouched], || supervisor.log()).await?;
     let rss_before = rss_kib(pid);
 
     // Black-holed: logins, several at once, and a refresh; a second wave of logins while the
@@ -863,16 +898,16 @@ async fn faults_idp_ldap_black_holed_supervisor_answers_within_one_timeout_and_s
     } = black_holed(
         &http,
         &issuer,
-        &username,
+        username,
         &[(0, &sessions[0])],
-        (slapd.pid(), pid),
+        (directory, pid),
         LDAP_BLACK_HOLE,
         LDAP_PROMPT * 2,
     )
     .await?;
 
     // Recovery, nothing restarted.
-    let (recovered, logins_before_recovery) = recovery(&http, &issuer, &username, continued_at).await;
+    let (recovered, logins_before_recovery) = recovery(&http, &issuer, username, continued_at).await;
     let untouched = Attempt::of(Some(1), refresh(&http, &issuer, &sessions[1])).await;
     let again = Attempt::of(Some(0), refresh(&http, &issuer, &sessions[0])).await;
     let rss_after = rss_kib(pid);
@@ -887,7 +922,7 @@ async fn faults_idp_ldap_black_holed_supervisor_answers_within_one_timeout_and_s
         .filter(|attempt| attempt.session.is_none() && attempt.at + attempt.took < continued_at)
         .count();
     println!(
-        "Supervisor, LDAP directory black-holed {LDAP_BLACK_HOLE:?}: {} logins and refreshes ({ended_in_outage} \
+        "Supervisor, {label} black-holed {LDAP_BLACK_HOLE:?}: {} logins and refreshes ({ended_in_outage} \
          logins ended during the outage), slowest {slowest:?}, answers {:?}; after SIGCONT the first login \
          succeeded after {recovered:?}; the untouched session refreshed: {}; the session refused during the \
          outage refreshed: {}; Supervisor RSS {rss_before} / {rss_during} / {rss_after} KiB; the test took {:?}",
