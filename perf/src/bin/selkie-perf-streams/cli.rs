@@ -60,8 +60,17 @@ pub(crate) struct Args {
     /// Exec setups (connection + WebSocket upgrade + one message + close), one after another.
     #[arg(long, default_value_t = 300)]
     pub(crate) exec_setups: usize,
-    /// Steps to run: memory, fan, throughput (WebSocket and SPDY), exec.
-    #[arg(long, value_delimiter = ',', default_value = "memory,fan,throughput,exec")]
+    /// Held idle watches of the busy step (on a fresh system, while `--tunnel-connections`
+    /// WebSocket exec streams echo for `--duration`), per count.
+    #[arg(long, value_delimiter = ',', default_value = "10000")]
+    pub(crate) busy_watches: Vec<usize>,
+    /// Steps to run: memory, busy (memory with watches held and exec streams echoing), fan,
+    /// throughput (WebSocket and SPDY), exec.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "memory,busy,fan,throughput,exec"
+    )]
     pub(crate) steps: Vec<String>,
     /// Keep the temporary directory (configurations, nginx's error log, Selkie's stderr).
     #[arg(long)]
@@ -75,6 +84,7 @@ impl Args {
     /// `--smoke`: the small counts and short steps of the smoke pass.
     pub(crate) fn apply_smoke(&mut self) {
         self.watches = vec![50];
+        self.busy_watches = vec![50];
         self.fan_watches = 20;
         self.fan_interval = Duration::from_millis(50);
         self.duration = Duration::from_secs(1);

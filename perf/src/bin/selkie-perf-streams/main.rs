@@ -10,6 +10,9 @@
 //!   idle watches held open over HTTP/2 (at most `--h2-streams` streams per connection) and over
 //!   HTTP/1.1 (one connection per watch); every count on a freshly started system; (RSS − idle RSS)
 //!   ÷ watches;
+//! * **busy**: a fresh system holding `--busy-watches` idle watches while `--tunnel-connections`
+//!   WebSocket exec streams echo for `--duration`: RSS idle, with the watches, at its peak while
+//!   busy, and after;
 //! * **watch fan-through**: the backend sends an event every `--fan-interval` on each of
 //!   `--fan-watches` held watches; the latency from the event's `ts_ns` (the backend's
 //!   `CLOCK_MONOTONIC` when it made the event) to its receipt here, p50/p99/p99.9;
@@ -20,6 +23,7 @@
 //!   malformed events, echo mismatches, upstream streams left open, impersonation mismatches and
 //!   handshake failures at the backend. All must be 0; the run exits non-zero otherwise.
 
+mod busy;
 mod cli;
 mod exec;
 mod fan;
@@ -46,6 +50,7 @@ use selkie_perf::{
 };
 
 use crate::{
+    busy::busy_step,
     cli::Args,
     exec::exec_step,
     fan::fan_step,
@@ -174,6 +179,7 @@ async fn main() -> anyhow::Result<()> {
         machine: machine(&env.bin_dir),
         settings: Settings {
             watches: env.args.watches.clone(),
+            busy_watches: env.args.busy_watches.clone(),
             protocols: env.args.protocols.clone(),
             h2_streams_per_connection: env.args.h2_streams,
             fan_watches: env.args.fan_watches,
@@ -188,6 +194,7 @@ async fn main() -> anyhow::Result<()> {
         not_started: Vec::new(),
         skipped: Vec::new(),
         memory: Vec::new(),
+        busy: Vec::new(),
         fan_through: Vec::new(),
         throughput: Vec::new(),
         exec_setup: Vec::new(),
@@ -268,6 +275,42 @@ async fn run(
                             break 'memory;
                         }
                     }
+                }
+            }
+        }
+        // Busy: held watches and exec streams at once, a fresh system per step.
+        if system != System::D && wants("busy") {
+            for &protocol in protocols {
+                for &n in &env.args.busy_watches {
+                    let limit = open_files_limit().unwrap_or(0);
+                    let need = files_needed(system, protocol, n, env.args.h2_streams);
+                    if need > limit {
+                        let why = format!(
+                            "busy {system:?} {} {n} watches: needs {need} open files per process, RLIMIT_NOFILE is {limit}",
+                            protocol.name()
+                        );
+                        eprintln!("-- not run: {why}");
+                        results.skipped.push(why);
+                        continue;
+                    }
+                    eprintln!(
+                        "-- {system:?} {}: {n} idle watches while {} exec streams echo",
+                        protocol.name(),
+                        env.args.tunnel_connections
+                    );
+                    let step = busy_step(env, system, protocol, n).await?;
+                    eprintln!(
+                        "   idle {:.1} MiB, with watches {:.1}, peak while busy {:.1}, after {:.1} MiB; {:.1} MiB/s; failed {}, dropped {}, dropped tunnels {}",
+                        mib(step.idle_rss_kib),
+                        mib(step.watches_rss_kib),
+                        mib(step.peak_rss_kib),
+                        mib(step.after_rss_kib),
+                        step.mib_per_second,
+                        step.failed,
+                        step.dropped,
+                        step.dropped_tunnels
+                    );
+                    results.busy.push(step);
                 }
             }
         }

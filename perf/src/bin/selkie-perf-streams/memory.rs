@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// The RSS once it has not moved by more than 0.5 % (or 64 KiB) for 2 s, or after `max`.
-async fn settled_rss(sut: &Sut, max: Duration) -> (u64, f64) {
+pub(crate) async fn settled_rss(sut: &Sut, max: Duration) -> (u64, f64) {
     let start = Instant::now();
     let mut samples: VecDeque<u64> = VecDeque::new();
     loop {

@@ -7,7 +7,7 @@ use selkie_perf::report::BackendCounters;
 use serde::Serialize;
 
 use crate::{
-    exec::ExecStep, fan::FanStep, memory::MemoryStep, open_files_limit, systems::System,
+    busy::BusyStep, exec::ExecStep, fan::FanStep, memory::MemoryStep, open_files_limit, systems::System,
     throughput::ThroughputStep, tunnels::WEBSOCKET_PROTOCOL,
 };
 
@@ -33,6 +33,7 @@ pub(crate) fn machine(bin_dir: &Path) -> Machine {
 #[derive(Debug, Serialize)]
 pub(crate) struct Settings {
     pub(crate) watches: Vec<usize>,
+    pub(crate) busy_watches: Vec<usize>,
     pub(crate) protocols: Vec<String>,
     pub(crate) h2_streams_per_connection: usize,
     pub(crate) fan_watches: usize,
@@ -54,6 +55,7 @@ pub(crate) struct Results {
     /// Steps left out because this machine's open-files limit is too low for them.
     pub(crate) skipped: Vec<String>,
     pub(crate) memory: Vec<MemoryStep>,
+    pub(crate) busy: Vec<BusyStep>,
     pub(crate) fan_through: Vec<FanStep>,
     pub(crate) throughput: Vec<ThroughputStep>,
     pub(crate) exec_setup: Vec<ExecStep>,
@@ -124,6 +126,38 @@ pub(crate) fn markdown(results: &Results) -> String {
             s.dropped,
             s.backend_watches_left_open
         );
+    }
+    if !results.busy.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Memory under load: idle watches held while exec streams echo\n\nEvery row on a freshly started system: RSS idle, with the watches established and settled, the highest RSS sampled every 100 ms while {} WebSocket exec streams echo {}-byte messages ({} in flight each) for {:.0} s plus 1 s of warm-up, and settled after they end (the watches still held). PERF.md and the chart: 10k watches ≤ 128 MiB.\n",
+            results.settings.tunnel_connections,
+            results.settings.message_bytes,
+            results.settings.window,
+            results.settings.duration_s
+        );
+        let _ = writeln!(
+            md,
+            "| system | proto | watches | streams | idle RSS MiB | with watches MiB | peak busy MiB | after MiB | echo MiB/s | failed | dropped | dropped streams |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        );
+        for s in &results.busy {
+            let _ = writeln!(
+                md,
+                "| {:?} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+                s.system,
+                s.protocol,
+                s.watches,
+                s.tunnels,
+                mib(s.idle_rss_kib),
+                mib(s.watches_rss_kib),
+                mib(s.peak_rss_kib),
+                mib(s.after_rss_kib),
+                s.mib_per_second,
+                s.failed,
+                s.dropped,
+                s.dropped_tunnels
+            );
+        }
     }
     let _ = writeln!(
         md,
@@ -250,6 +284,23 @@ pub(crate) fn failures(results: &Results) -> Vec<String> {
             &s.error_examples,
         );
     }
+    for s in &results.busy {
+        check(
+            format!("busy {:?} {} {}", s.system, s.protocol, s.watches),
+            &[
+                ("watches failed or not established", s.failed),
+                ("watches dropped", s.dropped),
+                ("malformed events", s.malformed),
+                ("watches left open at the backend", s.backend_watches_left_open),
+                ("failed upgrades", s.failed_upgrades),
+                ("dropped exec streams", s.dropped_tunnels),
+                ("echo mismatches", s.echo_mismatches),
+                ("(nothing echoed)", u64::from(s.mib_per_second <= 0.0)),
+            ],
+            &s.backend,
+            &s.error_examples,
+        );
+    }
     for s in &results.fan_through {
         check(
             format!("fan-through {:?} {}", s.system, s.protocol),
@@ -322,6 +373,7 @@ mod tests {
             machine: machine(Path::new("debug")),
             settings: Settings {
                 watches: vec![10],
+                busy_watches: vec![10],
                 protocols: vec!["h1".into()],
                 h2_streams_per_connection: 100,
                 fan_watches: 1,
@@ -336,6 +388,7 @@ mod tests {
             not_started,
             skipped: Vec::new(),
             memory,
+            busy: Vec::new(),
             fan_through: Vec::new(),
             throughput: Vec::new(),
             exec_setup: Vec::new(),

@@ -48,23 +48,8 @@ pub(crate) async fn throughput_step(
     kind: Tunnel,
 ) -> anyhow::Result<ThroughputStep> {
     let before = backend_counters(env.backend_admin)?;
-    let stats = Arc::new(TunnelStats::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let args = (
-        env.args.message_bytes.clamp(16, MAX_MESSAGE),
-        env.args.window.max(1),
-    );
-    let tasks: Vec<_> = (0..env.args.tunnel_connections.max(1))
-        .map(|_| {
-            tokio::spawn(run_tunnel(
-                kind,
-                target.clone(),
-                args,
-                stop.clone(),
-                stats.clone(),
-            ))
-        })
-        .collect();
+    let tunnels = Tunnels::start(env, target, kind, env.args.tunnel_connections);
+    let stats = tunnels.stats.clone();
     tokio::time::sleep(warmup(&env.args)).await;
     let cpu0 = sut.cpu();
     let echoed0 = stats.echoed.load(Ordering::Relaxed);
@@ -73,17 +58,7 @@ pub(crate) async fn throughput_step(
     let echoed = stats.echoed.load(Ordering::Relaxed) - echoed0;
     let cpu = sut.cpu().saturating_sub(cpu0);
     let window = start.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for mut task in tasks {
-        if tokio::time::timeout(Duration::from_secs(10), &mut task)
-            .await
-            .is_err()
-        {
-            task.abort();
-            stats.dropped.fetch_add(1, Ordering::Relaxed);
-            stats.example("a tunnel did not drain within 10 s".into());
-        }
-    }
+    tunnels.finish().await;
     let sut_cpu = (system != System::D).then_some(cpu.as_secs_f64());
     let per = |bytes: u64| sut_cpu.filter(|_| bytes > 0).map(|cpu| cpu * 1e9 / bytes as f64);
     let examples = stats.examples.lock().map(|e| e.clone()).unwrap_or_default();
@@ -91,7 +66,7 @@ pub(crate) async fn throughput_step(
         system,
         tunnel: kind,
         connections: env.args.tunnel_connections.max(1),
-        message_bytes: args.0,
+        message_bytes: env.args.message_bytes.clamp(16, MAX_MESSAGE),
         window_seconds: window,
         echoed_bytes: echoed,
         mib_per_second: echoed as f64 / window / (1024.0 * 1024.0),
@@ -104,4 +79,52 @@ pub(crate) async fn throughput_step(
         backend: backend_delta(env.backend_admin, &before),
         error_examples: examples,
     })
+}
+
+/// Upgraded connections echoing at once (`--message-bytes`, `--window`) until [`Tunnels::finish`].
+pub(crate) struct Tunnels {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    /// What they saw.
+    pub(crate) stats: Arc<TunnelStats>,
+}
+
+impl Tunnels {
+    /// Starts `connections` (at least one) upgrades of `kind` to `target`, each echoing.
+    pub(crate) fn start(env: &Env, target: &Target, kind: Tunnel, connections: usize) -> Self {
+        let stats = Arc::new(TunnelStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let args = (
+            env.args.message_bytes.clamp(16, MAX_MESSAGE),
+            env.args.window.max(1),
+        );
+        let tasks = (0..connections.max(1))
+            .map(|_| {
+                tokio::spawn(run_tunnel(
+                    kind,
+                    target.clone(),
+                    args,
+                    stop.clone(),
+                    stats.clone(),
+                ))
+            })
+            .collect();
+        Self { tasks, stop, stats }
+    }
+
+    /// Stops them and waits up to 10 s for each to drain; one that does not is aborted and
+    /// counted as dropped.
+    pub(crate) async fn finish(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for mut task in self.tasks {
+            if tokio::time::timeout(Duration::from_secs(10), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                self.stats.example("a tunnel did not drain within 10 s".into());
+            }
+        }
+    }
 }
