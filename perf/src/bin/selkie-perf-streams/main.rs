@@ -232,6 +232,24 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether a `step` holding `n` watches over `protocol` through `system` fits in this process's
+/// `RLIMIT_NOFILE`; when it does not, it is listed in `results` as not run, with the limit,
+/// rather than failing midway.
+fn fits(env: &Env, step: &str, system: System, protocol: Protocol, n: usize, results: &mut Results) -> bool {
+    let limit = open_files_limit().unwrap_or(0);
+    let need = files_needed(system, protocol, n, env.args.h2_streams);
+    if need <= limit {
+        return true;
+    }
+    let why = format!(
+        "{step} {system:?} {} {n} watches: needs {need} open files per process, RLIMIT_NOFILE is {limit} (raise the hard limit: ulimit -Hn)",
+        protocol.name()
+    );
+    eprintln!("-- not run: {why}");
+    results.skipped.push(why);
+    false
+}
+
 async fn run(
     env: &Env,
     systems: &[System],
@@ -244,15 +262,7 @@ async fn run(
         if system != System::D && wants("memory") {
             'memory: for &protocol in protocols {
                 for &n in &env.args.watches {
-                    let limit = open_files_limit().unwrap_or(0);
-                    let need = files_needed(system, protocol, n, env.args.h2_streams);
-                    if need > limit {
-                        let why = format!(
-                            "{system:?} {} {n} watches: needs {need} open files per process, RLIMIT_NOFILE is {limit} (raise the hard limit: ulimit -Hn)",
-                            protocol.name()
-                        );
-                        eprintln!("-- not run: {why}");
-                        results.skipped.push(why);
+                    if !fits(env, "memory", system, protocol, n, results) {
                         continue;
                     }
                     eprintln!("-- {system:?} {}: memory with {n} idle watches", protocol.name());
@@ -282,15 +292,7 @@ async fn run(
         if system != System::D && wants("busy") {
             for &protocol in protocols {
                 for &n in &env.args.busy_watches {
-                    let limit = open_files_limit().unwrap_or(0);
-                    let need = files_needed(system, protocol, n, env.args.h2_streams);
-                    if need > limit {
-                        let why = format!(
-                            "busy {system:?} {} {n} watches: needs {need} open files per process, RLIMIT_NOFILE is {limit}",
-                            protocol.name()
-                        );
-                        eprintln!("-- not run: {why}");
-                        results.skipped.push(why);
+                    if !fits(env, "busy", system, protocol, n, results) {
                         continue;
                     }
                     eprintln!(
