@@ -77,7 +77,8 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
 /// TLS): every request and watch of a server shares one connection, where kube's default client
 /// (HTTP/1.1) opens a connection per request in flight and pools them — 249 connections for the
 /// Supervisor's status writes at 500 FederationDomains. The connection is pinged when idle
-/// ([`KEEP_ALIVE_INTERVAL`], [`KEEP_ALIVE_TIMEOUT`]).
+/// ([`KEEP_ALIVE_INTERVAL`], [`KEEP_ALIVE_TIMEOUT`]). Requests asking for an upgrade (exec) go
+/// over HTTP/1.1 connections of their own: HTTP/2 has no `Upgrade`.
 ///
 /// Otherwise the client is kube's own: its base URI, authentication (tokens re-read from their
 /// file, client certificates), extra headers, retries of 429/503/504 and connect timeout, from
@@ -93,22 +94,34 @@ pub fn client(config: Config) -> Result<Client, ClientError> {
     http.set_nodelay(true);
     http.set_connect_timeout(config.connect_timeout);
     let tls = config.rustls_client_config().map_err(build)?;
-    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http();
-    if let Some(name) = &config.tls_server_name {
-        let name = rustls_pki_types::ServerName::try_from(name.clone())
-            .map_err(|e| ClientError::Build(format!("tls-server-name {name:?}: {e}")))?;
-        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
-    }
-    let https = https.enable_all_versions().wrap_connector(http);
-    let connections = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
+    let server_name = match &config.tls_server_name {
+        Some(name) => Some(
+            rustls_pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| ClientError::Build(format!("tls-server-name {name:?}: {e}")))?,
+        ),
+        None => None,
+    };
+    let https = || {
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_or_http();
+        match &server_name {
+            Some(name) => {
+                builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name.clone()))
+            }
+            None => builder,
+        }
+    };
+    let mut pool = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+    pool.timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .http2_keep_alive_while_idle(true)
-        .build(https);
+        .http2_keep_alive_while_idle(true);
+    let connections = ByUpgrade {
+        multiplexed: pool.build(https().enable_all_versions().wrap_connector(http.clone())),
+        upgrades: pool.build(https().enable_http1().wrap_connector(http)),
+    };
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(
@@ -121,6 +134,38 @@ pub fn client(config: Config) -> Result<Client, ClientError> {
         .map_err(BoxError::from)
         .service(connections);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// The connection pools of [`client`]: requests asking for an upgrade (`kubectl exec`-style
+/// WebSocket or SPDY, the Concierge's exec into its kube-cert-agent pod) over HTTP/1.1, whose
+/// `Upgrade` HTTP/2 has no room for; every other request over the shared HTTP/2 connection.
+#[derive(Clone)]
+struct ByUpgrade<M, U> {
+    multiplexed: hyper_util::client::legacy::Client<M, kube::client::Body>,
+    upgrades: hyper_util::client::legacy::Client<U, kube::client::Body>,
+}
+
+impl<M, U> tower::Service<http::Request<kube::client::Body>> for ByUpgrade<M, U>
+where
+    M: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+    U: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper_util::client::legacy::Error;
+    type Future = hyper_util::client::legacy::ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        // Both pools take requests at any time (as hyper-util's own `Service` impl says).
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        if request.headers().contains_key(http::header::UPGRADE) {
+            self.upgrades.request(request)
+        } else {
+            self.multiplexed.request(request)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -223,5 +268,16 @@ mod tests {
             "{answers:?}"
         );
         assert_eq!(connections.load(Ordering::SeqCst), 1, "connections opened");
+        // A request asking for an upgrade (kube's exec) goes over HTTP/1.1, on a connection of
+        // its own.
+        let upgrade = Request::get("/exec")
+            .header(http::header::UPGRADE, "websocket")
+            .body(Vec::new())
+            .unwrap();
+        assert_eq!(
+            client.request_text(upgrade).await.unwrap(),
+            "HTTP/1.1 Bearer t0ken"
+        );
+        assert_eq!(connections.load(Ordering::SeqCst), 2, "connections opened");
     }
 }
