@@ -1037,6 +1037,9 @@ fn domain_of(dn: &str) -> String {
 }
 
 /// The one non-empty value of `attribute` in `entry`, as bytes (text or binary); `dn` is the DN.
+/// Attribute names are compared without case, so an entry naming the attribute twice (say `uid`
+/// and `UID`, or once as text and once as binary) has no single value: which one a lookup met
+/// first would depend on hash order, so it is [`LdapError::MissingAttribute`] like a missing one.
 fn raw_value(entry: &SearchEntry, attribute: &str) -> Result<Vec<u8>, LdapError> {
     if attribute == DN {
         return Ok(entry.dn.as_bytes().to_vec());
@@ -1044,17 +1047,16 @@ fn raw_value(entry: &SearchEntry, attribute: &str) -> Result<Vec<u8>, LdapError>
     let text = entry
         .attrs
         .iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case(attribute))
-        .map(|(_, values)| values.iter().map(|v| v.as_bytes().to_vec()).collect::<Vec<_>>());
-    let values = text.or_else(|| {
-        entry
-            .bin_attrs
-            .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(attribute))
-            .map(|(_, values)| values.clone())
-    });
-    match values.as_deref() {
-        Some([value]) if !value.is_empty() => Ok(value.clone()),
+        .filter(|(name, _)| name.eq_ignore_ascii_case(attribute))
+        .map(|(_, values)| values.iter().map(|v| v.as_bytes()).collect::<Vec<_>>());
+    let binary = entry
+        .bin_attrs
+        .iter()
+        .filter(|(name, _)| name.eq_ignore_ascii_case(attribute))
+        .map(|(_, values)| values.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    let mut found = text.chain(binary);
+    match (found.next().as_deref(), found.next()) {
+        (Some([value]), None) if !value.is_empty() => Ok(value.to_vec()),
         _ => Err(LdapError::MissingAttribute(attribute.to_string())),
     }
 }
@@ -1281,6 +1283,35 @@ mod tests {
         ] {
             let error = active_directory_checks(&changed, &at_login).unwrap_err();
             assert!(error.to_string().contains(says), "{error}");
+        }
+    }
+
+    #[test]
+    fn an_attribute_named_twice_has_no_single_value() {
+        let entry = |attrs: &[(&str, &str)], bin_attrs: &[(&str, &[u8])]| SearchEntry {
+            dn: "uid=pinny,ou=users,dc=selkie,dc=test".into(),
+            attrs: attrs
+                .iter()
+                .map(|(name, value)| (name.to_string(), vec![value.to_string()]))
+                .collect(),
+            bin_attrs: bin_attrs
+                .iter()
+                .map(|(name, value)| (name.to_string(), vec![value.to_vec()]))
+                .collect(),
+        };
+        assert_eq!(
+            text_value(&entry(&[("UID", "pinny")], &[]), "uid"),
+            Ok("pinny".into())
+        );
+        assert_eq!(raw_value(&entry(&[], &[("uid", b"\xff")]), "uid"), Ok(vec![0xff]));
+        let missing = Err(LdapError::MissingAttribute("uid".into()));
+        for twice in [
+            entry(&[("uid", "pinny"), ("UID", "admin")], &[]),
+            entry(&[("uid", "pinny")], &[("Uid", b"admin")]),
+            entry(&[("uid", "")], &[]),
+            entry(&[("cn", "pinny")], &[]),
+        ] {
+            assert_eq!(text_value(&twice, "uid"), missing, "{twice:?}");
         }
     }
 }
