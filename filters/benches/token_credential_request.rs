@@ -205,8 +205,10 @@ fn token_credential_request(c: &mut Criterion) {
         })
     });
 
-    // kubeadm's default cluster CA is RSA-2048 (here the RS256 benches' test key): the CA's
-    // signature is an RSA one.
+    // kubeadm's default cluster CA is RSA-2048 (here the RS256 benches' test key). Its one RSA
+    // signature goes into the P-256 intermediate the signer makes at the first issue (outside
+    // the measurement: criterion's warm-up) and keeps for a day; each issue is then the
+    // intermediate's P-256 signature and the chain's PEM.
     let rsa_key = include_str!("keys/rs256-test-key.pem");
     let rsa_ca = ca_certificate(
         &rcgen::KeyPair::from_pkcs8_pem_and_sign_algo(rsa_key, &rcgen::PKCS_RSA_SHA256).unwrap(),

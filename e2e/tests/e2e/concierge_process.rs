@@ -752,14 +752,16 @@ async fn deployment_strategy_dynamic_cluster_authentication_jwt_get_kubeconfig_f
 
 /// The cluster signing key read from files on a control-plane node (kube-controller-manager's
 /// `--cluster-signing-{cert,key}-file`), an RSA-2048 CA with a PKCS#1 key as kubeadm makes it:
-/// certificates signed with it (SHA-256 with RSA) work directly against kube-apiserver, the
+/// certificates it issues (through a P-256 intermediate it signs with SHA-256 and RSA) work
+/// directly against kube-apiserver, the
 /// strategy says so, and a broken rewrite of the files keeps the last good key signing while the
 /// strategy reports the failure.
 #[tokio::test]
 async fn the_cluster_signing_key_is_read_from_files_on_the_node() -> anyhow::Result<()> {
+    use rustls_pki_types::pem::PemObject as _;
     use selkie_control_plane::{config::ControlPlaneConfig, published::Publisher, signing};
     use std::sync::{Arc, Mutex};
-    use x509_cert::der::DecodePem as _;
+    use x509_cert::der::Decode as _;
 
     let cluster = &Cluster::builder().rsa_client_ca().start().await?;
     ensure!(cluster
@@ -821,11 +823,18 @@ async fn the_cluster_signing_key_is_read_from_files_on_the_node() -> anyhow::Res
         now - Duration::from_secs(60),
         now + Duration::from_secs(300),
     )?;
-    let certificate = x509_cert::Certificate::from_pem(issued.cert_pem.as_bytes())?;
+    // The client certificate (ECDSA with SHA-256), then the P-256 intermediate the RSA CA signed
+    // (SHA-256 with RSA): kube-apiserver verifies the chain to its client CA.
+    let algorithms = rustls_pki_types::CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+        .map(|der| {
+            let certificate = x509_cert::Certificate::from_der(&der?)?;
+            anyhow::Ok(certificate.signature_algorithm.oid.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     assert_eq!(
-        certificate.signature_algorithm.oid.to_string(),
-        "1.2.840.113549.1.1.11",
-        "sha256WithRSAEncryption"
+        algorithms,
+        ["1.2.840.10045.4.3.2", "1.2.840.113549.1.1.11"],
+        "ecdsa-with-SHA256, then sha256WithRSAEncryption"
     );
     let installation = Installation {
         cluster,
