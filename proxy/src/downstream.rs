@@ -118,6 +118,23 @@ impl Default for Timeouts {
     }
 }
 
+/// TCP keepalive on every connection of the proxy, accepted or to kube-apiserver, as Go's
+/// servers and clients (kube-apiserver, kubectl) set it: probes after 15 s of silence, every
+/// 15 s, the connection dropped after 9 unanswered (about 2.5 minutes). An exec, attach or
+/// port-forward tunnel has no read timeout (it may be quiet for hours), so without this a peer
+/// that vanished without a FIN (a laptop closed, a network cut, a load balancer that forgot the
+/// flow) would hold the tunnel, its upstream connection and their memory for good.
+pub fn tcp_keepalive() -> pingora::protocols::TcpKeepalive {
+    pingora::protocols::TcpKeepalive {
+        idle: Duration::from_secs(15),
+        interval: Duration::from_secs(15),
+        count: 9,
+        // The system default.
+        #[cfg(target_os = "linux")]
+        user_timeout: Duration::ZERO,
+    }
+}
+
 /// Why a request head is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

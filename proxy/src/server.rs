@@ -12,7 +12,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use pingora::{
-    listeners::tls::TlsSettings,
+    listeners::{tls::TlsSettings, TcpSocketOptions},
     server::{
         configuration::ServerConf, ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch,
     },
@@ -127,7 +127,9 @@ impl ProxyServer {
         tls.set_cert_resolver(serving);
         tls.set_client_cert_verifier(Arc::new(PossessionVerifier::new()));
         tls.enable_h2();
-        proxy.add_tls_with_settings(&listen.to_string(), None, tls);
+        let mut socket = TcpSocketOptions::default();
+        socket.tcp_keepalive = Some(crate::downstream::tcp_keepalive());
+        proxy.add_tls_with_settings(&listen.to_string(), Some(socket), tls);
         // Each connection takes a place before its TLS handshake and keeps it until it closes.
         let limit = Arc::new(ConnectionLimit::new(config.listener_limits, &metrics));
         proxy.set_connection_filter(limit.clone());

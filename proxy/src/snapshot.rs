@@ -106,6 +106,7 @@ impl Upstream {
         // A kube-apiserver that accepts connections but never answers (stopped, overloaded,
         // black-holed behind a load balancer) must not hold a request in the handshake forever.
         peer.options.total_connection_timeout = Some(self.connect_timeout + TLS_HANDSHAKE_TIMEOUT);
+        peer.options.tcp_keepalive = Some(crate::downstream::tcp_keepalive());
         if upgrade {
             peer.options.set_http_version(1, 1);
             peer.options.http_upstream_request_policy.h1_upgrade =

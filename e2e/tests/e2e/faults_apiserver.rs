@@ -20,6 +20,11 @@
 //! before and after the restart; the Concierge's controllers resume by themselves (a
 //! JWTAuthenticator applied after the restart gets its status); the Concierge's memory is the
 //! same afterwards. The figures are printed for the results page.
+//!
+//! One more row has no load but an exec stream (WebSocket, through the impersonation proxy and
+//! kube-apiserver to the harness's echo API): kube-apiserver is frozen under it, the client pings
+//! as kubectl does and gives up when nothing answers, and the proxy must then let go of the tunnel
+//! while kube-apiserver is still frozen.
 
 use std::{
     collections::BTreeSet,
@@ -30,16 +35,23 @@ use std::{
     time::Duration,
 };
 
-use anyhow::ensure;
-use futures::StreamExt as _;
+use anyhow::{ensure, Context as _};
+use futures::{SinkExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     api::{ObjectMeta, PostParams},
     runtime::{watcher, WatchStreamExt as _},
     Api,
 };
-use selkie_e2e::{concierge::InstalledConcierge, eventually, Cluster};
+use selkie_e2e::{
+    concierge::InstalledConcierge,
+    echo_api::{websocket_exec, EchoApi},
+    eventually,
+    proxy::Proxy,
+    Cluster,
+};
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
 
 /// The deadline of one request through the proxy while kube-apiserver is away: the proxy itself
 /// must answer, so a request that takes longer hung.
@@ -354,5 +366,157 @@ async fn restarted_under_load(fault: Fault) -> anyhow::Result<()> {
         rss_after < rss_before * 2,
         "the Concierge's memory grew from {rss_before} to {rss_after} KiB"
     );
+    Ok(())
+}
+
+/// How long kube-apiserver stays frozen under an exec stream: long enough that the stream's
+/// client gives up and the proxy lets go while it is still frozen.
+const EXEC_FROZEN: Duration = Duration::from_secs(30);
+/// The exec client's ping period and how long it waits for an answer before it gives up:
+/// kubectl (client-go ≥ 1.30) pings its WebSocket exec streams every 5 s and gives up after 60 s
+/// without a read; scaled down here, as the proxy's part does not depend on them.
+const EXEC_PING_EVERY: Duration = Duration::from_secs(1);
+const EXEC_READ_DEADLINE: Duration = Duration::from_secs(8);
+/// How long the proxy may take to let go of a tunnel whose client went away.
+const TUNNEL_RELEASE: Duration = Duration::from_secs(10);
+
+/// The tunnels and upgrades the proxy counts as open (`active_tunnels`, upgrades in flight).
+async fn open_tunnels(proxy: &Proxy) -> anyhow::Result<(f64, f64)> {
+    let text = crate::proxy_operations::metrics(proxy).await?;
+    let value = crate::proxy_operations::value;
+    Ok((
+        value(&text, "selkie_proxy_active_tunnels", &[])?,
+        value(
+            &text,
+            "selkie_proxy_in_flight_requests",
+            &[("verb_class", "upgrade")],
+        )?,
+    ))
+}
+
+/// An exec stream (WebSocket, through the proxy and kube-apiserver to the echo API) whose
+/// kube-apiserver freezes: the client's pings go unanswered — the proxy passes them through and
+/// fakes no liveness — so the client gives up as kubectl does, and the proxy then lets go of the
+/// tunnel and its upstream connection while kube-apiserver is still frozen; afterwards the far end
+/// has seen the stream end and a new exec works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives_up_and_the_proxy_lets_go(
+) -> anyhow::Result<()> {
+    let mut cluster = Cluster::start().await?;
+    let admin = cluster.client().await?;
+    let namespace = cluster.create_namespace(&admin, "faults-exec").await?;
+    let user = format!("exec-user-{namespace}");
+    // Declared before the proxy, so dropped after it.
+    let echo = EchoApi::start(&cluster, &namespace).await?;
+    echo.grant_exec(&cluster, &namespace, &user, &["get"]).await?;
+    let proxy = Proxy::start(&cluster, &[]).await?;
+    let credential = proxy.signer().issue_client(&user, &[])?;
+    let ca_pem = proxy.serving_ca().cert_pem();
+    let path = echo.exec_path(&namespace, "frozen-exec");
+    // Until the Role reaches the authorizer the upgrade may be refused.
+    let mut socket = eventually(Duration::from_secs(30), || {
+        websocket_exec(proxy.url(), &ca_pem, &credential, &path)
+    })
+    .await?;
+    let step = Duration::from_secs(15);
+    let message = Message::binary(b"\x00before the freeze".to_vec());
+    socket.send(message.clone()).await?;
+    let echoed = tokio::time::timeout(step, socket.next())
+        .await?
+        .context("the stream ended")??;
+    ensure!(echoed == message, "echoed {echoed:?}");
+    // The client's pings are answered while kube-apiserver runs.
+    socket.send(Message::Ping(b"alive".to_vec().into())).await?;
+    let pong = tokio::time::timeout(step, socket.next())
+        .await?
+        .context("the stream ended")??;
+    ensure!(
+        matches!(&pong, Message::Pong(payload) if payload.as_ref() == b"alive"),
+        "the ping before the freeze got {pong:?}"
+    );
+    ensure!(
+        open_tunnels(&proxy).await? == (1.0, 1.0),
+        "the tunnel is not counted"
+    );
+    let rss_before = rss_kib(proxy.pid());
+
+    let frozen_at = Instant::now();
+    let client = async {
+        // The client: a ping every period; nothing read within the deadline, it gives up and
+        // drops its connection (no close handshake with a peer that does not answer).
+        let mut last_read = Instant::now();
+        let mut answered_while_frozen = Vec::new();
+        let mut ping = tokio::time::interval(EXEC_PING_EVERY);
+        while last_read.elapsed() < EXEC_READ_DEADLINE {
+            tokio::select! {
+                _ = ping.tick() => socket.send(Message::Ping(b"still there?".to_vec().into())).await?,
+                read = socket.next() => match read {
+                    Some(Ok(message)) => {
+                        last_read = Instant::now();
+                        answered_while_frozen.push(message);
+                    }
+                    other => anyhow::bail!("the stream ended while frozen: {other:?}"),
+                },
+            }
+        }
+        let gave_up = frozen_at.elapsed();
+        drop(socket);
+        // The proxy lets go of the tunnel while kube-apiserver is still frozen.
+        eventually(TUNNEL_RELEASE, || async {
+            let open = open_tunnels(&proxy).await?;
+            ensure!(
+                open == (0.0, 0.0),
+                "still open (tunnels, upgrades in flight): {open:?}"
+            );
+            Ok(())
+        })
+        .await?;
+        anyhow::Ok((gave_up, frozen_at.elapsed(), answered_while_frozen))
+    };
+    let (thawed, client) = tokio::join!(cluster.freeze_apiserver(EXEC_FROZEN), client);
+    let ready_after = thawed?;
+    let (gave_up, released, answered_while_frozen) = client?;
+    let rss_during = rss_kib(proxy.pid());
+    ensure!(
+        answered_while_frozen.is_empty(),
+        "pings were answered while kube-apiserver was frozen: {answered_while_frozen:?}"
+    );
+    ensure!(
+        released < EXEC_FROZEN,
+        "the proxy let go of the tunnel {released:?} after the freeze began, not while it lasted \
+         ({EXEC_FROZEN:?})"
+    );
+
+    // The far end saw the stream end once kube-apiserver ran again.
+    let ended = eventually(Duration::from_secs(30), || async {
+        echo.tunnels()
+            .into_iter()
+            .find(|tunnel| tunnel.name == "frozen-exec")
+            .context("the echo API has not seen the frozen stream end")
+    })
+    .await?;
+    // A new exec works.
+    let new_path = echo.exec_path(&namespace, "after-the-freeze");
+    let mut again = eventually(Duration::from_secs(30), || {
+        websocket_exec(proxy.url(), &ca_pem, &credential, &new_path)
+    })
+    .await?;
+    let message = Message::binary(b"\x00after the freeze".to_vec());
+    again.send(message.clone()).await?;
+    let echoed = tokio::time::timeout(step, again.next())
+        .await?
+        .context("the stream ended")??;
+    ensure!(echoed == message, "echoed {echoed:?} after the freeze");
+    drop(again);
+    let rss_after = rss_kib(proxy.pid());
+    println!(
+        "exec stream under a frozen kube-apiserver (frozen {EXEC_FROZEN:?}, ready again after \
+         {ready_after:?}): the client gave up {gave_up:?} in, the proxy had let go of the tunnel \
+         {released:?} in; the echo API saw the stream end as {:?}; proxy RSS {rss_before} / \
+         {rss_during} / {rss_after} KiB (before / after the thaw / end)",
+        ended.end
+    );
+    drop(proxy);
+    drop(echo);
     Ok(())
 }

@@ -63,7 +63,7 @@ fn samples(exposition: &str, name: &str) -> anyhow::Result<Vec<Sample>> {
 }
 
 /// The sum of the samples of `name` whose labels include all of `labels` (0 if none).
-fn value(exposition: &str, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
+pub(crate) fn value(exposition: &str, name: &str, labels: &[(&str, &str)]) -> anyhow::Result<f64> {
     Ok(samples(exposition, name)?
         .iter()
         .filter(|(have, _)| {
@@ -75,7 +75,7 @@ fn value(exposition: &str, name: &str, labels: &[(&str, &str)]) -> anyhow::Resul
         .sum())
 }
 
-async fn metrics(proxy: &Proxy) -> anyhow::Result<String> {
+pub(crate) async fn metrics(proxy: &Proxy) -> anyhow::Result<String> {
     let (status, body) = proxy.operations_get("/metrics").await?;
     ensure!(status == 200, "/metrics answered {status}: {body}");
     Ok(body)
@@ -540,5 +540,95 @@ async fn an_upgraded_connection_is_an_active_tunnel_until_it_closes() -> anyhow:
     .await?;
     drop(proxy);
     drop(echo);
+    Ok(())
+}
+
+/// An established TCP connection on loopback, from `/proc/net/tcp`.
+#[derive(Debug)]
+struct TcpConnection {
+    local_port: u16,
+    remote_port: u16,
+    /// Which timer is pending: 0 none, 1 retransmission, 2 keepalive, 4 zero-window probe.
+    timer: u8,
+}
+
+/// The established IPv4 connections of process `pid` (its socket inodes matched against
+/// `/proc/net/tcp`).
+fn established_connections(pid: u32) -> anyhow::Result<Vec<TcpConnection>> {
+    let mut inodes = std::collections::BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let target = std::fs::read_link(fd?.path()).unwrap_or_default();
+        if let Some(inode) = target
+            .to_string_lossy()
+            .strip_prefix("socket:[")
+            .and_then(|rest| rest.strip_suffix(']'))
+        {
+            inodes.insert(inode.to_string());
+        }
+    }
+    let port = |address: &str| -> anyhow::Result<u16> {
+        let (_, port) = address.split_once(':').context("no port")?;
+        Ok(u16::from_str_radix(port, 16)?)
+    };
+    let mut found = Vec::new();
+    for line in std::fs::read_to_string("/proc/net/tcp")?.lines().skip(1) {
+        // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        ensure!(fields.len() > 9, "unexpected /proc/net/tcp line {line:?}");
+        if fields[3] != "01" || !inodes.contains(fields[9]) {
+            continue;
+        }
+        let (timer, _) = fields[5].split_once(':').context("no timer")?;
+        found.push(TcpConnection {
+            local_port: port(fields[1])?,
+            remote_port: port(fields[2])?,
+            timer: timer.parse()?,
+        });
+    }
+    Ok(found)
+}
+
+/// A client that vanishes without a FIN (a laptop closed mid-exec) or a kube-apiserver that does
+/// must not hold a tunnel forever: every connection of the proxy, the accepted ones and those to
+/// kube-apiserver, carries a TCP keepalive timer while quiet.
+#[tokio::test]
+async fn the_proxys_connections_both_ways_carry_tcp_keepalive() -> anyhow::Result<()> {
+    let cluster = Cluster::shared().await?;
+    let proxy = Proxy::start(cluster, &[]).await?;
+    let credential = proxy.signer().issue_client("keepalive-user", &[])?;
+    let kubeconfig = proxy.kubeconfig_with_cert("keepalive-user", &credential)?;
+    let client = selkie_e2e::cluster::client_from_kubeconfig(&kubeconfig).await?;
+    // The request leaves the client's connection to the proxy and the proxy's to kube-apiserver
+    // open and idle in their pools.
+    client.apiserver_version().await?;
+    let proxy_port: u16 = proxy
+        .url()
+        .rsplit_once(':')
+        .context("the proxy's URL has no port")?
+        .1
+        .parse()?;
+    let apiserver_port = cluster.apiserver_port();
+    eventually(Duration::from_secs(10), || async {
+        let connections = established_connections(proxy.pid())?;
+        let accepted: Vec<&TcpConnection> = connections
+            .iter()
+            .filter(|c| c.local_port == proxy_port)
+            .collect();
+        let upstream: Vec<&TcpConnection> = connections
+            .iter()
+            .filter(|c| c.remote_port == apiserver_port)
+            .collect();
+        ensure!(
+            !accepted.is_empty() && !upstream.is_empty(),
+            "no accepted or no upstream connection among {connections:?}"
+        );
+        ensure!(
+            accepted.iter().chain(&upstream).all(|c| c.timer == 2),
+            "a quiet connection without a keepalive timer: accepted {accepted:?}, upstream {upstream:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    drop(client);
     Ok(())
 }
