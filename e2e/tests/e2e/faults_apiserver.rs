@@ -53,6 +53,8 @@ use selkie_e2e::{
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::proxy_upgrades::next;
+
 /// The deadline of one request through the proxy while kube-apiserver is away: the proxy itself
 /// must answer, so a request that takes longer hung.
 const PROXY_DEADLINE: Duration = Duration::from_secs(10);
@@ -418,18 +420,13 @@ async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives
         websocket_exec(proxy.url(), &ca_pem, &credential, &path)
     })
     .await?;
-    let step = Duration::from_secs(15);
     let message = Message::binary(b"\x00before the freeze".to_vec());
     socket.send(message.clone()).await?;
-    let echoed = tokio::time::timeout(step, socket.next())
-        .await?
-        .context("the stream ended")??;
+    let echoed = next(&mut socket).await?;
     ensure!(echoed == message, "echoed {echoed:?}");
     // The client's pings are answered while kube-apiserver runs.
     socket.send(Message::Ping(b"alive".to_vec().into())).await?;
-    let pong = tokio::time::timeout(step, socket.next())
-        .await?
-        .context("the stream ended")??;
+    let pong = next(&mut socket).await?;
     ensure!(
         matches!(&pong, Message::Pong(payload) if payload.as_ref() == b"alive"),
         "the ping before the freeze got {pong:?}"
@@ -503,9 +500,7 @@ async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives
     .await?;
     let message = Message::binary(b"\x00after the freeze".to_vec());
     again.send(message.clone()).await?;
-    let echoed = tokio::time::timeout(step, again.next())
-        .await?
-        .context("the stream ended")??;
+    let echoed = next(&mut again).await?;
     ensure!(echoed == message, "echoed {echoed:?} after the freeze");
     drop(again);
     let rss_after = rss_kib(proxy.pid());

@@ -40,7 +40,7 @@ const UPGRADES: usize = 1000;
 /// The groups in the test user's certificate.
 const GROUPS: [&str; 2] = ["exec-team", "readers"];
 
-type Socket = WebSocketStream<TlsStream<TcpStream>>;
+pub(crate) type Socket = WebSocketStream<TlsStream<TcpStream>>;
 
 /// A client of the proxy: TLS trusting its serving CA, HTTP/1.1 only (upgrades need it), with
 /// or without a client certificate from its signer.
@@ -118,8 +118,9 @@ async fn within<T>(step: impl std::future::Future<Output = anyhow::Result<T>>) -
         .map_err(|_| anyhow::anyhow!("no progress within {STEP_TIMEOUT:?}"))?
 }
 
-/// The next message on `socket`; fails on the end of the stream or an error.
-async fn next(socket: &mut Socket) -> anyhow::Result<Message> {
+/// The next message on `socket` within [`STEP_TIMEOUT`]; fails on the end of the stream or an
+/// error.
+pub(crate) async fn next(socket: &mut Socket) -> anyhow::Result<Message> {
     within(async {
         match socket.next().await {
             Some(message) => Ok(message?),
