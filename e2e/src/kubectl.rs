@@ -11,8 +11,26 @@ use tokio::io::AsyncWriteExt;
 
 use crate::HarnessError;
 
-/// How long one kubectl invocation may take before the harness gives up on it.
+/// How long one kubectl invocation may take before the harness gives up on it, unless it is
+/// given a longer `--timeout` of its own (see [`bound`]).
 pub const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long the harness waits for `kubectl <args>`: [`KUBECTL_TIMEOUT`], or kubectl's own
+/// `--timeout=<N>s|<N>m` (as `kubectl wait` takes) and 15 s more to exit, whichever is longer.
+fn bound(args: &[String]) -> Duration {
+    let own = args.iter().find_map(|arg| {
+        let value = arg.strip_prefix("--timeout=")?;
+        let (number, unit) = value.split_at(value.find(|c: char| !c.is_ascii_digit())?);
+        let seconds = number.parse::<u64>().ok()?
+            * match unit {
+                "s" => 1,
+                "m" => 60,
+                _ => return None,
+            };
+        Some(Duration::from_secs(seconds + 15))
+    });
+    own.map_or(KUBECTL_TIMEOUT, |own| own.max(KUBECTL_TIMEOUT))
+}
 
 /// kubectl with a kubeconfig. Each call is a separate process, exactly as a user runs it.
 #[derive(Debug, Clone)]
@@ -54,17 +72,19 @@ impl Kubectl {
     }
 
     /// Runs `kubectl <args>`, optionally feeding `stdin`, and returns what it did whatever its exit
-    /// status. Fails only if it cannot be run or takes longer than [`KUBECTL_TIMEOUT`].
+    /// status. Fails only if it cannot be run or takes longer than its bound (60 s, or its own
+    /// `--timeout` and 15 s).
     pub async fn output<S: AsRef<OsStr>>(
         &self,
         args: &[S],
         stdin: Option<&str>,
     ) -> Result<KubectlOutput, HarnessError> {
-        let shown = args
+        let words: Vec<String> = args
             .iter()
-            .map(|a| a.as_ref().to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ");
+            .map(|a| a.as_ref().to_string_lossy().into_owned())
+            .collect();
+        let shown = words.join(" ");
+        let bound = bound(&words);
         let mut child = tokio::process::Command::new(&self.binary)
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
@@ -97,11 +117,11 @@ impl Kubectl {
             written.map_err(|e| HarnessError::io(format!("writing stdin of kubectl {shown}"), e))?;
             output.map_err(|e| HarnessError::io(format!("waiting for kubectl {shown}"), e))
         };
-        let output = tokio::time::timeout(KUBECTL_TIMEOUT, exchange)
+        let output = tokio::time::timeout(bound, exchange)
             .await
             .map_err(|_| HarnessError::Kubectl {
                 args: shown.clone(),
-                status: format!("no exit within {KUBECTL_TIMEOUT:?}"),
+                status: format!("no exit within {bound:?}"),
                 stderr: String::new(),
             })??;
         Ok(KubectlOutput {
@@ -234,6 +254,20 @@ impl Kubectl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kubectl_timeout_longer_than_the_harnesss_extends_its_bound() {
+        let words = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        assert_eq!(bound(&words(&["get", "pods"])), KUBECTL_TIMEOUT);
+        assert_eq!(
+            bound(&words(&["wait", "--timeout=120s", "apiservice/x"])),
+            Duration::from_secs(135)
+        );
+        assert_eq!(bound(&words(&["wait", "--timeout=3m"])), Duration::from_secs(195));
+        assert_eq!(bound(&words(&["wait", "--timeout=10s"])), KUBECTL_TIMEOUT);
+        assert_eq!(bound(&words(&["wait", "--timeout=1h"])), KUBECTL_TIMEOUT);
+        assert_eq!(bound(&words(&["wait", "--timeout=s"])), KUBECTL_TIMEOUT);
+    }
 
     /// A program that answers its input as it reads it (as kubectl answers each object of a
     /// manifest) gets all of a large input, and all of its answer comes back: neither side waits

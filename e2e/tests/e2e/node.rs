@@ -424,7 +424,16 @@ impl Release {
                 ),
                 (
                     "APIServices".into(),
-                    ["get", "apiservices"].map(String::from).to_vec(),
+                    [
+                        "get",
+                        "apiservices",
+                        "-o",
+                        "custom-columns=NAME:.metadata.name,SERVICE:.spec.service.name,\
+                         AVAILABLE:.status.conditions[0].status,\
+                         MESSAGE:.status.conditions[0].message",
+                    ]
+                    .map(String::from)
+                    .to_vec(),
                 ),
                 (
                     "events".into(),
@@ -452,7 +461,7 @@ impl Release {
                 if what == "APIServices" {
                     said = said
                         .lines()
-                        .filter(|line| !line.contains(" Local "))
+                        .filter(|line| !line.contains(" <none> "))
                         .collect::<Vec<_>>()
                         .join("\n");
                 }
