@@ -79,6 +79,36 @@ pub struct JWTAuthenticatorSpec {
     /// How to trust the issuer's TLS certificate; the system roots when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TLSSpec>,
+
+    /// Selkie extension (see [`LoginAuthorization`]): who may log in through this authenticator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_authorization: Option<LoginAuthorization>,
+}
+
+/// Selkie extension (Pinniped #557): a TokenCredentialRequest through the authenticator is
+/// answered with a certificate only when kube-apiserver's authorizers (RBAC) allow the
+/// authenticated user — username, groups plus system:authenticated, UID, extras — this action,
+/// asked as a SubjectAccessReview; otherwise "authentication failed", and the Concierge's audit
+/// line says why. Absent: everyone the authenticator accepts gets a certificate (Pinniped's
+/// behaviour). For example verb "login", group "login.concierge.pinniped.dev", resource
+/// "tokencredentialrequests", granted by a ClusterRole with that verb.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoginAuthorization {
+    /// The verb asked about.
+    #[schemars(length(min = 1, max = 253))]
+    pub verb: String,
+    /// The API group of the resource ("" for the core group).
+    #[serde(default)]
+    #[schemars(length(max = 253))]
+    pub group: String,
+    /// The resource asked about.
+    #[schemars(length(min = 1, max = 253))]
+    pub resource: String,
+    /// The object's name, if the grant should name one (for example this authenticator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub name: Option<String>,
 }
 
 /// How a token's claims become the user's identity.
@@ -223,6 +253,10 @@ pub struct WebhookAuthenticatorSpec {
     /// identities (see [`CertificateIdentity`]); Exact when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_identity: Option<CertificateIdentity>,
+
+    /// Selkie extension (see [`LoginAuthorization`]): who may log in through this authenticator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_authorization: Option<LoginAuthorization>,
 }
 
 /// Selkie extension (Pinniped has no such field): what the client certificate of a

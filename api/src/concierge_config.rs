@@ -107,6 +107,14 @@ pub struct ImpersonationProxyServiceSpec {
     /// Annotations for the Service (for example a cloud load balancer's idle timeout).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+
+    /// Selkie's extension (Pinniped #1064): the client address ranges (CIDRs such as
+    /// `203.0.113.0/24`) the cloud load balancer admits, as the Service's
+    /// spec.loadBalancerSourceRanges; type LoadBalancer only. Absent: the Service's own value is
+    /// left as it is (Pinniped's behaviour); an empty list clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 100))]
+    pub load_balancer_source_ranges: Option<Vec<String>>,
 }
 
 /// The kind of Service in front of the impersonation proxy.

@@ -16,6 +16,7 @@ use selkie_control_plane::{
     aggregated_api, authenticators,
     config::ControlPlaneConfig,
     credential_issuer,
+    login_authorization::KubeLoginAuthorizer,
     published::{Published, Publisher},
     signing,
 };
@@ -35,9 +36,14 @@ pub(crate) struct ControlPlane {
 impl ControlPlane {
     /// Reads and validates the control-plane configuration file.
     pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
+        let config = ControlPlaneConfig::load(path)?;
+        let publisher = match config.client_certificate_lifetime {
+            Some(lifetime) => Publisher::with_certificate_lifetime(lifetime),
+            None => Publisher::new(),
+        };
         Ok(Self {
-            config: Arc::new(ControlPlaneConfig::load(path)?),
-            publisher: Publisher::new(),
+            config: Arc::new(config),
+            publisher,
         })
     }
 
@@ -84,6 +90,9 @@ impl ControlPlane {
     ) -> anyhow::Result<()> {
         let Self { config, publisher } = self;
         let client = client(&config).await?;
+        publisher
+            .login_api()
+            .set_login_authorizer(Box::new(KubeLoginAuthorizer::new(client.clone())));
         let (leader_sender, leader) = watch::channel(false);
         tracing::info!(
             namespace = %config.namespace,

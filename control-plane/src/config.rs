@@ -3,10 +3,11 @@
 //! fields refused) from the file `selkie-concierge --control-plane FILE` names; every default is
 //! Pinniped's, so a Pinniped-shaped installation needs no settings at all.
 
-use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use kube::{core::ApiResource, Resource};
 use selkie_api::group_suffix::{replace_group_suffix, validate_api_group_suffix, DEFAULT_API_GROUP_SUFFIX};
+use selkie_filters::issuing::login_api::{MAX_CLIENT_CERTIFICATE_LIFETIME, MIN_CLIENT_CERTIFICATE_LIFETIME};
 use serde::Deserialize;
 
 /// The control plane's configuration. See the module documentation.
@@ -53,6 +54,25 @@ pub struct ControlPlaneConfig {
     /// Services in front of it (Pinniped's `impersonationProxyServerPort`: 8444).
     #[serde(default = "default_impersonation_proxy_port")]
     pub impersonation_proxy_port: u16,
+    /// Selkie's extension (Pinniped #1987): how long the client certificates of
+    /// TokenCredentialRequests are valid, as a duration (`1h`, `30m`), from 1 minute to 8 hours
+    /// ([`MIN_CLIENT_CERTIFICATE_LIFETIME`], [`MAX_CLIENT_CERTIFICATE_LIFETIME`]); Pinniped's 5
+    /// minutes when absent. A certificate cannot be revoked: a longer one outlives the user's
+    /// removal upstream by as much.
+    #[serde(default, deserialize_with = "deserialize_lifetime")]
+    pub client_certificate_lifetime: Option<Duration>,
+}
+
+/// A duration as Kubernetes writes one ([`selkie_api::duration::parse`]), not negative.
+fn deserialize_lifetime<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    let parsed = selkie_api::duration::parse(&text).map_err(serde::de::Error::custom)?;
+    if parsed.negative {
+        return Err(serde::de::Error::custom(format!("{text:?} is negative")));
+    }
+    Ok(Some(parsed.magnitude))
 }
 
 /// The aggregated API server (TokenCredentialRequest, WhoAmIRequest).
@@ -213,6 +233,18 @@ impl ControlPlaneConfig {
                     .map_err(|(field, message)| ConfigError::Invalid { field, message })?;
             }
         }
+        if let Some(lifetime) = self.client_certificate_lifetime {
+            if !(MIN_CLIENT_CERTIFICATE_LIFETIME..=MAX_CLIENT_CERTIFICATE_LIFETIME).contains(&lifetime) {
+                return Err(ConfigError::Invalid {
+                    field: "clientCertificateLifetime",
+                    message: format!(
+                        "must be from {}m to {}h",
+                        MIN_CLIENT_CERTIFICATE_LIFETIME.as_secs() / 60,
+                        MAX_CLIENT_CERTIFICATE_LIFETIME.as_secs() / 3600
+                    ),
+                });
+            }
+        }
         for (field, value) in [
             ("namespace", &self.namespace),
             ("namePrefix", &self.name_prefix),
@@ -274,6 +306,7 @@ impl Default for ControlPlaneConfig {
             discovery_url: None,
             labels: default_labels(),
             impersonation_proxy_port: default_impersonation_proxy_port(),
+            client_certificate_lifetime: None,
         }
     }
 }
@@ -380,5 +413,55 @@ mod tests {
         let secret: ControlPlaneConfig =
             serde_yaml::from_str("clusterSigningKey: {secret: {namespace: a, name: b}}").unwrap();
         secret.validate().unwrap();
+    }
+
+    #[test]
+    fn the_certificate_lifetime_is_a_bounded_duration() {
+        let lifetime = |yaml: &str| {
+            serde_yaml::from_str::<ControlPlaneConfig>(yaml)
+                .map(|c| (c.validate().map_err(|e| e.to_string()), c))
+        };
+        let (valid, config) = lifetime("clientCertificateLifetime: 1h30m").unwrap();
+        valid.unwrap();
+        assert_eq!(
+            config.client_certificate_lifetime,
+            Some(Duration::from_secs(5400))
+        );
+        for bound in ["1m", "8h"] {
+            lifetime(&format!("clientCertificateLifetime: {bound}"))
+                .unwrap()
+                .0
+                .unwrap();
+        }
+        let (valid, config) = lifetime("{}").unwrap();
+        valid.unwrap();
+        assert_eq!(config.client_certificate_lifetime, None);
+        for (yaml, message) in [
+            (
+                "clientCertificateLifetime: 30s",
+                "clientCertificateLifetime: must be from 1m to 8h",
+            ),
+            (
+                "clientCertificateLifetime: 8h1s",
+                "clientCertificateLifetime: must be from 1m to 8h",
+            ),
+            (
+                "clientCertificateLifetime: 0",
+                "clientCertificateLifetime: must be from 1m to 8h",
+            ),
+        ] {
+            assert_eq!(lifetime(yaml).unwrap().0.unwrap_err(), message);
+        }
+        for (yaml, needle) in [
+            ("clientCertificateLifetime: -1h", r#""-1h" is negative"#),
+            (
+                "clientCertificateLifetime: 1 hour",
+                "is not a duration such as 10s",
+            ),
+            ("clientCertificateLifetime: 300", "has no unit"),
+        ] {
+            let error = lifetime(yaml).unwrap_err().to_string();
+            assert!(error.contains(needle), "{yaml}: {error}");
+        }
     }
 }

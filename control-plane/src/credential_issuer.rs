@@ -16,6 +16,8 @@
 //!   `loadBalancerIP`, the spec's annotations tracked in
 //!   `credentialissuer.pinniped.dev/annotation-keys` so that keys dropped from the spec are
 //!   removed and keys other actors added stay), `None` → no Service. A disabled proxy has none.
+//!   Selkie's extension `service.loadBalancerSourceRanges` (CIDRs, validated) becomes the
+//!   LoadBalancer Service's own; when the spec does not name it the Service's is left alone.
 //! * **Serving certificate.** A generated CA ("Selkie Impersonation Proxy Serving CA", Secret
 //!   `<prefix>-impersonation-proxy-ca-certificate`) signs an ECDSA P-256 certificate (Secret
 //!   `<prefix>-impersonation-proxy-tls-serving-certificate`) for the endpoint: the
@@ -137,6 +139,7 @@ pub fn default_spec() -> CredentialIssuerSpec {
                 r#type: ImpersonationProxyServiceType::LoadBalancer,
                 load_balancer_ip: None,
                 annotations: BTreeMap::from([(AWS_IDLE_TIMEOUT_ANNOTATION.to_string(), "4000".to_string())]),
+                load_balancer_source_ranges: None,
             },
             external_endpoint: None,
             tls: None,

@@ -18,6 +18,8 @@
 //!
 //! * [`kube_cert_agent`]: the kube cert agent — a pod beside kube-controller-manager that the
 //!   cluster's signing key is read from (the third `clusterSigningKey` source).
+//! * [`login_authorization`]: an authenticator's `loginAuthorization` (Selkie's extension), asked
+//!   of kube-apiserver as a SubjectAccessReview at each TokenCredentialRequest.
 //!
 //! Status conditions, leader election, certificates and the aggregated API's serving Secret are
 //! selkie-kube's; front-proxy authentication is selkie-filters'.
@@ -30,5 +32,6 @@ pub mod authenticators;
 pub mod config;
 pub mod credential_issuer;
 pub mod kube_cert_agent;
+pub mod login_authorization;
 pub mod published;
 pub mod signing;

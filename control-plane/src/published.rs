@@ -59,10 +59,20 @@ impl Publisher {
     /// A publisher with an empty value (no authenticators, no CAs, proxy not serving) and a login
     /// API with no signer (which refuses every login until a signer is installed).
     pub fn new() -> Self {
+        Self::with_login_api(SignerConciergeApi::default())
+    }
+
+    /// [`Publisher::new`] with a login API issuing certificates valid for `lifetime` (the
+    /// configuration's `clientCertificateLifetime`, validated).
+    pub fn with_certificate_lifetime(lifetime: std::time::Duration) -> Self {
+        Self::with_login_api(SignerConciergeApi::default().with_certificate_lifetime(lifetime))
+    }
+
+    fn with_login_api(login_api: SignerConciergeApi) -> Self {
         let (sender, _) = watch::channel(Arc::new(Published::default()));
         Self {
             sender: Arc::new(sender),
-            login_api: Arc::new(SignerConciergeApi::default()),
+            login_api: Arc::new(login_api),
         }
     }
 

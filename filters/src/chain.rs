@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use crate::{
+    access_review::ResourceAttributes,
     identity::{CertificateIdentity, Credential, Identity},
     jwt::JwtAuthenticator,
     outcome::{Outcome, RejectReason},
@@ -38,6 +39,15 @@ impl TokenAuthenticator {
         match self {
             Self::Jwt(authenticator) => authenticator.name(),
             Self::TokenReview(authenticator) => authenticator.name(),
+        }
+    }
+
+    /// The action a user must be allowed (a SubjectAccessReview) to get a TokenCredentialRequest's
+    /// certificate through this authenticator; `None`: authentication is enough.
+    pub fn login_authorization(&self) -> Option<&ResourceAttributes> {
+        match self {
+            Self::Jwt(authenticator) => authenticator.login_authorization(),
+            Self::TokenReview(authenticator) => authenticator.login_authorization(),
         }
     }
 

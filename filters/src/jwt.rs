@@ -26,6 +26,7 @@ mod mapping;
 #[cfg(test)]
 mod tests;
 
+use crate::access_review::ResourceAttributes;
 use std::{
     collections::BTreeMap,
     sync::Arc,
@@ -159,6 +160,9 @@ pub struct JwtConfig {
     /// Result cache (entries never outlive the token's `exp`); [`CacheConfig::disabled`] (capacity
     /// 0) verifies every presentation of a token.
     pub cache: CacheConfig,
+    /// What a user must be allowed to get a TokenCredentialRequest's certificate
+    /// ([`crate::issuing::login_api`]); `None`: nothing more than authentication.
+    pub login_authorization: Option<ResourceAttributes>,
 }
 
 impl JwtConfig {
@@ -183,6 +187,7 @@ impl JwtConfig {
             jwks_max_age: Duration::from_secs(3600),
             timeout: Duration::from_secs(10),
             cache: CacheConfig::default(),
+            login_authorization: None,
         }
     }
 }
@@ -249,6 +254,7 @@ pub struct JwtAuthenticator {
     max_token_bytes: usize,
     keys: IssuerKeys,
     cache: ReviewCache,
+    login_authorization: Option<ResourceAttributes>,
 }
 
 impl std::fmt::Debug for JwtAuthenticator {
@@ -299,12 +305,18 @@ impl JwtAuthenticator {
             clock_skew: config.clock_skew,
             max_token_bytes: config.max_token_bytes,
             cache: ReviewCache::new(config.cache)?,
+            login_authorization: config.login_authorization,
         })
     }
 
     /// The configured name.
     pub fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// What a user must be allowed to get a TokenCredentialRequest's certificate, if anything.
+    pub fn login_authorization(&self) -> Option<&ResourceAttributes> {
+        self.login_authorization.as_ref()
     }
 
     /// The configured issuer.

@@ -13,6 +13,7 @@
 //! while kube-apiserver serves only `v1` since 1.22. [`ReviewVersion::Auto`] sends `v1beta1` and,
 //! when the endpoint answers 400 or 404, retries once with `v1` and keeps using `v1`.
 
+use crate::access_review::ResourceAttributes;
 use std::{
     collections::BTreeMap,
     sync::{
@@ -86,6 +87,9 @@ pub struct TokenReviewConfig {
     /// What a TokenCredentialRequest's client certificate may leave out of this authenticator's
     /// identities.
     pub certificate_identity: CertificateIdentity,
+    /// What a user must be allowed to get a TokenCredentialRequest's certificate
+    /// ([`crate::issuing::login_api`]); `None`: nothing more than authentication.
+    pub login_authorization: Option<ResourceAttributes>,
 }
 
 impl TokenReviewConfig {
@@ -103,6 +107,7 @@ impl TokenReviewConfig {
             cache: CacheConfig::default(),
             uid_handling: UidHandling::Impersonate,
             certificate_identity: CertificateIdentity::Exact,
+            login_authorization: None,
         }
     }
 }
@@ -147,6 +152,7 @@ pub struct TokenReviewAuthenticator {
     timeout: Duration,
     uid_handling: UidHandling,
     certificate_identity: CertificateIdentity,
+    login_authorization: Option<ResourceAttributes>,
     cache: ReviewCache,
 }
 
@@ -185,6 +191,7 @@ impl TokenReviewAuthenticator {
             timeout: config.timeout,
             uid_handling: config.uid_handling,
             certificate_identity: config.certificate_identity,
+            login_authorization: config.login_authorization,
             cache: ReviewCache::new(config.cache)?,
         })
     }
@@ -198,6 +205,11 @@ impl TokenReviewAuthenticator {
     /// identities.
     pub fn certificate_identity(&self) -> CertificateIdentity {
         self.certificate_identity
+    }
+
+    /// What a user must be allowed to get a TokenCredentialRequest's certificate, if anything.
+    pub fn login_authorization(&self) -> Option<&ResourceAttributes> {
+        self.login_authorization.as_ref()
     }
 
     /// Reviews `token` (or reuses a cached result). Never returns [`Outcome::NotMine`]: an

@@ -372,8 +372,19 @@ fn jwt_authenticator_has_exactly_pinnipeds_fields() {
         "spec.userValidationRules[].expression",
         "spec.userValidationRules[].message",
     ]));
+    // Selkie's extension (optional; absent means Pinniped's behaviour).
+    expected.extend(set(LOGIN_AUTHORIZATION_PATHS));
     assert_eq!(paths("JWTAuthenticator"), expected);
 }
+
+/// Selkie's `loginAuthorization` extension of both authenticator kinds.
+const LOGIN_AUTHORIZATION_PATHS: &[&str] = &[
+    "spec.loginAuthorization",
+    "spec.loginAuthorization.verb",
+    "spec.loginAuthorization.group",
+    "spec.loginAuthorization.resource",
+    "spec.loginAuthorization.name",
+];
 
 #[test]
 fn webhook_authenticator_has_exactly_pinnipeds_fields() {
@@ -381,8 +392,9 @@ fn webhook_authenticator_has_exactly_pinnipeds_fields() {
     expected.extend(set(CONDITION_PATHS));
     expected.extend(set(TLS_PATHS));
     expected.insert("spec.endpoint".into());
-    // Selkie's one extension (optional; absent means Pinniped's behaviour).
+    // Selkie's extensions (optional; absent means Pinniped's behaviour).
     expected.insert("spec.certificateIdentity".into());
+    expected.extend(set(LOGIN_AUTHORIZATION_PATHS));
     assert_eq!(paths("WebhookAuthenticator"), expected);
 }
 
@@ -397,6 +409,8 @@ fn credential_issuer_has_exactly_pinnipeds_fields() {
         "spec.impersonationProxy.service.type",
         "spec.impersonationProxy.service.loadBalancerIP",
         "spec.impersonationProxy.service.annotations",
+        // Selkie's extension (optional; absent means Pinniped's behaviour).
+        "spec.impersonationProxy.service.loadBalancerSourceRanges[]",
         "spec.impersonationProxy.tls",
         "spec.impersonationProxy.tls.certificateAuthorityData",
         "spec.impersonationProxy.tls.secretName",

@@ -158,6 +158,10 @@ pub(crate) fn jwt_config(
         })
         .collect();
     config.ca_bundle_pem = ca_bundle_pem;
+    config.login_authorization = spec
+        .login_authorization
+        .as_ref()
+        .map(crate::login_authorization::attributes);
     Ok(config)
 }
 
@@ -335,6 +339,7 @@ mod tests {
             claim_validation_rules: vec![],
             user_validation_rules: vec![],
             tls: None,
+            login_authorization: None,
         }
     }
 

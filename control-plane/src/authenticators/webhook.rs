@@ -152,6 +152,10 @@ pub(crate) async fn evaluate(
         CertificateIdentity::Exact => identity::CertificateIdentity::Exact,
         CertificateIdentity::UsernameAndGroups => identity::CertificateIdentity::UsernameAndGroups,
     };
+    config.login_authorization = spec
+        .login_authorization
+        .as_ref()
+        .map(crate::login_authorization::attributes);
     match TokenReviewAuthenticator::new(config) {
         Ok(authenticator) => {
             checks.push(authenticator_ok());
@@ -205,6 +209,7 @@ mod tests {
             endpoint: format!("https://127.0.0.1:{port}/authenticate"),
             tls: None,
             certificate_identity: None,
+            login_authorization: None,
         };
         let evaluation = evaluate("w", &spec, &tls, false).await;
         let connection = &evaluation.checks[2];

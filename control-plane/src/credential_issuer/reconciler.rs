@@ -267,16 +267,7 @@ impl Reconciler {
         name: String,
         type_: &str,
     ) -> Result<(), SyncError> {
-        let load_balancer_ip = (type_ == "LoadBalancer")
-            .then(|| spec.service.load_balancer_ip.clone())
-            .flatten();
-        let desired = services::desired(
-            &self.config,
-            name.clone(),
-            type_,
-            load_balancer_ip,
-            &spec.service.annotations,
-        );
+        let desired = services::desired(&self.config, name.clone(), type_, &spec.service);
         match self.services.get_opt(&name).await? {
             None => {
                 tracing::info!(service = %name, "creating the impersonation proxy's {type_} Service");

@@ -9,6 +9,8 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 
+use selkie_api::concierge_config::ImpersonationProxyServiceSpec;
+
 use super::spec::DEFAULT_HTTPS_PORT;
 use crate::config::ControlPlaneConfig;
 
@@ -31,15 +33,25 @@ pub(crate) fn cluster_ip_name(config: &ControlPlaneConfig) -> String {
 }
 
 /// The Service named `name` of `type_` (`LoadBalancer` or `ClusterIP`): port 443 to the proxy's
-/// port, selecting the pods by their `app` label, with `annotations` (plus the bookkeeping
-/// annotation when there are any) and `load_balancer_ip`.
+/// port, selecting the pods by their `app` label, with the spec's annotations (plus the
+/// bookkeeping annotation when there are any) and, for a LoadBalancer, its `loadBalancerIP` and
+/// `loadBalancerSourceRanges` (`Some` only when the spec names them: see [`updated`]).
 pub(crate) fn desired(
     config: &ControlPlaneConfig,
     name: String,
     type_: &str,
-    load_balancer_ip: Option<String>,
-    annotations: &BTreeMap<String, String>,
+    service: &ImpersonationProxyServiceSpec,
 ) -> Service {
+    let load_balancer = type_ == "LoadBalancer";
+    let load_balancer_ip = service
+        .load_balancer_ip
+        .clone()
+        .filter(|ip| load_balancer && !ip.is_empty());
+    let source_ranges = service
+        .load_balancer_source_ranges
+        .clone()
+        .filter(|_| load_balancer);
+    let annotations = &service.annotations;
     let mut annotations = annotations.clone();
     if !annotations.is_empty() {
         let keys: Vec<&String> = annotations.keys().collect();
@@ -64,7 +76,8 @@ pub(crate) fn desired(
                 protocol: Some("TCP".into()),
                 ..ServicePort::default()
             }]),
-            load_balancer_ip: load_balancer_ip.filter(|ip| !ip.is_empty()),
+            load_balancer_ip,
+            load_balancer_source_ranges: source_ranges,
             selector: Some(BTreeMap::from([(APP_LABEL_KEY.to_string(), app)])),
             ..ServiceSpec::default()
         }),
@@ -73,7 +86,9 @@ pub(crate) fn desired(
 }
 
 /// `existing` brought to `desired`, or `None` when it already is: labels, type, selector and
-/// `loadBalancerIP` replaced; the desired annotations merged in; annotations an earlier spec
+/// `loadBalancerIP` replaced; `loadBalancerSourceRanges` replaced only when `desired` names them
+/// (an empty list clears them: an admin's own ranges on the Service are never dropped because
+/// the spec is silent about them); the desired annotations merged in; annotations an earlier spec
 /// named (per the bookkeeping annotation) and this one does not removed; the bookkeeping
 /// annotation removed when the spec names none. Ports are left alone, as Pinniped does.
 pub(crate) fn updated(existing: &Service, desired: &Service) -> Option<Service> {
@@ -82,6 +97,9 @@ pub(crate) fn updated(existing: &Service, desired: &Service) -> Option<Service> 
     let desired_spec = desired.spec.clone().unwrap_or_default();
     let spec = updated.spec.get_or_insert_with(ServiceSpec::default);
     spec.load_balancer_ip = desired_spec.load_balancer_ip;
+    if let Some(ranges) = desired_spec.load_balancer_source_ranges {
+        spec.load_balancer_source_ranges = (!ranges.is_empty()).then_some(ranges);
+    }
     spec.type_ = desired_spec.type_;
     spec.selector = desired_spec.selector;
 
@@ -118,6 +136,14 @@ mod tests {
         ControlPlaneConfig::default()
     }
 
+    fn service(ip: Option<&str>, pairs: &[(&str, &str)]) -> ImpersonationProxyServiceSpec {
+        ImpersonationProxyServiceSpec {
+            load_balancer_ip: ip.map(str::to_string),
+            annotations: annotations(pairs),
+            ..ImpersonationProxyServiceSpec::default()
+        }
+    }
+
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
@@ -131,8 +157,7 @@ mod tests {
             &config(),
             load_balancer_name(&config()),
             "LoadBalancer",
-            Some("10.9.8.7".into()),
-            &annotations(&[("b", "2"), ("a", "1")]),
+            &service(Some("10.9.8.7"), &[("b", "2"), ("a", "1")]),
         );
         assert_eq!(
             service.metadata.name.as_deref(),
@@ -161,8 +186,7 @@ mod tests {
             &config(),
             name.clone(),
             "LoadBalancer",
-            None,
-            &annotations(&[("a", "1"), ("b", "2")]),
+            &service(None, &[("a", "1"), ("b", "2")]),
         );
         assert_eq!(updated(&first, &first), None);
 
@@ -178,8 +202,7 @@ mod tests {
             &config(),
             name.clone(),
             "LoadBalancer",
-            None,
-            &annotations(&[("b", "3"), ("c", "4")]),
+            &service(None, &[("b", "3"), ("c", "4")]),
         );
         let next = updated(&existing, &second).unwrap();
         assert_eq!(
@@ -192,18 +215,63 @@ mod tests {
             ])
         );
 
-        let none = desired(
-            &config(),
-            name,
-            "LoadBalancer",
-            Some("1.2.3.4".into()),
-            &BTreeMap::new(),
-        );
+        let none = desired(&config(), name, "LoadBalancer", &service(Some("1.2.3.4"), &[]));
         let last = updated(&next, &none).unwrap();
         assert_eq!(
             last.metadata.annotations.unwrap(),
             annotations(&[("other", "kept")])
         );
         assert_eq!(last.spec.unwrap().load_balancer_ip.as_deref(), Some("1.2.3.4"));
+    }
+
+    #[test]
+    fn source_ranges_are_set_replaced_and_cleared_only_when_the_spec_names_them() {
+        let name = load_balancer_name(&config());
+        let ranges = |list: Option<&[&str]>| ImpersonationProxyServiceSpec {
+            load_balancer_source_ranges: list.map(|l| l.iter().map(|r| r.to_string()).collect()),
+            ..ImpersonationProxyServiceSpec::default()
+        };
+        let of = |service: &Service| service.spec.clone().unwrap().load_balancer_source_ranges;
+        let first = desired(
+            &config(),
+            name.clone(),
+            "LoadBalancer",
+            &ranges(Some(&["203.0.113.0/24"])),
+        );
+        assert_eq!(of(&first), Some(vec!["203.0.113.0/24".to_string()]));
+        // A ClusterIP Service never carries them (kube-apiserver refuses them there).
+        let cluster_ip = desired(
+            &config(),
+            cluster_ip_name(&config()),
+            "ClusterIP",
+            &ranges(Some(&["203.0.113.0/24"])),
+        );
+        assert_eq!(of(&cluster_ip), None);
+
+        // Replaced when the spec names others.
+        let other = desired(
+            &config(),
+            name.clone(),
+            "LoadBalancer",
+            &ranges(Some(&["198.51.100.0/24", "fd00::/8"])),
+        );
+        let next = updated(&first, &other).unwrap();
+        assert_eq!(
+            of(&next),
+            Some(vec!["198.51.100.0/24".to_string(), "fd00::/8".to_string()])
+        );
+        assert_eq!(updated(&next, &other), None);
+
+        // Left alone when the spec is silent: an admin's own ranges stay.
+        let silent = desired(&config(), name.clone(), "LoadBalancer", &ranges(None));
+        assert_eq!(updated(&next, &silent), None);
+
+        // Cleared by an empty list.
+        let cleared = updated(
+            &next,
+            &desired(&config(), name, "LoadBalancer", &ranges(Some(&[]))),
+        )
+        .unwrap();
+        assert_eq!(of(&cleared), None);
     }
 }

@@ -99,6 +99,13 @@ pub(crate) fn validate(spec: &ImpersonationProxySpec) -> Result<(), String> {
             return Err(format!("invalid LoadBalancerIP {ip:?}"));
         }
     }
+    for range in spec.service.load_balancer_source_ranges.iter().flatten() {
+        if !is_cidr(range) {
+            return Err(format!(
+                "invalid loadBalancerSourceRanges entry {range:?}: not a CIDR such as 203.0.113.0/24"
+            ));
+        }
+    }
     let external_endpoint = spec.external_endpoint.as_deref().unwrap_or_default();
     if external_endpoint.is_empty() && spec.service.r#type == ImpersonationProxyServiceType::None {
         return Err("externalEndpoint must be set when service.type is None".into());
@@ -108,6 +115,21 @@ pub(crate) fn validate(spec: &ImpersonationProxySpec) -> Result<(), String> {
             .map_err(|e| format!("invalid ExternalEndpoint {external_endpoint:?}: {e}"))?;
     }
     Ok(())
+}
+
+/// Whether `text` is an IPv4 or IPv6 address range in CIDR notation (`<address>/<prefix>`, the
+/// prefix in decimal without sign or leading zeros, at most 32 or 128), as a Service's
+/// `loadBalancerSourceRanges` takes it.
+fn is_cidr(text: &str) -> bool {
+    let Some((address, prefix)) = text.split_once('/') else {
+        return false;
+    };
+    let Ok(address) = address.parse::<IpAddr>() else {
+        return false;
+    };
+    let canonical = prefix.bytes().all(|b| b.is_ascii_digit()) && (prefix == "0" || !prefix.starts_with('0'));
+    let bits = if address.is_ipv4() { 32 } else { 128 };
+    canonical && prefix.parse::<u8>().is_ok_and(|prefix| prefix <= bits)
 }
 
 #[cfg(test)]
@@ -182,6 +204,34 @@ mod tests {
         );
         bad_ip.service.load_balancer_ip = Some("fd00::1".into());
         validate(&bad_ip).unwrap();
+
+        let mut ranges = spec(Enabled, LoadBalancer);
+        ranges.service.load_balancer_source_ranges = Some(vec![
+            "203.0.113.0/24".into(),
+            "10.0.0.7/32".into(),
+            "fd00::/8".into(),
+            "0.0.0.0/0".into(),
+        ]);
+        validate(&ranges).unwrap();
+        for bad in [
+            "203.0.113.0",
+            "203.0.113.0/33",
+            "fd00::/129",
+            "10.0.0.0/+8",
+            "10.0.0.0/08",
+            "10.0.0/8",
+            "/8",
+            "",
+            "any",
+        ] {
+            ranges.service.load_balancer_source_ranges = Some(vec!["10.0.0.0/8".into(), bad.into()]);
+            assert_eq!(
+                validate(&ranges).unwrap_err(),
+                format!("invalid loadBalancerSourceRanges entry {bad:?}: not a CIDR such as 203.0.113.0/24"),
+            );
+        }
+        ranges.service.load_balancer_source_ranges = Some(vec![]);
+        validate(&ranges).unwrap();
 
         let mut bad_endpoint = spec(Enabled, None);
         bad_endpoint.external_endpoint = Some("proxy.example.com:http".into());

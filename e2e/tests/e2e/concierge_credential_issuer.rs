@@ -629,6 +629,81 @@ async fn service_annotations_follow_the_spec_and_others_stay() -> anyhow::Result
     Ok(())
 }
 
+/// Selkie's extension `service.loadBalancerSourceRanges` (Pinniped #1064): the spec's CIDRs
+/// become the LoadBalancer Service's, are replaced and cleared with the spec; when the spec is
+/// silent an admin's own ranges on the Service stay; an invalid CIDR is an error condition that
+/// leaves the Service as it was.
+#[tokio::test]
+async fn load_balancer_source_ranges_follow_the_spec_and_an_admins_own_stay() -> anyhow::Result<()> {
+    let spec = |ranges: Value, annotation: &str| {
+        let mut service = json!({"type": "LoadBalancer", "annotations": {"example.com/step": annotation}});
+        if !ranges.is_null() {
+            service["loadBalancerSourceRanges"] = ranges;
+        }
+        json!({"mode": "enabled", "service": service})
+    };
+    let f = Fixture::start(true, Some(spec(json!(["203.0.113.0/24", "fd00::/8"]), "1"))).await?;
+    // The Service once the controller has applied step `step`: its source ranges.
+    let ranges_at = |step: &'static str| {
+        let f = &f;
+        async move {
+            eventually(WAIT, || async {
+                let service = f.services().get(&f.lb_name()).await?;
+                let annotations = service.metadata.annotations.unwrap_or_default();
+                ensure!(
+                    annotations.get("example.com/step").map(String::as_str) == Some(step),
+                    "step {step} not applied yet: {annotations:?}"
+                );
+                Ok(service
+                    .spec
+                    .and_then(|s| s.load_balancer_source_ranges)
+                    .unwrap_or_default())
+            })
+            .await
+        }
+    };
+    ensure!(ranges_at("1").await? == ["203.0.113.0/24", "fd00::/8"]);
+
+    f.apply(spec(json!(["198.51.100.7/32"]), "2")).await?;
+    ensure!(ranges_at("2").await? == ["198.51.100.7/32"]);
+
+    // The spec stops naming ranges; an admin sets the Service's own. A later change of the
+    // spec (step 4) keeps them.
+    f.apply(spec(Value::Null, "3")).await?;
+    ensure!(ranges_at("3").await? == ["198.51.100.7/32"]);
+    f.cluster
+        .kubectl()
+        .run(&[
+            "patch",
+            "-n",
+            &f.namespace,
+            "service",
+            &f.lb_name(),
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"loadBalancerSourceRanges":["192.0.2.0/24"]}}"#,
+        ])
+        .await?;
+    f.apply(spec(Value::Null, "4")).await?;
+    ensure!(ranges_at("4").await? == ["192.0.2.0/24"]);
+
+    // An empty list clears them.
+    f.apply(spec(json!([]), "5")).await?;
+    ensure!(ranges_at("5").await?.is_empty());
+
+    // Not a CIDR: the condition says which entry; the Service is left as it was.
+    f.apply(spec(json!(["10.0.0.0/8", "10.0.0.1"]), "6")).await?;
+    let error = f
+        .wait_for_strategy(
+            StrategyReason::ErrorDuringSetup,
+            r#"could not load CredentialIssuer spec.impersonationProxy: invalid loadBalancerSourceRanges entry "10.0.0.1": not a CIDR such as 203.0.113.0/24"#,
+        )
+        .await?;
+    assert_eq!(error.status, StrategyStatus::Error);
+    ensure!(ranges_at("5").await?.is_empty());
+    Ok(())
+}
+
 /// A `kubernetes.io/tls` Secret with a certificate for `name` from a fresh CA; returns the CA PEM.
 async fn create_byo_secret(
     f: &Fixture,

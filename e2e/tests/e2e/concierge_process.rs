@@ -114,9 +114,15 @@ impl<'a> Installation<'a> {
     }
 
     /// Starts one replica: the proxy harness's configuration without its own signer, plus a
-    /// control-plane file for this installation.
-    async fn start_replica(&self, identity: &str, aggregated_port: u16) -> anyhow::Result<Proxy> {
-        let control_plane = json!({
+    /// control-plane file for this installation (with `certificate_lifetime` as its
+    /// `clientCertificateLifetime` when given).
+    async fn start_replica(
+        &self,
+        identity: &str,
+        aggregated_port: u16,
+        certificate_lifetime: Option<&str>,
+    ) -> anyhow::Result<Proxy> {
+        let mut control_plane = json!({
             "kubeconfig": self.cluster.admin_kubeconfig(),
             "namespace": self.namespace,
             "apiGroupSuffix": self.suffix,
@@ -125,6 +131,9 @@ impl<'a> Installation<'a> {
             "clusterSigningKey": {"secret": {"namespace": self.namespace, "name": "cluster-signing"}},
             "discoveryUrl": self.cluster.server_url(),
         });
+        if let Some(lifetime) = certificate_lifetime {
+            control_plane["clientCertificateLifetime"] = json!(lifetime);
+        }
         let path = self.dir.path().join(format!("{identity}.yaml"));
         std::fs::write(&path, control_plane.to_string())?;
         let proxy = Proxy::start_with_args(
@@ -263,15 +272,31 @@ impl<'a> Installation<'a> {
     }
 
     async fn apply_jwt_authenticator(&self, dex: &Dex, audience: &str) -> anyhow::Result<()> {
-        let authenticator = json!({
+        self.apply_jwt_authenticator_named(dex, audience, "dex", None)
+            .await
+    }
+
+    /// `kubectl apply` of the JWTAuthenticator `name` for `dex`'s tokens of `audience`, with
+    /// Selkie's `loginAuthorization` when given.
+    async fn apply_jwt_authenticator_named(
+        &self,
+        dex: &Dex,
+        audience: &str,
+        name: &str,
+        login_authorization: Option<Value>,
+    ) -> anyhow::Result<()> {
+        let mut authenticator = json!({
             "apiVersion": format!("{}/v1alpha1", self.group("authentication.concierge")),
             "kind": "JWTAuthenticator",
-            "metadata": {"name": "dex"},
+            "metadata": {"name": name},
             "spec": {"issuer": dex.issuer(), "audience": audience,
                      "claims": {"username": "email", "groups": "groups"},
                      "tls": {"certificateAuthorityData": B64.encode(dex.ca_pem())}},
-        })
-        .to_string();
+        });
+        if let Some(rule) = login_authorization {
+            authenticator["spec"]["loginAuthorization"] = rule;
+        }
+        let authenticator = authenticator.to_string();
         let kubectl = self.cluster.kubectl();
         eventually(Duration::from_secs(20), || async {
             Ok(kubectl
@@ -313,6 +338,18 @@ fn credential(response: &str) -> anyhow::Result<(String, String)> {
         (Some(cert), Some(key)) => Ok((cert.to_string(), key.to_string())),
         _ => anyhow::bail!("no credential in {response}"),
     }
+}
+
+/// The validity (not before, not after; unix seconds) of the first certificate of `pem`.
+fn certificate_validity(pem: &str) -> anyhow::Result<(i64, i64)> {
+    use x509_cert::der::DecodePem as _;
+    let certificate = x509_cert::Certificate::from_pem(pem)?;
+    let validity = &certificate.tbs_certificate.validity;
+    let seconds = |time: &x509_cert::time::Time| -> anyhow::Result<i64> {
+        let since = time.to_system_time().duration_since(std::time::UNIX_EPOCH)?;
+        Ok(i64::try_from(since.as_secs())?)
+    };
+    Ok((seconds(&validity.not_before)?, seconds(&validity.not_after)?))
 }
 
 fn cert_user(cert: &str, key: &str) -> Value {
@@ -359,13 +396,17 @@ async fn lease_holder(installation: &Installation<'_>) -> anyhow::Result<String>
 
 #[tokio::test]
 async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> anyhow::Result<()> {
+    /// Longer than Pinniped's 5 minutes (Selkie's `clientCertificateLifetime`).
+    const CERTIFICATE_LIFETIME: &str = "1h";
     // A private cluster: the control plane reconciles every authenticator of its API group, and
     // a second set of the Concierge's CRDs would make kubectl's short names ambiguous for the
     // other tests of the shared cluster.
     let cluster = &Cluster::start().await?;
     let aggregated_port = free_port()?;
     let installation = Installation::install(cluster, aggregated_port).await?;
-    let mut first = installation.start_replica("replica-a", aggregated_port).await?;
+    let mut first = installation
+        .start_replica("replica-a", aggregated_port, Some(CERTIFICATE_LIFETIME))
+        .await?;
     let dex = Dex::start(&[DexUser::pinny()]).await?;
     installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
     let jwt_resource = format!(
@@ -393,6 +434,18 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         .with_context(|| first.log())?;
     let (cert, key) = credential(&response)?;
     assert!(!response.contains(&token), "the token is never echoed");
+    // The configured lifetime (the default is 5 minutes): the certificate's validity (with its
+    // 5-minute backdating) and the expiry the answer gives the client.
+    let validity = certificate_validity(&cert)?;
+    assert_eq!(validity.1 - validity.0, 65 * 60, "{validity:?}");
+    let expiry: Value = serde_json::from_str(&response)?;
+    let expiry = time::OffsetDateTime::parse(
+        expiry["status"]["credential"]["expirationTimestamp"]
+            .as_str()
+            .context("no expirationTimestamp")?,
+        &time::format_description::well_known::Rfc3339,
+    )?;
+    assert_eq!(expiry.unix_timestamp(), validity.1);
 
     // The certificate is signed with the cluster's key: it works directly against kube-apiserver.
     let direct = installation.kubeconfig(
@@ -402,6 +455,74 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         cert_user(&cert, &key),
     )?;
     assert_dex_user(&whoami(&cluster.kubectl().with_kubeconfig(&direct)).await?)?;
+
+    // Selkie's loginAuthorization: a second authenticator of the same issuer answers only users
+    // RBAC allows to `login`. Without the grant: "authentication failed", and the audit line
+    // says why; with it (to a group of the user), a certificate.
+    let login_group = installation.group("login.concierge");
+    installation
+        .apply_jwt_authenticator_named(
+            &dex,
+            CLIENT_ID,
+            "dex-restricted",
+            Some(json!({"verb": "login", "group": login_group,
+                        "resource": "tokencredentialrequests", "name": "dex-restricted"})),
+        )
+        .await?;
+    installation.wait_ready(&jwt_resource, "dex-restricted").await?;
+    let restricted = installation.token_credential_request(&token, "dex-restricted");
+    let why = format!(
+        "\"login_refused\":\"not allowed to login tokencredentialrequests.{login_group}/dex-restricted\""
+    );
+    eventually(Duration::from_secs(30), || async {
+        let answer: Value = serde_json::from_str(
+            &installation
+                .post_token_credential_request(&anonymous, &restricted)
+                .await?,
+        )?;
+        ensure!(answer["status"]["message"] == "authentication failed", "{answer}");
+        let log = first.log();
+        ensure!(
+            log.lines().any(|line| line.contains("token credential request")
+                && line.contains("pinny@example.com")
+                && line.contains(&why)),
+            "no audit line of the refused login in:\n{log}"
+        );
+        Ok(())
+    })
+    .await?;
+    let grant = format!(
+        "{{\"apiVersion\": \"rbac.authorization.k8s.io/v1\", \"kind\": \"ClusterRole\",
+          \"metadata\": {{\"name\": \"login-{ns}\"}},
+          \"rules\": [{{\"apiGroups\": [\"{login_group}\"], \"resources\": [\"tokencredentialrequests\"],
+                       \"resourceNames\": [\"dex-restricted\"], \"verbs\": [\"login\"]}}]}}",
+        ns = installation.namespace
+    );
+    let kubectl = cluster.kubectl();
+    kubectl
+        .run_with_stdin(&["apply", "-f", "-"], Some(&grant))
+        .await?;
+    kubectl
+        .run(&[
+            "create",
+            "clusterrolebinding",
+            &format!("login-{}", installation.namespace),
+            &format!("--clusterrole=login-{}", installation.namespace),
+            "--group=ops",
+        ])
+        .await?;
+    let granted = installation
+        .wait_for_credential(&anonymous, &restricted, Duration::from_secs(30))
+        .await
+        .with_context(|| first.log())?;
+    let (granted_cert, granted_key) = credential(&granted)?;
+    let granted_kubeconfig = installation.kubeconfig(
+        "granted",
+        cluster.server_url(),
+        &cluster.pki().server_ca.cert_pem(),
+        cert_user(&granted_cert, &granted_key),
+    )?;
+    assert_dex_user(&whoami(&cluster.kubectl().with_kubeconfig(&granted_kubeconfig)).await?)?;
 
     // The CredentialIssuer reports the cluster-key strategy with kube-apiserver as the frontend.
     let issuer_resource = format!("credentialissuers.{}", installation.group("config.concierge"));
@@ -484,7 +605,9 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     )
     .await?;
     let second_port = free_port()?;
-    let second = installation.start_replica("replica-b", second_port).await?;
+    let second = installation
+        .start_replica("replica-b", second_port, Some(CERTIFICATE_LIFETIME))
+        .await?;
     let second_login = installation.plugin_kubectl("second-login", second.url(), &proxy_ca, &token)?;
     let seen = eventually(Duration::from_secs(30), || async { whoami(&second_login).await })
         .await
@@ -880,7 +1003,9 @@ async fn deployment_strategy_dynamic_cluster_authentication_webhook_on_kube_apis
     let cluster = &Cluster::start().await?;
     let aggregated_port = free_port()?;
     let installation = Installation::install(cluster, aggregated_port).await?;
-    let replica = installation.start_replica("replica-a", aggregated_port).await?;
+    let replica = installation
+        .start_replica("replica-a", aggregated_port, None)
+        .await?;
     let ns = installation.namespace.clone();
     let kubectl = cluster.kubectl();
     // Pinniped's WebhookAuthenticator sends no credential of its own: let anonymous callers

@@ -461,6 +461,7 @@ async fn status_subresource_and_printer_columns() -> anyhow::Result<()> {
             claim_validation_rules: vec![],
             user_validation_rules: vec![],
             tls: None,
+            login_authorization: None,
         },
     );
     eventually(Duration::from_secs(20), || async {
@@ -511,6 +512,7 @@ async fn status_subresource_and_printer_columns() -> anyhow::Result<()> {
                     endpoint: "https://webhook.example.com/authenticate".into(),
                     tls: None,
                     certificate_identity: None,
+                    login_authorization: None,
                 },
             ),
         )

@@ -305,7 +305,7 @@ async fn helm_lint_passes_and_bad_values_are_refused_naming_them() -> anyhow::Re
     ensure!(lint.contains("0 chart(s) failed"), "{lint}");
 
     // The schema: helm lint and helm template (as install and upgrade) refuse, naming the value.
-    let schema_cases: [(&str, &[&str]); 10] = [
+    let schema_cases: [(&str, &[&str]); 12] = [
         ("concierge.replicas=two", &["/concierge/replicas", "want integer"]),
         (
             "concierge.credentialIssuer.impersonationProxy.mode=sometimes",
@@ -343,8 +343,22 @@ async fn helm_lint_passes_and_bad_values_are_refused_naming_them() -> anyhow::Re
             &["/supervisor/signingKeyRotationInterval", "does not match pattern"],
         ),
         (
+            "concierge.controlPlane.clientCertificateLifetime=1 hour",
+            &[
+                "/concierge/controlPlane/clientCertificateLifetime",
+                "does not match pattern",
+            ],
+        ),
+        (
             "concierge.ports.proxy=70000",
             &["/concierge/ports/proxy", "maximum"],
+        ),
+        (
+            "concierge.credentialIssuer.impersonationProxy.service.loadBalancerSourceRanges={office}",
+            &[
+                "/concierge/credentialIssuer/impersonationProxy/service/loadBalancerSourceRanges/0",
+                "does not match pattern",
+            ],
         ),
     ];
     for (value, needles) in schema_cases {
@@ -405,7 +419,8 @@ fn every_value() -> Value {
                 "service": {"type": "ClusterIP",
                             "annotations": {"example.com/lb": "internal",
                                 "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout": null},
-                            "loadBalancerIP": "10.0.0.7"},
+                            "loadBalancerIP": "10.0.0.7",
+                            "loadBalancerSourceRanges": ["203.0.113.0/24", "fd00::/8"]},
                 "externalEndpoint": "proxy.example.com:443",
                 "tls": {"secretName": "proxy-tls", "certificateAuthorityData": "Q0E="},
             }},
@@ -423,6 +438,7 @@ fn every_value() -> Value {
                                                 "keyFile": "/etc/kubernetes/pki/ca.key"}},
                 "discoveryUrl": "https://api.example.com:6443",
                 "labels": {"team": "auth"},
+                "clientCertificateLifetime": "1h",
                 // `config` wins over the typed values.
                 "config": {"discoveryUrl": "https://override.example.com:6443"},
             },
@@ -500,7 +516,8 @@ async fn every_value_reaches_its_object_and_configuration() -> anyhow::Result<()
             == json!({"impersonationProxy": {
                 "mode": "enabled",
                 "service": {"type": "ClusterIP", "annotations": {"example.com/lb": "internal"},
-                            "loadBalancerIP": "10.0.0.7"},
+                            "loadBalancerIP": "10.0.0.7",
+                            "loadBalancerSourceRanges": ["203.0.113.0/24", "fd00::/8"]},
                 "externalEndpoint": "proxy.example.com:443",
                 "tls": {"secretName": "proxy-tls", "certificateAuthorityData": "Q0E="},
             }}),
@@ -615,6 +632,7 @@ async fn every_value_reaches_its_object_and_configuration() -> anyhow::Result<()
                     ("team".to_string(), "auth".to_string()),
                 ])
             && control_plane.discovery_url.as_deref() == Some("https://override.example.com:6443")
+            && control_plane.client_certificate_lifetime == Some(Duration::from_secs(3600))
             && files.key_file == Path::new("/etc/kubernetes/pki/ca.key"),
         "{control_plane:?}"
     );

@@ -27,6 +27,7 @@ use std::{
 };
 
 use crate::{
+    access_review::{AccessDecision, ResourceAttributes},
     chain::{Chain, TokenAuthenticator},
     identity::{CertificateIdentity, UserInfo, CREDENTIAL_ID_EXTRA},
     issuing::signer::ClientCertificateSigner,
@@ -43,8 +44,15 @@ use selkie_api::{
 };
 use tokio::sync::{watch, Notify};
 
-/// How long an issued certificate is valid (Pinniped's `clientCertificateTTL`).
+/// How long an issued certificate is valid unless configured otherwise (Pinniped's
+/// `clientCertificateTTL`).
 pub const CLIENT_CERTIFICATE_TTL: Duration = Duration::from_secs(5 * 60);
+/// The shortest configurable certificate lifetime: a client must be able to use a certificate
+/// before it renews it.
+pub const MIN_CLIENT_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(60);
+/// The longest configurable certificate lifetime, a working day: a client certificate cannot be
+/// revoked, so a user removed upstream keeps access until it expires.
+pub const MAX_CLIENT_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(8 * 3600);
 /// How far back an issued certificate's validity starts, for clock skew (Pinniped's
 /// `certBackdate`).
 pub const CLIENT_CERTIFICATE_BACKDATE: Duration = Duration::from_secs(5 * 60);
@@ -69,13 +77,41 @@ pub trait ConciergeApi: Send + Sync + std::fmt::Debug {
     ) -> TokenCredentialRequest;
 }
 
-/// [`ConciergeApi`] with a signer CA: 5-minute client certificates, backdated 5 minutes,
-/// `CN=<user>`, one `O` per group. Without a signer every request fails (fail closed), with
-/// the same opaque answer.
-#[derive(Debug, Default)]
+/// Asks kube-apiserver's authorizers whether a user may perform an action (a SubjectAccessReview),
+/// for an authenticator's login authorization. Called once per TokenCredentialRequest of an
+/// authenticated user through an authenticator that has one; any failure to get an answer is an
+/// `Err` with its reason (the login is then refused: fail closed).
+#[async_trait]
+pub trait LoginAuthorizer: Send + Sync + std::fmt::Debug {
+    /// kube-apiserver's decision on `user` doing `attributes`.
+    async fn review(
+        &self,
+        user: &UserInfo,
+        attributes: &ResourceAttributes,
+    ) -> Result<AccessDecision, String>;
+}
+
+/// [`ConciergeApi`] with a signer CA: client certificates valid for [`CLIENT_CERTIFICATE_TTL`]
+/// (or the configured lifetime), backdated 5 minutes, `CN=<user>`, one `O` per group. Without a
+/// signer every request fails (fail closed), with the same opaque answer.
+#[derive(Debug)]
 pub struct SignerConciergeApi {
     signer: ArcSwapOption<ClientCertificateSigner>,
     refresh: SignerRefresh,
+    lifetime: Duration,
+    authorizer: ArcSwapOption<Box<dyn LoginAuthorizer>>,
+}
+
+impl Default for SignerConciergeApi {
+    /// No signer yet; certificates valid for [`CLIENT_CERTIFICATE_TTL`].
+    fn default() -> Self {
+        Self {
+            signer: ArcSwapOption::empty(),
+            refresh: SignerRefresh::default(),
+            lifetime: CLIENT_CERTIFICATE_TTL,
+            authorizer: ArcSwapOption::empty(),
+        }
+    }
 }
 
 impl SignerConciergeApi {
@@ -83,7 +119,52 @@ impl SignerConciergeApi {
     pub fn new(signer: ClientCertificateSigner) -> Self {
         Self {
             signer: ArcSwapOption::from_pointee(signer),
-            refresh: SignerRefresh::default(),
+            ..Self::default()
+        }
+    }
+
+    /// The same API issuing certificates valid for `lifetime` (the caller keeps it within
+    /// [`MIN_CLIENT_CERTIFICATE_LIFETIME`] and [`MAX_CLIENT_CERTIFICATE_LIFETIME`]).
+    pub fn with_certificate_lifetime(self, lifetime: Duration) -> Self {
+        Self { lifetime, ..self }
+    }
+
+    /// How long the certificates it issues are valid.
+    pub fn certificate_lifetime(&self) -> Duration {
+        self.lifetime
+    }
+
+    /// Reviews the login authorization of authenticators that have one with `authorizer` from
+    /// now on. Until one is installed, such logins are refused.
+    pub fn set_login_authorizer(&self, authorizer: Box<dyn LoginAuthorizer>) {
+        self.authorizer.store(Some(Arc::new(authorizer)));
+    }
+
+    /// Whether `user` may log in through an authenticator requiring `attributes`: `Ok(())`, or
+    /// why not (for the audit line; never shown to the client).
+    async fn authorize(&self, user: &UserInfo, attributes: &ResourceAttributes) -> Result<(), String> {
+        let Some(authorizer) = self.authorizer.load_full() else {
+            return Err("no SubjectAccessReview client is configured".into());
+        };
+        // kube-apiserver adds system:authenticated to every user the certificate will name: the
+        // review asks about that user.
+        let mut reviewed = user.clone();
+        if !reviewed.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
+            reviewed.groups.push(AUTHENTICATED_GROUP.to_string());
+        }
+        match authorizer.review(&reviewed, attributes).await {
+            Ok(AccessDecision::Allowed) => Ok(()),
+            Ok(AccessDecision::Denied { reason }) if reason.is_empty() => Err(format!(
+                "not allowed to {} {}",
+                attributes.verb,
+                describe(attributes)
+            )),
+            Ok(AccessDecision::Denied { reason }) => Err(format!(
+                "not allowed to {} {}: {reason}",
+                attributes.verb,
+                describe(attributes)
+            )),
+            Err(error) => Err(format!("the SubjectAccessReview failed: {error}")),
         }
     }
 
@@ -119,7 +200,7 @@ impl SignerConciergeApi {
             return None;
         };
         let now = SystemTime::now();
-        let expires = now + CLIENT_CERTIFICATE_TTL;
+        let expires = now + self.lifetime;
         let issued = signer
             .issue(
                 &user.username,
@@ -289,18 +370,27 @@ impl ConciergeApi for SignerConciergeApi {
         mut request: TokenCredentialRequest,
     ) -> TokenCredentialRequest {
         let reference = &request.spec.authenticator;
-        let (outcome, policy) = match named(chain, authenticator_group, reference) {
+        let (outcome, policy, login_authorization) = match named(chain, authenticator_group, reference) {
             Some(authenticator) if !request.spec.token.is_empty() => (
                 authenticator.authenticate(&request.spec.token).await,
                 authenticator.certificate_identity(),
+                authenticator.login_authorization().cloned(),
             ),
-            _ => (Outcome::NotMine, CertificateIdentity::Exact),
+            _ => (Outcome::NotMine, CertificateIdentity::Exact, None),
         };
+        // 1. Authenticated; 2. the login authorization, if any, allows the user; 3. a
+        // certificate can say who the user is; 4. issued.
+        let mut refused = None;
         let (credential, omitted_uid_and_extra) = match &outcome {
-            Outcome::Authenticated(identity) => match certificate_decision(&identity.user, policy) {
-                Some(omits) => (self.issue(&identity.user).await, omits),
-                None => (None, false),
-            },
+            Outcome::Authenticated(identity) => {
+                if let Some(attributes) = &login_authorization {
+                    refused = self.authorize(&identity.user, attributes).await.err();
+                }
+                match certificate_decision(&identity.user, policy) {
+                    Some(omits) if refused.is_none() => (self.issue(&identity.user).await, omits),
+                    _ => (None, false),
+                }
+            }
             _ => (None, false),
         };
         tracing::info!(
@@ -312,6 +402,7 @@ impl ConciergeApi for SignerConciergeApi {
             },
             issued = credential.is_some(),
             omitted_uid_and_extra = omitted_uid_and_extra && credential.is_some(),
+            login_refused = refused.as_deref().unwrap_or_default(),
             "token credential request"
         );
         request.status = match credential {
@@ -327,6 +418,21 @@ impl ConciergeApi for SignerConciergeApi {
         request.spec.token.clear();
         request
     }
+}
+
+/// The group kube-apiserver adds to every authenticated user.
+const AUTHENTICATED_GROUP: &str = "system:authenticated";
+
+/// `resource.group[/name]`, as RBAC names what a review asks about.
+fn describe(attributes: &ResourceAttributes) -> String {
+    let mut described = attributes.resource.clone();
+    if !attributes.group.is_empty() {
+        described = format!("{described}.{}", attributes.group);
+    }
+    if !attributes.name.is_empty() {
+        described = format!("{described}/{}", attributes.name);
+    }
+    described
 }
 
 /// The WhoAmIRequest answer for `user`.
@@ -498,6 +604,13 @@ mod tests {
     /// A chain with one JWT authenticator (`jwt`, keys installed, no issuer to reach) and a
     /// TokenCredentialRequest naming it with a valid token for `alice`.
     fn chain_and_request() -> (Chain, TokenCredentialRequest) {
+        chain_and_request_with(None)
+    }
+
+    /// [`chain_and_request`] with the authenticator's login authorization.
+    fn chain_and_request_with(
+        login_authorization: Option<ResourceAttributes>,
+    ) -> (Chain, TokenCredentialRequest) {
         use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
         use ring::{
             rand::SystemRandom,
@@ -516,6 +629,7 @@ mod tests {
                          "x": B64URL.encode(&point[1..33]), "y": B64URL.encode(&point[33..65])});
         let mut config = crate::jwt::JwtConfig::new("jwt", issuer, "selkie");
         config.ca_bundle_pem = Some(crate::test_util::unrelated_ca_pem());
+        config.login_authorization = login_authorization;
         let jwt = crate::jwt::JwtAuthenticator::new(config).unwrap();
         jwt.install_keys(json!({"keys": [jwk]}).to_string().as_bytes())
             .unwrap();
@@ -680,6 +794,149 @@ mod tests {
         rounds.abort();
         api.refresh().set_pending(false);
         assert!(api.refresh().wait_while_pending().await);
+    }
+
+    #[tokio::test]
+    async fn certificates_live_five_minutes_or_the_configured_lifetime() {
+        use x509_cert::der::DecodePem as _;
+        for (api, lifetime) in [
+            (SignerConciergeApi::default(), CLIENT_CERTIFICATE_TTL),
+            (
+                SignerConciergeApi::default().with_certificate_lifetime(Duration::from_secs(3600)),
+                Duration::from_secs(3600),
+            ),
+        ] {
+            assert_eq!(api.certificate_lifetime(), lifetime);
+            api.set_signer(Some(signer("signer CA")));
+            let (chain, request) = chain_and_request();
+            let before = SystemTime::now();
+            let answer = api.token_credential_request(&chain, GROUP, request).await;
+            let credential = answer.status.credential.expect("a credential");
+            let leaf = x509_cert::Certificate::from_pem(&credential.client_certificate_data).unwrap();
+            let validity = &leaf.tbs_certificate.validity;
+            let (from, to) = (
+                validity.not_before.to_system_time(),
+                validity.not_after.to_system_time(),
+            );
+            assert_eq!(
+                to.duration_since(from).unwrap(),
+                lifetime + CLIENT_CERTIFICATE_BACKDATE
+            );
+            // The expiry the client caches is the certificate's own (second precision).
+            let expected = rfc3339(to).unwrap();
+            assert_eq!(credential.expiration_timestamp, expected);
+            let ahead = to.duration_since(before).unwrap();
+            assert!(
+                ahead <= lifetime && ahead + Duration::from_secs(5) >= lifetime,
+                "{ahead:?}"
+            );
+        }
+    }
+
+    /// Answers as RBAC would for one grant: `allowed` (username or group) may do anything; it
+    /// records every user it is asked about. `None` fails every review.
+    #[derive(Debug)]
+    struct Rbac {
+        allowed: Option<&'static str>,
+        asked: Arc<std::sync::Mutex<Vec<UserInfo>>>,
+    }
+
+    #[async_trait]
+    impl LoginAuthorizer for Rbac {
+        async fn review(
+            &self,
+            user: &UserInfo,
+            attributes: &ResourceAttributes,
+        ) -> Result<AccessDecision, String> {
+            assert_eq!(attributes.verb, "login");
+            self.asked.lock().unwrap().push(user.clone());
+            let allowed = self.allowed.ok_or("connection refused")?;
+            Ok(
+                if user.username == allowed || user.groups.iter().any(|g| g == allowed) {
+                    AccessDecision::Allowed
+                } else {
+                    AccessDecision::Denied {
+                        reason: String::new(),
+                    }
+                },
+            )
+        }
+    }
+
+    #[tokio::test]
+    async fn a_login_authorization_issues_only_to_users_kube_apiserver_allows() {
+        let rule = ResourceAttributes {
+            verb: "login".into(),
+            group: "login.concierge.pinniped.dev".into(),
+            resource: "tokencredentialrequests".into(),
+            ..ResourceAttributes::default()
+        };
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        for (authorizer, issued) in [
+            // No client to ask: refused (fail closed).
+            (None, false),
+            (Some(None), false),
+            (Some(Some("bob")), false),
+            (Some(Some("alice")), true),
+            // The group every authenticated user has counts, as it does in kube-apiserver.
+            (Some(Some("system:authenticated")), true),
+        ] {
+            let api = SignerConciergeApi::default();
+            api.set_signer(Some(signer("signer CA")));
+            if let Some(allowed) = authorizer {
+                api.set_login_authorizer(Box::new(Rbac {
+                    allowed,
+                    asked: asked.clone(),
+                }));
+            }
+            let (chain, request) = chain_and_request_with(Some(rule.clone()));
+            let answer = api.token_credential_request(&chain, GROUP, request).await;
+            assert_eq!(answer.status.credential.is_some(), issued, "{authorizer:?}");
+            if !issued {
+                assert_eq!(answer.status.message.as_deref(), Some(AUTHENTICATION_FAILED));
+            }
+        }
+        let asked = std::mem::take(&mut *asked.lock().unwrap());
+        assert_eq!(asked.len(), 4);
+        assert!(asked.iter().all(
+            |user| user.username == "alice" && user.groups.contains(&"system:authenticated".to_string())
+        ));
+
+        // Without a rule nobody is asked.
+        let api = SignerConciergeApi::default();
+        api.set_signer(Some(signer("signer CA")));
+        api.set_login_authorizer(Box::new(Rbac {
+            allowed: Some("nobody"),
+            asked: Arc::new(std::sync::Mutex::new(Vec::new())),
+        }));
+        let (chain, request) = chain_and_request();
+        assert!(api
+            .token_credential_request(&chain, GROUP, request)
+            .await
+            .status
+            .credential
+            .is_some());
+    }
+
+    #[test]
+    fn refusals_name_the_action() {
+        let attributes = ResourceAttributes {
+            verb: "login".into(),
+            group: "login.concierge.pinniped.dev".into(),
+            resource: "tokencredentialrequests".into(),
+            name: "dex".into(),
+            ..ResourceAttributes::default()
+        };
+        assert_eq!(
+            describe(&attributes),
+            "tokencredentialrequests.login.concierge.pinniped.dev/dex"
+        );
+        let core = ResourceAttributes {
+            verb: "get".into(),
+            resource: "pods".into(),
+            ..ResourceAttributes::default()
+        };
+        assert_eq!(describe(&core), "pods");
     }
 
     #[test]
