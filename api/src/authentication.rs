@@ -86,8 +86,8 @@ pub struct JWTAuthenticatorSpec {
 }
 
 /// Selkie extension (Pinniped #557): a TokenCredentialRequest through the authenticator is
-/// answered with a certificate only when kube-apiserver's authorizers (RBAC) allow the
-/// authenticated user — username, groups plus system:authenticated, UID, extras — this action,
+/// answered with a certificate only when kube-apiserver's authorizers (RBAC) allow the user the
+/// certificate would name — its username and groups, plus system:authenticated — this action,
 /// asked as a SubjectAccessReview; otherwise "authentication failed", and the Concierge's audit
 /// line says why. Absent: everyone the authenticator accepts gets a certificate (Pinniped's
 /// behaviour). For example verb "login", group "login.concierge.pinniped.dev", resource

@@ -56,7 +56,8 @@ impl KubeLoginAuthorizer {
 #[async_trait]
 impl LoginAuthorizer for KubeLoginAuthorizer {
     /// `POST /apis/authorization.k8s.io/v1/subjectaccessreviews` for `user` (username, UID,
-    /// groups, extras) and `attributes`; fails when kube-apiserver cannot be asked or refuses.
+    /// groups, extras, as given) and `attributes`; fails when kube-apiserver cannot be asked or
+    /// refuses.
     async fn review(
         &self,
         user: &UserInfo,

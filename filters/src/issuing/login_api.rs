@@ -146,9 +146,14 @@ impl SignerConciergeApi {
         let Some(authorizer) = self.authorizer.load_full() else {
             return Err("no SubjectAccessReview client is configured".into());
         };
-        // kube-apiserver adds system:authenticated to every user the certificate will name: the
-        // review asks about that user.
-        let mut reviewed = user.clone();
+        // The review asks about the user the certificate will name, as kube-apiserver will see it:
+        // the username and groups (a certificate carries no UID or extras), and the group
+        // kube-apiserver adds to every authenticated user.
+        let mut reviewed = UserInfo {
+            username: user.username.clone(),
+            groups: user.groups.clone(),
+            ..UserInfo::default()
+        };
         if !reviewed.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
             reviewed.groups.push(AUTHENTICATED_GROUP.to_string());
         }
@@ -378,19 +383,22 @@ impl ConciergeApi for SignerConciergeApi {
             ),
             _ => (Outcome::NotMine, CertificateIdentity::Exact, None),
         };
-        // 1. Authenticated; 2. the login authorization, if any, allows the user; 3. a
-        // certificate can say who the user is; 4. issued.
+        // 1. Authenticated; 2. a certificate can say who the user is; 3. the login
+        // authorization, if any, allows that user; 4. issued.
         let mut refused = None;
         let (credential, omitted_uid_and_extra) = match &outcome {
-            Outcome::Authenticated(identity) => {
-                if let Some(attributes) = &login_authorization {
-                    refused = self.authorize(&identity.user, attributes).await.err();
+            Outcome::Authenticated(identity) => match certificate_decision(&identity.user, policy) {
+                Some(omits) => {
+                    if let Some(attributes) = &login_authorization {
+                        refused = self.authorize(&identity.user, attributes).await.err();
+                    }
+                    match refused {
+                        None => (self.issue(&identity.user).await, omits),
+                        Some(_) => (None, false),
+                    }
                 }
-                match certificate_decision(&identity.user, policy) {
-                    Some(omits) if refused.is_none() => (self.issue(&identity.user).await, omits),
-                    _ => (None, false),
-                }
-            }
+                None => (None, false),
+            },
             _ => (None, false),
         };
         tracing::info!(
@@ -898,9 +906,11 @@ mod tests {
         }
         let asked = std::mem::take(&mut *asked.lock().unwrap());
         assert_eq!(asked.len(), 4);
-        assert!(asked.iter().all(
-            |user| user.username == "alice" && user.groups.contains(&"system:authenticated".to_string())
-        ));
+        // Asked about the user the certificate names: username and groups, no UID or extras.
+        assert!(asked.iter().all(|user| user.username == "alice"
+            && user.groups.contains(&"system:authenticated".to_string())
+            && user.uid.is_none()
+            && user.extra.is_empty()));
 
         // Without a rule nobody is asked.
         let api = SignerConciergeApi::default();
