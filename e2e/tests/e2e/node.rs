@@ -33,6 +33,19 @@ pub(crate) struct NodeEnv {
 }
 
 /// The shared node, its images imported once per test binary.
+/// Held by each test that installs a Helm release on the shared node, so that one release at a
+/// time is installed, upgraded, has its pods killed and is removed. Run beside each other, the
+/// Concierge's and the Supervisor's releases failed together in the full suite (CI and locally,
+/// not when the node tests ran alone): kube-apiserver's availability check of the Concierge's
+/// APIServices got 404s from `https://<its Service IP>:443` for two minutes while its own pods
+/// served those groups, and the Supervisor's pods, restarted meanwhile, serve another group on the
+/// same port. Until that is understood, the releases do not share the node's Service and pod
+/// networks in time.
+pub(crate) async fn one_release_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static RELEASES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    RELEASES.lock().await
+}
+
 pub(crate) async fn node_env() -> anyhow::Result<&'static NodeEnv> {
     static ENV: OnceCell<Result<NodeEnv, String>> = OnceCell::const_new();
     ENV.get_or_init(|| async {

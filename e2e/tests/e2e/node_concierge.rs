@@ -320,6 +320,7 @@ async fn successful_strategy(env: &NodeEnv, kind: &str) -> anyhow::Result<Value>
 #[tokio::test]
 async fn node_concierge_installed_with_helm_serves_users_survives_upgrades_and_uninstalls_cleanly(
 ) -> anyhow::Result<()> {
+    let _release = crate::node::one_release_at_a_time().await;
     let env = node_env().await?;
     let release = Release::new(env, RELEASE, NAMESPACE, PREFIX)?;
     let outcome = concierge_story(env, &release).await;
@@ -853,6 +854,7 @@ async fn port_forward_get(
 async fn node_a_missing_image_and_a_refused_configuration_are_named_in_the_pod_status_and_log(
 ) -> anyhow::Result<()> {
     const FAULTS: &str = "selkie-node-faults";
+    let _release = crate::node::one_release_at_a_time().await;
     let env = node_env().await?;
     let kubectl = env.cluster.kubectl();
     let helm = Helm::new(Some(env.cluster.admin_kubeconfig()))?;

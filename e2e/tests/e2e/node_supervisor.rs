@@ -118,6 +118,7 @@ async fn finish_load(
 #[tokio::test]
 async fn node_supervisor_installed_with_helm_logs_users_in_survives_upgrades_and_uninstalls_cleanly(
 ) -> anyhow::Result<()> {
+    let _release = crate::node::one_release_at_a_time().await;
     let env = node_env().await?;
     let release = Release::new(env, RELEASE, NAMESPACE, PREFIX)?;
     let outcome = supervisor_story(env, &release).await;
