@@ -20,6 +20,11 @@ use selkie_filters::{
     issuing::login_api::LoginAuthorizer,
 };
 
+/// How long a login waits for kube-apiserver's answer before it is refused (the same bound as
+/// the proxy's SubjectAccessReviews, `AccessReviewConfig`'s default); without it a hanging
+/// kube-apiserver would hold the TokenCredentialRequest for the client's read timeout.
+const REVIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The review's resource attributes for `spec` (cluster-wide: no namespace).
 pub(crate) fn attributes(spec: &LoginAuthorization) -> ResourceAttributes {
     ResourceAttributes {
@@ -57,7 +62,7 @@ impl KubeLoginAuthorizer {
 impl LoginAuthorizer for KubeLoginAuthorizer {
     /// `POST /apis/authorization.k8s.io/v1/subjectaccessreviews` for `user` (username, UID,
     /// groups, extras, as given) and `attributes`; fails when kube-apiserver cannot be asked or
-    /// refuses.
+    /// refuses, or does not answer within [`REVIEW_TIMEOUT`].
     async fn review(
         &self,
         user: &UserInfo,
@@ -82,11 +87,13 @@ impl LoginAuthorizer for KubeLoginAuthorizer {
             },
             ..SubjectAccessReview::default()
         };
-        let answer = self
-            .reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| e.to_string())?;
+        let answer = tokio::time::timeout(
+            REVIEW_TIMEOUT,
+            self.reviews.create(&PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| format!("no answer within {REVIEW_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
         let status = answer.status.ok_or("kube-apiserver's answer has no status")?;
         Ok(if status.allowed && !status.denied.unwrap_or(false) {
             AccessDecision::Allowed

@@ -51,8 +51,7 @@ pub(crate) fn desired(
         .load_balancer_source_ranges
         .clone()
         .filter(|_| load_balancer);
-    let annotations = &service.annotations;
-    let mut annotations = annotations.clone();
+    let mut annotations = service.annotations.clone();
     if !annotations.is_empty() {
         let keys: Vec<&String> = annotations.keys().collect();
         // A list of strings always serializes.
