@@ -119,9 +119,44 @@ pub fn parse(text: &str) -> Result<GoDuration, DurationError> {
     })
 }
 
+/// `duration` in whole seconds, written as [`parse`] reads it and without Go's zero parts:
+/// `9h`, `1h30m`, `90s` is `1m30s`, zero is `0s`. Fractions of a second are dropped.
+pub fn format(duration: Duration) -> String {
+    let total = duration.as_secs();
+    let mut text = String::new();
+    for (size, unit) in [(3600, 'h'), (60, 'm'), (1, 's')] {
+        let part = total / size % if size == 3600 { u64::MAX } else { 60 };
+        if part > 0 {
+            text.push_str(&format!("{part}{unit}"));
+        }
+    }
+    if text.is_empty() {
+        text.push_str("0s");
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_formatted_duration_is_read_back_as_itself() {
+        for (seconds, text) in [
+            (0, "0s"),
+            (59, "59s"),
+            (90, "1m30s"),
+            (3600, "1h"),
+            (32400, "9h"),
+            (5400, "1h30m"),
+            (2_592_000, "720h"),
+            (3661, "1h1m1s"),
+        ] {
+            assert_eq!(format(Duration::from_secs(seconds)), text);
+            assert_eq!(positive(text), Duration::from_secs(seconds));
+        }
+        assert_eq!(format(Duration::from_millis(1500)), "1s");
+    }
 
     fn positive(text: &str) -> Duration {
         let parsed = parse(text).unwrap();

@@ -82,6 +82,53 @@ pub struct FederationDomainSpec {
     /// login while there is more than one (a mode kept for upgrades from older releases).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identity_providers: Vec<FederationDomainIdentityProvider>,
+
+    /// How long the sessions of logins through this FederationDomain last (Selkie's extension;
+    /// when absent, as Pinniped's: 9 hours from the login, no idle limit). An identity provider's
+    /// own `sessions` overrides these field by field. The terms a login starts with are kept for
+    /// its whole session: a later change applies to later logins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Checked here by kube-apiserver; an identity provider's terms (whose rule would cost more
+    // than kube-apiserver allows in a list without maxItems) and the two levels together are
+    // checked by the reconciler (condition SessionsValid).
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "message": "idleTimeout must not be longer than maxLifetime",
+        "rule": "!has(self.idleTimeout) || !has(self.maxLifetime) || duration(self.idleTimeout) <= duration(self.maxLifetime)"
+    }]))]
+    pub sessions: Option<FederationDomainSessions>,
+}
+
+/// How long a Supervisor session lasts (Selkie's extension to FederationDomain). Durations are
+/// written as Go and Kubernetes write them (`9h`, `90m`, `168h`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationDomainSessions {
+    /// The longest a session lasts from its login; refreshes never extend it. From 5m to 720h
+    /// (30 days); 9h when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 32),
+        pattern(r"^([0-9]+(\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$"),
+        extend("x-kubernetes-validations" = [{
+            "message": "maxLifetime must be from 5m to 720h",
+            "rule": "duration(self) >= duration('5m') && duration(self) <= duration('720h')"
+        }])
+    )]
+    pub max_lifetime: Option<String>,
+
+    /// How long a session may go without a refresh before it ends (its refresh token expires
+    /// that long after it was issued). From 1m up to the session's maximum lifetime; no idle
+    /// limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 32),
+        pattern(r"^([0-9]+(\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$"),
+        extend("x-kubernetes-validations" = [{
+            "message": "idleTimeout must be from 1m to 720h",
+            "rule": "duration(self) >= duration('1m') && duration(self) <= duration('720h')"
+        }])
+    )]
+    pub idle_timeout: Option<String>,
 }
 
 /// The serving certificate of a FederationDomain.
@@ -115,6 +162,11 @@ pub struct FederationDomainIdentityProvider {
     /// every login and every session refresh.
     #[serde(default, skip_serializing_if = "FederationDomainTransforms::is_empty")]
     pub transforms: FederationDomainTransforms,
+
+    /// How long sessions through this identity provider last, overriding the FederationDomain's
+    /// `spec.sessions` field by field (Selkie's extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<FederationDomainSessions>,
 }
 
 /// Constants, CEL expressions and self-tests that transform an identity.

@@ -188,6 +188,22 @@ pub struct PinnipedIDP {
         deserialize_with = "null_as_empty"
     )]
     pub flows: Vec<IDPFlow>,
+
+    /// How long sessions through it last (Selkie's extension: Pinniped's Supervisor leaves it
+    /// out, and its CLI ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<IDPSessions>,
+}
+
+/// The session terms of one identity provider as discovery lists them, durations written as Go
+/// writes them (`9h`, `1h30m`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IDPSessions {
+    /// How long a session lasts from its login.
+    pub max_lifetime: String,
+    /// How long a session may go without a refresh; absent: no idle limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
 }
 
 /// One supported identity provider type.

@@ -7,6 +7,7 @@
 #     directory of the LDAP tests, run from a temporary directory by e2e/src/ldap.rs, not as a
 #     system service); samba, samba-ad-dc and samba-ad-provision (the Active Directory domain
 #     controller of the AD tests, provisioned into a temporary directory by e2e/src/samba.rs);
+#     libfaketime (the wall clock a test moves for one component, e2e/src/clock.rs);
 #   * Rust components: rustfmt, clippy;
 #   * the real components, built from their Go modules into a cache outside the repository
 #     (build-components.sh all: kube-apiserver, kubectl, etcd, Dex, helm; Keycloak; and the
@@ -36,6 +37,7 @@ command -v ldapadd >/dev/null || missing+=(ldap-utils)
 command -v samba >/dev/null || missing+=(samba samba-ad-dc)
 [[ -d /usr/share/samba/setup/ad-schema ]] || missing+=(samba-ad-provision)
 command -v samba-tool >/dev/null || missing+=(samba-common-bin)
+[[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || missing+=(libfaketime)
 # The node (e2e/src/node.rs): runc under containerd, iptables and conntrack for kube-proxy, haproxy
 # (the load balancer in front of its Services), buildah for the images (e2e/scripts/
 # build-images.sh), busybox-static for the tests' workload image.

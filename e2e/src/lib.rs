@@ -44,6 +44,7 @@
 
 pub mod bench;
 pub mod browser;
+pub mod clock;
 pub mod cluster;
 pub mod components;
 pub mod concierge;

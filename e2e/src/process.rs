@@ -67,6 +67,17 @@ impl ManagedProcess {
         args: &[OsString],
         log_path: PathBuf,
     ) -> Result<Self, HarnessError> {
+        Self::spawn_with_environment(name, program, args, log_path, &[])
+    }
+
+    /// [`ManagedProcess::spawn`] with `environment` added to the harness's own.
+    pub(crate) fn spawn_with_environment(
+        name: &str,
+        program: &Path,
+        args: &[OsString],
+        log_path: PathBuf,
+        environment: &[(OsString, OsString)],
+    ) -> Result<Self, HarnessError> {
         let command_line = std::iter::once(program.as_os_str())
             .chain(args.iter().map(OsString::as_os_str))
             .map(|a| a.to_string_lossy().into_owned())
@@ -85,6 +96,7 @@ impl ManagedProcess {
             .args(["--pdeathsig", "KILL", "--"])
             .arg(program)
             .args(args)
+            .envs(environment.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);

@@ -11,6 +11,7 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use selkie_oidc::https::{HttpsClient, TlsOptions};
 
 use crate::{
+    clock::TestClock,
     dex::{Dex, CLIENT_ID, CLIENT_SECRET},
     keycloak::Keycloak,
     pki::{CertAndKey, CertificateAuthority},
@@ -284,6 +285,16 @@ impl Upstream for crate::samba::SambaDc {
     }
 }
 
+/// The configuration of a Supervisor [`Supervisor::start`] runs in `namespace` (before settings).
+fn base_config(cluster: &Cluster, namespace: &str) -> serde_json::Value {
+    serde_json::json!({
+        "namespace": namespace,
+        "namePrefix": format!("supervisor-{namespace}"),
+        "defaultTLSCertificateSecret": "supervisor-tls",
+        "kubeconfig": cluster.admin_kubeconfig(),
+    })
+}
+
 impl Supervisor {
     /// Sets up `namespace` (which must exist) and starts the Supervisor: the identity provider
     /// for `upstream` ([`Upstream`]), and
@@ -352,6 +363,28 @@ impl Supervisor {
         .await
     }
 
+    /// [`Supervisor::start`] with its wall clock `clock` ([`TestClock`]), which the test moves
+    /// (replicas added later keep the real time).
+    pub async fn start_with_clock(
+        cluster: &Cluster,
+        namespace: &str,
+        upstream: &dyn Upstream,
+        idp_display_name: &str,
+        clock: &TestClock,
+    ) -> Result<Self, HarnessError> {
+        let config = base_config(cluster, namespace);
+        let port = crate::free_port()?;
+        Self::launch(
+            cluster,
+            namespace,
+            &[(upstream, idp_display_name)],
+            port,
+            config,
+            Some(clock),
+        )
+        .await
+    }
+
     /// [`Supervisor::start_with`] with several identity providers, each `(upstream, display name)`,
     /// listed in the FederationDomain in that order.
     pub async fn start_many(
@@ -361,16 +394,11 @@ impl Supervisor {
         port: u16,
         settings: serde_json::Value,
     ) -> Result<Self, HarnessError> {
-        let mut config = serde_json::json!({
-            "namespace": namespace,
-            "namePrefix": format!("supervisor-{namespace}"),
-            "defaultTLSCertificateSecret": "supervisor-tls",
-            "kubeconfig": cluster.admin_kubeconfig(),
-        });
+        let mut config = base_config(cluster, namespace);
         for (key, value) in settings.as_object().into_iter().flatten() {
             config[key] = value.clone();
         }
-        Self::launch(cluster, namespace, upstreams, port, config).await
+        Self::launch(cluster, namespace, upstreams, port, config, None).await
     }
 
     /// Installs the Supervisor from its manifests (`conf/crds/`, `conf/install/supervisor.yaml`)
@@ -477,8 +505,15 @@ impl Supervisor {
             kubeconfig: cluster.admin_kubeconfig().to_path_buf(),
         };
 
-        let mut supervisor =
-            Self::launch(cluster, NAMESPACE, &[(upstream, idp_display_name)], port, config).await?;
+        let mut supervisor = Self::launch(
+            cluster,
+            NAMESPACE,
+            &[(upstream, idp_display_name)],
+            port,
+            config,
+            None,
+        )
+        .await?;
         supervisor.api_service = Some(guard);
         // The leader writes the serving certificate and the APIService's caBundle.
         kubectl
@@ -501,6 +536,7 @@ impl Supervisor {
         upstreams: &[(&dyn Upstream, &str)],
         port: u16,
         mut config_doc: serde_json::Value,
+        clock: Option<&TestClock>,
     ) -> Result<Self, HarnessError> {
         crate::install_crypto_provider();
         crate::crds::install_conf_crds(cluster).await?;
@@ -546,7 +582,9 @@ impl Supervisor {
             .map_err(|e| HarnessError::io("writing the Supervisor's configuration", e))?;
         let log = dir.path().join("supervisor.log");
         let args = [OsString::from("--config"), config.into_os_string()];
-        let mut process = ManagedProcess::spawn("selkie-supervisor", &binary, &args, log)?;
+        let environment = clock.map(TestClock::environment).unwrap_or_default();
+        let mut process =
+            ManagedProcess::spawn_with_environment("selkie-supervisor", &binary, &args, log, &environment)?;
         let idp_names: Vec<String> = upstreams.iter().map(|(_, name)| name.to_string()).collect();
         wait_for(&mut process, &ca, &issuer, &idp_names).await?;
         Ok(Self {

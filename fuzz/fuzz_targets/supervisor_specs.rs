@@ -261,6 +261,7 @@ fn federation(selector: u8, input: Value, whole: bool) {
             "IssuerIsUnique",
             "IssuerURLValid",
             "OneTLSSecretPerIssuerHostname",
+            "SessionsValid",
             "TransformsExamplesPassed",
             "TransformsExpressionsValid",
         ],

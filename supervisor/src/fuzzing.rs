@@ -190,6 +190,7 @@ impl Supervisor {
                     Arc::new(Sealer::new(&[key.wrapping_add(1); 32], url).map_err(|e| error(&e))?),
                     idps.into_iter().map(Arc::new).collect(),
                     HashMap::new(),
+                    Default::default(),
                 )
                 .map_err(|e| error(&e))?,
             ))

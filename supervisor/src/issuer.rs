@@ -14,6 +14,7 @@ use crate::idp::transforms::{Outcome, Transforms};
 use crate::idp::Upstream;
 use crate::sealed::Sealer;
 use crate::session::tokens::TokenKey;
+use crate::session::SessionTerms;
 
 /// A FederationDomain ready to serve.
 #[derive(Debug)]
@@ -38,10 +39,29 @@ pub struct Issuer {
     pub idps: Vec<Arc<Upstream>>,
     /// The identity transforms of those that have any, by display name.
     pub transforms: HashMap<String, Arc<Transforms>>,
+    /// How long the sessions of their logins last.
+    pub sessions: SessionPolicy,
     /// The discovery document, rendered once.
     pub discovery: Bytes,
     /// The identity-provider discovery document, rendered once.
     pub idp_discovery: Bytes,
+}
+
+/// The session terms of a FederationDomain's identity providers: its own, and those of the
+/// providers that override them, by display name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionPolicy {
+    /// The FederationDomain's terms (`spec.sessions`, or Pinniped's).
+    pub default: SessionTerms,
+    /// The terms of the providers whose `sessions` say something, by display name.
+    pub by_idp: HashMap<String, SessionTerms>,
+}
+
+impl SessionPolicy {
+    /// The terms of logins through the identity provider `idp_name`.
+    pub fn of(&self, idp_name: &str) -> SessionTerms {
+        self.by_idp.get(idp_name).copied().unwrap_or(self.default)
+    }
 }
 
 /// Why an issuer URL cannot be served.
@@ -84,6 +104,7 @@ impl Issuer {
         sealer: Arc<Sealer>,
         idps: Vec<Arc<Upstream>>,
         transforms: HashMap<String, Arc<Transforms>>,
+        sessions: SessionPolicy,
     ) -> Result<Self, IssuerError> {
         let (host, path) = split_issuer(&issuer)?;
         let issuer = issuer.trim_end_matches('/').to_string();
@@ -93,6 +114,7 @@ impl Issuer {
                 name: idp.display_name().to_string(),
                 r#type: idp.kind(),
                 flows: idp.flows(),
+                sessions: Some(sessions.of(idp.display_name()).discovered()),
             })
             .collect();
         Ok(Self {
@@ -110,6 +132,7 @@ impl Issuer {
             sealer,
             idps,
             transforms,
+            sessions,
         })
     }
 
@@ -201,6 +224,7 @@ mod tests {
                 Arc::new(TokenKey::new(&[1; 32])),
                 Arc::new(Sealer::new(&[2; 32], url).unwrap()),
                 Vec::new(),
+                Default::default(),
                 Default::default(),
             )
             .unwrap(),

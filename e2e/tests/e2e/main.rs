@@ -53,6 +53,7 @@ mod supervisor_oauth2_go;
 mod supervisor_oidc_client;
 mod supervisor_revocation;
 mod supervisor_rp;
+mod supervisor_session_terms;
 mod supervisor_sessions;
 mod supervisor_sni;
 mod supervisor_transforms;

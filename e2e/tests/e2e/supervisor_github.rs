@@ -176,7 +176,7 @@ async fn github_users_log_in_through_the_supervisor_by_organization_and_team() -
     )?;
     anyhow::ensure!(
         discovery["pinniped_identity_providers"]
-            == serde_json::json!([{"name": IDP_NAME, "type": "github", "flows": ["browser_authcode"]}]),
+            == serde_json::json!([{"name": IDP_NAME, "type": "github", "flows": ["browser_authcode"], "sessions": {"max_lifetime": "9h"}}]),
         "{discovery}"
     );
 

@@ -215,7 +215,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     )?;
     anyhow::ensure!(
         discovery["pinniped_identity_providers"]
-            == serde_json::json!([{"name": IDP_NAME, "type": "ldap", "flows": ["cli_password", "browser_authcode"]}]),
+            == serde_json::json!([{"name": IDP_NAME, "type": "ldap", "flows": ["cli_password", "browser_authcode"], "sessions": {"max_lifetime": "9h"}}]),
         "{discovery}"
     );
 

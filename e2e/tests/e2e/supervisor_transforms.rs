@@ -47,7 +47,7 @@ fn transforms(expected_username: &str) -> Value {
 }
 
 /// The FederationDomain's condition `type_` once `check` accepts it (within 60 s).
-async fn condition_when(
+pub(crate) async fn condition_when(
     cluster: &Cluster,
     namespace: &str,
     type_: &str,

@@ -13,7 +13,8 @@ use selkie_kube::conditions::Check;
 
 use crate::idp::transforms::Transforms;
 use crate::idp::Upstream;
-use crate::issuer::split_issuer;
+use crate::issuer::{split_issuer, SessionPolicy};
+use crate::session::SessionTerms;
 
 /// The identity-provider kinds a FederationDomain may name.
 pub(crate) const KINDS: [&str; 4] = [
@@ -232,6 +233,7 @@ fn identity_providers(
             "the kinds specified by .spec.identityProviders[].objectRef.kind are recognized",
         ));
         checks.extend(transforms_checks(fd));
+        checks.push(sessions_check(fd));
         let ok = checks.iter().all(Check::is_true);
         return (checks, upstreams.filter(|_| ok));
     }
@@ -332,6 +334,7 @@ fn identity_providers(
         )
     });
     checks.extend(transforms_checks(fd));
+    checks.push(sessions_check(fd));
     let ok = checks.iter().all(Check::is_true);
     (checks, ok.then_some(upstreams))
 }
@@ -381,6 +384,49 @@ fn transforms_checks(fd: &FederationDomain) -> [Check; 2] {
             )
         },
     ]
+}
+
+/// Selkie's `SessionsValid`: whether every `sessions` of the FederationDomain (its own and its
+/// providers') is within bounds ([`SessionTerms::of`]); a FederationDomain with one that is not
+/// is not served, rather than served with terms its admin did not ask for.
+fn sessions_check(fd: &FederationDomain) -> Check {
+    match sessions(fd) {
+        Ok(_) => Check::success(
+            "SessionsValid",
+            "the session terms specified by .spec.sessions and .spec.identityProviders[].sessions are valid",
+        ),
+        Err(errors) => Check::failure("SessionsValid", "InvalidSessions", errors.join("\n\n")),
+    }
+}
+
+/// The session terms of a FederationDomain's identity providers, or every reason they are not
+/// valid (each naming its field).
+pub(crate) fn sessions(fd: &FederationDomain) -> Result<SessionPolicy, Vec<String>> {
+    let own = fd.spec.sessions.as_ref();
+    let mut errors = BTreeSet::new();
+    let default = SessionTerms::of(own, None);
+    let mut by_idp = HashMap::new();
+    for (index, reference) in fd.spec.identity_providers.iter().enumerate() {
+        let Some(sessions) = &reference.sessions else {
+            continue;
+        };
+        match SessionTerms::of(own, Some((index, sessions))) {
+            Ok(terms) => {
+                by_idp.insert(reference.display_name.clone(), terms);
+            }
+            Err(error) => {
+                errors.insert(error);
+            }
+        }
+    }
+    match default {
+        Ok(default) if errors.is_empty() => return Ok(SessionPolicy { default, by_idp }),
+        Ok(_) => {}
+        Err(error) => {
+            errors.insert(error);
+        }
+    }
+    Err(errors.into_iter().collect())
 }
 
 /// The compiled transforms of a FederationDomain's identity providers, by display name (only
@@ -511,7 +557,7 @@ mod tests {
             &namespace(&[("OIDCIdentityProvider", "dex")]),
         );
         assert!(checks.iter().all(Check::is_true), "{checks:?}");
-        assert_eq!(checks.len(), 9);
+        assert_eq!(checks.len(), 10, "Pinniped's nine and Selkie's SessionsValid");
         let upstreams = upstreams.unwrap();
         assert_eq!(upstreams[0].display_name(), "Corp");
     }
@@ -636,5 +682,58 @@ mod tests {
             "InvalidTransformsExpressions"
         );
         assert!(upstreams.is_none(), "a policy must never be skipped");
+    }
+
+    #[test]
+    fn session_terms_are_checked_and_bad_ones_keep_the_federation_domain_from_serving() {
+        let with = |own: serde_json::Value, provider: serde_json::Value| {
+            let mut fd = fd(
+                "p",
+                "https://sso.example.com/p",
+                serde_json::json!([
+                    {"displayName": "Corp", "objectRef": {"apiGroup": GROUP, "kind": "LDAPIdentityProvider", "name": "ldap"}, "sessions": provider},
+                    {"displayName": "Dex", "objectRef": {"apiGroup": GROUP, "kind": "OIDCIdentityProvider", "name": "dex"}},
+                ]),
+            );
+            fd.spec.sessions = serde_json::from_value(own).unwrap();
+            fd
+        };
+        let ns = namespace(&[("LDAPIdentityProvider", "ldap"), ("OIDCIdentityProvider", "dex")]);
+        let good = with(
+            serde_json::json!({"maxLifetime": "24h"}),
+            serde_json::json!({"maxLifetime": "120h", "idleTimeout": "8h"}),
+        );
+        let (checks, upstreams) = check(&good, &claims(std::slice::from_ref(&good)), &ns);
+        assert_eq!(reason(&checks, "SessionsValid"), "Success");
+        assert!(upstreams.is_some());
+        let policy = sessions(&good).unwrap();
+        assert_eq!(policy.of("Corp").max_lifetime, time::Duration::hours(120));
+        assert_eq!(policy.of("Corp").idle_timeout, Some(time::Duration::hours(8)));
+        assert_eq!(policy.of("Dex").max_lifetime, time::Duration::hours(24));
+        assert_eq!(policy.of("Dex").idle_timeout, None);
+
+        let bad = with(
+            serde_json::json!({"maxLifetime": "1000h"}),
+            serde_json::json!({"maxLifetime": "24h", "idleTimeout": "200h"}),
+        );
+        let (checks, upstreams) = check(&bad, &claims(std::slice::from_ref(&bad)), &ns);
+        assert_eq!(reason(&checks, "SessionsValid"), "InvalidSessions");
+        let message = &checks
+            .iter()
+            .find(|c| c.type_ == "SessionsValid")
+            .unwrap()
+            .message;
+        assert!(
+            message.contains("spec.sessions.maxLifetime: \"1000h\""),
+            "{message}"
+        );
+        assert!(
+            message.contains("spec.identityProviders[0].sessions.idleTimeout: \"200h\""),
+            "{message}"
+        );
+        assert!(
+            upstreams.is_none(),
+            "terms the admin did not ask for are never served"
+        );
     }
 }

@@ -332,6 +332,7 @@ impl FederationDomainReconciler {
             Arc::new(sealer),
             idps,
             federation_domain::transforms(fd),
+            federation_domain::sessions(fd).map_err(|errors| errors.join("; "))?,
         )
         .map_err(|e| e.to_string())?;
         Ok(Some(Served {

@@ -112,6 +112,7 @@ mod tests {
             Arc::new(Sealer::new(&[2; 32], url).unwrap()),
             idps,
             Default::default(),
+            Default::default(),
         )
         .unwrap()
     }

@@ -96,6 +96,7 @@ pub(crate) async fn issue_code(
         return back(OAuthError::new(Code::ServerError, ""));
     };
     let scopes = granted_scopes(request);
+    let terms = issuer.sessions.of(&upstream.idp_name);
     let session = Session {
         request_id,
         client_id: request.client_id.clone(),
@@ -105,7 +106,8 @@ pub(crate) async fn issue_code(
         code_challenge: request.code_challenge.clone(),
         requested_at: now.unix_timestamp(),
         auth_time: now.unix_timestamp(),
-        expires_at: (now + session::MAX_SESSION).unix_timestamp(),
+        expires_at: (now + terms.max_lifetime).unix_timestamp(),
+        idle_timeout: terms.idle_timeout.map(|idle| idle.whole_seconds()),
         code_active: true,
         token_expires_at: (now + session::AUTHORIZATION_CODE_LIFETIME).unix_timestamp(),
         identity,
@@ -119,7 +121,7 @@ pub(crate) async fn issue_code(
             Resource::AuthCode,
             &code.signature,
             &session,
-            session::MAX_SESSION,
+            terms.max_lifetime,
             now,
         )
         .await

@@ -75,7 +75,7 @@ pub(crate) fn identity_providers(idps: &[PinnipedIDP]) -> IDPDiscoveryResponse {
 
 #[cfg(test)]
 mod tests {
-    use selkie_api::supervisor_oidc::IDPFlow;
+    use selkie_api::supervisor_oidc::{IDPFlow, IDPSessions};
 
     use super::*;
 
@@ -117,18 +117,24 @@ mod tests {
                 name: "Okta".into(),
                 r#type: IDPType::OIDC,
                 flows: vec![IDPFlow::BrowserAuthcode, IDPFlow::CliPassword],
+                sessions: None,
             },
             PinnipedIDP {
                 name: "Corp LDAP".into(),
                 r#type: IDPType::LDAP,
                 flows: vec![IDPFlow::CliPassword, IDPFlow::BrowserAuthcode],
+                sessions: Some(IDPSessions {
+                    max_lifetime: "120h".into(),
+                    idle_timeout: Some("8h".into()),
+                }),
             },
         ]))
         .unwrap();
         assert_eq!(
             document["pinniped_identity_providers"],
             json!([
-                {"name": "Corp LDAP", "type": "ldap", "flows": ["cli_password", "browser_authcode"]},
+                {"name": "Corp LDAP", "type": "ldap", "flows": ["cli_password", "browser_authcode"],
+                 "sessions": {"max_lifetime": "120h", "idle_timeout": "8h"}},
                 {"name": "Okta", "type": "oidc", "flows": ["browser_authcode", "cli_password"]},
             ])
         );

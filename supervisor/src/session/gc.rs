@@ -236,6 +236,7 @@ mod tests {
             requested_at: 0,
             auth_time: 0,
             expires_at: 0,
+            idle_timeout: None,
             code_active,
             token_expires_at: 0,
             identity: Identity {
@@ -404,6 +405,7 @@ mod tests {
                 Arc::new(TokenKey::new(&[1; 32])),
                 Arc::new(Sealer::new(&[2; 32], url).unwrap()),
                 vec![Arc::new(Upstream::Oidc(oidc))],
+                Default::default(),
                 Default::default(),
             )
             .unwrap();

@@ -11,16 +11,108 @@ pub(crate) mod tokens;
 
 use std::collections::BTreeMap;
 
+use selkie_api::supervisor_config::FederationDomainSessions;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
 
-/// How long a session lasts from the initial login; refreshes never extend it.
+/// How long a session lasts from the initial login unless its FederationDomain says otherwise
+/// ([`SessionTerms`]); refreshes never extend it. Pinniped's fixed 9 hours.
 pub(crate) const MAX_SESSION: time::Duration = time::Duration::hours(9);
+/// The longest session a FederationDomain may configure (30 days).
+pub(crate) const LONGEST_SESSION: time::Duration = time::Duration::hours(720);
+/// The shortest maximum lifetime a FederationDomain may configure.
+const SHORTEST_SESSION: time::Duration = time::Duration::minutes(5);
+/// The shortest idle timeout a FederationDomain may configure.
+const SHORTEST_IDLE_TIMEOUT: time::Duration = time::Duration::minutes(1);
 /// How long an authorization code may be redeemed.
 pub(crate) const AUTHORIZATION_CODE_LIFETIME: time::Duration = time::Duration::minutes(10);
 /// How long an access token is good for.
 pub(crate) const ACCESS_TOKEN_LIFETIME: time::Duration = time::Duration::minutes(2);
+
+/// How long the sessions of logins through one identity provider of a FederationDomain last:
+/// `spec.sessions` of the FederationDomain, overridden field by field by the provider's own. A
+/// login's terms are copied into its [`Session`] and kept for the session's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionTerms {
+    /// How long a session lasts from its login ([`MAX_SESSION`] by default).
+    pub max_lifetime: time::Duration,
+    /// How long a session may go without a refresh; no limit when `None` (the default).
+    pub idle_timeout: Option<time::Duration>,
+}
+
+impl Default for SessionTerms {
+    /// Pinniped's: 9 hours, no idle limit.
+    fn default() -> Self {
+        Self {
+            max_lifetime: MAX_SESSION,
+            idle_timeout: None,
+        }
+    }
+}
+
+impl SessionTerms {
+    /// The terms of `provider`'s sessions (its `sessions`, then the FederationDomain's, then the
+    /// defaults), checked against the bounds. The error names the field (`spec.sessions.…` or
+    /// `spec.identityProviders[index].sessions.…`) and says what is wrong.
+    pub fn of(
+        federation_domain: Option<&FederationDomainSessions>,
+        provider: Option<(usize, &FederationDomainSessions)>,
+    ) -> Result<Self, String> {
+        let field = |name: &str, pick: fn(&FederationDomainSessions) -> Option<&String>| {
+            provider
+                .and_then(|(index, sessions)| {
+                    pick(sessions)
+                        .map(|text| (format!("spec.identityProviders[{index}].sessions.{name}"), text))
+                })
+                .or_else(|| {
+                    federation_domain
+                        .and_then(pick)
+                        .map(|text| (format!("spec.sessions.{name}"), text))
+                })
+        };
+        let mut terms = Self::default();
+        if let Some((path, text)) = field("maxLifetime", |s| s.max_lifetime.as_ref()) {
+            terms.max_lifetime = bounded(&path, text, SHORTEST_SESSION, LONGEST_SESSION)?;
+        }
+        if let Some((path, text)) = field("idleTimeout", |s| s.idle_timeout.as_ref()) {
+            terms.idle_timeout = Some(bounded(&path, text, SHORTEST_IDLE_TIMEOUT, terms.max_lifetime)?);
+        }
+        Ok(terms)
+    }
+
+    /// The terms as the identity-provider discovery document lists them.
+    pub fn discovered(&self) -> selkie_api::supervisor_oidc::IDPSessions {
+        selkie_api::supervisor_oidc::IDPSessions {
+            max_lifetime: written(self.max_lifetime),
+            idle_timeout: self.idle_timeout.map(written),
+        }
+    }
+}
+
+/// `duration` as a FederationDomain writes it (`9h`, `90m` is `1h30m`).
+pub(crate) fn written(duration: time::Duration) -> String {
+    selkie_api::duration::format(duration.unsigned_abs())
+}
+
+/// `text` as a duration from `least` to `most`; the error names `path`.
+fn bounded(
+    path: &str,
+    text: &str,
+    least: time::Duration,
+    most: time::Duration,
+) -> Result<time::Duration, String> {
+    let parsed = selkie_api::duration::parse(text).map_err(|error| format!("{path}: {error}"))?;
+    let duration = time::Duration::try_from(parsed.magnitude).unwrap_or(time::Duration::MAX);
+    if parsed.negative || duration < least || duration > most {
+        return Err(format!(
+            "{path}: {text:?} is out of range: it must be from {} to {}",
+            written(least),
+            written(most)
+        ));
+    }
+    Ok(duration)
+}
 
 /// The identity the Supervisor vouches for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,8 +232,12 @@ pub struct Session {
     pub requested_at: i64,
     /// When the user authenticated upstream (unix seconds).
     pub auth_time: i64,
-    /// When the session ends (unix seconds): [`MAX_SESSION`] after the login.
+    /// When the session ends (unix seconds): its [`SessionTerms::max_lifetime`] after the login.
     pub expires_at: i64,
+    /// Its [`SessionTerms::idle_timeout`] in seconds: each refresh token it issues is good for that
+    /// long (and never past `expires_at`). Absent: no idle limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<i64>,
     /// Whether the authorization code may still be redeemed (it is single-use).
     #[serde(default)]
     pub code_active: bool,
@@ -183,11 +279,135 @@ impl Session {
     pub fn expired_at(&self, now: OffsetDateTime) -> bool {
         now.unix_timestamp() >= self.expires_at
     }
+
+    /// When a refresh token issued at `now` stops being good (unix seconds): after the session's
+    /// idle timeout, and never after the session ends.
+    pub fn refresh_token_expires_at(&self, now: OffsetDateTime) -> i64 {
+        match self.idle_timeout {
+            Some(idle) => now
+                .unix_timestamp()
+                .saturating_add(idle.max(0))
+                .min(self.expires_at),
+            None => self.expires_at,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sessions(max: Option<&str>, idle: Option<&str>) -> FederationDomainSessions {
+        FederationDomainSessions {
+            max_lifetime: max.map(String::from),
+            idle_timeout: idle.map(String::from),
+        }
+    }
+
+    #[test]
+    fn session_terms_are_pinnipeds_unless_said_otherwise_and_a_provider_overrides_field_by_field() {
+        assert_eq!(SessionTerms::of(None, None), Ok(SessionTerms::default()));
+        assert_eq!(SessionTerms::default().max_lifetime, time::Duration::hours(9));
+        let week = sessions(Some("120h"), Some("8h"));
+        assert_eq!(
+            SessionTerms::of(Some(&week), None),
+            Ok(SessionTerms {
+                max_lifetime: time::Duration::hours(120),
+                idle_timeout: Some(time::Duration::hours(8)),
+            })
+        );
+        assert_eq!(
+            SessionTerms::of(Some(&week), Some((0, &sessions(Some("1h30m"), None)))),
+            Err("spec.sessions.idleTimeout: \"8h\" is out of range: it must be from 1m to 1h30m".into()),
+            "the FederationDomain's idle limit is checked against the provider's maximum"
+        );
+        assert_eq!(
+            SessionTerms::of(Some(&week), Some((1, &sessions(None, Some("30m"))))),
+            Ok(SessionTerms {
+                max_lifetime: time::Duration::hours(120),
+                idle_timeout: Some(time::Duration::minutes(30)),
+            })
+        );
+    }
+
+    #[test]
+    fn session_terms_out_of_bounds_name_their_field() {
+        for (max, idle, error) in [
+            (
+                Some("4m59s"),
+                None,
+                "spec.sessions.maxLifetime: \"4m59s\" is out of range: it must be from 5m to 720h",
+            ),
+            (
+                Some("721h"),
+                None,
+                "spec.sessions.maxLifetime: \"721h\" is out of range: it must be from 5m to 720h",
+            ),
+            (
+                Some("-9h"),
+                None,
+                "spec.sessions.maxLifetime: \"-9h\" is out of range: it must be from 5m to 720h",
+            ),
+            (
+                Some("a week"),
+                None,
+                "spec.sessions.maxLifetime: \"a week\" is not a duration such as 10s, 1m30s or 500ms",
+            ),
+            (
+                Some("9"),
+                None,
+                "spec.sessions.maxLifetime: \"9\" has no unit (h, m, s, ms, us or ns)",
+            ),
+            (
+                None,
+                Some("59s"),
+                "spec.sessions.idleTimeout: \"59s\" is out of range: it must be from 1m to 9h",
+            ),
+            (
+                None,
+                Some("10h"),
+                "spec.sessions.idleTimeout: \"10h\" is out of range: it must be from 1m to 9h",
+            ),
+            (
+                Some("99999999999999999999h"),
+                None,
+                "spec.sessions.maxLifetime: \"99999999999999999999h\" is not a duration that fits: too large",
+            ),
+        ] {
+            assert_eq!(
+                SessionTerms::of(Some(&sessions(max, idle)), None),
+                Err(error.to_string())
+            );
+        }
+        assert_eq!(
+            SessionTerms::of(None, Some((2, &sessions(Some("1000h"), None)))),
+            Err("spec.identityProviders[2].sessions.maxLifetime: \"1000h\" is out of range: it must be from 5m to 720h".into())
+        );
+    }
+
+    #[test]
+    fn a_refresh_token_lasts_the_idle_timeout_and_never_past_the_session() {
+        let now = OffsetDateTime::from_unix_timestamp(1_000_000).unwrap();
+        let mut session: Session = serde_json::from_value(serde_json::json!({
+            "request_id": "r", "client_id": "c", "redirect_uri": "u", "scopes": [],
+            "code_challenge": "x", "requested_at": 0, "auth_time": 0,
+            "expires_at": 1_000_000 + 3600, "token_expires_at": 0,
+            "identity": {"subject": "s", "username": "u", "groups": []},
+            "upstream": {"idp_name": "i", "idp_type": "ldap", "issuer": "", "subject": "s"},
+        }))
+        .unwrap();
+        assert_eq!(
+            session.idle_timeout, None,
+            "sessions stored before have no idle limit"
+        );
+        assert_eq!(session.refresh_token_expires_at(now), 1_000_000 + 3600);
+        session.idle_timeout = Some(600);
+        assert_eq!(session.refresh_token_expires_at(now), 1_000_000 + 600);
+        session.idle_timeout = Some(7200);
+        assert_eq!(session.refresh_token_expires_at(now), 1_000_000 + 3600);
+        session.idle_timeout = Some(i64::MAX);
+        assert_eq!(session.refresh_token_expires_at(now), 1_000_000 + 3600);
+    }
 
     #[test]
     fn request_ids_are_version_4_uuids_and_valid_label_values() {

@@ -946,6 +946,7 @@ mod tests {
             requested_at: 0,
             auth_time: 0,
             expires_at: 0,
+            idle_timeout: None,
             code_active: true,
             token_expires_at: 0,
             identity: Identity {

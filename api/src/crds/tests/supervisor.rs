@@ -42,6 +42,10 @@ fn federation_domain_has_exactly_pinnipeds_fields() {
             "spec.identityProviders[].objectRef.apiGroup",
             "spec.identityProviders[].objectRef.kind",
             "spec.identityProviders[].objectRef.name",
+            // Selkie's extension (optional; absent means Pinniped's terms).
+            "spec.identityProviders[].sessions",
+            "spec.identityProviders[].sessions.idleTimeout",
+            "spec.identityProviders[].sessions.maxLifetime",
             "spec.identityProviders[].transforms",
             "spec.identityProviders[].transforms.constants[]",
             "spec.identityProviders[].transforms.constants[].name",
@@ -61,6 +65,10 @@ fn federation_domain_has_exactly_pinnipeds_fields() {
             "spec.identityProviders[].transforms.expressions[].message",
             "spec.identityProviders[].transforms.expressions[].type",
             "spec.issuer",
+            // Selkie's extension (optional; absent means Pinniped's terms).
+            "spec.sessions",
+            "spec.sessions.idleTimeout",
+            "spec.sessions.maxLifetime",
             "spec.tls",
             "spec.tls.secretName",
             "status.secrets",
@@ -775,7 +783,19 @@ fn supervisor_defaults_and_cel_rules_are_exactly_pinnipeds() {
     assert_eq!(
         rules,
         [
+            (
+                "FederationDomain spec.identityProviders[].sessions.idleTimeout".to_string(),
+                1
+            ),
+            (
+                "FederationDomain spec.identityProviders[].sessions.maxLifetime".to_string(),
+                1
+            ),
             ("FederationDomain spec.issuer".to_string(), 1),
+            // Selkie's extension: the session terms' bounds.
+            ("FederationDomain spec.sessions".to_string(), 1),
+            ("FederationDomain spec.sessions.idleTimeout".to_string(), 1),
+            ("FederationDomain spec.sessions.maxLifetime".to_string(), 1),
             (
                 "GitHubIdentityProvider spec.allowAuthentication.organizations".to_string(),
                 2

@@ -320,6 +320,7 @@ impl Harness {
                 Arc::new(Sealer::new(&[9; 32], ISSUER).unwrap()),
                 vec![Arc::new(Upstream::Oidc(upstream.oidc()))],
                 HashMap::new(),
+                Default::default(),
             )
             .unwrap(),
         );
@@ -360,6 +361,7 @@ impl Harness {
             requested_at: now.unix_timestamp(),
             auth_time: now.unix_timestamp(),
             expires_at: (now + session::MAX_SESSION).unix_timestamp(),
+            idle_timeout: None,
             code_active: true,
             token_expires_at: (now + session::AUTHORIZATION_CODE_LIFETIME).unix_timestamp(),
             identity: Identity {
@@ -813,6 +815,56 @@ async fn a_refresh_rotates_the_refresh_token_and_ends_the_old_access_token() {
         .await
         .granted());
     assert!(harness.send(refresh_request(new_refresh)).await.granted());
+}
+
+/// A session with terms longer than Pinniped's and an idle timeout: its refresh tokens are good
+/// for the idle timeout only, each refresh starts that again, the session's end stays where the
+/// login put it, and a refresh token unused for longer is `invalid_grant`.
+#[tokio::test(flavor = "current_thread")]
+async fn a_session_with_an_idle_timeout_ends_when_it_goes_unused_that_long() {
+    let harness = Harness::start().await;
+    let week = OffsetDateTime::now_utc().unix_timestamp() + 7 * 24 * 3600;
+    let login = harness
+        .login_with(CLI_SCOPES, |session| {
+            session.expires_at = week;
+            session.idle_timeout = Some(600);
+        })
+        .await;
+    let tokens = harness.send(redeem_request(&login)).await;
+    assert!(tokens.granted(), "{}", tokens.body);
+    let refresh = tokens.field("refresh_token");
+    let stored = harness.stored(Kind::RefreshToken, refresh).unwrap();
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    assert!(
+        (now + 598..=now + 600).contains(&stored.token_expires_at),
+        "{stored:?}"
+    );
+    assert_eq!(stored.expires_at, week);
+
+    let refreshed = harness.send(refresh_request(refresh)).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    let refresh = refreshed.field("refresh_token");
+    let stored = harness.stored(Kind::RefreshToken, refresh).unwrap();
+    assert_eq!(stored.expires_at, week, "a refresh never moves the session's end");
+    assert!(stored.token_expires_at > now + 590, "{stored:?}");
+
+    harness.edit(Kind::RefreshToken, refresh, |session| {
+        session.token_expires_at = OffsetDateTime::now_utc().unix_timestamp() - 1;
+    });
+    let idle = harness.send(refresh_request(refresh)).await;
+    idle.assert_error(Code::InvalidGrant);
+    assert!(idle.body.to_string().contains("idle timeout"), "{}", idle.body);
+}
+
+/// Without an idle timeout (Pinniped's terms) a refresh token is good until the session ends.
+#[tokio::test(flavor = "current_thread")]
+async fn without_an_idle_timeout_a_refresh_token_lasts_as_long_as_the_session() {
+    let harness = Harness::start().await;
+    let (_, tokens) = harness.logged_in().await;
+    let stored = harness
+        .stored(Kind::RefreshToken, tokens.field("refresh_token"))
+        .unwrap();
+    assert_eq!(stored.token_expires_at, stored.expires_at);
 }
 
 /// An old refresh token presented again is `invalid_grant` and ends its whole family

@@ -371,7 +371,7 @@ pub(crate) async fn issue_tokens(
         session
             .expires_at
             .saturating_sub(now.unix_timestamp())
-            .clamp(0, session::MAX_SESSION.whole_seconds()),
+            .clamp(0, session::LONGEST_SESSION.whole_seconds()),
     );
     let mut stored = session.clone();
     stored.code_active = false;
@@ -384,7 +384,9 @@ pub(crate) async fn issue_tokens(
         .map_err(|e| store_failed(&e))?;
     let mut signatures = vec![(Resource::AccessToken, access.signature.clone())];
     if let Some(refresh) = &refresh {
-        stored.token_expires_at = session.expires_at;
+        // Good until the session's idle timeout, if it has one; kept (for reuse detection once
+        // rotated) until the session ends.
+        stored.token_expires_at = session.refresh_token_expires_at(now);
         endpoints
             .store
             .create(

@@ -50,6 +50,11 @@ pub(crate) async fn refresh(
     if session.expired_at(now) {
         return Err(invalid("The session has ended; log in again."));
     }
+    if now.unix_timestamp() >= session.token_expires_at {
+        return Err(invalid(
+            "The session went unused for longer than its idle timeout; log in again.",
+        ));
+    }
     // The token's Secret is kept once used, marked rotated and emptied of upstream tokens, so
     // that its reuse is recognised.
     let rotated = session.rotated();
