@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use time::OffsetDateTime;
 
 use super::supervisor_sessions::{refresh, stored_session};
-use super::supervisor_transforms::condition_when;
+use super::supervisor_transforms::{condition_when, patch_federation_domain};
 
 const IDP: &str = "Corp LDAP";
 const PASSWORD: &str = "seal-of-approval";
@@ -66,23 +66,9 @@ async fn refused(supervisor: &Supervisor, refresh_token: &str, why: &str) -> any
     Ok(())
 }
 
-/// `kubectl patch` of the FederationDomain (`type_`: merge or json): kubectl's output, or its
-/// error.
+/// `kubectl patch` of the FederationDomain with `patch` (`type_`: merge or json).
 async fn patch(cluster: &Cluster, namespace: &str, type_: &str, patch: Value) -> anyhow::Result<String> {
-    Ok(cluster
-        .kubectl()
-        .run(&[
-            "patch",
-            "federationdomain",
-            "federation-domain",
-            "-n",
-            namespace,
-            "--type",
-            type_,
-            "-p",
-            &patch.to_string(),
-        ])
-        .await?)
+    Ok(patch_federation_domain(cluster, namespace, type_, &patch.to_string()).await?)
 }
 
 /// The discovery's terms for [`IDP`] once they are `expected` (within 60 s).

@@ -46,6 +46,30 @@ fn transforms(expected_username: &str) -> Value {
     })
 }
 
+/// `kubectl patch` (`type_`: merge or json) of the FederationDomain [`Supervisor::start`] made
+/// in `namespace`: kubectl's output, or its error.
+pub(crate) async fn patch_federation_domain(
+    cluster: &Cluster,
+    namespace: &str,
+    type_: &str,
+    patch: &str,
+) -> Result<String, selkie_e2e::HarnessError> {
+    cluster
+        .kubectl()
+        .run(&[
+            "patch",
+            "federationdomain",
+            "federation-domain",
+            "-n",
+            namespace,
+            "--type",
+            type_,
+            "-p",
+            patch,
+        ])
+        .await
+}
+
 /// The FederationDomain's condition `type_` once `check` accepts it (within 60 s).
 pub(crate) async fn condition_when(
     cluster: &Cluster,
@@ -105,21 +129,7 @@ async fn transforms_and_policies_apply_at_login_and_refresh_and_failing_examples
     .await?;
     let patch = |transforms: Value| {
         let namespace = namespace.clone();
-        async move {
-            cluster
-                .kubectl()
-                .run(&[
-                    "patch",
-                    "federationdomain",
-                    "federation-domain",
-                    "-n",
-                    &namespace,
-                    "--type=merge",
-                    "-p",
-                    &with_transforms(transforms),
-                ])
-                .await
-        }
+        async move { patch_federation_domain(cluster, &namespace, "merge", &with_transforms(transforms)).await }
     };
     patch(transforms("corp:pinny")).await?;
     condition_when(cluster, &namespace, "TransformsExamplesPassed", |c| {
