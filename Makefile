@@ -25,16 +25,25 @@ lint: setup
 ## test: lint, then every test, against real components, then the fuzz targets; ends with one
 ## "total: N passed, M failed" line (of the cargo tests). The release binaries the node tests'
 ## images carry are built first, rather than inside those tests while every other test competes
-## for the cores.
+## for the cores. The fuzz targets are built meanwhile at the lowest priority (log:
+## target/fuzz-build.log), on what the tests leave of the cores (they wait on components much of
+## the time), and run after. Tests run TEST_THREADS (4) at a time: most of an end-to-end test's
+## time is spent waiting for the components it drives.
+TEST_THREADS ?= 4
 test: lint
 	@mkdir -p target
 	$(CARGO) build --release --locked -q -p selkie-concierge -p selkie-supervisor
-	$(CARGO) test --workspace --locked --no-fail-fast 2>&1 | tee target/test-output.log
-	bash perf/run --smoke
-	bash perf/run-streams --smoke
-	bash perf/soak --smoke
-	bash perf/scale --smoke
-	@bash e2e/scripts/fuzz.sh $(FUZZ_SECONDS)
+	@setsid nice -n 19 bash e2e/scripts/fuzz.sh --build-only >target/fuzz-build.log 2>&1 & fuzz_build=$$!; \
+	trap 'kill -- -$$fuzz_build 2>/dev/null || true' EXIT; \
+	set -x; \
+	$(CARGO) test --workspace --locked --no-fail-fast -- --test-threads=$(TEST_THREADS) 2>&1 | tee target/test-output.log; \
+	bash perf/run --smoke; \
+	bash perf/run-streams --smoke; \
+	bash perf/soak --smoke; \
+	bash perf/scale --smoke; \
+	{ set +x; } 2>/dev/null; \
+	wait $$fuzz_build || echo "building the fuzz targets in the background failed (target/fuzz-build.log); building again"; \
+	bash e2e/scripts/fuzz.sh $(FUZZ_SECONDS)
 	@awk '/^test result:/ { passed += $$4; failed += $$6 } \
 	  END { printf "total: %d passed, %d failed\n", passed, failed }' target/test-output.log
 

@@ -30,7 +30,11 @@
 # Prints one summary line per target; on a crash, the input's path, the panic, and how to
 # reproduce it.
 #
+# `fuzz.sh --build-only` installs cargo-fuzz and builds the targets, and runs none (make test
+# starts it, niced, beside the cargo tests, so a cold build costs no wall time of its own).
+#
 # usage: fuzz.sh [seconds-per-target]      (default: 20)
+#        fuzz.sh --build-only
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -44,6 +48,11 @@ TARGETS=(jwt_token jwks_document x509_identity header_policy supervisor_authoriz
 # One input of these costs milliseconds (supervisor_cel: parsing CEL under AddressSanitizer), so a
 # corpus kept between runs would soon take longer to run than the run's time: theirs is dropped.
 FRESH_CORPUS=(supervisor_cel)
+build_only=0
+if [[ "${1:-}" == --build-only ]]; then
+  build_only=1
+  shift
+fi
 seconds="${1:-20}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "usage: $0 [seconds-per-target] (a positive integer, not '$seconds')"
 
@@ -69,6 +78,7 @@ if ! cargo fuzz build >"$logs/build.log" 2>&1; then
   exit 1
 fi
 log "built in $((SECONDS - start))s"
+((build_only)) && exit 0
 
 crashed=()
 for target in "${TARGETS[@]}"; do
