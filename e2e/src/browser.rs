@@ -29,6 +29,8 @@ pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// WebDriver's element reference key.
 const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often one wait loads a page again after a network change interrupted it.
+const RELOADS: u32 = 3;
 
 /// A chromedriver process with one headless Chromium session.
 pub struct Browser {
@@ -204,9 +206,34 @@ impl Browser {
         Ok(value["value"].as_str().unwrap_or_default().to_string())
     }
 
-    /// The element matching the CSS `selector`, waiting for it to appear.
+    /// Loads the current page again when Chromium shows its error page for a load that a
+    /// network change interrupted (`ERR_NETWORK_CHANGED`: Chromium aborts page loads when the
+    /// machine's interfaces change, which the node tests' CNI does while other tests run), as a
+    /// user would; at most [`RELOADS`] times per wait (`reloads` counts them).
+    async fn reload_if_interrupted(&self, reloads: &mut u32) -> Result<(), HarnessError> {
+        if *reloads < RELOADS && self.interrupted().await? {
+            *reloads += 1;
+            let url = self.current_url().await?;
+            self.goto(&url).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the page is Chromium's error page for a load a network change interrupted.
+    async fn interrupted(&self) -> Result<bool, HarnessError> {
+        let source = self
+            .call(http::Method::GET, &self.session_path("/source"), None)
+            .await?;
+        Ok(source["value"]
+            .as_str()
+            .is_some_and(|page| page.contains("ERR_NETWORK_CHANGED")))
+    }
+
+    /// The element matching the CSS `selector`, waiting for it to appear (loading the page again
+    /// if a network change interrupted its load).
     pub async fn find(&self, selector: &str) -> Result<String, HarnessError> {
         let deadline = Instant::now() + STEP_TIMEOUT;
+        let mut reloads = 0;
         loop {
             let found = self
                 .call(
@@ -226,6 +253,7 @@ impl Browser {
                     "no element {selector:?} on {url} within {STEP_TIMEOUT:?}"
                 )));
             }
+            self.reload_if_interrupted(&mut reloads).await?;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -256,31 +284,40 @@ impl Browser {
 
     /// Opens `authorize_url` (a Dex authorization request) and logs in with Dex's password form
     /// as `login`/`password`. With `skipApprovalScreen`, Dex then redirects to the client's
-    /// redirect URI; returns the URL the browser ended on.
+    /// redirect URI; returns the URL the browser ended on. When a network change interrupts the
+    /// form's submission, the login starts again from `authorize_url` (at most [`RELOADS`]
+    /// times), as a user would.
     pub async fn dex_login(
         &self,
         authorize_url: &str,
         login: &str,
         password: &str,
     ) -> Result<String, HarnessError> {
-        self.goto(authorize_url).await?;
-        self.type_into("input[name=login]", login).await?;
-        self.type_into("input[name=password]", password).await?;
-        self.click("button[type=submit]").await?;
-        // Wait until the browser has left Dex.
-        let deadline = Instant::now() + STEP_TIMEOUT;
-        loop {
-            let url = self.current_url().await?;
-            if !url.contains("/dex/") {
-                return Ok(url);
+        let mut attempts = 0;
+        'login: loop {
+            attempts += 1;
+            self.goto(authorize_url).await?;
+            self.type_into("input[name=login]", login).await?;
+            self.type_into("input[name=password]", password).await?;
+            self.click("button[type=submit]").await?;
+            // Wait until the browser has left Dex.
+            let deadline = Instant::now() + STEP_TIMEOUT;
+            loop {
+                let url = self.current_url().await?;
+                if !url.contains("/dex/") {
+                    return Ok(url);
+                }
+                if attempts <= RELOADS && self.interrupted().await? {
+                    continue 'login;
+                }
+                if Instant::now() >= deadline {
+                    let text = self.body_text().await.unwrap_or_default();
+                    return Err(browser_error(format!(
+                        "still on Dex ({url}) {STEP_TIMEOUT:?} after submitting the login form: {text}"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            if Instant::now() >= deadline {
-                let text = self.body_text().await.unwrap_or_default();
-                return Err(browser_error(format!(
-                    "still on Dex ({url}) {STEP_TIMEOUT:?} after submitting the login form: {text}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }

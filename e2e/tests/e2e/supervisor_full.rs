@@ -101,14 +101,25 @@ pub(crate) async fn get_kubeconfig(
 
 /// The real kubectl with `kubeconfig`, its own discovery cache, no terminal.
 async fn kubectl(cluster: &Cluster, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(cluster.kubectl().binary())
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await?;
+    // Bounded: a first call waits for a browser login, which must not hang the test when the
+    // browser's side fails.
+    let output = tokio::time::timeout(
+        KUBECTL_TIMEOUT,
+        tokio::process::Command::new(cluster.kubectl().binary())
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "kubectl {} gave no answer within {KUBECTL_TIMEOUT:?}",
+            args.join(" ")
+        )
+    })??;
     anyhow::ensure!(
         output.status.success(),
         "kubectl {} failed:\n{}",
@@ -117,6 +128,9 @@ async fn kubectl(cluster: &Cluster, kubeconfig: &Path, args: &[&str]) -> anyhow:
     );
     Ok(String::from_utf8(output.stdout)?)
 }
+
+/// How long one kubectl call through the exec plugin may take, a browser login included.
+const KUBECTL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// The user a cluster sees (`kubectl auth whoami`).
 pub(crate) async fn whoami(cluster: &Cluster, kubeconfig: &Path) -> anyhow::Result<Value> {
