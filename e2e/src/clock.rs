@@ -55,16 +55,6 @@ impl TestClock {
         self.write(*ahead)
     }
 
-    /// How far ahead of the real time the clock is.
-    pub fn ahead(&self) -> Duration {
-        Duration::from_secs(
-            *self
-                .ahead
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-    }
-
     /// The environment that makes a process read this clock.
     pub(crate) fn environment(&self) -> Vec<(OsString, OsString)> {
         [
