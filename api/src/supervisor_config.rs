@@ -98,6 +98,10 @@ pub struct FederationDomainSpec {
     pub sessions: Option<FederationDomainSessions>,
 }
 
+/// The schema pattern of a duration as Go writes one without a sign (`9h`, `1h30m`, `90s`); its
+/// range is a CEL rule of each field.
+pub const GO_DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$";
+
 /// How long a Supervisor session lasts (Selkie's extension to FederationDomain). Durations are
 /// written as Go and Kubernetes write them (`9h`, `90m`, `168h`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -108,7 +112,7 @@ pub struct FederationDomainSessions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = 32),
-        pattern(r"^([0-9]+(\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$"),
+        pattern(GO_DURATION_PATTERN),
         extend("x-kubernetes-validations" = [{
             "message": "maxLifetime must be from 5m to 720h",
             "rule": "duration(self) >= duration('5m') && duration(self) <= duration('720h')"
@@ -122,7 +126,7 @@ pub struct FederationDomainSessions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(max = 32),
-        pattern(r"^([0-9]+(\.[0-9]*)?(ns|us|µs|ms|s|m|h))+$"),
+        pattern(GO_DURATION_PATTERN),
         extend("x-kubernetes-validations" = [{
             "message": "idleTimeout must be from 1m to 720h",
             "rule": "duration(self) >= duration('1m') && duration(self) <= duration('720h')"
