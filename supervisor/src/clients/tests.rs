@@ -132,9 +132,19 @@ async fn a_wrong_secret_flood_for_one_client_does_not_hold_up_another() {
         finished <= FLOOD / 2,
         "the other client waited for {finished} of {FLOOD} checks of the flooded client"
     );
-    for check in flood {
-        assert_eq!(check.await.unwrap(), Ok(false));
-    }
+    // A wrong secret is never accepted. On a loaded machine the flood's tail may wait past
+    // BCRYPT_WAIT for its turn and be refused as Busy (the designed answer to a flood); the
+    // first check always runs.
+    let verdicts: Vec<_> = futures::future::join_all(flood)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(verdicts[0], Ok(false));
+    assert!(
+        verdicts.iter().all(|v| matches!(v, Ok(false) | Err(Busy))),
+        "{verdicts:?}"
+    );
 }
 
 #[test]
