@@ -14,8 +14,9 @@
 //! grant, a refresh grant, a token exchange, all of the CLI) and the form is a list of changes
 //! split at 0x01: a change's first byte picks the parameter from [`PARAMS`] (modulo), its bit 6
 //! adds it again instead of replacing it, its bit 7 makes the value a well-formed opaque token (the
-//! prefix [`TOKEN_PREFIXES`] picked by the next byte, then 32 and 32 bytes of the rest in
-//! base64url, which only the HMAC check can refuse); otherwise the rest is the value, starting
+//! prefix [`TOKEN_PREFIXES`] picked by the next byte's low 7 bits, then a key of the rest — 44
+//! bytes, Selkie's format, when that byte's bit 7 is set, else 32, the earlier format — and a
+//! 32-byte signature, in base64url, which only the HMAC check can refuse); otherwise the rest is the value, starting
 //! with the [`VALUES`] entry the next byte picks when it is below `VALUES.len()`. Bit 6 posts to
 //! `oauth2/revoke` instead, bit 7 to the FederationDomain `b`.
 //!
@@ -263,14 +264,17 @@ fn apply_change(params: &mut Vec<(String, String)>, change: &[u8]) {
     let name = PARAMS[usize::from(what & 0x3f) % PARAMS.len()];
     let value = if what & 0x80 != 0 {
         let (pick, rest) = rest.split_first().map_or((0, rest), |(pick, rest)| (*pick, rest));
-        let mut bytes = [0u8; 64];
-        let len = rest.len().min(bytes.len());
+        // Bit 7 of the pick: a key of Selkie's format (44 bytes: login, generation, random),
+        // else of the earlier one (32 random bytes); a 32-byte signature after it.
+        let key_len = if pick & 0x80 != 0 { 44 } else { 32 };
+        let mut bytes = [0u8; 76];
+        let len = rest.len().min(key_len + 32);
         bytes[..len].copy_from_slice(&rest[..len]);
         format!(
             "{}{}.{}",
-            TOKEN_PREFIXES[usize::from(pick) % TOKEN_PREFIXES.len()],
-            URL_SAFE_NO_PAD.encode(&bytes[..32]),
-            URL_SAFE_NO_PAD.encode(&bytes[32..])
+            TOKEN_PREFIXES[usize::from(pick & 0x7f) % TOKEN_PREFIXES.len()],
+            URL_SAFE_NO_PAD.encode(&bytes[..key_len]),
+            URL_SAFE_NO_PAD.encode(&bytes[key_len..key_len + 32])
         )
     } else {
         match rest.split_first() {

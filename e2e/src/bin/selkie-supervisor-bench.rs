@@ -886,9 +886,9 @@ impl Results<'_> {
              its session storage. \"All\" counts every request kube-apiserver served in the phase: \
              the Supervisor's, the bench's one `/metrics` scrape, and background traffic (leases, \
              kube-apiserver's own); the last column subtracts the idle window's rate ({:.1} requests/s \
-             over {:.0} s, below). The Supervisor's kube client speaks HTTP/1.1 (one request per \
-             connection at a time); the last column is how many connections to kube-apiserver it held at \
-             the phase's start and end (the watches' included).\n\n\
+             over {:.0} s, below). The Supervisor's kube client speaks HTTP/2 (its requests and \
+             watches share a connection); the last column is how many connections to kube-apiserver it \
+             held at the phase's start and end (the watches' included).\n\n\
              | phase |{} secrets, all | all requests | all, less the idle rate | Supervisor → kube-apiserver connections |\n\
              |---|{}---|---|---|---|\n",
             idle_rate,
@@ -949,9 +949,10 @@ impl Results<'_> {
             md,
             "## Reading the numbers\n\n\
              * A login is an authorization request (the Supervisor logs in at Dex with the password \
-               grant, whose bcrypt check is most of Dex's CPU per login, and stores the code) and the code's \
-               redemption (tokens minted, stored). A Supervisor refresh reads the session, revokes the old \
-               tokens, refreshes at Dex and stores new ones; Dex's CPU in that row is the upstream refresh \
+               grant, whose bcrypt check is most of Dex's CPU per login, and stores the login's Secret with \
+               the code) and the code's redemption (tokens minted, recorded in the login's Secret by one \
+               conditional patch). A Supervisor refresh reads the login's Secret, refreshes at Dex and \
+               writes the next generation of tokens into it (one conditional write); Dex's CPU in that row is the upstream refresh \
                the Supervisor makes. The Dex row is Dex's own refresh grant from the bench (the confidential \
                client, `offline_access` from the password grant), the denominator of the ratio.\n\
              * Pooled: all clients share one HTTP/2 connection to the Supervisor. New connection: a TLS \

@@ -156,7 +156,7 @@ async fn the_manifests_grant_what_the_supervisor_needs() -> anyhow::Result<()> {
         supervisor.log()
     );
     let stored = kubectl
-        .secret_names(&namespace, "storage.pinniped.dev/type=authcode")
+        .secret_names(&namespace, "storage.pinniped.dev/type=login")
         .await?;
     anyhow::ensure!(stored.len() == 1, "{stored:?}");
 

@@ -55,7 +55,7 @@ async fn collecting_an_expired_session_revokes_its_upstream_refresh_token() -> a
         id_claims["username"] == email.as_str() && id_claims["groups"] == serde_json::json!(["seals"]),
         "{id_claims}"
     );
-    let session = one_of(&secrets, "refresh-token").await?;
+    let session = one_of(&secrets, "login").await?;
     let upstream = upstream_refresh_token(&stored_session(&session)?)
         .ok_or_else(|| anyhow::anyhow!("the session holds no upstream refresh token"))?;
     anyhow::ensure!(

@@ -19,7 +19,7 @@ use selkie_e2e::{
 use serde_json::{json, Value};
 use time::OffsetDateTime;
 
-use super::supervisor_sessions::{refresh, stored_session};
+use super::supervisor_sessions::{refresh, stored_session, stored_tokens};
 use super::supervisor_transforms::{condition_when, patch_federation_domain};
 
 const IDP: &str = "Corp LDAP";
@@ -120,16 +120,24 @@ async fn ldap_sessions_last_as_long_as_the_federation_domain_says_and_end_when_u
     let login_time = OffsetDateTime::now_utc().unix_timestamp();
     let mut week = login(&supervisor).await?;
 
-    // The new login's stored session ends in 120 h, its refresh token in 8; its Secrets are
-    // kept (for reuse detection) until the session ends.
+    // The new login's stored session ends in 120 h, its refresh token in 8; its Secret is kept
+    // (for reuse detection) until the session ends.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let refresh_secrets = secrets
-        .list(&ListParams::default().labels("storage.pinniped.dev/type=refresh-token"))
+    let login_secrets = secrets
+        .list(&ListParams::default().labels("storage.pinniped.dev/type=login"))
         .await?
         .items;
     let mut ends = Vec::new();
-    for secret in &refresh_secrets {
+    for secret in &login_secrets {
         let session = stored_session(secret)?;
+        let issued_at: i64 = stored_tokens(secret)
+            .get(1)
+            .and_then(|issued| issued.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("a login Secret without its tokens"))?;
+        let session_end = session["expires_at"].as_i64().unwrap_or_default();
+        let refresh_end = session["idle_timeout"]
+            .as_i64()
+            .map_or(session_end, |idle| (issued_at + idle).min(session_end));
         let collect_after = secret
             .metadata
             .annotations
@@ -141,8 +149,8 @@ async fn ldap_sessions_last_as_long_as_the_federation_domain_says_and_end_when_u
             OffsetDateTime::parse(&collect_after, &time::format_description::well_known::Rfc3339)?
                 .unix_timestamp();
         ends.push((
-            session["expires_at"].as_i64().unwrap_or_default() - login_time,
-            session["token_expires_at"].as_i64().unwrap_or_default() - login_time,
+            session_end - login_time,
+            refresh_end - login_time,
             collect_after - login_time,
             session["request_id"].as_str().unwrap_or_default().to_string(),
         ));
@@ -166,7 +174,7 @@ async fn ldap_sessions_last_as_long_as_the_federation_domain_says_and_end_when_u
     week = refreshed(&supervisor, &week).await?;
 
     // 4. Nine and a half hours after the logins: Pinniped's session has ended and the collector
-    //    deletes its Secrets; the week-long one refreshes past the 9-hour mark.
+    //    deletes its Secret; the week-long one refreshes past the 9-hour mark.
     clock.advance(HOUR * 9 / 2)?;
     let pinnipeds_login = format!("storage.pinniped.dev/request-id={}", ends[0].3);
     selkie_e2e::eventually(Duration::from_secs(30), || async {

@@ -1,11 +1,11 @@
-//! The Supervisor's sessions as an operator sees them and as they end: the storage Secrets a
-//! login writes have Pinniped's names, types, labels, annotation and data keys and never hold a
-//! downstream token; the garbage collector deletes the expired ones (and only those) within
-//! seconds, after which their tokens stop working. An upstream that issues no refresh token
+//! The Supervisor's sessions as an operator sees them and as they end: a login writes one
+//! Secret, with Pinniped's labels, annotation and data keys, that never holds a downstream
+//! token; the garbage collector deletes it once expired within seconds, after which its tokens
+//! stop working. An upstream that issues no refresh token
 //! (Dex without `offline_access`) is checked at its userinfo endpoint on every refresh, and a
 //! token it no longer accepts ends the session.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{api::ListParams, Api};
@@ -85,6 +85,22 @@ pub(crate) fn stored_session(secret: &Secret) -> anyhow::Result<Value> {
     Ok(serde_json::from_slice(&data.0)?)
 }
 
+/// The fields of a login Secret's `tokens` entry: the generation, when they were issued (unix
+/// seconds), the access and refresh tokens' signatures; none before the code was redeemed.
+pub(crate) fn stored_tokens(secret: &Secret) -> Vec<String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get("tokens"))
+        .map(|tokens| {
+            String::from_utf8_lossy(&tokens.0)
+                .split(' ')
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Marks `name` expired as an operator could (its collection time in the past) and waits until
 /// the collector has deleted it.
 pub(crate) async fn expire_and_wait_for_collection(
@@ -133,81 +149,70 @@ async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyho
     let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
     anyhow::ensure!(!access.is_empty() && !refresh_token.is_empty(), "{tokens}");
 
-    // What a login leaves behind, as Pinniped's Supervisor would write it.
+    // What a login leaves behind: one Secret, in Pinniped's labels, annotation and data keys
+    // (and Selkie's own type and two keys of its own), the code marked used.
     let stored = storage(&secrets).await?;
-    let kinds: BTreeSet<&str> = stored.iter().map(|secret| label(secret, TYPE_LABEL)).collect();
     anyhow::ensure!(
-        kinds == BTreeSet::from(["authcode", "access-token", "refresh-token"]) && stored.len() == 3,
-        "{kinds:?} in {} Secrets",
+        stored.len() == 1,
+        "{} storage Secrets after one login",
         stored.len()
     );
-    let request_id = label(&stored[0], REQUEST_ID_LABEL).to_string();
+    let secret = &stored[0];
+    let request_id = label(secret, REQUEST_ID_LABEL).to_string();
     anyhow::ensure!(uuid_like(&request_id), "request-id {request_id:?} is not a UUID");
-    for secret in &stored {
-        let kind = label(secret, TYPE_LABEL);
-        let name = secret.metadata.name.clone().unwrap_or_default();
-        let encoded = name
-            .strip_prefix(&format!("pinniped-storage-{kind}-"))
-            .ok_or_else(|| anyhow::anyhow!("{name} is not pinniped-storage-{kind}-…"))?;
-        anyhow::ensure!(
-            !encoded.is_empty()
-                && encoded
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)),
-            "{name}: not lower-case base32"
-        );
-        anyhow::ensure!(
-            secret.type_.as_deref() == Some(&format!("storage.pinniped.dev/{kind}")),
-            "{name}: type {:?}",
-            secret.type_
-        );
-        anyhow::ensure!(
-            label(secret, REQUEST_ID_LABEL) == request_id,
-            "{name}: another login"
-        );
-        let after = secret
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|annotations| annotations.get(COLLECT_AFTER))
-            .ok_or_else(|| anyhow::anyhow!("{name}: no {COLLECT_AFTER}"))?;
-        let after = time::OffsetDateTime::parse(after, &time::format_description::well_known::Rfc3339)?;
-        anyhow::ensure!(
-            after > time::OffsetDateTime::now_utc(),
-            "{name}: collectable already"
-        );
-        let data = secret.data.clone().unwrap_or_default();
-        anyhow::ensure!(
-            data.keys().map(String::as_str).collect::<Vec<_>>()
-                == ["pinniped-storage-data", "pinniped-storage-version"]
-                && data["pinniped-storage-version"].0 == b"1",
-            "{name}: data keys {:?}",
-            data.keys()
-        );
-        stored_session(secret)?;
-        // Only signatures name the tokens: no stored byte is a downstream token.
-        let text = String::from_utf8_lossy(&data["pinniped-storage-data"].0).to_string();
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    anyhow::ensure!(
+        label(secret, TYPE_LABEL) == "login" && name == format!("pinniped-storage-login-{request_id}"),
+        "{name}: {:?}",
+        secret.metadata.labels
+    );
+    anyhow::ensure!(
+        secret.type_.as_deref() == Some("storage.selkie.dev/login"),
+        "{name}: type {:?}",
+        secret.type_
+    );
+    let after = secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(COLLECT_AFTER))
+        .ok_or_else(|| anyhow::anyhow!("{name}: no {COLLECT_AFTER}"))?;
+    let after = time::OffsetDateTime::parse(after, &time::format_description::well_known::Rfc3339)?;
+    anyhow::ensure!(
+        after > time::OffsetDateTime::now_utc() + time::Duration::hours(8),
+        "{name}: collectable before the session's end"
+    );
+    let data = secret.data.clone().unwrap_or_default();
+    anyhow::ensure!(
+        data.keys().map(String::as_str).collect::<Vec<_>>()
+            == [
+                "code",
+                "pinniped-storage-data",
+                "pinniped-storage-version",
+                "tokens"
+            ]
+            && data["pinniped-storage-version"].0 == b"1"
+            && data["code"].0 == b"used",
+        "{name}: data keys {:?}",
+        data.keys()
+    );
+    stored_session(secret)?;
+    // Only signatures name the tokens: no stored byte is a downstream token.
+    for value in data.values() {
+        let text = String::from_utf8_lossy(&value.0);
         anyhow::ensure!(
             !text.contains(&access) && !text.contains(&refresh_token),
             "{name} holds a downstream token"
         );
     }
-
-    // An expired access token's Secret goes; the others, not expired, stay.
-    let access_secret = one_of(&secrets, "access-token").await?;
-    let access_name = access_secret.metadata.name.clone().unwrap_or_default();
-    expire_and_wait_for_collection(cluster, &secrets, &namespace, &access_name).await?;
-    let left: BTreeSet<String> = storage(&secrets)
-        .await?
-        .into_iter()
-        .map(|secret| label(&secret, TYPE_LABEL).to_string())
-        .collect();
+    let generation = |secret: &Secret| stored_tokens(secret).first().cloned().unwrap_or_default();
     anyhow::ensure!(
-        left == BTreeSet::from(["authcode".to_string(), "refresh-token".to_string()]),
-        "after collecting the access token: {left:?}"
+        generation(secret) == "1",
+        "{name}: tokens of generation {}",
+        generation(secret)
     );
 
-    // The session lives on: its refresh token still works (and rotates).
+    // The session lives on: its refresh token works and rotates, in the same Secret.
     let (status, refreshed) = refresh(&supervisor, &refresh_token).await?;
     anyhow::ensure!(status == 200, "{status}: {refreshed}");
     let rotated = refreshed["refresh_token"]
@@ -215,30 +220,15 @@ async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyho
         .unwrap_or_default()
         .to_string();
     anyhow::ensure!(!rotated.is_empty() && rotated != refresh_token, "{refreshed}");
-
-    // The used refresh token's Secret stays, marked rotated and emptied of the upstream's tokens,
-    // so that presenting it again is recognised as reuse; the new token has a Secret of its own.
-    let (used, live): (Vec<Secret>, Vec<Secret>) = storage(&secrets)
-        .await?
-        .into_iter()
-        .filter(|secret| label(secret, TYPE_LABEL) == "refresh-token")
-        .partition(|secret| stored_session(secret).is_ok_and(|session| session["rotated"] == true));
+    let stored = storage(&secrets).await?;
     anyhow::ensure!(
-        used.len() == 1 && live.len() == 1,
-        "{} used and {} live refresh-token Secrets",
-        used.len(),
-        live.len()
-    );
-    let used_session = stored_session(&used[0])?;
-    anyhow::ensure!(
-        used_session["upstream"].get("refresh_token").is_none()
-            && used_session["upstream"].get("access_token").is_none(),
-        "a used refresh token's Secret still holds an upstream token"
+        stored.len() == 1 && generation(&stored[0]) == "2",
+        "{} storage Secrets after a refresh",
+        stored.len()
     );
 
-    // Once the refresh token's Secret is collected, the refresh token is dead.
-    let refresh_name = live[0].metadata.name.clone().unwrap_or_default();
-    expire_and_wait_for_collection(cluster, &secrets, &namespace, &refresh_name).await?;
+    // Once the login's Secret is collected, its refresh token is dead.
+    expire_and_wait_for_collection(cluster, &secrets, &namespace, &name).await?;
     let (status, refused) = refresh(&supervisor, &rotated).await?;
     anyhow::ensure!(
         status == 400 && refused["error"] == "invalid_grant",
@@ -251,7 +241,7 @@ async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyho
         "selkie_supervisor_token_grants_total{grant_type=\"authorization_code\",result=\"ok\"} 1",
         "selkie_supervisor_token_grants_total{grant_type=\"refresh_token\",result=\"ok\"} 1",
         "selkie_supervisor_token_grants_total{grant_type=\"refresh_token\",result=\"invalid_grant\"} 1",
-        "selkie_supervisor_sessions_collected_total{outcome=\"deleted\"} 2",
+        "selkie_supervisor_sessions_collected_total{outcome=\"deleted\"} 1",
         "selkie_supervisor_requests_total{endpoint=\"token\",code=\"200\"} 2",
         "selkie_supervisor_requests_total{endpoint=\"token\",code=\"400\"} 1",
     ] {
@@ -260,7 +250,7 @@ async fn session_secrets_are_pinnipeds_and_expired_ones_are_collected() -> anyho
 
     let log = supervisor.log();
     anyhow::ensure!(
-        log.matches("expired session storage deleted").count() >= 2,
+        log.matches("expired session storage deleted").count() >= 1,
         "no collection in the log:\n{log}"
     );
     for secret in [&access, &refresh_token, &rotated] {
@@ -354,7 +344,7 @@ spec:
     let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
     anyhow::ensure!(!refresh_token.is_empty(), "{tokens}");
     // The session holds Dex's access token, as Dex issued no refresh token.
-    let session = stored_session(&one_of(&secrets, "refresh-token").await?)?;
+    let session = stored_session(&one_of(&secrets, "login").await?)?;
     anyhow::ensure!(
         session["upstream"]["refresh_token"].is_null() && session["upstream"]["access_token"].is_string(),
         "the stored upstream tokens are not an access token alone"

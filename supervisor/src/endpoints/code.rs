@@ -12,8 +12,8 @@ use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::{Body, Endpoints};
 use crate::idp::transforms::Outcome;
 use crate::issuer::Issuer;
-use crate::session::storage::Resource;
-use crate::session::tokens::Kind;
+use crate::session::login::{self, CodeState, Login};
+use crate::session::tokens::{Kind, LoginRef};
 use crate::session::{self, Identity, Session};
 
 /// The scopes a client is granted: what it asked for, and for the CLI always `username` and
@@ -89,10 +89,15 @@ pub(crate) async fn issue_code(
         Err(error) => return back(error),
     };
     let now = OffsetDateTime::now_utc();
-    let (Ok(code), Some(request_id)) = (
-        issuer.token_key.mint(Kind::AuthorizationCode),
-        session::new_request_id(),
-    ) else {
+    let Some((request_id, id)) =
+        session::new_request_id().and_then(|request_id| login::id_of(&request_id).map(|id| (request_id, id)))
+    else {
+        return back(OAuthError::new(Code::ServerError, ""));
+    };
+    let Ok(code) = issuer
+        .token_key
+        .mint(Kind::AuthorizationCode, LoginRef { id, generation: 0 })
+    else {
         return back(OAuthError::new(Code::ServerError, ""));
     };
     let scopes = granted_scopes(request);
@@ -115,24 +120,23 @@ pub(crate) async fn issue_code(
         access_token_signature: None,
         rotated: false,
     };
-    if let Err(error) = endpoints
-        .store
-        .create(
-            Resource::AuthCode,
-            &code.signature,
-            &session,
-            terms.max_lifetime,
-            now,
-        )
-        .await
-    {
+    let login = Login {
+        code: CodeState::Active {
+            signature: code.signature.clone(),
+            binding: login::binding(&session.client_id, &session.redirect_uri, &session.code_challenge),
+        },
+        session,
+        tokens: None,
+        migrated_from: None,
+    };
+    if let Err(error) = endpoints.store.create_login(&login, now).await {
         tracing::error!(issuer = %issuer.issuer, %error, "storing an authorization code failed");
         return back(OAuthError::new(
             Code::TemporarilyUnavailable,
             "The session could not be stored; try again.",
         ));
     }
-    endpoints.audit.session_started(&issuer.issuer, &session);
+    endpoints.audit.session_started(&issuer.issuer, &login.session);
     let params = [
         ("code", code.token.as_str()),
         ("scope", &scopes.join(" ")),

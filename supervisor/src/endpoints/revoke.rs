@@ -8,7 +8,7 @@ use http::{Request, Response, StatusCode};
 
 use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::{
-    authenticate, client_error, end_login, form_params, param, store_failed, TokenClient,
+    authenticate, client_error, end, end_earlier, form_params, param, store_failed, TokenClient,
 };
 use crate::endpoints::{json, Body, Endpoints};
 use crate::issuer::Issuer;
@@ -62,29 +62,74 @@ pub(crate) async fn revoke_token(
     .find(|(kind, _)| token.starts_with(kind.prefix())) else {
         return Ok(()); // not a token this endpoint revokes: as an unknown one
     };
-    let Ok(signature) = issuer.token_key.signature_of(kind, token) else {
+    let Ok(checked) = issuer.token_key.check(kind, token) else {
         return Ok(()); // malformed, or not this FederationDomain's
     };
-    let session = match endpoints.store.get(resource, &signature).await {
+    let Some(token) = checked.login else {
+        return revoke_earlier(endpoints, issuer, client, resource, &checked.signature).await;
+    };
+    let login = match endpoints.store.get_login(&token.id).await {
+        Ok(Some((login, _))) => login,
+        Ok(None) => return Ok(()),
+        // A login no Supervisor can read again: its holder may as well delete it.
+        Err(StoreError::Session(_) | StoreError::Storage(_)) => {
+            return endpoints
+                .store
+                .delete_login_secret(&token.id)
+                .await
+                .map(drop)
+                .map_err(|e| store_failed(&e));
+        }
+        Err(error) => return Err(store_failed(&error)),
+    };
+    if login.session.client_id != client.id {
+        return Err(unauthorized_client());
+    }
+    // Only a current token ends its login; one of an earlier generation is over already.
+    let current = login.tokens.as_ref().is_some_and(|tokens| match kind {
+        Kind::AccessToken => tokens.is_access(token, &checked.signature),
+        _ => tokens.is_refresh(token, &checked.signature),
+    });
+    if !current {
+        return Ok(());
+    }
+    end(endpoints, &login).await.map_err(|e| store_failed(&e))?;
+    endpoints.audit.session_revoked(&issuer.issuer, &login.session);
+    Ok(())
+}
+
+fn unauthorized_client() -> OAuthError {
+    OAuthError::new(
+        Code::UnauthorizedClient,
+        "The token was issued to another client.",
+    )
+}
+
+/// Revokes the login of a token of the earlier format, stored under its signature.
+async fn revoke_earlier(
+    endpoints: &Endpoints,
+    issuer: &Issuer,
+    client: &TokenClient,
+    resource: Resource,
+    signature: &str,
+) -> Result<(), OAuthError> {
+    let session = match endpoints.store.get(resource, signature).await {
         Ok(Some((session, _))) => session,
         Ok(None) => return Ok(()),
         // A session no Supervisor can read again: its holder may as well delete it.
         Err(StoreError::Session(_) | StoreError::Storage(_)) => {
             return endpoints
                 .store
-                .delete(resource, &signature)
+                .delete(resource, signature)
                 .await
                 .map_err(|e| store_failed(&e));
         }
         Err(error) => return Err(store_failed(&error)),
     };
     if session.client_id != client.id {
-        return Err(OAuthError::new(
-            Code::UnauthorizedClient,
-            "The token was issued to another client.",
-        ));
+        return Err(unauthorized_client());
     }
-    end_login(endpoints, &session.request_id)
+    end_earlier(endpoints, &session.request_id)
         .await
         .map_err(|e| store_failed(&e))?;
     endpoints.audit.session_revoked(&issuer.issuer, &session);

@@ -2,8 +2,9 @@
 //! whose `storage.pinniped.dev/garbage-collect-after` time has passed, revoking first (RFC 7009)
 //! the upstream OIDC token an expired session still holds, as Pinniped's collector does.
 //!
-//! Which stored session holds the latest upstream token (only that one is revoked, once): an
-//! authorization code never redeemed; an access token whose login was not granted
+//! A login's own Secret ([`crate::session::login`]) holds its latest upstream token. Of the
+//! Secrets of the earlier format (one per token, Pinniped's), the one that holds it (only that
+//! one is revoked, once) is: an authorization code never redeemed; an access token whose login was not granted
 //! `offline_access` (so it has no refresh token); every refresh token (a refresh writes a new
 //! one and deletes the old). A revocation that may succeed later (the upstream unreachable or
 //! answering 429 or 5xx) keeps the Secret for the next sweep, for at most
@@ -27,6 +28,7 @@ use time::OffsetDateTime;
 
 use crate::idp::{OidcUpstream, Upstream, UpstreamFailure};
 use crate::issuer::Issuers;
+use crate::session::login::{self, Login};
 use crate::session::storage::{garbage_collect_after, Resource};
 use crate::session::store::{Store, StoreError};
 use crate::session::Session;
@@ -70,17 +72,22 @@ impl Sweep {
     }
 }
 
-/// The upstream token the deletion of an expired `resource` Secret holding `session` must
-/// revoke, by the rules in the module's documentation; `None` when another Secret of the same
-/// login holds the latest one or there is none.
-pub(crate) fn token_to_revoke(resource: Resource, session: &Session) -> Option<(&str, TokenTypeHint)> {
-    let holds_latest = match resource {
+/// Whether a `resource` Secret (of the earlier format, one per token) holding `session` holds
+/// its login's latest upstream token, by the rules in the module's documentation (a login's own
+/// Secret always does).
+pub(crate) fn holds_latest(resource: Resource, session: &Session) -> bool {
+    match resource {
         Resource::AuthCode => session.code_active,
         Resource::AccessToken => !session.scopes.iter().any(|scope| scope == "offline_access"),
         Resource::RefreshToken => true,
         Resource::Pkce | Resource::Oidc => false,
-    };
-    if !holds_latest || session.upstream.idp_type != "oidc" {
+    }
+}
+
+/// The upstream OIDC token `session` holds, to revoke when it ends: its refresh token, else its
+/// access token; `None` for other upstreams or when it holds none.
+pub(crate) fn token_to_revoke(session: &Session) -> Option<(&str, TokenTypeHint)> {
+    if session.upstream.idp_type != "oidc" {
         return None;
     }
     let upstream = &session.upstream;
@@ -141,6 +148,10 @@ async fn collect(store: &Store, issuers: &Issuers, secret: Secret, now: OffsetDa
 /// one was revoked, `Ok(false)` when there was none to revoke or the upstream has no revocation
 /// endpoint.
 async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Result<bool, UpstreamFailure> {
+    if label == login::LOGIN_LABEL {
+        let login = Login::read(secret).map_err(|error| UpstreamFailure::Refused(error.to_string()))?;
+        return revoke_upstream_of(issuers, &login.session).await;
+    }
     let Some(resource) = Resource::from_label(label) else {
         return Err(UpstreamFailure::Refused(format!(
             "unknown storage type {label:?}"
@@ -158,18 +169,20 @@ async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Res
             selkie_api::json::error_without_values(&error)
         ))
     })?;
-    revoke_upstream_of(issuers, resource, &session).await
+    if !holds_latest(resource, &session) {
+        return Ok(false);
+    }
+    revoke_upstream_of(issuers, &session).await
 }
 
-/// Revokes the upstream token the `resource` Secret holding `session` must revoke
-/// ([`token_to_revoke`]) at its OIDC identity provider: `Ok(true)` when one was revoked,
-/// `Ok(false)` when there was none to revoke or the upstream has no revocation endpoint.
+/// Revokes the upstream token `session` holds ([`token_to_revoke`]) at its OIDC identity
+/// provider: `Ok(true)` when one was revoked, `Ok(false)` when there was none to revoke or the
+/// upstream has no revocation endpoint.
 pub(crate) async fn revoke_upstream_of(
     issuers: &Issuers,
-    resource: Resource,
     session: &Session,
 ) -> Result<bool, UpstreamFailure> {
-    let Some((token, hint)) = token_to_revoke(resource, session) else {
+    let Some((token, hint)) = token_to_revoke(session) else {
         return Ok(false);
     };
     let Some(oidc) = find_oidc(
@@ -219,6 +232,13 @@ mod tests {
     use selkie_oidc::{discovery::Discovery, jose::sign::SigningKey};
 
     use super::*;
+
+    /// The upstream token an expired `resource` Secret holding `session` revokes.
+    fn revoked_by(resource: Resource, session: &Session) -> Option<(&str, TokenTypeHint)> {
+        holds_latest(resource, session)
+            .then(|| token_to_revoke(session))
+            .flatten()
+    }
     use crate::issuer::Issuer;
     use crate::sealed::Sealer;
     use crate::session::store::memory::{Requests, Verb};
@@ -267,20 +287,20 @@ mod tests {
     fn only_the_secret_holding_the_latest_upstream_token_revokes_it() {
         let offline = session(&["openid", "offline_access"], true, Some("rt"), None);
         assert_eq!(
-            token_to_revoke(Resource::AuthCode, &offline),
+            revoked_by(Resource::AuthCode, &offline),
             Some(("rt", TokenTypeHint::RefreshToken))
         );
         assert_eq!(
-            token_to_revoke(Resource::RefreshToken, &offline),
+            revoked_by(Resource::RefreshToken, &offline),
             Some(("rt", TokenTypeHint::RefreshToken))
         );
         // The login has a refresh token: its refresh-token Secret holds the latest upstream token.
-        assert_eq!(token_to_revoke(Resource::AccessToken, &offline), None);
+        assert_eq!(revoked_by(Resource::AccessToken, &offline), None);
         // A redeemed code's tokens moved on.
         let redeemed = session(&["openid", "offline_access"], false, Some("rt"), None);
-        assert_eq!(token_to_revoke(Resource::AuthCode, &redeemed), None);
+        assert_eq!(revoked_by(Resource::AuthCode, &redeemed), None);
         for resource in [Resource::Pkce, Resource::Oidc] {
-            assert_eq!(token_to_revoke(resource, &offline), None);
+            assert_eq!(revoked_by(resource, &offline), None);
         }
     }
 
@@ -288,14 +308,14 @@ mod tests {
     fn without_offline_access_the_access_token_secret_revokes_the_upstream_access_token() {
         let online = session(&["openid"], false, None, Some("at"));
         assert_eq!(
-            token_to_revoke(Resource::AccessToken, &online),
+            revoked_by(Resource::AccessToken, &online),
             Some(("at", TokenTypeHint::AccessToken))
         );
         let nothing = session(&["openid"], true, None, None);
-        assert_eq!(token_to_revoke(Resource::AuthCode, &nothing), None);
+        assert_eq!(revoked_by(Resource::AuthCode, &nothing), None);
         let mut ldap = session(&["openid"], true, Some("rt"), None);
         ldap.upstream.idp_type = "ldap".into();
-        assert_eq!(token_to_revoke(Resource::AuthCode, &ldap), None);
+        assert_eq!(revoked_by(Resource::AuthCode, &ldap), None);
     }
 
     #[test]

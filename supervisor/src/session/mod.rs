@@ -5,6 +5,7 @@
 
 pub(crate) mod gc;
 pub(crate) mod id_token;
+pub(crate) mod login;
 pub(crate) mod storage;
 pub(crate) mod store;
 pub(crate) mod tokens;

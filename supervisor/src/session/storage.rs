@@ -1,11 +1,12 @@
-//! How a login's state is kept in Kubernetes Secrets, as Pinniped keeps it, so that any replica
-//! serves any step and an operator's `kubectl get secrets -l storage.pinniped.dev/type` shows
-//! the same objects Pinniped's Supervisor would write.
-//!
-//! One Secret per stored item: name `pinniped-storage-<resource>-<base32(signature)>` (the
-//! signature of the token or code it belongs to, lower-case, unpadded), type
-//! `storage.pinniped.dev/<resource>`, label `storage.pinniped.dev/type: <resource>`, data
-//! `pinniped-storage-data` (the JSON) and `pinniped-storage-version` (`1`), and the annotation
+//! Storage Secrets as Pinniped keeps them — its names, types, labels, annotation and data keys —
+//! so that an operator's `kubectl get secrets -l storage.pinniped.dev/type` lists every stored
+//! login. Selkie writes one Secret per login in this shape ([`crate::session::login`]). Earlier
+//! Selkie versions wrote Pinniped's layout, one Secret per stored item, which is still read (a
+//! session left by them refreshes after an upgrade; Pinniped's own session JSON is refused with
+//! "log in again"): name `pinniped-storage-<resource>-<base32(signature)>` (the signature of the
+//! token or code it belongs to, lower-case, unpadded), type `storage.pinniped.dev/<resource>`,
+//! label `storage.pinniped.dev/type: <resource>`, data `pinniped-storage-data` (the JSON) and
+//! `pinniped-storage-version` (`1`), and the annotation
 //! `storage.pinniped.dev/garbage-collect-after` (RFC 3339) the garbage collector deletes it after.
 
 use std::collections::BTreeMap;
@@ -88,37 +89,56 @@ impl Resource {
         lifetime: time::Duration,
         now: OffsetDateTime,
     ) -> Secret {
-        let mut labels = extra_labels.clone();
-        labels.insert(TYPE_LABEL.to_string(), self.as_str().to_string());
-        let collect_after = now
-            .saturating_add(lifetime)
-            .to_offset(time::UtcOffset::UTC)
-            .replace_nanosecond(0)
-            .ok()
-            .and_then(|moment| moment.format(&Rfc3339).ok())
-            .unwrap_or_default();
-        Secret {
-            metadata: ObjectMeta {
-                name: Some(self.secret_name(signature)),
-                labels: Some(labels),
-                annotations: Some(BTreeMap::from([(
-                    GARBAGE_COLLECT_AFTER.to_string(),
-                    collect_after,
-                )])),
-                ..ObjectMeta::default()
-            },
-            type_: Some(self.secret_type()),
-            data: Some(BTreeMap::from([
-                (DATA_KEY.to_string(), ByteString(data.to_string().into_bytes())),
-                (VERSION_KEY.to_string(), ByteString(VERSION.as_bytes().to_vec())),
-            ])),
-            ..Secret::default()
-        }
+        storage_secret(
+            self.secret_name(signature),
+            self.secret_type(),
+            self.as_str(),
+            data,
+            extra_labels,
+            now.saturating_add(lifetime),
+        )
     }
 
     /// The JSON a storage Secret of this resource holds: [`read`] of this resource.
     pub fn read_secret(self, secret: &Secret) -> Result<serde_json::Value, StorageError> {
         read(secret, self.as_str())
+    }
+}
+
+/// A storage Secret: `name`, of type `secret_type` and type label `label` (and `extra_labels`),
+/// holding `data` as JSON in Pinniped's keys, collectable after `collect_after`.
+pub(crate) fn storage_secret(
+    name: String,
+    secret_type: String,
+    label: &str,
+    data: &serde_json::Value,
+    extra_labels: &BTreeMap<String, String>,
+    collect_after: OffsetDateTime,
+) -> Secret {
+    let mut labels = extra_labels.clone();
+    labels.insert(TYPE_LABEL.to_string(), label.to_string());
+    let collect_after = collect_after
+        .to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|moment| moment.format(&Rfc3339).ok())
+        .unwrap_or_default();
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                GARBAGE_COLLECT_AFTER.to_string(),
+                collect_after,
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some(secret_type),
+        data: Some(BTreeMap::from([
+            (DATA_KEY.to_string(), ByteString(data.to_string().into_bytes())),
+            (VERSION_KEY.to_string(), ByteString(VERSION.as_bytes().to_vec())),
+        ])),
+        ..Secret::default()
     }
 }
 
@@ -147,7 +167,16 @@ pub(crate) fn type_label(secret: &Secret) -> String {
 /// The JSON a storage Secret of type label `label` holds. Fails, naming what is wrong, when the
 /// Secret is of another type, label or version, or its data is not JSON.
 pub(crate) fn read(secret: &Secret, label: &str) -> Result<serde_json::Value, StorageError> {
-    let expected = format!("storage.pinniped.dev/{label}");
+    read_as(secret, &format!("storage.pinniped.dev/{label}"), label)
+}
+
+/// The JSON a storage Secret of type `expected` and type label `label` holds, as [`read`].
+pub(crate) fn read_as(
+    secret: &Secret,
+    expected: &str,
+    label: &str,
+) -> Result<serde_json::Value, StorageError> {
+    let expected = expected.to_string();
     let found_type = secret.type_.clone().unwrap_or_default();
     if found_type != expected {
         return Err(StorageError::WrongType {

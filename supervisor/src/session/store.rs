@@ -1,20 +1,22 @@
-//! Sessions kept in Kubernetes Secrets of the Supervisor's namespace ([`crate::session::storage`] names
-//! and shapes them): written when a code is issued, read and rewritten by the token endpoint on
-//! any replica, deleted when revoked or expired.
+//! Sessions kept in Kubernetes Secrets of the Supervisor's namespace: one Secret per login
+//! ([`crate::session::login`]) written when a code is issued, patched when it is redeemed,
+//! read and rewritten by each refresh on any replica, deleted when revoked or expired; and, read
+//! for migration, the Secrets of the earlier format, one per token ([`crate::session::storage`]
+//! names and shapes them, as Pinniped's Supervisor writes them).
 //!
-//! A login costs five requests: three writes (the code's Secret, then the access and refresh
-//! tokens' Secrets) and one read and one conditional replace (redeeming the code); a refresh
-//! five: one read, one conditional replace (marking the old refresh token used), the deletion of
-//! the access token issued with it and two writes (the new tokens). Pinniped also writes `pkce`
-//! and `oidc` Secrets per code; Selkie keeps the PKCE challenge and the nonce in the code's own
-//! Secret, saving two writes and two deletes per login.
+//! A login costs two requests (the login's `POST`, then one conditional `PATCH` redeeming its
+//! code); a refresh two (a `GET`, a conditional `PUT`); a token exchange one `GET`. Pinniped
+//! writes a Secret per authorization code, PKCE challenge, OIDC request, access token and
+//! refresh token; Selkie's Secret per token (without the PKCE and OIDC ones) cost five requests
+//! per login and per refresh.
 //!
-//! The store makes five kinds of request — create, get, replace (with the resourceVersion read
-//! as precondition), delete (optionally with UID and resourceVersion preconditions) and list by
-//! label selector — to kube-apiserver through an `Api<Secret>`. That is its seam: unit tests put
+//! The store makes six kinds of request — create, get, replace (with the resourceVersion read
+//! as precondition), patch (a JSON Patch whose `test` operations are its condition), delete
+//! (optionally with UID and resourceVersion preconditions) and list by label selector — to
+//! kube-apiserver through an `Api<Secret>`. That is its seam: unit tests put
 //! an in-memory namespace in its place (`Store::in_memory` and the `memory` module, both
 //! `#[cfg(test)]`, and built for the fuzz targets with the `fuzzing` feature), which answers
-//! those five as kube-apiserver does — status codes and reasons included —, counts them, can fail
+//! those six as kube-apiserver does — status codes and reasons included —, counts them, can fail
 //! one on demand, and interleaves concurrent callers in an order drawn from a seed; the real
 //! endpoints run against it.
 
@@ -25,11 +27,12 @@ use std::sync::Arc;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::{api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{
-    api::{DeleteParams, ListParams, PostParams, Preconditions},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions},
     Api,
 };
 use time::OffsetDateTime;
 
+use crate::session::login::{self, CodeState, Login, Tokens};
 use crate::session::storage::{garbage_collect_after, Resource, StorageError, TYPE_LABEL};
 use crate::session::Session;
 
@@ -52,6 +55,9 @@ pub enum StoreError {
     /// Someone else changed the Secret since it was read (a concurrent redemption).
     #[error("the session was changed concurrently")]
     Conflict,
+    /// The login's Secret was deleted since it was read (its login ended).
+    #[error("the login has ended")]
+    Gone,
 }
 
 /// The session store of one namespace.
@@ -106,12 +112,26 @@ impl Secrets {
         }
     }
 
-    /// `DELETE` of `name`, with the preconditions of `params` if any.
-    async fn delete(&self, name: &str, params: &DeleteParams) -> Result<(), kube::Error> {
+    /// `PATCH` of `name` with the JSON Patch `patch` (RFC 6902; kube-apiserver applies it
+    /// atomically, and a failed `test` operation is 422): the patched Secret.
+    async fn patch(&self, name: &str, patch: json_patch::Patch) -> Result<Secret, kube::Error> {
         match self {
-            Self::Kube(api) => api.delete(name, params).await.map(drop),
+            Self::Kube(api) => {
+                api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                    .await
+            }
             #[cfg(any(test, feature = "fuzzing"))]
-            Self::Memory(memory) => memory.delete(name, params.preconditions.as_ref()).await,
+            Self::Memory(memory) => memory.patch(name, &patch).await,
+        }
+    }
+
+    /// `DELETE` of `name`, with the preconditions of `params` if any: the deleted Secret when
+    /// kube-apiserver answers with it (it does when the deletion is immediate, as for Secrets).
+    async fn delete(&self, name: &str, params: &DeleteParams) -> Result<Option<Secret>, kube::Error> {
+        match self {
+            Self::Kube(api) => api.delete(name, params).await.map(|deleted| deleted.left()),
+            #[cfg(any(test, feature = "fuzzing"))]
+            Self::Memory(memory) => memory.delete(name, params.preconditions.as_ref()).await.map(Some),
         }
     }
 
@@ -248,6 +268,85 @@ impl Store {
         }
     }
 
+    /// Stores a new `login` (one `POST`), collectable when its session ends;
+    /// [`StoreError::Conflict`] when a login of its ID exists.
+    pub(crate) async fn create_login(&self, login: &Login, now: OffsetDateTime) -> Result<(), StoreError> {
+        match self.secrets.create(&login.to_secret(now)?).await {
+            Ok(()) => Ok(()),
+            Err(error) if is_status(&error, 409) => Err(StoreError::Conflict),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The login `id` and the Secret it was read from (to [`Store::replace_login`] it), or
+    /// `None` (one `GET`).
+    pub(crate) async fn get_login(&self, id: &[u8; 16]) -> Result<Option<(Login, Secret)>, StoreError> {
+        match self.secrets.get(&login::secret_name(id)).await {
+            Ok(secret) => Ok(Some((Login::read(&secret)?, secret))),
+            Err(error) if is_status(&error, 404) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Redeems the authorization code of login `id` in one conditional `PATCH`: only if its
+    /// code is `code` (active, with the signature and binding of the redemption's parameters)
+    /// does it become used and `tokens` the login's tokens, atomically. The login as redeemed,
+    /// `None` when there is no such login, [`StoreError::Conflict`] when the code is not
+    /// `code` (used already, or redeemed with other parameters: read the login to tell).
+    pub(crate) async fn redeem_code(
+        &self,
+        id: &[u8; 16],
+        code: &CodeState,
+        tokens: &Tokens,
+    ) -> Result<Option<Login>, StoreError> {
+        use base64::{engine::general_purpose::STANDARD, Engine as _};
+        let path = |key: &str| format!("/data/{key}");
+        let patch = serde_json::json!([
+            {"op": "test", "path": path(login::CODE_KEY), "value": STANDARD.encode(code.text())},
+            {"op": "replace", "path": path(login::CODE_KEY), "value": STANDARD.encode(CodeState::Used.text())},
+            {"op": "add", "path": path(login::TOKENS_KEY), "value": STANDARD.encode(tokens.text())},
+        ]);
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(|e| StoreError::Session(e.to_string()))?;
+        match self.secrets.patch(&login::secret_name(id), patch).await {
+            Ok(secret) => Ok(Some(Login::read(&secret)?)),
+            Err(error) if is_status(&error, 404) => Ok(None),
+            Err(error) if is_status(&error, 422) => Err(StoreError::Conflict),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Rewrites `stored` (a Secret [`Store::get_login`] returned) to hold `login`, only if it
+    /// is unchanged since it was read (one `PUT` with its resourceVersion as precondition):
+    /// [`StoreError::Conflict`] when it was changed, [`StoreError::Gone`] when it was deleted.
+    pub(crate) async fn replace_login(&self, mut stored: Secret, login: &Login) -> Result<(), StoreError> {
+        let fresh = login.to_secret(OffsetDateTime::now_utc())?;
+        let name = fresh.metadata.name.clone().unwrap_or_default();
+        stored.data = fresh.data;
+        stored.metadata.managed_fields = None;
+        match self.secrets.replace(&name, &stored).await {
+            Ok(()) => Ok(()),
+            Err(error) if is_status(&error, 409) => Err(StoreError::Conflict),
+            Err(error) if is_status(&error, 404) => Err(StoreError::Gone),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Deletes the Secret of login `id` (one `DELETE`) and returns the login it held as it was
+    /// deleted (to revoke the upstream token it held: a concurrent refresh may have changed it
+    /// since anyone read it); `None` when it was gone already or does not read.
+    pub(crate) async fn delete_login_secret(&self, id: &[u8; 16]) -> Result<Option<Login>, StoreError> {
+        match self
+            .secrets
+            .delete(&login::secret_name(id), &DeleteParams::default())
+            .await
+        {
+            Ok(deleted) => Ok(deleted.and_then(|secret| Login::read(&secret).ok())),
+            Err(error) if is_status(&error, 404) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Deletes what is stored under `signature` (nothing there is no error).
     pub async fn delete(&self, resource: Resource, signature: &str) -> Result<(), StoreError> {
         match self
@@ -365,7 +464,7 @@ impl Store {
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod memory {
-    //! An in-memory namespace of Secrets for unit tests (and fuzz targets), answering the five requests the store
+    //! An in-memory namespace of Secrets for unit tests (and fuzz targets), answering the six requests the store
     //! makes as kube-apiserver does:
     //!
     //! * create: 409 `AlreadyExists` when the name is taken, 400 `BadRequest` when the object
@@ -374,13 +473,15 @@ pub(crate) mod memory {
     //! * get: 404 `NotFound`;
     //! * replace: 404 when missing, 409 `Conflict` when the object's resourceVersion (if it has
     //!   one) or UID is not the stored one's, 400 when its name is not the URL's;
+    //! * patch (JSON Patch): 404 when missing, 422 `Invalid` when an operation fails (a `test`
+    //!   that does not hold); applied atomically;
     //! * delete: 404 when missing, 409 `Conflict` when a UID or resourceVersion precondition
     //!   does not hold;
     //! * list: by a label selector of equality (`a=b`, `a==b`), inequality (`a!=b`), existence
     //!   (`a`) and absence (`!a`) terms, joined by commas, in name order; set-based terms
     //!   (`a in (b)`) are refused with 400 rather than answered wrongly.
     //!
-    //! Every write (create, replace, delete) takes the next resourceVersion, one counter for the
+    //! Every write (create, replace, patch, delete) takes the next resourceVersion, one counter for the
     //! namespace as etcd's revision is. Errors are [`kube::Error::Api`] with kube-apiserver's
     //! code and reason. Each request is counted ([`MemorySecrets::take_requests`]), can be made to
     //! fail ([`MemorySecrets::fail_next`]), and, once [`MemorySecrets::interleave`] is called,
@@ -406,6 +507,8 @@ pub(crate) mod memory {
         Get,
         /// `PUT`.
         Replace,
+        /// `PATCH` (JSON Patch).
+        Patch,
         /// `DELETE`.
         Delete,
         /// `GET` of the collection.
@@ -421,6 +524,8 @@ pub(crate) mod memory {
         pub(crate) get: usize,
         /// Replaces.
         pub(crate) replace: usize,
+        /// Patches.
+        pub(crate) patch: usize,
         /// Deletes.
         pub(crate) delete: usize,
         /// Lists.
@@ -430,7 +535,7 @@ pub(crate) mod memory {
     impl Requests {
         /// All of them.
         pub(crate) fn total(&self) -> usize {
-            self.create + self.get + self.replace + self.delete + self.list
+            self.create + self.get + self.replace + self.patch + self.delete + self.list
         }
 
         fn count(&mut self, verb: Verb) {
@@ -438,6 +543,7 @@ pub(crate) mod memory {
                 Verb::Create => &mut self.create,
                 Verb::Get => &mut self.get,
                 Verb::Replace => &mut self.replace,
+                Verb::Patch => &mut self.patch,
                 Verb::Delete => &mut self.delete,
                 Verb::List => &mut self.list,
             };
@@ -716,7 +822,26 @@ pub(crate) mod memory {
             Ok(stored)
         }
 
-        fn delete(&mut self, name: &str, preconditions: Option<&Preconditions>) -> Result<(), kube::Error> {
+        fn patch(&mut self, name: &str, patch: &json_patch::Patch) -> Result<Secret, kube::Error> {
+            let current = self.secrets.get(name).ok_or_else(|| not_found(name))?;
+            let mut document =
+                serde_json::to_value(current).map_err(|e| status(500, "InternalError", &e.to_string()))?;
+            json_patch::patch(&mut document, &patch.0).map_err(|e| status(422, "Invalid", &e.to_string()))?;
+            let mut patched: Secret =
+                serde_json::from_value(document).map_err(|e| status(400, "BadRequest", &e.to_string()))?;
+            validate(&patched)?;
+            patched.metadata.name = current.metadata.name.clone();
+            patched.metadata.uid = current.metadata.uid.clone();
+            patched.metadata.resource_version = Some(self.write());
+            self.secrets.insert(name.to_string(), patched.clone());
+            Ok(patched)
+        }
+
+        fn delete(
+            &mut self,
+            name: &str,
+            preconditions: Option<&Preconditions>,
+        ) -> Result<Secret, kube::Error> {
             let current = self.secrets.get(name).ok_or_else(|| not_found(name))?;
             let meta = &current.metadata;
             if let Some(preconditions) = preconditions {
@@ -739,9 +864,9 @@ pub(crate) mod memory {
                     }
                 }
             }
-            self.secrets.remove(name);
+            let deleted = self.secrets.remove(name).ok_or_else(|| not_found(name))?;
             self.write();
-            Ok(())
+            Ok(deleted)
         }
 
         fn list(&self, selector: &str) -> Result<Vec<Secret>, kube::Error> {
@@ -807,12 +932,23 @@ pub(crate) mod memory {
             self.state().replace(name, secret)
         }
 
+        /// `PATCH` with a JSON Patch: 404 when missing, 422 `Invalid` when an operation fails
+        /// (a `test` that does not hold included); nothing changes then.
+        pub(crate) async fn patch(
+            &self,
+            name: &str,
+            patch: &json_patch::Patch,
+        ) -> Result<Secret, kube::Error> {
+            self.arrive(Verb::Patch).await?;
+            self.state().patch(name, patch)
+        }
+
         /// `DELETE`, with `preconditions` if any.
         pub(crate) async fn delete(
             &self,
             name: &str,
             preconditions: Option<&Preconditions>,
-        ) -> Result<(), kube::Error> {
+        ) -> Result<Secret, kube::Error> {
             self.arrive(Verb::Delete).await?;
             self.state().delete(name, preconditions)
         }
@@ -1122,6 +1258,31 @@ mod tests {
         assert_eq!(refusal(memory.list("t in (x)").await), (400, "BadRequest".into()));
         assert_eq!(refusal(memory.list("t=x=y").await), (400, "BadRequest".into()));
 
+        // Patch (JSON Patch): atomic, a failed `test` changes nothing.
+        let json_patch = |ops: serde_json::Value| serde_json::from_value::<json_patch::Patch>(ops).unwrap();
+        let before = memory.get("c").await.unwrap();
+        let failing = json_patch(serde_json::json!([
+            {"op": "add", "path": "/data", "value": {"k": "dg=="}},
+            {"op": "test", "path": "/metadata/name", "value": "d"},
+        ]));
+        assert_eq!(
+            refusal(memory.patch("c", &failing).await),
+            (422, "Invalid".into())
+        );
+        assert_eq!(memory.get("c").await.unwrap(), before, "nothing changed");
+        let holding = json_patch(serde_json::json!([
+            {"op": "test", "path": "/metadata/name", "value": "c"},
+            {"op": "add", "path": "/data", "value": {"k": "dg=="}},
+        ]));
+        let patched = memory.patch("c", &holding).await.unwrap();
+        assert_eq!(patched.data.as_ref().unwrap()["k"].0, b"v");
+        assert!(version(&patched) > version(&before));
+        assert_eq!(patched.metadata.uid, before.metadata.uid);
+        assert_eq!(
+            refusal(memory.patch("missing", &holding).await),
+            (404, "NotFound".into())
+        );
+
         memory.fail_next(Verb::Get, 503);
         assert_eq!(refusal(memory.get("c").await), (503, "InternalError".into()));
         memory.get("c").await.unwrap();
@@ -1130,8 +1291,9 @@ mod tests {
             requests,
             Requests {
                 create: 8,
-                get: 4,
+                get: 6,
                 replace: 6,
+                patch: 3,
                 delete: 4,
                 list: 8,
             }

@@ -2,10 +2,15 @@
 //! and checked with a FederationDomain's token-signing key.
 //!
 //! A token is `<prefix><key>.<signature>`: `pin_ac_`, `pin_at_` or `pin_rt_` (so a user who
-//! finds one knows what it is), 32 random bytes and their HMAC-SHA256 under the token-signing
-//! key, both base64url. The signature names the token's storage Secret
-//! ([`crate::session::storage::Resource::secret_name`]); only a holder of the whole token can present it,
-//! and only the Supervisor can make a token whose signature checks.
+//! finds one knows what it is), a key and its HMAC-SHA256 under the token-signing key, both
+//! base64url. Selkie's key is 44 bytes: the login's ID (16), the generation of the login's
+//! tokens the token belongs to (4, big-endian) and 24 random bytes ([`LoginRef`]), signed
+//! with the prefix before it (so a token of one kind never passes for another), so that a
+//! token names the one Secret its login is stored in ([`crate::session::login`]). A key of 32
+//! random bytes is a token of the earlier format (Pinniped's, which Selkie minted before one
+//! Secret per login), whose signature names its own storage Secret
+//! ([`crate::session::storage::Resource::secret_name`]). Only a holder of the whole token can
+//! present it, and only the Supervisor can make a token whose signature checks.
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD as B64URL, Engine as _};
 use ring::{hmac, rand::SecureRandom as _};
@@ -56,6 +61,17 @@ impl std::fmt::Debug for TokenKey {
     }
 }
 
+/// The login a token was minted for: where the login is stored, and which generation of its
+/// tokens the token belongs to (0: the authorization code; 1: the tokens the code gave; one more
+/// with each refresh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginRef {
+    /// The login's ID (its request ID's 16 bytes).
+    pub id: [u8; 16],
+    /// The generation of the login's tokens.
+    pub generation: u32,
+}
+
 /// A freshly minted token and its signature (the storage key).
 pub struct Minted {
     /// The whole token, for the client only.
@@ -70,36 +86,104 @@ impl std::fmt::Debug for Minted {
     }
 }
 
+/// A presented token whose signature checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// Its signature.
+    pub signature: String,
+    /// The login it was minted for; `None` for a token of the earlier format, stored under its
+    /// signature.
+    pub login: Option<LoginRef>,
+}
+
+/// Random bytes in a Selkie token's key.
+const RANDOM: usize = 24;
+/// The length of a Selkie token's key: login ID, generation, random bytes.
+const KEY: usize = 16 + 4 + RANDOM;
+/// The length of an earlier token's key (Pinniped's): random bytes only.
+const EARLIER_KEY: usize = 32;
+
 impl TokenKey {
     /// The key of `secret_bytes` (the Secret's `key`).
     pub fn new(secret_bytes: &[u8]) -> Self {
         Self(hmac::Key::new(hmac::HMAC_SHA256, secret_bytes))
     }
 
-    /// A new token of `kind`.
-    pub fn mint(&self, kind: Kind) -> Result<Minted, TokenError> {
-        let mut key = [0u8; 32];
+    /// A new token of `kind` for `login`.
+    pub fn mint(&self, kind: Kind, login: LoginRef) -> Result<Minted, TokenError> {
+        let mut key = [0u8; KEY];
+        key[..16].copy_from_slice(&login.id);
+        key[16..20].copy_from_slice(&login.generation.to_be_bytes());
+        ring::rand::SystemRandom::new()
+            .fill(&mut key[20..])
+            .map_err(|_| TokenError::Random)?;
+        let signature = self.sign(&[kind.prefix().as_bytes(), &key]);
+        Ok(Self::minted(kind, &key, signature))
+    }
+
+    /// A new token of `kind` in the earlier format (32 random bytes, stored under its
+    /// signature), as Pinniped and earlier Selkie versions mint them: for tests of their
+    /// migration.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn mint_earlier(&self, kind: Kind) -> Result<Minted, TokenError> {
+        let mut key = [0u8; EARLIER_KEY];
         ring::rand::SystemRandom::new()
             .fill(&mut key)
             .map_err(|_| TokenError::Random)?;
-        let signature = B64URL.encode(hmac::sign(&self.0, &key).as_ref());
-        Ok(Minted {
-            token: format!("{}{}.{signature}", kind.prefix(), B64URL.encode(key)),
-            signature,
-        })
+        let signature = self.sign(&[&key]);
+        Ok(Self::minted(kind, &key, signature))
     }
 
-    /// The signature of a presented `token` of `kind`, after checking it (in constant time).
-    pub fn signature_of(&self, kind: Kind, token: &str) -> Result<String, TokenError> {
+    /// The HMAC of `parts`, one after the other.
+    fn sign(&self, parts: &[&[u8]]) -> hmac::Tag {
+        let mut context = hmac::Context::with_key(&self.0);
+        for part in parts {
+            context.update(part);
+        }
+        context.sign()
+    }
+
+    fn minted(kind: Kind, key: &[u8], signature: hmac::Tag) -> Minted {
+        let signature = B64URL.encode(signature.as_ref());
+        Minted {
+            token: format!("{}{}.{signature}", kind.prefix(), B64URL.encode(key)),
+            signature,
+        }
+    }
+
+    /// Checks a presented `token` of `kind` (its signature, in constant time) and returns its
+    /// signature and the login it names. Fails without saying more than
+    /// [`TokenError::Malformed`] or [`TokenError::BadSignature`]; never quotes the token.
+    pub fn check(&self, kind: Kind, token: &str) -> Result<Checked, TokenError> {
         let rest = token.strip_prefix(kind.prefix()).ok_or(TokenError::Malformed)?;
         let (key, signature) = rest.split_once('.').ok_or(TokenError::Malformed)?;
         let key = B64URL.decode(key).map_err(|_| TokenError::Malformed)?;
         let tag = B64URL.decode(signature).map_err(|_| TokenError::Malformed)?;
-        if key.len() != 32 {
+        if key.len() != KEY && key.len() != EARLIER_KEY {
             return Err(TokenError::Malformed);
         }
-        hmac::verify(&self.0, &key, &tag).map_err(|_| TokenError::BadSignature)?;
-        Ok(signature.to_string())
+        // Selkie's tokens sign their kind too (an access token's key and signature never make a
+        // refresh token); the earlier format signs the key alone.
+        let signed: Vec<u8> = if key.len() == KEY {
+            [kind.prefix().as_bytes(), &key].concat()
+        } else {
+            key.clone()
+        };
+        hmac::verify(&self.0, &signed, &tag).map_err(|_| TokenError::BadSignature)?;
+        let login = (key.len() == KEY).then(|| {
+            let mut id = [0u8; 16];
+            id.copy_from_slice(&key[..16]);
+            let mut generation = [0u8; 4];
+            generation.copy_from_slice(&key[16..20]);
+            LoginRef {
+                id,
+                generation: u32::from_be_bytes(generation),
+            }
+        });
+        Ok(Checked {
+            signature: signature.to_string(),
+            login,
+        })
     }
 }
 
@@ -107,22 +191,30 @@ impl TokenKey {
 mod tests {
     use super::*;
 
+    const LOGIN: LoginRef = LoginRef {
+        id: [3; 16],
+        generation: 7,
+    };
+
     #[test]
     fn minted_tokens_check_only_under_their_key_and_kind() {
         let key = TokenKey::new(&[7; 32]);
-        let minted = key.mint(Kind::RefreshToken).unwrap();
+        let minted = key.mint(Kind::RefreshToken, LOGIN).unwrap();
         assert!(minted.token.starts_with("pin_rt_"));
         assert_eq!(
-            key.signature_of(Kind::RefreshToken, &minted.token).unwrap(),
-            minted.signature
+            key.check(Kind::RefreshToken, &minted.token).unwrap(),
+            Checked {
+                signature: minted.signature.clone(),
+                login: Some(LOGIN)
+            }
         );
         assert_eq!(
-            key.signature_of(Kind::AccessToken, &minted.token),
+            key.check(Kind::AccessToken, &minted.token),
             Err(TokenError::Malformed),
             "a refresh token is not an access token"
         );
         assert_eq!(
-            TokenKey::new(&[8; 32]).signature_of(Kind::RefreshToken, &minted.token),
+            TokenKey::new(&[8; 32]).check(Kind::RefreshToken, &minted.token),
             Err(TokenError::BadSignature),
             "another FederationDomain's key"
         );
@@ -130,17 +222,68 @@ mod tests {
         let mut forged = signature.to_string();
         forged.replace_range(0..1, if forged.starts_with('A') { "B" } else { "A" });
         assert_eq!(
-            key.signature_of(Kind::RefreshToken, &format!("{head}.{forged}")),
+            key.check(Kind::RefreshToken, &format!("{head}.{forged}")),
             Err(TokenError::BadSignature)
         );
         for malformed in ["pin_rt_", "pin_rt_abc", "pin_rt_!!.??", "pin_rt_YQ.YQ"] {
             assert_eq!(
-                key.signature_of(Kind::RefreshToken, malformed),
+                key.check(Kind::RefreshToken, malformed),
                 Err(TokenError::Malformed),
                 "{malformed}"
             );
         }
-        assert_ne!(key.mint(Kind::RefreshToken).unwrap().signature, minted.signature);
+        assert_ne!(
+            key.mint(Kind::RefreshToken, LOGIN).unwrap().signature,
+            minted.signature
+        );
         assert!(!format!("{minted:?}").contains(&minted.signature));
+    }
+
+    /// The login and generation are in the signed key: changing either breaks the signature.
+    #[test]
+    fn the_login_a_token_names_cannot_be_changed() {
+        let key = TokenKey::new(&[7; 32]);
+        let minted = key.mint(Kind::AccessToken, LOGIN).unwrap();
+        let (head, signature) = minted.token.rsplit_once('.').unwrap();
+        let mut raw = B64URL.decode(head.strip_prefix("pin_at_").unwrap()).unwrap();
+        for byte in [0, 19] {
+            raw[byte] ^= 1;
+            let changed = format!("pin_at_{}.{signature}", B64URL.encode(&raw));
+            assert_eq!(
+                key.check(Kind::AccessToken, &changed),
+                Err(TokenError::BadSignature)
+            );
+            raw[byte] ^= 1;
+        }
+    }
+
+    /// An access token's key and signature under the refresh token's prefix are no refresh token
+    /// (nor a code's under another prefix): the kind is signed.
+    #[test]
+    fn a_token_cannot_change_its_kind() {
+        let key = TokenKey::new(&[7; 32]);
+        for (kind, other) in [
+            (Kind::AccessToken, Kind::RefreshToken),
+            (Kind::AuthorizationCode, Kind::RefreshToken),
+            (Kind::RefreshToken, Kind::AccessToken),
+        ] {
+            let minted = key.mint(kind, LOGIN).unwrap();
+            let swapped = minted.token.replacen(kind.prefix(), other.prefix(), 1);
+            assert_eq!(key.check(other, &swapped), Err(TokenError::BadSignature));
+        }
+    }
+
+    /// Tokens of the earlier format (Pinniped's: 32 random bytes) still check, naming no login.
+    #[test]
+    fn earlier_tokens_check_without_a_login() {
+        let key = TokenKey::new(&[7; 32]);
+        let earlier = key.mint_earlier(Kind::RefreshToken).unwrap();
+        assert_eq!(
+            key.check(Kind::RefreshToken, &earlier.token).unwrap(),
+            Checked {
+                signature: earlier.signature,
+                login: None
+            }
+        );
     }
 }

@@ -340,15 +340,20 @@ fn check_prompt(prompt: Option<&str>) -> Result<(), (Code, String)> {
 /// Whether a PKCE `verifier` (43 to 128 unreserved characters, RFC 7636 §4.1) is the one whose
 /// S256 `challenge` the authorization request carried.
 pub(crate) fn verifier_matches(challenge: &str, verifier: &str) -> bool {
+    // Both sides are public-length strings; compare without an early exit anyway.
+    challenge_of(verifier).is_some_and(|computed| bool::from(computed.as_bytes().ct_eq(challenge.as_bytes())))
+}
+
+/// The S256 PKCE challenge of `verifier` (RFC 7636 §4.2), `None` when it is no well-formed
+/// verifier (43 to 128 unreserved characters).
+pub(crate) fn challenge_of(verifier: &str) -> Option<String> {
     use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
     use sha2::Digest as _;
     let well_formed = (43..=128).contains(&verifier.len())
         && verifier
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'));
-    let computed = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes()));
-    // Both sides are public-length strings; compare without an early exit anyway.
-    well_formed && bool::from(computed.as_bytes().ct_eq(challenge.as_bytes()))
+    well_formed.then(|| URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes())))
 }
 
 #[cfg(test)]

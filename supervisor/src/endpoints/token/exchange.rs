@@ -11,6 +11,7 @@ use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::{other_client, param, store_failed, TokenClient};
 use crate::endpoints::Endpoints;
 use crate::issuer::Issuer;
+use crate::session;
 use crate::session::id_token::{self, IdTokenClaims};
 use crate::session::storage::Resource;
 use crate::session::tokens::Kind;
@@ -50,23 +51,48 @@ pub(crate) async fn exchange(
         ));
     }
     let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
-    let signature = issuer
+    let checked = issuer
         .token_key
-        .signature_of(Kind::AccessToken, subject_token)
+        .check(Kind::AccessToken, subject_token)
         .map_err(|_| invalid("The subject token is malformed or was not issued by this FederationDomain."))?;
+    let unknown = || invalid("The subject token has expired or is unknown.");
     let now = OffsetDateTime::now_utc();
-    let Some((session, _)) = endpoints
-        .store
-        .get(Resource::AccessToken, &signature)
-        .await
-        .map_err(|e| store_failed(&e))?
-    else {
-        return Err(invalid("The subject token has expired or is unknown."));
+    let (session, expires_at) = match checked.login {
+        Some(token) => {
+            let Some((login, _)) = endpoints
+                .store
+                .get_login(&token.id)
+                .await
+                .map_err(|e| store_failed(&e))?
+            else {
+                return Err(unknown());
+            };
+            match &login.tokens {
+                Some(tokens) if tokens.is_access(token, &checked.signature) => {
+                    let expires_at = (tokens.issued() + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();
+                    (login.session, expires_at)
+                }
+                _ => return Err(unknown()),
+            }
+        }
+        // A token of the earlier format, stored under its signature.
+        None => {
+            let Some((session, _)) = endpoints
+                .store
+                .get(Resource::AccessToken, &checked.signature)
+                .await
+                .map_err(|e| store_failed(&e))?
+            else {
+                return Err(unknown());
+            };
+            let expires_at = session.token_expires_at;
+            (session, expires_at)
+        }
     };
     if session.client_id != client.id {
         return Err(other_client());
     }
-    if now.unix_timestamp() >= session.token_expires_at {
+    if now.unix_timestamp() >= expires_at {
         return Err(invalid("The subject token has expired."));
     }
     if !session.has_scope("openid") || !session.has_scope("pinniped:request-audience") {

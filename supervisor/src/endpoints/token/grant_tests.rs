@@ -26,7 +26,6 @@ use arc_swap::ArcSwap;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use http::HeaderMap;
 use http_body_util::{BodyExt as _, Full};
-use k8s_openapi::api::core::v1::Secret;
 use selkie_oidc::{
     discovery::Discovery,
     jose::{parse_jwks, sign::SigningKey, Jws},
@@ -42,9 +41,10 @@ use crate::idp::{throttle::PasswordThrottle, OidcUpstream};
 use crate::issuer::Issuers;
 use crate::sealed::Sealer;
 use crate::server::{audit::Audit, metrics::Metrics};
+use crate::session::login::{self as stored_login, CodeState, Login as StoredLogin};
 use crate::session::store::{
     memory::{MemorySecrets, Requests, Verb},
-    Store, REQUEST_ID_LABEL,
+    Store,
 };
 use crate::session::tokens::TokenKey;
 use crate::session::{Identity, Upstream as SessionUpstream};
@@ -345,14 +345,12 @@ impl Harness {
         Answer::of(self.endpoints.handle(request).await).await
     }
 
-    /// A login of the CLI with `scopes`, as the callback stores it; `change` it before.
-    async fn login_with(&self, scopes: &[&str], change: impl FnOnce(&mut Session)) -> Login {
+    /// The session of a login of the CLI with `scopes` and `request_id`, `verifier` its PKCE
+    /// verifier, as the callback makes it.
+    fn session(&self, request_id: &str, scopes: &[&str], verifier: &str) -> Session {
         let now = OffsetDateTime::now_utc();
-        let request_id = session::new_request_id().unwrap();
-        let verifier = format!("verifier-{request_id}");
-        let code = self.issuer.token_key.mint(Kind::AuthorizationCode).unwrap();
-        let mut session = Session {
-            request_id: request_id.clone(),
+        Session {
+            request_id: request_id.to_string(),
             client_id: authorize::PINNIPED_CLI.into(),
             redirect_uri: REDIRECT_URI.into(),
             scopes: scopes.iter().map(|scope| scope.to_string()).collect(),
@@ -385,19 +383,34 @@ impl Harness {
             },
             access_token_signature: None,
             rotated: false,
-        };
-        change(&mut session);
-        self.endpoints
-            .store
-            .create(
-                Resource::AuthCode,
-                &code.signature,
-                &session,
-                session::MAX_SESSION,
-                now,
-            )
-            .await
+        }
+    }
+
+    /// A login of the CLI with `scopes`, as the callback stores it; `change` it before.
+    async fn login_with(&self, scopes: &[&str], change: impl FnOnce(&mut Session)) -> Login {
+        let now = OffsetDateTime::now_utc();
+        let request_id = session::new_request_id().unwrap();
+        let verifier = format!("verifier-{request_id}");
+        let id = stored_login::id_of(&request_id).unwrap();
+        let code = self
+            .issuer
+            .token_key
+            .mint(Kind::AuthorizationCode, LoginRef { id, generation: 0 })
             .unwrap();
+        let mut session = self.session(&request_id, scopes, &verifier);
+        change(&mut session);
+        let binding =
+            stored_login::binding(&session.client_id, &session.redirect_uri, &session.code_challenge);
+        let login = StoredLogin {
+            session,
+            code: CodeState::Active {
+                signature: code.signature,
+                binding,
+            },
+            tokens: None,
+            migrated_from: None,
+        };
+        self.endpoints.store.create_login(&login, now).await.unwrap();
         Login {
             code: code.token,
             verifier,
@@ -417,73 +430,55 @@ impl Harness {
         (login, tokens)
     }
 
-    /// The access- and refresh-token Secrets of the login `request_id`, with their sessions.
-    fn token_secrets(&self, request_id: &str) -> Vec<(Resource, Secret, Session)> {
-        self.memory
-            .secrets()
-            .into_iter()
-            .filter(|secret| {
-                secret
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|labels| labels.get(REQUEST_ID_LABEL))
-                    .is_some_and(|id| id == request_id)
-            })
-            .filter_map(|secret| {
-                let resource = [Resource::AccessToken, Resource::RefreshToken]
-                    .into_iter()
-                    .find(|resource| resource.read_secret(&secret).is_ok())?;
-                let session = serde_json::from_value(resource.read_secret(&secret).ok()?).unwrap();
-                Some((resource, secret, session))
-            })
-            .collect()
+    /// The stored login `request_id`, if its Secret is there.
+    fn stored_login(&self, request_id: &str) -> Option<StoredLogin> {
+        let id = stored_login::id_of(request_id)?;
+        let secret = self.memory.stored(&stored_login::secret_name(&id))?;
+        Some(StoredLogin::read(&secret).unwrap())
     }
 
-    /// The tokens of the login `request_id` a client could still use: its access tokens and
-    /// its refresh tokens not exchanged yet (names of their Secrets).
+    /// The request ID of the login `token` (of `kind`) was minted for.
+    fn request_id_of(&self, kind: Kind, token: &str) -> String {
+        let login = self.issuer.token_key.check(kind, token).unwrap().login.unwrap();
+        session::uuid_text(&login.id)
+    }
+
+    /// The signatures of the tokens of the login `request_id` a client could still use: its
+    /// current access token, and its current refresh token when it was granted
+    /// `offline_access`; none once the login ended.
     fn usable_tokens(&self, request_id: &str) -> Vec<String> {
-        self.token_secrets(request_id)
-            .into_iter()
-            .filter(|(resource, _, session)| *resource == Resource::AccessToken || !session.rotated)
-            .map(|(_, secret, _)| secret.metadata.name.unwrap_or_default())
-            .collect()
+        let Some(login) = self.stored_login(request_id) else {
+            return Vec::new();
+        };
+        let Some(tokens) = login.tokens else {
+            return Vec::new();
+        };
+        let mut usable = vec![tokens.access];
+        if login.session.has_scope("offline_access") {
+            usable.push(tokens.refresh);
+        }
+        usable
     }
 
-    /// The stored session of `token`, of `kind`.
-    fn stored(&self, kind: Kind, token: &str) -> Option<Session> {
-        let resource = match kind {
-            Kind::AuthorizationCode => Resource::AuthCode,
-            Kind::AccessToken => Resource::AccessToken,
-            Kind::RefreshToken => Resource::RefreshToken,
-        };
-        let signature = self.issuer.token_key.signature_of(kind, token).unwrap();
-        let secret = self.memory.stored(&resource.secret_name(&signature))?;
-        Some(serde_json::from_value(resource.read_secret(&secret).unwrap()).unwrap())
+    /// The stored login of `token`, of `kind`.
+    fn stored(&self, kind: Kind, token: &str) -> Option<StoredLogin> {
+        self.stored_login(&self.request_id_of(kind, token))
+    }
+
+    /// Changes the stored login of `token`, of `kind`, behind the endpoint's back.
+    fn edit_login(&self, kind: Kind, token: &str, change: impl FnOnce(&mut StoredLogin)) {
+        let mut login = self.stored(kind, token).unwrap();
+        change(&mut login);
+        let fresh = login.to_secret(OffsetDateTime::now_utc()).unwrap();
+        let id = login.id().unwrap();
+        assert!(self
+            .memory
+            .edit(&stored_login::secret_name(&id), |secret| secret.data = fresh.data));
     }
 
     /// Changes the stored session of `token`, of `kind`, behind the endpoint's back.
     fn edit(&self, kind: Kind, token: &str, change: impl FnOnce(&mut Session)) {
-        let resource = match kind {
-            Kind::AuthorizationCode => Resource::AuthCode,
-            Kind::AccessToken => Resource::AccessToken,
-            Kind::RefreshToken => Resource::RefreshToken,
-        };
-        let signature = self.issuer.token_key.signature_of(kind, token).unwrap();
-        let mut session = self.stored(kind, token).unwrap();
-        change(&mut session);
-        let data = serde_json::to_value(&session).unwrap();
-        let fresh = resource.to_secret(
-            &signature,
-            &data,
-            &Default::default(),
-            time::Duration::ZERO,
-            OffsetDateTime::now_utc(),
-        );
-        assert!(self
-            .memory
-            .edit(&resource.secret_name(&signature), |secret| secret.data =
-                fresh.data));
+        self.edit_login(kind, token, |login| change(&mut login.session));
     }
 
     /// Whether a client holding the tokens of `answer` can still use them: the access token for
@@ -512,9 +507,9 @@ impl Harness {
 // The authorization code grant.
 
 /// A good redemption answers the tokens a client needs — an opaque access token, a refresh
-/// token (`offline_access`), an ID token for `pinniped-cli` with the login's nonce — and stores
-/// the access and refresh tokens under the login's request ID, the code marked used; in the four
-/// requests the store's documentation counts (with the code's write, five).
+/// token (`offline_access`), an ID token for `pinniped-cli` with the login's nonce — and records
+/// the access and refresh tokens in the login's Secret, the code marked used: in one request,
+/// a conditional patch (with the code's write at the authorization endpoint, two).
 #[tokio::test(flavor = "current_thread")]
 async fn a_redeemed_code_gives_stored_tokens_and_an_id_token() {
     let harness = Harness::start().await;
@@ -525,9 +520,7 @@ async fn a_redeemed_code_gives_stored_tokens_and_an_id_token() {
     assert_eq!(
         harness.memory.take_requests(),
         Requests {
-            get: 1,
-            create: 2,
-            replace: 1,
+            patch: 1,
             ..Requests::default()
         }
     );
@@ -548,27 +541,22 @@ async fn a_redeemed_code_gives_stored_tokens_and_an_id_token() {
     assert_eq!(claims["groups"], json!(["seals"]));
     assert_eq!(claims["at_hash"], json!(id_token::at_hash(access)));
 
-    let stored_access = harness.stored(Kind::AccessToken, access).unwrap();
-    let stored_refresh = harness.stored(Kind::RefreshToken, refresh).unwrap();
-    assert_eq!(stored_access.request_id, login.request_id);
-    assert_eq!(stored_refresh.request_id, login.request_id);
+    assert_eq!(harness.request_id_of(Kind::AccessToken, access), login.request_id);
     assert_eq!(
-        stored_refresh.access_token_signature.as_deref(),
-        Some(
-            harness
-                .issuer
-                .token_key
-                .signature_of(Kind::AccessToken, access)
-                .unwrap()
-                .as_str()
-        ),
-        "a refresh finds the access token issued with it"
+        harness.request_id_of(Kind::RefreshToken, refresh),
+        login.request_id
     );
-    assert!(
-        !harness
-            .stored(Kind::AuthorizationCode, &login.code)
-            .unwrap()
-            .code_active
+    let stored = harness.stored_login(&login.request_id).unwrap();
+    assert_eq!(stored.code, CodeState::Used);
+    let tokens = stored.tokens.unwrap();
+    let signature = |kind, token| harness.issuer.token_key.check(kind, token).unwrap().signature;
+    assert_eq!(
+        (tokens.generation, tokens.access, tokens.refresh),
+        (
+            1,
+            signature(Kind::AccessToken, access),
+            signature(Kind::RefreshToken, refresh)
+        )
     );
     assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
 
@@ -580,7 +568,7 @@ async fn a_redeemed_code_gives_stored_tokens_and_an_id_token() {
 }
 
 /// A redemption with the wrong PKCE verifier, the wrong redirect URI, another client's code or
-/// an expired code is `invalid_grant`, and stores no token.
+/// an expired code is `invalid_grant`, and stores no token (an expired code's login ends).
 #[tokio::test(flavor = "current_thread")]
 async fn a_code_redeemed_wrongly_is_invalid_grant() {
     let harness = Harness::start().await;
@@ -628,9 +616,16 @@ async fn a_code_redeemed_wrongly_is_invalid_grant() {
         "{}",
         answer.body
     );
+    assert!(harness.stored_login(&expired.request_id).is_none());
     let forged = Login {
         code: TokenKey::new(&[8; 32])
-            .mint(Kind::AuthorizationCode)
+            .mint(
+                Kind::AuthorizationCode,
+                LoginRef {
+                    id: stored_login::id_of(&login.request_id).unwrap(),
+                    generation: 0,
+                },
+            )
             .unwrap()
             .token,
         verifier: login.verifier.clone(),
@@ -654,7 +649,7 @@ async fn a_code_redeemed_twice_revokes_what_it_gave() {
     let (login, first) = harness.logged_in().await;
     let second = harness.send(redeem_request(&login)).await;
     second.assert_error(Code::InvalidGrant);
-    assert!(harness.token_secrets(&login.request_id).is_empty());
+    assert!(harness.stored_login(&login.request_id).is_none());
     assert_eq!(harness.still_usable(&first).await, (false, false));
 }
 
@@ -691,18 +686,17 @@ async fn concurrent_redemptions_of_one_code_leave_no_usable_token() {
 }
 
 /// When marking the code used fails (the store unreachable), the client is told to retry
-/// (`temporarily_unavailable`), the tokens it was never given are deleted, and the code can be
-/// redeemed again.
+/// (`temporarily_unavailable`), no token is recorded, and the code can be redeemed again.
 #[tokio::test(flavor = "current_thread")]
 async fn a_code_not_marked_used_gives_no_tokens_and_stays_redeemable() {
     let harness = Harness::start().await;
     let login = harness.login().await;
-    harness.memory.fail_next(Verb::Replace, 500);
+    harness.memory.fail_next(Verb::Patch, 500);
     harness
         .send(redeem_request(&login))
         .await
         .assert_error(Code::TemporarilyUnavailable);
-    assert!(harness.token_secrets(&login.request_id).is_empty());
+    assert!(harness.usable_tokens(&login.request_id).is_empty());
     assert!(harness.send(redeem_request(&login)).await.granted());
 }
 
@@ -743,12 +737,10 @@ async fn pinniped_cli_authenticates_as_a_public_client() {
             "{extra:?} {credentials:?}"
         );
     }
-    assert!(
-        harness
-            .stored(Kind::AuthorizationCode, &login.code)
-            .unwrap()
-            .code_active
-    );
+    assert!(matches!(
+        harness.stored(Kind::AuthorizationCode, &login.code).unwrap().code,
+        CodeState::Active { .. }
+    ));
 
     let answer = harness
         .send(post(
@@ -766,10 +758,10 @@ async fn pinniped_cli_authenticates_as_a_public_client() {
 // ---------------------------------------------------------------------------------------------
 // The refresh token grant.
 
-/// A refresh checks the user upstream, rotates the refresh token (a new one; the old one's
-/// Secret kept, marked used) and deletes the access token issued with it; the new tokens work
-/// and the ID token has the groups the upstream says now and no nonce. Five store requests, as
-/// documented.
+/// A refresh checks the user upstream, rotates the refresh token (a new generation of the
+/// login's tokens) and so ends the access token issued with it; the new tokens work and the ID
+/// token has the groups the upstream says now and no nonce. Two store requests: a read and a
+/// conditional write.
 #[tokio::test(flavor = "current_thread")]
 async fn a_refresh_rotates_the_refresh_token_and_ends_the_old_access_token() {
     let harness = Harness::start().await;
@@ -783,8 +775,6 @@ async fn a_refresh_rotates_the_refresh_token_and_ends_the_old_access_token() {
         Requests {
             get: 1,
             replace: 1,
-            delete: 1,
-            create: 2,
             ..Requests::default()
         }
     );
@@ -800,11 +790,8 @@ async fn a_refresh_rotates_the_refresh_token_and_ends_the_old_access_token() {
     );
     assert!(claims.get("nonce").is_none());
 
-    assert!(
-        harness.stored(Kind::AccessToken, old_access).is_none(),
-        "the old access token is deleted"
-    );
-    assert!(harness.stored(Kind::RefreshToken, old_refresh).unwrap().rotated);
+    let stored = harness.stored_login(&login.request_id).unwrap();
+    assert_eq!(stored.tokens.unwrap().generation, 2);
     assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
     harness
         .send(exchange_request(old_access, "cluster-a"))
@@ -815,6 +802,97 @@ async fn a_refresh_rotates_the_refresh_token_and_ends_the_old_access_token() {
         .await
         .granted());
     assert!(harness.send(refresh_request(new_refresh)).await.granted());
+}
+
+/// A session stored in the earlier format — one Secret per token in Pinniped's layout, as Selkie
+/// stored them before one Secret per login — keeps working after the upgrade: its access
+/// token still exchanges, and its refresh token refreshes, carrying the login over into a Secret
+/// of its own that holds the new tokens (the old access token's Secret deleted, the old
+/// refresh token's kept marked rotated). Reusing the old refresh token then ends the login in
+/// both formats.
+#[tokio::test(flavor = "current_thread")]
+async fn an_earlier_format_session_is_carried_over_at_its_first_refresh() {
+    let harness = Harness::start().await;
+    let now = OffsetDateTime::now_utc();
+    // Selkie's request IDs before UUIDs were not UUIDs: the login gets one.
+    let earlier_id = "Zm9yLWEtdGVzdA";
+    let key = &harness.issuer.token_key;
+    let (access, refresh) = (
+        key.mint_earlier(Kind::AccessToken).unwrap(),
+        key.mint_earlier(Kind::RefreshToken).unwrap(),
+    );
+    let mut session = harness.session(earlier_id, CLI_SCOPES, "unused");
+    session.code_active = false;
+    session.access_token_signature = Some(access.signature.clone());
+    let store = &harness.endpoints.store;
+    let mut stored_access = session.clone();
+    stored_access.token_expires_at = (now + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();
+    store
+        .create(
+            Resource::AccessToken,
+            &access.signature,
+            &stored_access,
+            session::MAX_SESSION,
+            now,
+        )
+        .await
+        .unwrap();
+    session.token_expires_at = session.expires_at;
+    store
+        .create(
+            Resource::RefreshToken,
+            &refresh.signature,
+            &session,
+            session::MAX_SESSION,
+            now,
+        )
+        .await
+        .unwrap();
+    assert!(harness
+        .send(exchange_request(&access.token, "cluster-a"))
+        .await
+        .granted());
+
+    let refreshed = harness.send(refresh_request(&refresh.token)).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    let new_refresh = refreshed.field("refresh_token");
+    let request_id = harness.request_id_of(Kind::RefreshToken, new_refresh);
+    let login = harness.stored_login(&request_id).unwrap();
+    assert_eq!(login.migrated_from.as_deref(), Some(earlier_id));
+    assert_eq!(
+        (login.code, login.tokens.unwrap().generation),
+        (CodeState::Used, 1)
+    );
+    assert_eq!(login.session.identity.username, "pinny");
+    let earlier = |resource: Resource, signature: &str| {
+        harness
+            .memory
+            .stored(&resource.secret_name(signature))
+            .map(|secret| serde_json::from_value::<Session>(resource.read_secret(&secret).unwrap()).unwrap())
+    };
+    assert!(earlier(Resource::AccessToken, &access.signature).is_none());
+    assert!(
+        earlier(Resource::RefreshToken, &refresh.signature)
+            .unwrap()
+            .rotated
+    );
+    harness
+        .send(exchange_request(&access.token, "cluster-a"))
+        .await
+        .assert_error(Code::InvalidGrant);
+    assert!(harness
+        .send(exchange_request(refreshed.field("access_token"), "cluster-a"))
+        .await
+        .granted());
+
+    // The earlier refresh token again: a reuse, and the login ends in both formats.
+    harness
+        .send(refresh_request(&refresh.token))
+        .await
+        .assert_error(Code::InvalidGrant);
+    assert!(harness.stored_login(&request_id).is_none());
+    assert!(earlier(Resource::RefreshToken, &refresh.signature).is_none());
+    assert_eq!(harness.still_usable(&refreshed).await, (false, false));
 }
 
 /// A session with terms longer than Pinniped's and an idle timeout: its refresh tokens are good
@@ -833,23 +911,30 @@ async fn a_session_with_an_idle_timeout_ends_when_it_goes_unused_that_long() {
     let tokens = harness.send(redeem_request(&login)).await;
     assert!(tokens.granted(), "{}", tokens.body);
     let refresh = tokens.field("refresh_token");
+    let good_until = |stored: &StoredLogin| {
+        let issued = stored.tokens.as_ref().unwrap().issued();
+        stored.session.refresh_token_expires_at(issued)
+    };
     let stored = harness.stored(Kind::RefreshToken, refresh).unwrap();
     let now = OffsetDateTime::now_utc().unix_timestamp();
     assert!(
-        (now + 598..=now + 600).contains(&stored.token_expires_at),
+        (now + 598..=now + 600).contains(&good_until(&stored)),
         "{stored:?}"
     );
-    assert_eq!(stored.expires_at, week);
+    assert_eq!(stored.session.expires_at, week);
 
     let refreshed = harness.send(refresh_request(refresh)).await;
     assert!(refreshed.granted(), "{}", refreshed.body);
     let refresh = refreshed.field("refresh_token");
     let stored = harness.stored(Kind::RefreshToken, refresh).unwrap();
-    assert_eq!(stored.expires_at, week, "a refresh never moves the session's end");
-    assert!(stored.token_expires_at > now + 590, "{stored:?}");
+    assert_eq!(
+        stored.session.expires_at, week,
+        "a refresh never moves the session's end"
+    );
+    assert!(good_until(&stored) > now + 590, "{stored:?}");
 
-    harness.edit(Kind::RefreshToken, refresh, |session| {
-        session.token_expires_at = OffsetDateTime::now_utc().unix_timestamp() - 1;
+    harness.edit_login(Kind::RefreshToken, refresh, |login| {
+        login.tokens.as_mut().unwrap().issued_at = OffsetDateTime::now_utc().unix_timestamp() - 601;
     });
     let idle = harness.send(refresh_request(refresh)).await;
     idle.assert_error(Code::InvalidGrant);
@@ -864,7 +949,11 @@ async fn without_an_idle_timeout_a_refresh_token_lasts_as_long_as_the_session() 
     let stored = harness
         .stored(Kind::RefreshToken, tokens.field("refresh_token"))
         .unwrap();
-    assert_eq!(stored.token_expires_at, stored.expires_at);
+    let issued = stored.tokens.as_ref().unwrap().issued();
+    assert_eq!(
+        stored.session.refresh_token_expires_at(issued),
+        stored.session.expires_at
+    );
 }
 
 /// An old refresh token presented again is `invalid_grant` and ends its whole family
@@ -879,7 +968,7 @@ async fn a_reused_refresh_token_revokes_the_whole_family() {
         .send(refresh_request(first.field("refresh_token")))
         .await
         .assert_error(Code::InvalidGrant);
-    assert!(harness.token_secrets(&login.request_id).is_empty());
+    assert!(harness.stored_login(&login.request_id).is_none());
     assert_eq!(harness.still_usable(&refreshed).await, (false, false));
 }
 
@@ -936,7 +1025,7 @@ async fn concurrent_refreshes_with_one_token_end_the_family() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_refresh_that_says_try_again_may_be_tried_again() {
     let harness = Harness::start().await;
-    for failing in [Verb::Delete, Verb::Create] {
+    for failing in [Verb::Get, Verb::Replace] {
         let (_, tokens) = harness.logged_in().await;
         harness.memory.fail_next(failing, 500);
         let answer = harness.send(refresh_request(tokens.field("refresh_token"))).await;
@@ -1080,8 +1169,8 @@ async fn an_exchange_refuses_pinniped_audiences_missing_scopes_and_expired_token
             .assert_error(Code::AccessDenied);
     }
 
-    harness.edit(Kind::AccessToken, access, |session| {
-        session.token_expires_at = OffsetDateTime::now_utc().unix_timestamp() - 1;
+    harness.edit_login(Kind::AccessToken, access, |login| {
+        login.tokens.as_mut().unwrap().issued_at = OffsetDateTime::now_utc().unix_timestamp() - 121;
     });
     harness
         .send(exchange_request(access, "cluster-a"))
@@ -1106,7 +1195,7 @@ async fn revoking_a_token_ends_its_login() {
             (StatusCode::OK, &Value::Null),
             "{kind}"
         );
-        assert!(harness.token_secrets(&login.request_id).is_empty(), "{kind}");
+        assert!(harness.stored_login(&login.request_id).is_none(), "{kind}");
         assert_eq!(harness.still_usable(&refreshed).await, (false, false), "{kind}");
     }
 }
@@ -1118,10 +1207,29 @@ async fn revoking_a_token_ends_its_login() {
 async fn revocation_of_unknown_or_foreign_tokens() {
     let harness = Harness::start().await;
     let (login, tokens) = harness.logged_in().await;
-    let unknown = harness.issuer.token_key.mint(Kind::RefreshToken).unwrap().token;
-    let foreign = TokenKey::new(&[8; 32]).mint(Kind::AccessToken).unwrap().token;
+    let elsewhere = LoginRef {
+        id: [1; 16],
+        generation: 1,
+    };
+    let unknown = harness
+        .issuer
+        .token_key
+        .mint(Kind::RefreshToken, elsewhere)
+        .unwrap()
+        .token;
+    let unknown_earlier = harness
+        .issuer
+        .token_key
+        .mint_earlier(Kind::RefreshToken)
+        .unwrap()
+        .token;
+    let foreign = TokenKey::new(&[8; 32])
+        .mint(Kind::AccessToken, elsewhere)
+        .unwrap()
+        .token;
     for token in [
         unknown.as_str(),
+        unknown_earlier.as_str(),
         foreign.as_str(),
         "pin_rt_not.base64!",
         "pin_ac_whatever",

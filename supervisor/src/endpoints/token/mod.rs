@@ -2,7 +2,7 @@
 //! or an OIDCClient with HTTP Basic), then one grant — the authorization code grant ([`code`],
 //! PKCE required), the refresh token grant ([`refresh`], rotating, the upstream checked again) or
 //! RFC 8693 token exchange for a cluster-scoped ID token ([`exchange`]) — and the tokens they
-//! issue ([`issue_tokens`]), stored as sessions. `POST /oauth2/revoke` is
+//! issue ([`mint_tokens`], [`token_response`]), recorded in the login's Secret. `POST /oauth2/revoke` is
 //! [`crate::endpoints::revoke`].
 
 mod code;
@@ -26,11 +26,12 @@ use crate::endpoints::token::code::authorization_code;
 use crate::endpoints::{json, oauth_error, read_form, Body, Endpoints};
 use crate::issuer::Issuer;
 use crate::server::metrics::Grant;
-use crate::session::gc::revoke_upstream_of;
+use crate::session::gc;
 use crate::session::id_token::{self, IdTokenClaims};
+use crate::session::login::{self, Login, Tokens};
 use crate::session::storage::Resource;
 use crate::session::store::StoreError;
-use crate::session::tokens::Kind;
+use crate::session::tokens::{Kind, LoginRef, Minted};
 use crate::session::{self, Session};
 
 pub(crate) const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
@@ -286,10 +287,11 @@ pub(crate) fn param<'a>(params: &'a HashMap<String, String>, name: &str) -> Resu
         })
 }
 
-/// Ends the login `request_id`: deletes every access and refresh token of it (both kinds are
-/// tried whatever happens to the other; the first failure is returned), then revokes at the
-/// upstream the tokens the deleted sessions held (best effort: a failure is logged, the login
-/// is over anyway). Its authorization code stays, marked used, until it is collected.
+/// Ends the login of the earlier format (one Secret per token) `request_id`: deletes every
+/// access and refresh token of it (both kinds are tried whatever happens to the other; the first
+/// failure is returned), then revokes at the upstream the tokens the deleted sessions held (best
+/// effort: a failure is logged, the login is over anyway). Its authorization code stays, marked
+/// used, until it is collected.
 pub(crate) async fn end_login(endpoints: &Endpoints, request_id: &str) -> Result<(), StoreError> {
     let access = endpoints
         .store
@@ -305,41 +307,115 @@ pub(crate) async fn end_login(endpoints: &Endpoints, request_id: &str) -> Result
         (Resource::RefreshToken, &refresh),
     ] {
         for session in sessions.iter().flatten() {
-            if let Err(error) = revoke_upstream_of(&issuers, resource, session).await {
-                tracing::warn!(idp = %session.upstream.provider_name, %error, "revoking the upstream token of an ended login failed");
+            if gc::holds_latest(resource, session) {
+                revoke_upstream_logged(&issuers, session).await;
             }
         }
     }
     access.and(refresh).map(drop)
 }
 
-/// Mints and stores an access token, a refresh token (with `offline_access`) and an ID token (with
-/// `openid`, living `id_token_lifetime`) for `session`; `with_nonce` for the first ID token of a
-/// code.
-pub(crate) async fn issue_tokens(
-    endpoints: &Endpoints,
-    issuer: &Arc<Issuer>,
-    session: Session,
+/// Ends the login of the earlier format `request_id` wherever it is now: in the login's own
+/// Secret it was carried over to ([`end`], which ends its Secrets of the earlier format too), or,
+/// when it was not carried over, in those alone ([`end_login`]).
+pub(crate) async fn end_earlier(endpoints: &Endpoints, request_id: &str) -> Result<(), StoreError> {
+    let id = login::id_for_earlier(request_id);
+    match endpoints.store.get_login(&id).await {
+        Ok(Some((login, _))) if login.migrated_from.as_deref() == Some(request_id) => {
+            end(endpoints, &login).await
+        }
+        Ok(_) => end_login(endpoints, request_id).await,
+        Err(error) => {
+            // Unreadable or unreachable: the Secrets of the earlier format end anyway.
+            let earlier = end_login(endpoints, request_id).await;
+            Err(earlier.err().unwrap_or(error))
+        }
+    }
+}
+
+/// Ends `login`: deletes its Secret (one request), and the Secrets of the earlier format it was
+/// carried over from, if any ([`end_login`]); then revokes at the upstream the token the deleted
+/// Secret held (best effort, as [`end_login`]; nothing when another request deleted it first,
+/// which revoked it). The first failure is returned.
+pub(crate) async fn end(endpoints: &Endpoints, login: &Login) -> Result<(), StoreError> {
+    let deleted = match login.id() {
+        Ok(id) => endpoints.store.delete_login_secret(&id).await,
+        Err(error) => Err(error),
+    };
+    let earlier = match &login.migrated_from {
+        Some(request_id) => end_login(endpoints, request_id).await,
+        None => Ok(()),
+    };
+    if let Ok(Some(deleted)) = &deleted {
+        revoke_upstream_logged(&endpoints.issuers.load(), &deleted.session).await;
+    }
+    deleted.map(drop).and(earlier)
+}
+
+/// Revokes the upstream token `session` holds, logging a failure.
+async fn revoke_upstream_logged(issuers: &crate::issuer::Issuers, session: &Session) {
+    if let Err(error) = gc::revoke_upstream_of(issuers, session).await {
+        tracing::warn!(idp = %session.upstream.provider_name, %error, "revoking the upstream token of an ended login failed");
+    }
+}
+
+/// Tokens minted for one generation of a login, not handed out yet.
+pub(crate) struct NewTokens {
+    access: Minted,
+    refresh: Minted,
+    /// What the login's Secret records of them.
+    pub(crate) record: Tokens,
+}
+
+/// Mints the access and refresh tokens of generation `generation` of login `id`, issued at `now`.
+pub(crate) fn mint_tokens(
+    issuer: &Issuer,
+    id: [u8; 16],
+    generation: u32,
+    now: OffsetDateTime,
+) -> Result<NewTokens, OAuthError> {
+    let server_error = |_| OAuthError::new(Code::ServerError, "");
+    let login = LoginRef { id, generation };
+    let access = issuer
+        .token_key
+        .mint(Kind::AccessToken, login)
+        .map_err(server_error)?;
+    let refresh = issuer
+        .token_key
+        .mint(Kind::RefreshToken, login)
+        .map_err(server_error)?;
+    let record = Tokens {
+        generation,
+        issued_at: now.unix_timestamp(),
+        access: access.signature.clone(),
+        refresh: refresh.signature.clone(),
+    };
+    Ok(NewTokens {
+        access,
+        refresh,
+        record,
+    })
+}
+
+/// The token response handing out `tokens` of `session`: the access token, the refresh token
+/// (with `offline_access`) and an ID token (with `openid`, living `id_token_lifetime`, signed
+/// now); `with_nonce` for the first ID token of a code.
+pub(crate) fn token_response(
+    issuer: &Issuer,
+    session: &Session,
+    tokens: NewTokens,
     with_nonce: bool,
     id_token_lifetime: time::Duration,
     now: OffsetDateTime,
-) -> Result<Issued, OAuthError> {
-    let server_error = || OAuthError::new(Code::ServerError, "");
-    let access = issuer
-        .token_key
-        .mint(Kind::AccessToken)
-        .map_err(|_| server_error())?;
-    let refresh = if session.has_scope("offline_access") {
-        Some(
-            issuer
-                .token_key
-                .mint(Kind::RefreshToken)
-                .map_err(|_| server_error())?,
-        )
-    } else {
-        None
-    };
-    let id_token = if session.has_scope("openid") {
+) -> Result<serde_json::Value, OAuthError> {
+    let NewTokens { access, refresh, .. } = tokens;
+    let mut body = json!({
+        "access_token": access.token,
+        "token_type": "bearer",
+        "expires_in": session::ACCESS_TOKEN_LIFETIME.whole_seconds() - 1,
+        "scope": session.scopes.join(" "),
+    });
+    if session.has_scope("openid") {
         let claims = IdTokenClaims {
             issuer: issuer.issuer.clone(),
             subject: session.identity.subject.clone(),
@@ -348,7 +424,7 @@ pub(crate) async fn issue_tokens(
             auth_time: OffsetDateTime::from_unix_timestamp(session.auth_time).unwrap_or(now),
             requested_at: OffsetDateTime::from_unix_timestamp(session.requested_at).unwrap_or(now),
             nonce: session.nonce.clone().filter(|_| with_nonce),
-            access_token: Some(access.token.clone()),
+            access_token: Some(access.token),
             username: session
                 .has_scope("username")
                 .then(|| session.identity.username.clone()),
@@ -358,68 +434,15 @@ pub(crate) async fn issue_tokens(
             additional_claims: session.identity.additional_claims.clone(),
             lifetime: id_token_lifetime,
         };
-        Some(
-            claims
-                .sign(&issuer.signing_key, now)
-                .map_err(|_| server_error())?,
-        )
-    } else {
-        None
-    };
-    // Stored numbers are outside data too: no arithmetic on them may overflow.
-    let remaining = time::Duration::seconds(
-        session
-            .expires_at
-            .saturating_sub(now.unix_timestamp())
-            .clamp(0, session::LONGEST_SESSION.whole_seconds()),
-    );
-    let mut stored = session.clone();
-    stored.code_active = false;
-    stored.token_expires_at = (now + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();
-    stored.access_token_signature = Some(access.signature.clone());
-    endpoints
-        .store
-        .create(Resource::AccessToken, &access.signature, &stored, remaining, now)
-        .await
-        .map_err(|e| store_failed(&e))?;
-    let mut signatures = vec![(Resource::AccessToken, access.signature.clone())];
-    if let Some(refresh) = &refresh {
-        // Good until the session's idle timeout, if it has one; kept (for reuse detection once
-        // rotated) until the session ends.
-        stored.token_expires_at = session.refresh_token_expires_at(now);
-        endpoints
-            .store
-            .create(
-                Resource::RefreshToken,
-                &refresh.signature,
-                &stored,
-                remaining,
-                now,
-            )
-            .await
-            .map_err(|e| store_failed(&e))?;
-        signatures.push((Resource::RefreshToken, refresh.signature.clone()));
-    }
-    let mut body = json!({
-        "access_token": access.token,
-        "token_type": "bearer",
-        "expires_in": session::ACCESS_TOKEN_LIFETIME.whole_seconds() - 1,
-        "scope": session.scopes.join(" "),
-    });
-    if let Some(refresh) = refresh {
-        body["refresh_token"] = json!(refresh.token);
-    }
-    if let Some(id_token) = id_token {
+        let id_token = claims
+            .sign(&issuer.signing_key, now)
+            .map_err(|_| OAuthError::new(Code::ServerError, ""))?;
         body["id_token"] = json!(id_token);
     }
-    Ok(Issued { body, signatures })
-}
-
-/// What [`issue_tokens`] gave: the token response, and the stored tokens by resource and
-/// signature.
-pub(crate) struct Issued {
-    body: serde_json::Value,
-    signatures: Vec<(Resource, String)>,
+    if session.has_scope("offline_access") {
+        body["refresh_token"] = json!(refresh.token);
+    }
+    Ok(body)
 }
 
 #[cfg(test)]

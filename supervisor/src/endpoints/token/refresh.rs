@@ -7,15 +7,18 @@ use std::{collections::HashMap, sync::Arc};
 use time::OffsetDateTime;
 
 use crate::endpoints::oauth::{Code, OAuthError};
-use crate::endpoints::token::{end_login, issue_tokens, other_client, param, store_failed, TokenClient};
+use crate::endpoints::token::{
+    end, end_earlier, mint_tokens, other_client, param, store_failed, token_response, TokenClient,
+};
 use crate::endpoints::Endpoints;
 use crate::idp::transforms::Outcome;
 use crate::idp::{Upstream, UpstreamFailure};
 use crate::issuer::Issuer;
+use crate::session::login::{self, CodeState, Login};
 use crate::session::storage::Resource;
 use crate::session::store::StoreError;
-use crate::session::tokens::Kind;
-use crate::session::Session;
+use crate::session::tokens::{Kind, LoginRef};
+use crate::session::{self, Session};
 
 /// The refresh token grant.
 pub(crate) async fn refresh(
@@ -24,42 +27,123 @@ pub(crate) async fn refresh(
     client: &TokenClient,
     params: &HashMap<String, String>,
 ) -> Result<serde_json::Value, OAuthError> {
-    let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
     let token = param(params, "refresh_token")?;
-    let signature = issuer
+    let checked = issuer
         .token_key
-        .signature_of(Kind::RefreshToken, token)
+        .check(Kind::RefreshToken, token)
         .map_err(|_| invalid("The refresh token is malformed or was not issued by this FederationDomain."))?;
     let now = OffsetDateTime::now_utc();
-    let Some((mut session, stored)) = endpoints
-        .store
-        .get(Resource::RefreshToken, &signature)
-        .await
-        .map_err(|e| store_failed(&e))?
-    else {
-        return Err(invalid(
-            "The refresh token has expired, was used already, or is unknown.",
-        ));
-    };
-    if session.rotated {
-        return Err(reused(endpoints, issuer, &session).await);
+    match checked.login {
+        Some(login) => refresh_login(endpoints, issuer, client, login, &checked.signature, now).await,
+        None => refresh_earlier(endpoints, issuer, client, &checked.signature, now).await,
     }
+}
+
+fn invalid(hint: &str) -> OAuthError {
+    OAuthError::new(Code::InvalidGrant, hint)
+}
+
+fn unknown() -> OAuthError {
+    invalid("The refresh token has expired, was used already, or is unknown.")
+}
+
+/// The checks every refresh makes of the session it continues, after the token's: the client,
+/// the session's end, the refresh token's idle expiry (`refresh_expires_at`, unix seconds).
+fn session_allows(
+    session: &Session,
+    client: &TokenClient,
+    refresh_expires_at: i64,
+    now: OffsetDateTime,
+) -> Result<(), OAuthError> {
     if session.client_id != client.id {
         return Err(other_client());
     }
     if session.expired_at(now) {
         return Err(invalid("The session has ended; log in again."));
     }
-    if now.unix_timestamp() >= session.token_expires_at {
+    if now.unix_timestamp() >= refresh_expires_at {
         return Err(invalid(
             "The session went unused for longer than its idle timeout; log in again.",
         ));
     }
-    // The token's Secret is kept once used, marked rotated and emptied of upstream tokens, so
-    // that its reuse is recognised.
-    let rotated = session.rotated();
+    Ok(())
+}
+
+/// A refresh of a login stored in one Secret: one read, the upstream asked, one conditional
+/// write of the next generation of tokens (and of what the upstream said). Whatever the
+/// interleaving of two uses of one refresh token, one of them writes first and the other finds
+/// the login changed (its write refused, or its read already of the next generation): that is
+/// a reused token, and the login ends.
+async fn refresh_login(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    client: &TokenClient,
+    token: LoginRef,
+    signature: &str,
+    now: OffsetDateTime,
+) -> Result<serde_json::Value, OAuthError> {
+    let Some((mut login, stored)) = endpoints
+        .store
+        .get_login(&token.id)
+        .await
+        .map_err(|e| store_failed(&e))?
+    else {
+        return Err(unknown());
+    };
+    let Some(tokens) = login.tokens.clone() else {
+        return Err(unknown());
+    };
+    if token.generation < tokens.generation {
+        return Err(reused(endpoints, issuer, Ending::Login(&login)).await);
+    }
+    if !tokens.is_refresh(token, signature) || !login.session.has_scope("offline_access") {
+        return Err(unknown());
+    }
+    session_allows(
+        &login.session,
+        client,
+        login.session.refresh_token_expires_at(tokens.issued()),
+        now,
+    )?;
     // Nothing is rotated until the upstream agrees: a refusal or an outage there leaves this
     // token good for another try (as Pinniped's).
+    upstream_refresh(endpoints, issuer, &mut login.session).await?;
+    let next = mint_tokens(issuer, token.id, tokens.generation.saturating_add(1), now)?;
+    login.tokens = Some(next.record.clone());
+    match endpoints.store.replace_login(stored, &login).await {
+        Ok(()) => {}
+        Err(StoreError::Conflict) => return Err(reused(endpoints, issuer, Ending::Login(&login)).await),
+        Err(StoreError::Gone) => return Err(unknown()),
+        Err(error) => return Err(store_failed(&error)),
+    }
+    endpoints.audit.session_refreshed(&issuer.issuer, &login.session);
+    token_response(issuer, &login.session, next, false, client.id_token_lifetime, now)
+}
+
+/// A refresh with a token of the earlier format (a Secret per token in Pinniped's layout, as
+/// Selkie stored them before one Secret per login): checked as it was stored, then carried over:
+/// the session becomes a login of its own Secret holding the new tokens, and the used token's
+/// Secret is kept marked rotated (so that its reuse ends the login, the new Secret included).
+async fn refresh_earlier(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    client: &TokenClient,
+    signature: &str,
+    now: OffsetDateTime,
+) -> Result<serde_json::Value, OAuthError> {
+    let Some((mut session, stored)) = endpoints
+        .store
+        .get(Resource::RefreshToken, signature)
+        .await
+        .map_err(|e| store_failed(&e))?
+    else {
+        return Err(unknown());
+    };
+    if session.rotated {
+        return Err(reused(endpoints, issuer, Ending::Earlier(&session)).await);
+    }
+    session_allows(&session, client, session.token_expires_at, now)?;
+    let rotated = session.rotated();
     upstream_refresh(endpoints, issuer, &mut session).await?;
     // The access token issued with this refresh token ends now.
     let revoked = match session.access_token_signature.take() {
@@ -71,46 +155,63 @@ pub(crate) async fn refresh(
             .map(drop),
     };
     revoked.map_err(|e| store_failed(&e))?;
-    // The new tokens are stored first and this token marked rotated after, conditionally (as in
-    // the code grant): whatever the interleaving of two uses of one refresh token, the second
-    // either reads it rotated — the first's tokens exist by then, and ending the login ends
-    // them — or loses the conditional update and ends the login itself.
-    let issued = issue_tokens(
-        endpoints,
-        issuer,
-        session.clone(),
-        false,
-        client.id_token_lifetime,
-        now,
-    )
-    .await?;
+    let earlier_id = session.request_id.clone();
+    let id = login::id_for_earlier(&earlier_id);
+    session.request_id = session::uuid_text(&id);
+    session.code_active = false;
+    session.rotated = false;
+    let next = mint_tokens(issuer, id, 1, now)?;
+    let login = Login {
+        session,
+        code: CodeState::Used,
+        tokens: Some(next.record.clone()),
+        migrated_from: Some(earlier_id),
+    };
+    // The login's Secret is written first and this token marked rotated after, conditionally:
+    // of two uses of one token, the second finds the token rotated, or the login's Secret
+    // there (its name is the login's), or loses the conditional update — and ends the login.
+    match endpoints.store.create_login(&login, now).await {
+        Ok(()) => {}
+        Err(StoreError::Conflict) => return Err(reused(endpoints, issuer, Ending::Login(&login)).await),
+        Err(error) => return Err(store_failed(&error)),
+    }
     match endpoints
         .store
-        .update(Resource::RefreshToken, &signature, stored, &rotated)
+        .update(Resource::RefreshToken, signature, stored, &rotated)
         .await
     {
         Ok(()) => {}
-        Err(StoreError::Conflict) => return Err(reused(endpoints, issuer, &session).await),
+        Err(StoreError::Conflict) => return Err(reused(endpoints, issuer, Ending::Login(&login)).await),
         Err(error) => {
-            // Nothing was rotated, so the client may try again with this token: the tokens it
-            // never got go (best effort: unknown to anyone, they expire with the session).
-            for (resource, signature) in &issued.signatures {
-                if let Err(error) = endpoints.store.delete(*resource, signature).await {
-                    tracing::warn!(%error, "deleting tokens that were never handed out failed");
-                }
+            // Nothing was rotated, so the client may try again with this token: the login's
+            // Secret, whose tokens it never got, goes.
+            if let Err(error) = endpoints.store.delete_login_secret(&id).await {
+                tracing::warn!(%error, "deleting tokens that were never handed out failed");
             }
             return Err(store_failed(&error));
         }
     }
-    endpoints.audit.session_refreshed(&issuer.issuer, &session);
-    Ok(issued.body)
+    endpoints.audit.session_refreshed(&issuer.issuer, &login.session);
+    token_response(issuer, &login.session, next, false, client.id_token_lifetime, now)
+}
+
+/// A login to end: one of its own Secret, or one of the earlier format (by request ID).
+pub(crate) enum Ending<'a> {
+    /// A login in its own Secret.
+    Login(&'a Login),
+    /// A login of the earlier format: the session of one of its Secrets.
+    Earlier(&'a Session),
 }
 
 /// A refresh token used a second time (RFC 9700 §4.14.2: stolen, or replayed): the whole login
-/// ends ([`end_login`]), audited; returns the error to answer, `invalid_grant`.
-pub(crate) async fn reused(endpoints: &Endpoints, issuer: &Issuer, session: &Session) -> OAuthError {
+/// ends ([`end`] or [`end_earlier`]), audited; returns the error to answer, `invalid_grant`.
+pub(crate) async fn reused(endpoints: &Endpoints, issuer: &Issuer, login: Ending<'_>) -> OAuthError {
+    let (session, ended) = match login {
+        Ending::Login(login) => (&login.session, end(endpoints, login).await),
+        Ending::Earlier(session) => (session, end_earlier(endpoints, &session.request_id).await),
+    };
     endpoints.audit.refresh_token_reused(&issuer.issuer, session);
-    if let Err(error) = end_login(endpoints, &session.request_id).await {
+    if let Err(error) = ended {
         tracing::error!(%error, "revoking the tokens of a reused refresh token failed");
         return store_failed(&error);
     }
