@@ -454,6 +454,18 @@ impl Release {
                         .map(String::from)
                         .to_vec(),
                 ),
+                // For the APIService 404s of sessions 21, 22 and 24 (see one_release_at_a_time):
+                // which Service and endpoints each Service IP leads to now.
+                (
+                    "Services".into(),
+                    ["get", "services", "-A", "-o", "wide"].map(String::from).to_vec(),
+                ),
+                (
+                    "EndpointSlices".into(),
+                    ["get", "endpointslices", "-A", "-o", "wide"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
             ];
             if let Ok(pods) = self.pods(env).await {
                 for pod in names(&pods) {
@@ -480,6 +492,17 @@ impl Release {
                 }
                 println!("---- {what} (kubectl {}):\n{said}", args.join(" "));
             }
+            // The host's side of the Service network: kube-proxy's NAT rules for Service IPs
+            // and the host's TCP connections to them on 443 (kube-apiserver's included).
+            let host =
+                "iptables-save -t nat | grep -E -- '-d 10\\.0\\.0\\.|KUBE-SEP-.* -j DNAT' | head -100; \
+                        echo '-- connections:'; ss -tnpi 'dst 10.0.0.0/24' | head -60";
+            let said = std::process::Command::new("timeout")
+                .args(["10", "bash", "-c", host])
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+                .unwrap_or_else(|e| format!("(unreadable: {e})"));
+            println!("---- the host's Service NAT rules and connections:\n{said}");
         }
         outcome
     }
