@@ -730,7 +730,7 @@ fn apiserver_args(files: &PkiFiles, etcd_port: u16, port: u16) -> Vec<OsString> 
         format!("--client-ca-file={}", path(&files.client_ca)),
         "--authorization-mode=RBAC".to_string(),
         "--allow-privileged=true".to_string(),
-        "--service-cluster-ip-range=10.0.0.0/24".to_string(),
+        format!("--service-cluster-ip-range={}", crate::node::SERVICE_CIDR),
         // No controller-manager creates default service accounts, so pods would be refused.
         "--disable-admission-plugins=ServiceAccount".to_string(),
         format!("--service-account-issuer=https://127.0.0.1:{port}"),

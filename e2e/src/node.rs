@@ -20,7 +20,7 @@ use std::{
     fs,
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
     sync::OnceLock,
     time::{Duration, Instant},
 };
@@ -48,6 +48,8 @@ pub const POD_BRIDGE: &str = "selkie-cni0";
 pub const KUBERNETES_DIR: &str = "/etc/kubernetes";
 /// The cluster DNS Service's address (the kubelet's `clusterDNS`), served by CoreDNS.
 pub const CLUSTER_DNS_IP: &str = "10.0.0.10";
+/// The cluster's Service IP range (kube-apiserver's `--service-cluster-ip-range`).
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
 /// The cluster's DNS domain.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// Held (flock) by the process that owns the machine's one node.
@@ -358,6 +360,10 @@ impl Drop for Node {
         self.containerd.stop(Duration::from_secs(10));
         // What the kubelet and containerd mounted (volumes, sandboxes' shm, network namespaces).
         unmount_under(&self.dir);
+        // The machine's Service IP range is its own again (it may be a real network elsewhere).
+        for chain in ["OUTPUT", "FORWARD"] {
+            while iptables(&[&["-D", chain], &SERVICE_IP_GUARD[..]].concat()) {}
+        }
     }
 }
 
@@ -457,7 +463,8 @@ async fn take_node_lock() -> Result<nix::fcntl::Flock<fs::File>, HarnessError> {
 }
 
 /// Sets what the kubelet and kube-proxy need of the kernel: IP forwarding, and bridged pod
-/// traffic through iptables (so Services work between pods on the bridge).
+/// traffic through iptables (so Services work between pods on the bridge); and refuses traffic
+/// to a Service IP that kube-proxy has not rewritten ([`SERVICE_IP_GUARD`]).
 fn prepare_host() -> Result<(), HarnessError> {
     for (key, value) in [
         ("/proc/sys/net/ipv4/ip_forward", "1"),
@@ -465,7 +472,47 @@ fn prepare_host() -> Result<(), HarnessError> {
     ] {
         fs::write(key, value).map_err(|e| HarnessError::io(format!("setting {key} to {value}"), e))?;
     }
+    for chain in ["OUTPUT", "FORWARD"] {
+        if !iptables(&[&["-C", chain], &SERVICE_IP_GUARD[..]].concat())
+            && !iptables(&[&["-A", chain], &SERVICE_IP_GUARD[..]].concat())
+        {
+            return Err(HarnessError::io(
+                format!("adding the Service IP guard to the {chain} chain"),
+                std::io::Error::other("iptables failed"),
+            ));
+        }
+    }
     Ok(())
+}
+
+/// An iptables rule (of the filter table, after kube-proxy's DNAT) refusing packets still bound
+/// for a Service IP: ones kube-proxy has not rewritten (yet). Without it such a packet leaves by
+/// the default route, and on this project's machines the network's transparent egress proxy
+/// answers any `10.0.0.x:443` with TLS, HTTP/2 and a 404: kube-aggregator's availability check of
+/// a new APIService, when it connected before kube-proxy's rule for the Service existed, got that
+/// 404 and kept the pooled connection, so the APIService stayed unavailable for minutes (the
+/// node tests' failures of sessions 21, 22 and 24). In a real cluster a Service IP leads nowhere
+/// without kube-proxy; now here too.
+const SERVICE_IP_GUARD: [&str; 8] = [
+    "-d",
+    SERVICE_CIDR,
+    "-m",
+    "comment",
+    "--comment",
+    "selkie-e2e: a Service IP without a kube-proxy rule",
+    "-j",
+    "REJECT",
+];
+
+/// Runs `iptables -w` with `args`; whether it succeeded.
+fn iptables(args: &[&str]) -> bool {
+    Command::new("iptables")
+        .arg("-w")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 /// Kills every process in the kubelet's pod cgroups (containers and their sandboxes) and every

@@ -34,13 +34,11 @@ pub(crate) struct NodeEnv {
 
 /// The shared node, its images imported once per test binary.
 /// Held by each test that installs a Helm release on the shared node, so that one release at a
-/// time is installed, upgraded, has its pods killed and is removed. Run beside each other, the
-/// Concierge's and the Supervisor's releases failed together in the full suite (CI and locally,
-/// not when the node tests ran alone): kube-apiserver's availability check of the Concierge's
-/// APIServices got 404s from `https://<its Service IP>:443` for two minutes while its own pods
-/// served those groups, and the Supervisor's pods, restarted meanwhile, serve another group on the
-/// same port. Until that is understood, the releases do not share the node's Service and pod
-/// networks in time.
+/// time is installed, upgraded, has its pods killed and is removed (each test's story is then
+/// about its release alone). It was taken for kube-apiserver's APIService 404s from
+/// `https://<Service IP>:443`, which it did not prevent: their cause was the machine's egress
+/// proxy answering Service IPs kube-proxy had not rewritten yet (see the node's Service IP guard,
+/// `selkie_e2e::node`).
 pub(crate) async fn one_release_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static RELEASES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     RELEASES.lock().await
@@ -454,8 +452,7 @@ impl Release {
                         .map(String::from)
                         .to_vec(),
                 ),
-                // For the APIService 404s of sessions 21, 22 and 24 (see one_release_at_a_time):
-                // which Service and endpoints each Service IP leads to now.
+                // Which Service and endpoints each Service IP leads to now.
                 (
                     "Services".into(),
                     ["get", "services", "-A", "-o", "wide"].map(String::from).to_vec(),
