@@ -361,6 +361,8 @@ impl Drop for Node {
         // What the kubelet and containerd mounted (volumes, sandboxes' shm, network namespaces).
         unmount_under(&self.dir);
         // The machine's Service IP range is its own again (it may be a real network elsewhere).
+        // The e2e tests' shared node is never dropped (a static): there the rule stays, as
+        // kube-proxy's rules do, until the next node's start finds it in place.
         for chain in ["OUTPUT", "FORWARD"] {
             while iptables(&[&["-D", chain], &SERVICE_IP_GUARD[..]].concat()) {}
         }
