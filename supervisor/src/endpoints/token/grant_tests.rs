@@ -994,9 +994,10 @@ async fn concurrent_refreshes_with_one_token_succeed_at_most_once() {
 /// Two concurrent uses of one refresh token are a reuse: whatever the interleaving, the family
 /// ends — no token of the login remains usable, the tokens the winner got included.
 ///
-/// Fails: when the reuse is seen (the loser reads the token rotated, or loses the conditional
-/// rotation) while the winner is between its rotation and storing its new tokens — during its
-/// upstream check — the loser's revocation runs before those tokens exist, and they survive.
+/// Guards against an earlier defect: with a Secret per token, a loser that saw the reuse while
+/// the winner was between its rotation and storing its new tokens revoked the login before those
+/// tokens existed, and they survived. With one Secret per login the rotation and the new tokens
+/// are one conditional write, and ending the login deletes that Secret.
 #[tokio::test(flavor = "current_thread")]
 async fn concurrent_refreshes_with_one_token_end_the_family() {
     let harness = Harness::start().await;
@@ -1015,13 +1016,12 @@ async fn concurrent_refreshes_with_one_token_end_the_family() {
     }
 }
 
-/// A refresh the store fails part-way through (after the refresh token was marked used) is
-/// either `invalid_grant` — log in again — or, when answered `temporarily_unavailable`, may be
+/// A refresh the store fails part-way through (its read, or its conditional write) is either `invalid_grant` — log in again — or, when answered `temporarily_unavailable`, may be
 /// retried with the same refresh token, as RFC 6749 §5.2 defines that error.
 ///
-/// Fails: the answer is `temporarily_unavailable` ("try again"), but the token was rotated before
-/// the failure, so the retry is taken for a stolen token's reuse — audited as such — and ends
-/// the login.
+/// Guards against an earlier defect: the answer was `temporarily_unavailable` ("try again") but
+/// the token had been rotated before the failure, so the retry was taken for a stolen token's
+/// reuse and ended the login. Now a failed read or write rotates nothing.
 #[tokio::test(flavor = "current_thread")]
 async fn a_refresh_that_says_try_again_may_be_tried_again() {
     let harness = Harness::start().await;
