@@ -12,7 +12,7 @@ use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::{Body, Endpoints};
 use crate::idp::transforms::Outcome;
 use crate::issuer::Issuer;
-use crate::session::login::{self, CodeState, Login};
+use crate::session::login::{self, Login};
 use crate::session::tokens::{Kind, LoginRef};
 use crate::session::{self, Identity, Session};
 
@@ -120,15 +120,7 @@ pub(crate) async fn issue_code(
         access_token_signature: None,
         rotated: false,
     };
-    let login = Login {
-        code: CodeState::Active {
-            signature: code.signature.clone(),
-            binding: login::binding(&session.client_id, &session.redirect_uri, &session.code_challenge),
-        },
-        session,
-        tokens: None,
-        migrated_from: None,
-    };
+    let login = Login::issued(session, code.signature.clone());
     if let Err(error) = endpoints.store.create_login(&login, now).await {
         tracing::error!(issuer = %issuer.issuer, %error, "storing an authorization code failed");
         return back(OAuthError::new(

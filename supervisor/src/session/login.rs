@@ -200,6 +200,20 @@ pub(crate) struct Login {
 }
 
 impl Login {
+    /// A new login of `session`, whose authorization code (of signature `code_signature`) is
+    /// active and bound to the session's client ID, redirect URI and PKCE challenge.
+    pub(crate) fn issued(session: Session, code_signature: String) -> Self {
+        Self {
+            code: CodeState::Active {
+                signature: code_signature,
+                binding: binding(&session.client_id, &session.redirect_uri, &session.code_challenge),
+            },
+            session,
+            tokens: None,
+            migrated_from: None,
+        }
+    }
+
     /// The login's ID (from its session's request ID, a UUID).
     pub(crate) fn id(&self) -> Result<[u8; 16], StoreError> {
         id_of(&self.session.request_id)

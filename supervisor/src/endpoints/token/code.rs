@@ -13,7 +13,7 @@ use time::OffsetDateTime;
 use crate::endpoints::authorize::{challenge_of, verifier_matches};
 use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::{
-    end, mint_tokens, other_client, param, store_failed, token_response, TokenClient,
+    end, mint_tokens, other_client, param, read_login, store_failed, token_response, TokenClient,
 };
 use crate::endpoints::Endpoints;
 use crate::issuer::Issuer;
@@ -73,14 +73,7 @@ pub(crate) async fn authorization_code(
         Err(StoreError::Conflict) => {
             // Used already, or presented with parameters it was not issued for: read it to say
             // which (this costs a request on the refusal path only).
-            let Some((login, _)) = endpoints
-                .store
-                .get_login(&code_of.id)
-                .await
-                .map_err(|e| store_failed(&e))?
-            else {
-                return Err(unknown());
-            };
+            let (login, _) = read_login(endpoints, &code_of.id, unknown).await?;
             let session = &login.session;
             match &login.code {
                 CodeState::Used => {

@@ -8,7 +8,7 @@ use time::OffsetDateTime;
 
 use crate::endpoints::authorize::{self};
 use crate::endpoints::oauth::{Code, OAuthError};
-use crate::endpoints::token::{other_client, param, store_failed, TokenClient};
+use crate::endpoints::token::{other_client, param, read_login, store_failed, TokenClient};
 use crate::endpoints::Endpoints;
 use crate::issuer::Issuer;
 use crate::session;
@@ -59,14 +59,7 @@ pub(crate) async fn exchange(
     let now = OffsetDateTime::now_utc();
     let (session, expires_at) = match checked.login {
         Some(token) => {
-            let Some((login, _)) = endpoints
-                .store
-                .get_login(&token.id)
-                .await
-                .map_err(|e| store_failed(&e))?
-            else {
-                return Err(unknown());
-            };
+            let (login, _) = read_login(endpoints, &token.id, unknown).await?;
             match &login.tokens {
                 Some(tokens) if tokens.is_access(token, &checked.signature) => {
                     let expires_at = (tokens.issued() + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();

@@ -399,17 +399,7 @@ impl Harness {
             .unwrap();
         let mut session = self.session(&request_id, scopes, &verifier);
         change(&mut session);
-        let binding =
-            stored_login::binding(&session.client_id, &session.redirect_uri, &session.code_challenge);
-        let login = StoredLogin {
-            session,
-            code: CodeState::Active {
-                signature: code.signature,
-                binding,
-            },
-            tokens: None,
-            migrated_from: None,
-        };
+        let login = StoredLogin::issued(session, code.signature);
         self.endpoints.store.create_login(&login, now).await.unwrap();
         Login {
             code: code.token,

@@ -16,6 +16,7 @@ use std::{collections::HashMap, sync::Arc};
 use base64::Engine as _;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Secret;
 use serde_json::json;
 use time::OffsetDateTime;
 
@@ -357,6 +358,21 @@ async fn revoke_upstream_logged(issuers: &crate::issuer::Issuers, session: &Sess
     if let Err(error) = gc::revoke_upstream_of(issuers, session).await {
         tracing::warn!(idp = %session.upstream.provider_name, %error, "revoking the upstream token of an ended login failed");
     }
+}
+
+/// The login `id` and the Secret it was read from; `unknown` when there is none, the OAuth error
+/// of [`store_failed`] when it cannot be read.
+pub(crate) async fn read_login(
+    endpoints: &Endpoints,
+    id: &[u8; 16],
+    unknown: impl FnOnce() -> OAuthError,
+) -> Result<(Login, Secret), OAuthError> {
+    endpoints
+        .store
+        .get_login(id)
+        .await
+        .map_err(|e| store_failed(&e))?
+        .ok_or_else(unknown)
 }
 
 /// Tokens minted for one generation of a login, not handed out yet.

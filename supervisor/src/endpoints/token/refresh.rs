@@ -8,7 +8,7 @@ use time::OffsetDateTime;
 
 use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::{
-    end, end_earlier, mint_tokens, other_client, param, store_failed, token_response, TokenClient,
+    end, end_earlier, mint_tokens, other_client, param, read_login, store_failed, token_response, TokenClient,
 };
 use crate::endpoints::Endpoints;
 use crate::idp::transforms::Outcome;
@@ -82,14 +82,7 @@ async fn refresh_login(
     signature: &str,
     now: OffsetDateTime,
 ) -> Result<serde_json::Value, OAuthError> {
-    let Some((mut login, stored)) = endpoints
-        .store
-        .get_login(&token.id)
-        .await
-        .map_err(|e| store_failed(&e))?
-    else {
-        return Err(unknown());
-    };
+    let (mut login, stored) = read_login(endpoints, &token.id, unknown).await?;
     let Some(tokens) = login.tokens.clone() else {
         return Err(unknown());
     };
