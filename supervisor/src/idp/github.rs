@@ -372,7 +372,7 @@ impl GitHub {
                 "error fetching team membership for authenticated user: {what}"
             ))
         };
-        let mut found: BTreeSet<(String, String, String)> = BTreeSet::new();
+        let mut found: Vec<(String, String, String)> = Vec::new();
         for team in teams {
             let organization = team
                 .organization
@@ -391,22 +391,15 @@ impl GitHub {
                 )),
             };
             let (name, slug) = named(team.name, team.slug)?;
-            found.insert((organization.clone(), slug, name));
+            found.push((organization.clone(), slug, name));
             if let Some(parent) = team.parent {
                 let (name, slug) = named(parent.name, parent.slug)?;
-                found.insert((organization, slug, name));
+                found.push((organization, slug, name));
             }
         }
-        let groups = found
-            .into_iter()
-            .map(|(organization, slug, name)| match self.groups {
-                GitHubGroupNameAttribute::Name => format!("{organization}/{name}"),
-                GitHubGroupNameAttribute::Slug => format!("{organization}/{slug}"),
-            })
-            .collect();
         Ok(GitHubUser {
             username,
-            groups,
+            groups: group_names(found, self.groups),
             subject: subject::github(&self.endpoints.api, display_name, &login, &id),
         })
     }
@@ -504,6 +497,24 @@ impl GitHub {
 }
 
 /// The headers of REST API calls (Pinniped's), with the bearer token when given.
+/// The downstream group names of `teams` (`(organization, slug, name)`, parents included):
+/// `<organization>/<name>` or `<organization>/<slug>` as `attribute` says, sorted by the name
+/// itself and without duplicates (two teams can share a name, and names sort apart from slugs).
+fn group_names(
+    teams: impl IntoIterator<Item = (String, String, String)>,
+    attribute: GitHubGroupNameAttribute,
+) -> Vec<String> {
+    teams
+        .into_iter()
+        .map(|(organization, slug, name)| match attribute {
+            GitHubGroupNameAttribute::Name => format!("{organization}/{name}"),
+            GitHubGroupNameAttribute::Slug => format!("{organization}/{slug}"),
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
 fn api_headers(token: Option<&str>) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = vec![
         (
@@ -599,6 +610,30 @@ mod tests {
         );
         assert_eq!(next_link(&headers), None);
         assert_eq!(next_link(&http::HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn group_names_are_sorted_by_the_name_given_and_unique() {
+        let team = |organization: &str, slug: &str, name: &str| {
+            (organization.to_string(), slug.to_string(), name.to_string())
+        };
+        // Slugs sort one way, names the other; two teams share the name "Seals".
+        let teams = || {
+            vec![
+                team("other", "x", "X"),
+                team("Org-A", "a-mammals", "maMmals"),
+                team("Org-A", "b-seals", "Seals"),
+                team("Org-A", "c-seals", "Seals"),
+            ]
+        };
+        assert_eq!(
+            group_names(teams(), GitHubGroupNameAttribute::Name),
+            ["Org-A/Seals", "Org-A/maMmals", "other/X"]
+        );
+        assert_eq!(
+            group_names(teams(), GitHubGroupNameAttribute::Slug),
+            ["Org-A/a-mammals", "Org-A/b-seals", "Org-A/c-seals", "other/x"]
+        );
     }
 
     #[test]
