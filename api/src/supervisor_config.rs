@@ -96,6 +96,25 @@ pub struct FederationDomainSpec {
         "rule": "!has(self.idleTimeout) || !has(self.maxLifetime) || duration(self.idleTimeout) <= duration(self.maxLifetime)"
     }]))]
     pub sessions: Option<FederationDomainSessions>,
+
+    /// The device authorization grant (RFC 8628) for the CLI (`selkie login oidc --flow device`):
+    /// a login begun where no browser can be opened (an SSH jump host, a container) and finished
+    /// in a browser on any device. Selkie's extension; off when absent, as in Pinniped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_authorization: Option<FederationDomainDeviceAuthorization>,
+}
+
+/// The device authorization grant of a FederationDomain (Selkie's extension).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationDomainDeviceAuthorization {
+    /// Whether the FederationDomain offers the grant: its discovery document then names the
+    /// `device_authorization_endpoint`, its identity providers list the `device` flow, and its
+    /// `device` page takes user codes. A user code must be entered only by someone who reads it
+    /// off their own device (a code sent by someone else logs the sender in as the user who
+    /// enters it): leave this off where users cannot be told so.
+    #[serde(default)]
+    pub enabled: bool,
 }
 
 /// The schema pattern of a duration as Go writes one without a sign (`9h`, `1h30m`, `90s`); its

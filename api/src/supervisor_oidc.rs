@@ -116,14 +116,19 @@ pub enum IDPFlow {
     CliPassword,
     /// The authorization code flow in a browser.
     BrowserAuthcode,
+    /// The device authorization grant (RFC 8628): the CLI shows a code and polls while the user
+    /// logs in with a browser on any device (Selkie's; listed last, and only by FederationDomains
+    /// that enable it, so the pinniped CLI never picks it by itself).
+    Device,
 }
 
 impl IDPFlow {
-    /// The wire name (`cli_password`, `browser_authcode`).
+    /// The wire name (`cli_password`, `browser_authcode`, `device`).
     pub fn as_str(self) -> &'static str {
         match self {
             IDPFlow::CliPassword => "cli_password",
             IDPFlow::BrowserAuthcode => "browser_authcode",
+            IDPFlow::Device => "device",
         }
     }
 }

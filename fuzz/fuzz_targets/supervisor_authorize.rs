@@ -355,8 +355,7 @@ fn redirected(fixture: &Fixture, sent: &Sent, answer: &Answer) {
     let supervisor = &fixture.supervisor;
     let allowed = values(sent, "client_id").any(|id| {
         supervisor
-            .endpoints()
-            .client(id)
+            .client(sent.issuer, id)
             .is_some_and(|client| client.allows_redirect(base))
     });
     assert!(

@@ -192,7 +192,10 @@ impl Supervisor {
                     HashMap::new(),
                     Default::default(),
                 )
-                .map_err(|e| error(&e))?,
+                .map_err(|e| error(&e))?
+                // The directory's FederationDomain offers the device grant, whose callback is
+                // then one of the CLI's redirect URIs there.
+                .with_device_authorization(url == DIRECTORY_ISSUER),
             ))
         };
         let issuers = vec![
@@ -226,6 +229,7 @@ impl Supervisor {
                 audit: Audit::default(),
                 clients: Arc::new(ArcSwap::from_pointee(clients)),
                 passwords: PasswordThrottle::new(),
+                device_polls: Default::default(),
             },
             memory,
             issuers,
@@ -235,6 +239,13 @@ impl Supervisor {
     /// The endpoints, to send requests to ([`Endpoints::handle`]).
     pub fn endpoints(&self) -> &Endpoints {
         &self.endpoints
+    }
+
+    /// The client `id` as the FederationDomain `issuer` sees it ([`Endpoints::client`]), `None`
+    /// when there is no such client or FederationDomain.
+    pub fn client(&self, issuer: &str, id: &str) -> Option<crate::endpoints::authorize::Client> {
+        let served = self.issuers.iter().find(|served| served.issuer == issuer)?;
+        self.endpoints.client(served, id)
     }
 
     /// The sealer of the FederationDomain `issuer` ([`ISSUER`] or [`DIRECTORY_ISSUER`]).

@@ -6,7 +6,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use bytes::Bytes;
-use selkie_api::supervisor_oidc::PinnipedIDP;
+use selkie_api::supervisor_oidc::{IDPFlow, PinnipedIDP};
 use selkie_oidc::jose::sign::SigningKey;
 
 use crate::endpoints::discovery;
@@ -41,6 +41,8 @@ pub struct Issuer {
     pub transforms: HashMap<String, Arc<Transforms>>,
     /// How long the sessions of their logins last.
     pub sessions: SessionPolicy,
+    /// Whether it offers the device authorization grant (`spec.deviceAuthorization`).
+    pub device_authorization: bool,
     /// The discovery document, rendered once.
     pub discovery: Bytes,
     /// The identity-provider discovery document, rendered once.
@@ -108,20 +110,10 @@ impl Issuer {
     ) -> Result<Self, IssuerError> {
         let (host, path) = split_issuer(&issuer)?;
         let issuer = issuer.trim_end_matches('/').to_string();
-        let listed: Vec<PinnipedIDP> = idps
-            .iter()
-            .map(|idp| PinnipedIDP {
-                name: idp.display_name().to_string(),
-                r#type: idp.kind(),
-                flows: idp.flows(),
-                sessions: Some(sessions.of(idp.display_name()).discovered()),
-            })
-            .collect();
-        Ok(Self {
-            discovery: Bytes::from(discovery::openid_configuration(&issuer).to_string()),
-            idp_discovery: Bytes::from(
-                serde_json::to_string(&discovery::identity_providers(&listed)).unwrap_or_default(),
-            ),
+        let mut served = Self {
+            discovery: Bytes::new(),
+            idp_discovery: Bytes::new(),
+            device_authorization: false,
             name,
             issuer,
             host,
@@ -133,7 +125,41 @@ impl Issuer {
             idps,
             transforms,
             sessions,
-        })
+        };
+        served.render();
+        Ok(served)
+    }
+
+    /// The same issuer, offering the device authorization grant when `enabled` (its discovery
+    /// documents rendered again).
+    pub fn with_device_authorization(mut self, enabled: bool) -> Self {
+        self.device_authorization = enabled;
+        self.render();
+        self
+    }
+
+    /// Renders the discovery documents from the rest.
+    fn render(&mut self) {
+        let listed: Vec<PinnipedIDP> = self
+            .idps
+            .iter()
+            .map(|idp| {
+                let mut flows = idp.flows();
+                if self.device_authorization {
+                    flows.push(IDPFlow::Device);
+                }
+                PinnipedIDP {
+                    name: idp.display_name().to_string(),
+                    r#type: idp.kind(),
+                    flows,
+                    sessions: Some(self.sessions.of(idp.display_name()).discovered()),
+                }
+            })
+            .collect();
+        self.discovery =
+            Bytes::from(discovery::openid_configuration(&self.issuer, self.device_authorization).to_string());
+        self.idp_discovery =
+            Bytes::from(serde_json::to_string(&discovery::identity_providers(&listed)).unwrap_or_default());
     }
 
     /// What the identity transforms of the identity provider `idp_name` make of `username` and

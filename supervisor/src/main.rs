@@ -56,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         audit: Audit::new(&config.audit)?,
         passwords: PasswordThrottle::new(),
+        device_polls: Default::default(),
     });
     let limits = config.listener_limits()?;
     let https = server::bind(config.listen.https).await?;

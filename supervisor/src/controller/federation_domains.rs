@@ -334,7 +334,13 @@ impl FederationDomainReconciler {
             federation_domain::transforms(fd),
             federation_domain::sessions(fd).map_err(|errors| errors.join("; "))?,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_device_authorization(
+            fd.spec
+                .device_authorization
+                .as_ref()
+                .is_some_and(|device| device.enabled),
+        );
         Ok(Some(Served {
             uid: fd.metadata.uid.clone(),
             fingerprint,

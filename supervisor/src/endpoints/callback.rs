@@ -55,7 +55,7 @@ where
         Ok(state) => state,
         Err((status, message)) => return text(status, &message),
     };
-    let request = match authorize::parse(&state.authorize_query, &|id| endpoints.client(id)) {
+    let request = match authorize::parse(&state.authorize_query, &|id| endpoints.client(issuer, id)) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
     };

@@ -25,6 +25,14 @@ pub(crate) const JWKS_PATH: &str = "/jwks.json";
 pub(crate) const IDP_DISCOVERY_PATH: &str = "/v1alpha1/pinniped_identity_providers";
 /// `/login`: the Supervisor's own login form (LDAP and Active Directory in a browser).
 pub(crate) const LOGIN_PATH: &str = "/login";
+/// `/oauth2/device_authorization` (RFC 8628 §3.1; Selkie's, when enabled).
+pub(crate) const DEVICE_AUTHORIZATION_PATH: &str = "/oauth2/device_authorization";
+/// `/device`: the verification page where a user enters a device login's user code.
+pub(crate) const DEVICE_PATH: &str = "/device";
+/// `/device/callback`: where a device login's authorization request sends its code.
+pub(crate) const DEVICE_CALLBACK_PATH: &str = "/device/callback";
+/// The device authorization grant's type at the token endpoint (RFC 8628 §3.4).
+pub(crate) const DEVICE_CODE_GRANT: &str = "urn:ietf:params:oauth:grant-type:device_code";
 
 /// The scopes a FederationDomain supports.
 pub(crate) const SCOPES: [&str; 5] = [
@@ -37,9 +45,11 @@ pub(crate) const SCOPES: [&str; 5] = [
 /// The custom claims of its ID tokens.
 pub(crate) const CLAIMS: [&str; 3] = ["username", "groups", "additionalClaims"];
 
-/// The discovery document of `issuer` (as configured, without a trailing slash).
-pub(crate) fn openid_configuration(issuer: &str) -> Value {
-    json!({
+/// The discovery document of `issuer` (as configured, without a trailing slash); with
+/// `device_authorization`, also its `device_authorization_endpoint` (RFC 8628 §4) and the grant
+/// types it offers.
+pub(crate) fn openid_configuration(issuer: &str, device_authorization: bool) -> Value {
+    let mut document = json!({
         "issuer": issuer,
         "authorization_endpoint": format!("{issuer}{AUTHORIZE_PATH}"),
         "token_endpoint": format!("{issuer}{TOKEN_PATH}"),
@@ -56,7 +66,17 @@ pub(crate) fn openid_configuration(issuer: &str) -> Value {
         selkie_api::supervisor_oidc::SUPERVISOR_DISCOVERY_MEMBER: {
             "pinniped_identity_providers_endpoint": format!("{issuer}{IDP_DISCOVERY_PATH}"),
         },
-    })
+    });
+    if device_authorization {
+        document["device_authorization_endpoint"] = json!(format!("{issuer}{DEVICE_AUTHORIZATION_PATH}"));
+        document["grant_types_supported"] = json!([
+            "authorization_code",
+            "refresh_token",
+            "urn:ietf:params:oauth:grant-type:token-exchange",
+            DEVICE_CODE_GRANT,
+        ]);
+    }
+    document
 }
 
 /// The identity-provider discovery document: the FederationDomain's providers (sorted by name, as
@@ -81,7 +101,7 @@ mod tests {
 
     #[test]
     fn the_discovery_document_is_what_clients_read() {
-        let document = openid_configuration("https://sso.example.com/team-a");
+        let document = openid_configuration("https://sso.example.com/team-a", false);
         assert_eq!(
             document["authorization_endpoint"],
             "https://sso.example.com/team-a/oauth2/authorize"
@@ -105,9 +125,20 @@ mod tests {
             "https://sso.example.com/team-a/v1alpha1/pinniped_identity_providers"
         );
         // The relying party of selkie-oidc (and so the CLI) reads it as a Supervisor's.
-        let parsed: selkie_oidc::discovery::Discovery = serde_json::from_value(document).unwrap();
+        let parsed: selkie_oidc::discovery::Discovery = serde_json::from_value(document.clone()).unwrap();
         assert!(parsed.is_supervisor());
         assert!(parsed.supports_form_post());
+        assert!(document.get("device_authorization_endpoint").is_none());
+
+        let device = openid_configuration("https://sso.example.com/team-a", true);
+        assert_eq!(
+            device["device_authorization_endpoint"],
+            "https://sso.example.com/team-a/oauth2/device_authorization"
+        );
+        assert!(device["grant_types_supported"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(DEVICE_CODE_GRANT)));
     }
 
     #[test]

@@ -125,7 +125,7 @@ where
         };
         return login_form(&ldap.display_name, sealed, alert);
     }
-    let request = match authorize::parse(&state.authorize_query, &|id| endpoints.client(id)) {
+    let request = match authorize::parse(&state.authorize_query, &|id| endpoints.client(issuer, id)) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
     };

@@ -1,7 +1,7 @@
 //! The HTTP endpoints of every FederationDomain (REFERENCE.md §4): discovery, `jwks.json`,
 //! identity-provider discovery, `oauth2/authorize`, `callback` and `login` ([`login`]), the
 //! identity-provider chooser ([`chooser`]), `oauth2/token`
-//! ([`token`]), and `healthz`. One [`Endpoints::handle`] answers every request of the listener:
+//! ([`token`]), the device authorization grant's endpoints ([`device`], when enabled), and `healthz`. One [`Endpoints::handle`] answers every request of the listener:
 //! it finds the FederationDomain by host and path, and never fails — errors are OAuth error
 //! responses (or a plain 404/405 for what is no endpoint).
 
@@ -9,6 +9,7 @@ pub(crate) mod authorize;
 mod callback;
 mod chooser;
 mod code;
+mod device;
 pub(crate) mod discovery;
 mod html;
 mod login_page;
@@ -28,7 +29,7 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use crate::clients::Clients;
 use crate::endpoints::authorize::Client;
 use crate::endpoints::oauth::OAuthError;
-use crate::issuer::Issuers;
+use crate::issuer::{Issuer, Issuers};
 use crate::server::metrics::{Endpoint, Metrics};
 use crate::session::store::Store;
 
@@ -53,13 +54,22 @@ pub struct Endpoints {
     pub clients: Arc<ArcSwap<Clients>>,
     /// Failed passwords by identity provider and username, to slow guessing down.
     pub passwords: crate::idp::throttle::PasswordThrottle,
+    /// When each device code was last polled, to slow fast pollers down.
+    pub device_polls: device::DevicePolls,
 }
 
 impl Endpoints {
-    /// The client `id` may ask for authorization as: the CLI, or a valid OIDCClient.
-    pub fn client(&self, id: &str) -> Option<Client> {
+    /// The client `id` may ask `issuer` for authorization as: the CLI (which may also be sent
+    /// to the issuer's device callback when it offers the device grant: a device login's
+    /// authorization request), or a valid OIDCClient.
+    pub fn client(&self, issuer: &Issuer, id: &str) -> Option<Client> {
         if id == authorize::PINNIPED_CLI {
-            return Some(Client::pinniped_cli());
+            let mut cli = Client::pinniped_cli();
+            if issuer.device_authorization {
+                cli.redirect_uris
+                    .push(format!("{}{}", issuer.issuer, discovery::DEVICE_CALLBACK_PATH));
+            }
+            return Some(cli);
         }
         self.clients.load().get(id).map(|dynamic| dynamic.client.clone())
     }
@@ -132,6 +142,11 @@ impl Endpoints {
             discovery::CHOOSE_IDP_PATH => Endpoint::choose_idp,
             discovery::TOKEN_PATH => Endpoint::token,
             discovery::REVOKE_PATH => Endpoint::revoke,
+            discovery::DEVICE_AUTHORIZATION_PATH if issuer.device_authorization => {
+                Endpoint::device_authorization
+            }
+            discovery::DEVICE_PATH if issuer.device_authorization => Endpoint::device,
+            discovery::DEVICE_CALLBACK_PATH if issuer.device_authorization => Endpoint::device_callback,
             _ => return not_found(),
         };
         let response = match kind {
@@ -156,6 +171,15 @@ impl Endpoints {
             }
             Endpoint::token if method == Method::POST => token::token(self, &issuer, request).await,
             Endpoint::revoke if method == Method::POST => revoke::revoke(self, &issuer, request).await,
+            Endpoint::device_authorization if method == Method::POST => {
+                device::device_authorization(self, &issuer, request).await
+            }
+            Endpoint::device if get || method == Method::POST => {
+                device::verification(self, &issuer, request).await
+            }
+            Endpoint::device_callback if get => {
+                device::callback(self, &issuer, request.uri().query().unwrap_or_default()).await
+            }
             _ => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
         };
         (kind, response)

@@ -34,6 +34,12 @@ pub enum Code {
     /// `login_required` (OpenID Connect Core §3.1.2.6): `prompt=none`, and the user would have
     /// to log in.
     LoginRequired,
+    /// `authorization_pending` (RFC 8628 §3.5): the device login is not finished yet.
+    AuthorizationPending,
+    /// `slow_down` (RFC 8628 §3.5): polled sooner than the interval allows.
+    SlowDown,
+    /// `expired_token` (RFC 8628 §3.5): the device code expired.
+    ExpiredToken,
 }
 
 impl Code {
@@ -53,6 +59,9 @@ impl Code {
             Self::ServerError => "server_error",
             Self::TemporarilyUnavailable => "temporarily_unavailable",
             Self::LoginRequired => "login_required",
+            Self::AuthorizationPending => "authorization_pending",
+            Self::SlowDown => "slow_down",
+            Self::ExpiredToken => "expired_token",
         }
     }
 
@@ -72,6 +81,9 @@ impl Code {
             Self::ServerError => "The authorization server encountered an unexpected condition that prevented it from fulfilling the request.",
             Self::TemporarilyUnavailable => "The authorization server is currently unable to handle the request due to a temporary overloading or maintenance of the server.",
             Self::LoginRequired => "The Authorization Server requires End-User authentication.",
+            Self::AuthorizationPending => "The authorization request is still pending as the end user hasn't yet completed the user-interaction steps.",
+            Self::SlowDown => "The client is polling too quickly and should back off at a reasonable rate.",
+            Self::ExpiredToken => "The device_code has expired, and the device authorization session has concluded.",
         }
     }
 

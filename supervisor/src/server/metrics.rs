@@ -64,6 +64,12 @@ pub enum Endpoint {
     token,
     /// `/oauth2/revoke`.
     revoke,
+    /// `/oauth2/device_authorization`.
+    device_authorization,
+    /// `/device` (the device login's verification page).
+    device,
+    /// `/device/callback`.
+    device_callback,
     /// No endpoint (404) or no FederationDomain for the host and path.
     none,
 }
@@ -78,6 +84,8 @@ pub enum Grant {
     refresh_token,
     /// RFC 8693 token exchange.
     token_exchange,
+    /// RFC 8628 device code.
+    device_code,
     /// Anything else, or a request refused before its grant type counted.
     other,
 }

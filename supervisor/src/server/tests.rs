@@ -77,6 +77,7 @@ async fn start_limited(serving: Arc<ServingCert>, limits: ListenerLimits) -> Ser
         audit: Audit::default(),
         clients: Arc::new(ArcSwap::from_pointee(Clients::default())),
         passwords: PasswordThrottle::new(),
+        device_polls: Default::default(),
     });
     let task = tokio::spawn(serve_https(
         listener,

@@ -148,6 +148,10 @@ async fn collect(store: &Store, issuers: &Issuers, secret: Secret, now: OffsetDa
 /// one was revoked, `Ok(false)` when there was none to revoke or the upstream has no revocation
 /// endpoint.
 async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Result<bool, UpstreamFailure> {
+    if label == crate::session::device::DEVICE_LABEL {
+        // A device login holds no upstream token (its login's own Secret does).
+        return Ok(false);
+    }
     if label == login::LOGIN_LABEL {
         let login = Login::read(secret).map_err(|error| UpstreamFailure::Refused(error.to_string()))?;
         return revoke_upstream_of(issuers, &login.session).await;
@@ -535,6 +539,48 @@ mod tests {
         left.sort();
         kept.sort();
         assert_eq!(left, kept);
+    }
+
+    /// An expired device login (RFC 8628) holds no upstream token: a sweep deletes it without
+    /// asking any upstream and counts no failure; a live one stays.
+    #[tokio::test]
+    async fn a_sweep_deletes_expired_device_logins_with_nothing_to_revoke() {
+        use crate::session::device::{self, DeviceLogin, DeviceRequest, DeviceStatus};
+        let revoker = Revoker::start().await;
+        let (store, memory) = Store::in_memory();
+        let now = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let device = |user_code: &str, expires_at: i64| DeviceLogin {
+            id: device::id_of(user_code),
+            request: DeviceRequest {
+                issuer: "https://sso.example.com".into(),
+                client_id: "pinniped-cli".into(),
+                scopes: vec!["openid".into()],
+                code_challenge: "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM".into(),
+                nonce: None,
+                idp_name: None,
+                idp_type: None,
+                device_code_signature: "sig".into(),
+                state: "state".into(),
+                expires_at,
+            },
+            status: DeviceStatus::Approved { code: "pin_ac_x.y".into() },
+        };
+        let expired = device("BCDF-GHJK", now.unix_timestamp() - 60);
+        let live = device("BCDF-GHJL", now.unix_timestamp() + 300);
+        for login in [&expired, &live] {
+            // Written when it was new: collectable at its expiry.
+            store.create_device(login, now - time::Duration::minutes(5)).await.unwrap();
+        }
+        let swept = sweep(&store, &revoker.issuers(), now).await.unwrap();
+        assert_eq!(
+            swept,
+            Sweep {
+                deleted: 1,
+                ..Sweep::default()
+            }
+        );
+        assert_eq!(names(&memory.secrets()), [device::secret_name(&live.id)]);
+        assert_eq!(revoker.requests.load(Ordering::SeqCst), 0);
     }
 
     /// A sweep fails when listing fails or an expired Secret cannot be read, and then deletes

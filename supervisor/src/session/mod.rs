@@ -3,6 +3,7 @@
 //! storage Secrets ([`crate::session::storage`]) of the login's authorization code, access and refresh
 //! tokens, and is never logged (it holds the upstream refresh token).
 
+pub(crate) mod device;
 pub(crate) mod gc;
 pub(crate) mod id_token;
 pub(crate) mod login;

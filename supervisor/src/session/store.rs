@@ -32,6 +32,7 @@ use kube::{
 };
 use time::OffsetDateTime;
 
+use crate::session::device::{self, DeviceLogin, DeviceStatus};
 use crate::session::login::{self, CodeState, Login, Tokens};
 use crate::session::storage::{garbage_collect_after, Resource, StorageError, TYPE_LABEL};
 use crate::session::Session;
@@ -343,6 +344,55 @@ impl Store {
         {
             Ok(deleted) => Ok(deleted.and_then(|secret| Login::read(&secret).ok())),
             Err(error) if is_status(&error, 404) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Stores a new device login (one `POST`), collectable when its device code expires;
+    /// [`StoreError::Conflict`] when one of its ID (so of its user code) exists.
+    pub(crate) async fn create_device(
+        &self,
+        device: &DeviceLogin,
+        now: OffsetDateTime,
+    ) -> Result<(), StoreError> {
+        match self.secrets.create(&device.to_secret(now)?).await {
+            Ok(()) => Ok(()),
+            Err(error) if is_status(&error, 409) => Err(StoreError::Conflict),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The device login `id`, or `None` (one `GET`).
+    pub(crate) async fn get_device(&self, id: &[u8; 16]) -> Result<Option<DeviceLogin>, StoreError> {
+        match self.secrets.get(&device::secret_name(id)).await {
+            Ok(secret) => Ok(Some(DeviceLogin::read(&secret)?)),
+            Err(error) if is_status(&error, 404) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Moves device login `id` from status `from` to `to` in one conditional `PATCH` (its `test`
+    /// operation holds only while the status is `from`): `Ok(true)` when it moved, `Ok(false)`
+    /// when there is no such device login, [`StoreError::Conflict`] when its status is not `from`
+    /// (someone else moved it first).
+    pub(crate) async fn change_device_status(
+        &self,
+        id: &[u8; 16],
+        from: &DeviceStatus,
+        to: &DeviceStatus,
+    ) -> Result<bool, StoreError> {
+        use base64::{engine::general_purpose::STANDARD, Engine as _};
+        let path = format!("/data/{}", device::STATUS_KEY);
+        let patch = serde_json::json!([
+            {"op": "test", "path": path, "value": STANDARD.encode(from.text())},
+            {"op": "replace", "path": path, "value": STANDARD.encode(to.text())},
+        ]);
+        let patch: json_patch::Patch =
+            serde_json::from_value(patch).map_err(|e| StoreError::Session(e.to_string()))?;
+        match self.secrets.patch(&device::secret_name(id), patch).await {
+            Ok(_) => Ok(true),
+            Err(error) if is_status(&error, 404) => Ok(false),
+            Err(error) if is_status(&error, 422) => Err(StoreError::Conflict),
             Err(error) => Err(error.into()),
         }
     }

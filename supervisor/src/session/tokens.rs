@@ -24,6 +24,9 @@ pub enum Kind {
     AccessToken,
     /// A refresh token (`pin_rt_`).
     RefreshToken,
+    /// A device code (`pin_dc_`, RFC 8628): names its device login
+    /// ([`crate::session::device`]), not a login.
+    DeviceCode,
 }
 
 impl Kind {
@@ -33,6 +36,7 @@ impl Kind {
             Self::AuthorizationCode => "pin_ac_",
             Self::AccessToken => "pin_at_",
             Self::RefreshToken => "pin_rt_",
+            Self::DeviceCode => "pin_dc_",
         }
     }
 }

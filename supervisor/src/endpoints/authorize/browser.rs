@@ -67,19 +67,8 @@ pub(crate) fn browser_login(
         })
     };
     let now = OffsetDateTime::now_utc();
-    let existing_csrf = cookie(headers, CSRF_COOKIE)
-        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok());
-    let (csrf, set_cookie) = match existing_csrf {
-        Some(csrf) => (csrf, None),
-        None => {
-            let Some(csrf) = random_string() else {
-                return back(OAuthError::new(Code::ServerError, ""));
-            };
-            match issuer.sealer.seal(CSRF_PURPOSE, &csrf, now + CSRF_LIFETIME) {
-                Ok(sealed) => (csrf, Some(sealed)),
-                Err(_) => return back(OAuthError::new(Code::ServerError, "")),
-            }
-        }
+    let Some((csrf, set_cookie)) = browser_csrf(issuer, headers, now) else {
+        return back(OAuthError::new(Code::ServerError, ""));
     };
     let Ok(upstream_params) = LoginParams::generate() else {
         return back(OAuthError::new(Code::ServerError, ""));
@@ -121,16 +110,56 @@ pub(crate) fn browser_login(
             .authorize_url(&sealed_state, &format!("{}{CALLBACK_PATH}", issuer.issuer)),
     };
     let mut response = redirect(&url);
-    if let Some(sealed) = set_cookie {
-        let value = format!(
-            "{CSRF_COOKIE}={sealed}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=Lax",
-            CSRF_LIFETIME.whole_seconds()
-        );
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            response.headers_mut().insert(header::SET_COOKIE, value);
+    set_csrf_cookie(&mut response, set_cookie);
+    response
+}
+
+/// The browser's CSRF value at `now`: the one its CSRF cookie seals, or a fresh one and the
+/// sealed cookie value to set ([`set_csrf_cookie`]). `None` without secure randomness.
+pub(crate) fn browser_csrf(
+    issuer: &Issuer,
+    headers: &HeaderMap,
+    now: OffsetDateTime,
+) -> Option<(String, Option<String>)> {
+    let existing = cookie(headers, CSRF_COOKIE)
+        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok());
+    match existing {
+        Some(csrf) => Some((csrf, None)),
+        None => {
+            let csrf = random_string()?;
+            let sealed = issuer
+                .sealer
+                .seal(CSRF_PURPOSE, &csrf, now + CSRF_LIFETIME)
+                .ok()?;
+            Some((csrf, Some(sealed)))
         }
     }
-    response
+}
+
+/// Sets the CSRF cookie to `sealed` on `response`, when there is one to set.
+pub(crate) fn set_csrf_cookie(response: &mut Response<Body>, sealed: Option<String>) {
+    let Some(sealed) = sealed else {
+        return;
+    };
+    let value = format!(
+        "{CSRF_COOKIE}={sealed}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=Lax",
+        CSRF_LIFETIME.whole_seconds()
+    );
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+}
+
+/// Whether `presented` is the CSRF value the browser's CSRF cookie seals (constant time).
+pub(crate) fn csrf_matches(
+    issuer: &Issuer,
+    headers: &HeaderMap,
+    presented: &str,
+    now: OffsetDateTime,
+) -> bool {
+    cookie(headers, CSRF_COOKIE)
+        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok())
+        .is_some_and(|csrf| bool::from(csrf.as_bytes().ct_eq(presented.as_bytes())))
 }
 
 /// The login's sealed `state`, opened, and checked against the browser's CSRF cookie; else the
@@ -148,10 +177,7 @@ pub(crate) fn open_state(
             format!("Bad Request: error reading state: {error}"),
         )
     })?;
-    let csrf_matches = cookie(headers, CSRF_COOKIE)
-        .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok())
-        .is_some_and(|csrf| bool::from(csrf.as_bytes().ct_eq(state.csrf.as_bytes())));
-    if !csrf_matches {
+    if !csrf_matches(issuer, headers, &state.csrf, now) {
         return Err((
             StatusCode::FORBIDDEN,
             "Forbidden: CSRF value does not match".into(),

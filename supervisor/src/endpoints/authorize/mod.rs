@@ -53,7 +53,7 @@ where
     } else {
         parts.uri.query().unwrap_or_default().to_string()
     };
-    let request = match parse(&query, &|id| endpoints.client(id)) {
+    let request = match parse(&query, &|id| endpoints.client(issuer, id)) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
     };

@@ -51,6 +51,7 @@ impl Client {
                 "authorization_code",
                 "refresh_token",
                 "urn:ietf:params:oauth:grant-type:token-exchange",
+                crate::endpoints::discovery::DEVICE_CODE_GRANT,
             ]
             .map(String::from)
             .to_vec(),

@@ -322,7 +322,8 @@ impl Harness {
                 HashMap::new(),
                 Default::default(),
             )
-            .unwrap(),
+            .unwrap()
+            .with_device_authorization(true),
         );
         let (store, memory) = Store::in_memory();
         let endpoints = Arc::new(Endpoints {
@@ -332,6 +333,7 @@ impl Harness {
             audit: Audit::default(),
             clients: Arc::new(ArcSwap::from_pointee(Clients::default())),
             passwords: PasswordThrottle::new(),
+            device_polls: Default::default(),
         });
         Self {
             endpoints,
@@ -1240,4 +1242,367 @@ async fn revocation_of_unknown_or_foreign_tokens() {
     let anonymous = post("/oauth2/revoke", &[("token", tokens.field("access_token"))], None);
     harness.send(anonymous).await.assert_error(Code::InvalidClient);
     assert_eq!(harness.usable_tokens(&login.request_id).len(), 2);
+}
+
+/// What a test sees of an HTML answer: its status, `Location`, `Set-Cookie` and text.
+async fn page_of(response: Response<Body>) -> (StatusCode, String, String, String) {
+    let (parts, body) = response.into_parts();
+    let header = |name| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|value: &HeaderValue| value.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let text = String::from_utf8(body.collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    (
+        parts.status,
+        header(header::LOCATION),
+        header(header::SET_COOKIE),
+        text,
+    )
+}
+
+/// A device login's start, the browser's half, and its polls.
+struct DeviceRun {
+    verifier: String,
+    device_code: String,
+    user_code: String,
+}
+
+impl Harness {
+    /// The CLI's device authorization request; its answer.
+    async fn start_device(&self) -> (DeviceRun, Answer) {
+        let verifier = format!("device-verifier-{}", session::new_request_id().unwrap());
+        let challenge = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes()));
+        let answer = self
+            .send(post(
+                "/oauth2/device_authorization",
+                &[
+                    ("client_id", "pinniped-cli"),
+                    ("scope", &CLI_SCOPES.join(" ")),
+                    ("code_challenge", &challenge),
+                    ("code_challenge_method", "S256"),
+                    ("nonce", "device-nonce-0123"),
+                ],
+                None,
+            ))
+            .await;
+        let run = DeviceRun {
+            verifier,
+            device_code: answer.body["device_code"].as_str().unwrap_or_default().into(),
+            user_code: answer.body["user_code"].as_str().unwrap_or_default().into(),
+        };
+        (run, answer)
+    }
+
+    /// One poll of `run` with `verifier`, as the CLI sends it (pacing forgotten: the tests
+    /// poll back to back).
+    async fn poll(&self, run: &DeviceRun, verifier: &str) -> Answer {
+        self.endpoints.device_polls.forget();
+        self.send(post(
+            "/oauth2/token",
+            &[
+                ("grant_type", DEVICE_CODE_GRANT),
+                ("client_id", "pinniped-cli"),
+                ("device_code", &run.device_code),
+                ("code_verifier", verifier),
+            ],
+            None,
+        ))
+        .await
+    }
+
+    /// The browser enters `run`'s user code at the verification page: the authorization
+    /// request's URL it is sent to.
+    async fn enter_user_code(&self, run: &DeviceRun) -> String {
+        let link = format!("{ISSUER}/device?user_code={}", run.user_code);
+        let (status, _, cookie, page) = page_of(
+            self.endpoints
+                .handle(Request::get(&link).body(Full::new(Bytes::new())).unwrap())
+                .await,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(
+            page.contains(&format!(r#"value="{}""#, run.user_code)),
+            "the link's code is filled in: {page}"
+        );
+        let csrf = page
+            .split(r#"name="csrf" value=""#)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap()
+            .to_string();
+        let cookie = cookie.split(';').next().unwrap().to_string();
+        let form = |csrf: &str, code: &str| {
+            let mut request = post("/device", &[("user_code", code), ("csrf", csrf)], None);
+            request
+                .headers_mut()
+                .insert(header::COOKIE, cookie.parse().unwrap());
+            request
+        };
+        // Typed in lower case without the dash: the same code.
+        let typed = run.user_code.replace('-', "").to_lowercase();
+        let (status, location, _, page) = page_of(self.endpoints.handle(form(&csrf, &typed)).await).await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "{page}");
+        // A form posted from elsewhere (no CSRF value of this browser) is refused.
+        let (status, _, _, _) = page_of(self.endpoints.handle(form("forged", &typed)).await).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        location
+    }
+
+    /// The login of the device login's authorization request `location` ends with `callback`
+    /// (`code=…` of a login issued for it, or `error=…`) at the device callback.
+    async fn device_callback(&self, location: &str, callback: &str) -> (StatusCode, String) {
+        let state = url_param(location, "state");
+        let (status, _, _, page) = page_of(
+            self.endpoints
+                .handle(
+                    Request::get(format!("{ISSUER}/device/callback?{callback}&state={state}"))
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+                .await,
+        )
+        .await;
+        (status, page)
+    }
+
+    /// A login the user finished for the device login's authorization request `location`: its
+    /// code, issued for the device callback and the CLI's PKCE challenge and nonce.
+    async fn device_login(&self, location: &str) -> Login {
+        let challenge = url_param(location, "code_challenge");
+        let nonce = url_param(location, "nonce");
+        self.login_with(CLI_SCOPES, |session| {
+            session.redirect_uri = format!("{ISSUER}{DEVICE_CALLBACK}");
+            session.code_challenge = challenge;
+            session.nonce = Some(nonce);
+        })
+        .await
+    }
+}
+
+const DEVICE_CALLBACK: &str = crate::endpoints::discovery::DEVICE_CALLBACK_PATH;
+
+/// The query parameter `name` of `url` (decoded).
+fn url_param(url: &str, name: &str) -> String {
+    let query = url.split_once('?').map(|(_, query)| query).unwrap_or_default();
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_else(|| panic!("no {name} in {url}"))
+}
+
+/// RFC 8628 end to end over the endpoints: the CLI gets a device code and a user code; its polls
+/// are pending until the browser has entered the code (CSRF-protected) and the login's code
+/// reached the device callback; a poll without the CLI's PKCE verifier gets nothing and uses
+/// nothing up; the CLI's poll gets tokens once (with its nonce in the ID token); the next poll,
+/// and a second callback, are refused.
+#[tokio::test(flavor = "current_thread")]
+async fn a_device_login_gives_tokens_once_and_only_to_the_verifier() {
+    let harness = Harness::start().await;
+    let discovery: Value = serde_json::from_slice(&harness.issuer.discovery).unwrap();
+    assert_eq!(
+        discovery["device_authorization_endpoint"],
+        format!("{ISSUER}/oauth2/device_authorization")
+    );
+    let (run, answer) = harness.start_device().await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(answer.field("verification_uri"), format!("{ISSUER}/device"));
+    assert_eq!(
+        answer.field("verification_uri_complete"),
+        format!("{ISSUER}/device?user_code={}", run.user_code)
+    );
+    assert_eq!(
+        (
+            answer.body["interval"].as_i64(),
+            answer.body["expires_in"].as_i64()
+        ),
+        (Some(5), Some(600))
+    );
+    assert!(run.device_code.starts_with("pin_dc_"));
+
+    harness
+        .poll(&run, &run.verifier)
+        .await
+        .assert_error(Code::AuthorizationPending);
+    // Polled again at once: slow down (the store is not asked).
+    harness.memory.take_requests();
+    let too_soon = harness
+        .send(post(
+            "/oauth2/token",
+            &[
+                ("grant_type", DEVICE_CODE_GRANT),
+                ("client_id", "pinniped-cli"),
+                ("device_code", &run.device_code),
+                ("code_verifier", &run.verifier),
+            ],
+            None,
+        ))
+        .await;
+    too_soon.assert_error(Code::SlowDown);
+    assert_eq!(harness.memory.take_requests().total(), 0);
+
+    let location = harness.enter_user_code(&run).await;
+    assert!(
+        location.starts_with(&format!("{ISSUER}/oauth2/authorize?")),
+        "{location}"
+    );
+    assert_eq!(
+        url_param(&location, "redirect_uri"),
+        format!("{ISSUER}{DEVICE_CALLBACK}")
+    );
+    assert_eq!(url_param(&location, "client_id"), "pinniped-cli");
+    harness
+        .poll(&run, &run.verifier)
+        .await
+        .assert_error(Code::AuthorizationPending);
+
+    let login = harness.device_login(&location).await;
+    let (status, page) = harness
+        .device_callback(&location, &format!("code={}", login.code))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("You are logged in"), "{page}");
+    let (status, _) = harness
+        .device_callback(&location, &format!("code={}", login.code))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "a device login is finished once");
+
+    let other_verifier = format!("{}x", run.verifier);
+    let stolen = harness.poll(&run, &other_verifier).await;
+    stolen.assert_error(Code::InvalidGrant);
+    assert!(stolen.body["error_description"]
+        .as_str()
+        .unwrap()
+        .contains("PKCE"));
+
+    let tokens = harness.poll(&run, &run.verifier).await;
+    assert!(tokens.granted(), "{}", tokens.body);
+    let claims = harness.id_token_claims(tokens.field("id_token"));
+    assert_eq!(claims["nonce"], "device-nonce-0123");
+    assert_eq!(claims["username"], "pinny");
+    let again = harness.poll(&run, &run.verifier).await;
+    again.assert_error(Code::InvalidGrant);
+    assert!(again.body["error_description"]
+        .as_str()
+        .unwrap()
+        .contains("already been used"));
+}
+
+/// What ends a device login without tokens: the login failing in the browser (`access_denied`
+/// at the next poll), an expired device code (`expired_token`, and its user code no longer
+/// accepted), a device code not of this FederationDomain, another client's poll, and a device
+/// authorization request the authorization request would refuse (answered at once).
+#[tokio::test(flavor = "current_thread")]
+async fn a_device_login_ends_with_the_error_the_cli_can_act_on() {
+    let harness = Harness::start().await;
+
+    let (denied, _) = harness.start_device().await;
+    let location = harness.enter_user_code(&denied).await;
+    let (status, page) = harness
+        .device_callback(&location, "error=access_denied&error_description=policy+says+no")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("policy says no"), "{page}");
+    harness
+        .poll(&denied, &denied.verifier)
+        .await
+        .assert_error(Code::AccessDenied);
+
+    let (expired, _) = harness.start_device().await;
+    let id = session::device::id_of(&expired.user_code);
+    assert!(harness.memory.edit(&session::device::secret_name(&id), |secret| {
+        let data = secret.data.as_mut().unwrap();
+        let stored = data.get_mut(session::storage::DATA_KEY).unwrap();
+        let mut request: Value = serde_json::from_slice(&stored.0).unwrap();
+        request["expires_at"] = json!(OffsetDateTime::now_utc().unix_timestamp() - 1);
+        stored.0 = request.to_string().into_bytes();
+    }));
+    harness
+        .poll(&expired, &expired.verifier)
+        .await
+        .assert_error(Code::ExpiredToken);
+    let link = format!("{ISSUER}/device?user_code={}", expired.user_code);
+    let (_, _, cookie, page) = page_of(
+        harness
+            .endpoints
+            .handle(Request::get(&link).body(Full::new(Bytes::new())).unwrap())
+            .await,
+    )
+    .await;
+    let csrf = page
+        .split(r#"name="csrf" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap();
+    let mut form = post(
+        "/device",
+        &[("user_code", &expired.user_code), ("csrf", csrf)],
+        None,
+    );
+    form.headers_mut()
+        .insert(header::COOKIE, cookie.split(';').next().unwrap().parse().unwrap());
+    let (status, _, _, page) = page_of(harness.endpoints.handle(form).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(page.contains("unknown, used already or expired"), "{page}");
+
+    let (run, _) = harness.start_device().await;
+    let forged = DeviceRun {
+        device_code: run.device_code.replace("pin_dc_", "pin_ac_"),
+        ..run
+    };
+    harness
+        .poll(&forged, &forged.verifier)
+        .await
+        .assert_error(Code::InvalidGrant);
+
+    let challenge = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(
+        b"verifier-of-a-plain-challenge-0123456789abc",
+    ));
+    for (form, code) in [
+        (
+            vec![
+                ("client_id", "pinniped-cli"),
+                ("scope", "openid"),
+                ("code_challenge", challenge.as_str()),
+                ("code_challenge_method", "plain"),
+            ],
+            Code::InvalidRequest,
+        ),
+        (
+            vec![("client_id", "pinniped-cli"), ("scope", "openid")],
+            Code::InvalidRequest,
+        ),
+        (
+            vec![
+                ("client_id", "pinniped-cli"),
+                ("scope", "openid admin"),
+                ("code_challenge", challenge.as_str()),
+                ("code_challenge_method", "S256"),
+            ],
+            Code::InvalidScope,
+        ),
+        (
+            vec![
+                ("client_id", "pinniped-cli"),
+                ("scope", "openid"),
+                ("code_challenge", challenge.as_str()),
+                ("code_challenge_method", "S256"),
+                ("pinniped_idp_name", "Nope"),
+            ],
+            Code::InvalidRequest,
+        ),
+        (
+            vec![("client_id", DYNAMIC_CLIENT), ("scope", "openid")],
+            Code::InvalidClient,
+        ),
+    ] {
+        harness
+            .send(post("/oauth2/device_authorization", &form, None))
+            .await
+            .assert_error(code);
+    }
 }

@@ -1,11 +1,13 @@
 //! `POST /oauth2/token`: the client authenticated ([`authenticate`]: the public `pinniped-cli`,
 //! or an OIDCClient with HTTP Basic), then one grant — the authorization code grant ([`code`],
 //! PKCE required), the refresh token grant ([`refresh`], rotating, the upstream checked again) or
-//! RFC 8693 token exchange for a cluster-scoped ID token ([`exchange`]) — and the tokens they
+//! RFC 8693 token exchange for a cluster-scoped ID token ([`exchange`]), the RFC 8628 device code
+//! grant ([`device`], redeeming a device login's code) — and the tokens they
 //! issue ([`mint_tokens`], [`token_response`]), recorded in the login's Secret. `POST /oauth2/revoke` is
 //! [`crate::endpoints::revoke`].
 
 mod code;
+mod device;
 mod exchange;
 #[cfg(test)]
 mod grant_tests;
@@ -22,6 +24,7 @@ use time::OffsetDateTime;
 
 use crate::clients::Busy;
 use crate::endpoints::authorize::{self, Client};
+use crate::endpoints::discovery::DEVICE_CODE_GRANT;
 use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::code::authorization_code;
 use crate::endpoints::{json, oauth_error, read_form, Body, Endpoints};
@@ -56,32 +59,33 @@ where
         Some("authorization_code") => Grant::authorization_code,
         Some("refresh_token") => Grant::refresh_token,
         Some(TOKEN_EXCHANGE) => Grant::token_exchange,
+        Some(DEVICE_CODE_GRANT) => Grant::device_code,
         _ => Grant::other,
     };
-    let result = match authenticate(endpoints, &parts.headers, &params).await {
-        Err(error) => Err(error),
-        Ok(client) => match params.get("grant_type").map(String::as_str) {
-            None => Err(OAuthError::new(
-                Code::InvalidRequest,
-                "The 'grant_type' parameter is missing.",
-            )),
-            Some(known @ ("authorization_code" | "refresh_token" | TOKEN_EXCHANGE))
-                if !client.grant_types.iter().any(|allowed| allowed == known) =>
-            {
-                Err(OAuthError::new(
+    let result =
+        match authenticate(endpoints, &parts.headers, &params).await {
+            Err(error) => Err(error),
+            Ok(client) => match params.get("grant_type").map(String::as_str) {
+                None => Err(OAuthError::new(
+                    Code::InvalidRequest,
+                    "The 'grant_type' parameter is missing.",
+                )),
+                Some(
+                    known @ ("authorization_code" | "refresh_token" | TOKEN_EXCHANGE | DEVICE_CODE_GRANT),
+                ) if !client.grant_types.iter().any(|allowed| allowed == known) => Err(OAuthError::new(
                     Code::UnauthorizedClient,
                     &format!("The OAuth 2.0 Client is not allowed to use authorization grant \"{known}\"."),
-                ))
-            }
-            Some("authorization_code") => authorization_code(endpoints, issuer, &client, &params).await,
-            Some("refresh_token") => refresh::refresh(endpoints, issuer, &client, &params).await,
-            Some(TOKEN_EXCHANGE) => exchange::exchange(endpoints, issuer, &client, &params).await,
-            Some(other) => Err(OAuthError::new(
-                Code::UnsupportedGrantType,
-                &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
-            )),
-        },
-    };
+                )),
+                Some("authorization_code") => authorization_code(endpoints, issuer, &client, &params).await,
+                Some("refresh_token") => refresh::refresh(endpoints, issuer, &client, &params).await,
+                Some(TOKEN_EXCHANGE) => exchange::exchange(endpoints, issuer, &client, &params).await,
+                Some(DEVICE_CODE_GRANT) => device::device_code(endpoints, issuer, &client, &params).await,
+                Some(other) => Err(OAuthError::new(
+                    Code::UnsupportedGrantType,
+                    &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
+                )),
+            },
+        };
     endpoints
         .metrics
         .grant(grant, result.as_ref().err().map(|error| error.code));
