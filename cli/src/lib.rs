@@ -6,9 +6,9 @@
 //!
 //! * [`login_static`]: `selkie login static`, a static token, optionally exchanged for a
 //!   short-lived client certificate with the Concierge's TokenCredentialRequest ([`concierge`]).
-//! * [`login_oidc`]: `selkie login oidc`, an OIDC login (browser with PKCE, pasted code, or
-//!   password) with pinniped's `sessions.yaml` ([`sessions`]); the relying party and ID token
-//!   signatures are selkie-oidc's.
+//! * [`login_oidc`]: `selkie login oidc`, an OIDC login (browser with PKCE, pasted code,
+//!   password, or the RFC 8628 device flow) with pinniped's `sessions.yaml` ([`sessions`]); the
+//!   relying party and ID token signatures are selkie-oidc's.
 //! * [`get_kubeconfig`]: `selkie get kubeconfig`, a kubeconfig discovered from the Concierge's
 //!   CredentialIssuer and authenticators.
 //! * [`exec`]: the client-go exec credential protocol (`KUBERNETES_EXEC_INFO` in, one

@@ -12,7 +12,11 @@
 //!    terminal, the code may be pasted) or `cli_password` (username and password from
 //!    `PINNIPED_USERNAME`/`PINNIPED_PASSWORD` or prompts; sent as `Pinniped-Username` /
 //!    `Pinniped-Password` headers to a Supervisor's authorize endpoint, or, for an issuer that is
-//!    not a Supervisor, as the OAuth2 resource-owner password grant).
+//!    not a Supervisor, as the OAuth2 resource-owner password grant) or `device` (RFC 8628, for
+//!    a Supervisor whose FederationDomain enables it: a device authorization request with the
+//!    scopes, PKCE S256 and nonce; the link and user code printed on stderr for a browser on any
+//!    device; no browser opened, no listener; the token endpoint polled at the interval until
+//!    the user has finished, and the tokens validated as the browser flow's are).
 //! 4. With `--request-audience`, an RFC 8693 exchange for an ID token of that audience.
 //! 5. With `--enable-concierge`, a TokenCredentialRequest for a client certificate; otherwise the
 //!    ID token itself is the credential.
@@ -27,7 +31,9 @@ use std::{
 use base64::{engine::general_purpose::STANDARD, Engine as _};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use selkie_oidc::rp::{CallbackOutcome, CallbackParams, ClientConfig, LoginParams, Provider};
+use selkie_oidc::rp::{
+    CallbackOutcome, CallbackParams, ClientConfig, DevicePoll, LoginParams, Provider, DEVICE_SLOW_DOWN_STEP,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
@@ -66,6 +72,8 @@ pub enum Flow {
     BrowserAuthcode,
     /// `cli_password`.
     CliPassword,
+    /// `device`: the device authorization grant (RFC 8628).
+    Device,
 }
 
 impl Flow {
@@ -74,6 +82,7 @@ impl Flow {
         match name {
             "browser_authcode" => Some(Self::BrowserAuthcode),
             "cli_password" => Some(Self::CliPassword),
+            "device" => Some(Self::Device),
             _ => None,
         }
     }
@@ -83,6 +92,7 @@ impl Flow {
         match self {
             Self::BrowserAuthcode => "browser_authcode",
             Self::CliPassword => "cli_password",
+            Self::Device => "device",
         }
     }
 }
@@ -140,7 +150,7 @@ pub async fn run(
     } else {
         Some(Flow::parse(&flow_name).ok_or_else(|| {
             anyhow::anyhow!(
-                "--upstream-identity-provider-flow (or {FLOW_ENV}) is {flow_name:?}: use browser_authcode or cli_password"
+                "--upstream-identity-provider-flow (or {FLOW_ENV}) is {flow_name:?}: use browser_authcode, cli_password or device"
             )
         })?)
     };
@@ -428,12 +438,22 @@ impl Login<'_> {
     async fn login(&mut self, provider: &Provider, config: &ClientConfig) -> anyhow::Result<Tokens> {
         let params = LoginParams::generate()?;
         let options = self.options;
-        // As the pinniped CLI asks: some providers (Google) issue refresh tokens only then.
-        let mut extra: Vec<(&str, &str)> = vec![("access_type", "offline")];
+        let mut idp: Vec<(&str, &str)> = Vec::new();
         if !options.upstream_identity_provider_name.is_empty() {
-            extra.push(("pinniped_idp_name", &options.upstream_identity_provider_name));
-            extra.push(("pinniped_idp_type", idp_type(options)));
+            idp.push(("pinniped_idp_name", &options.upstream_identity_provider_name));
+            idp.push(("pinniped_idp_type", idp_type(options)));
         }
+        // As the pinniped CLI asks: some providers (Google) issue refresh tokens only then.
+        let extra: Vec<(&str, &str)> = std::iter::once(("access_type", "offline"))
+            .chain(idp.iter().copied())
+            .collect();
+        // The device flow asked for: whether the issuer offers it is known before the identity
+        // providers are looked at, so that a FederationDomain without it says so (its providers
+        // then list no `device` flow either).
+        let device_endpoint = match self.flow {
+            Some(Flow::Device) => Some(self.device_endpoint(provider).await?),
+            _ => None,
+        };
         match self.resolve_flow(provider).await? {
             Flow::CliPassword => {
                 let (username, password) = self.credentials()?;
@@ -462,7 +482,77 @@ impl Login<'_> {
                 }
             }
             Flow::BrowserAuthcode => self.browser_login(provider, config, &params, &extra).await,
+            Flow::Device => {
+                let endpoint = match device_endpoint {
+                    Some(endpoint) => endpoint,
+                    None => self.device_endpoint(provider).await?,
+                };
+                self.device_login(provider, config, &params, &endpoint, &idp)
+                    .await
+            }
         }
+    }
+
+    /// The issuer's `device_authorization_endpoint`; fails when its discovery document names
+    /// none (or cannot be read).
+    async fn device_endpoint(&self, provider: &Provider) -> anyhow::Result<String> {
+        provider
+            .device_authorization_endpoint()
+            .map(str::to_string)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                "the Supervisor at {} does not offer the device flow (no device_authorization_endpoint in \
+                 its discovery document; an admin enables it on the FederationDomain)",
+                self.options.issuer
+            )
+            })
+    }
+
+    /// The device flow (RFC 8628): asks `endpoint` for a device login with `params` (PKCE and
+    /// nonce) and the `idp` parameters, tells the user on stderr where to finish it (never
+    /// stdout, which carries the credential; no browser is opened and no port listened on),
+    /// then polls the token endpoint ([`poll_device_login`]) until the user has. Returns the
+    /// tokens, their ID token validated as the browser flow's; fails with a one-line error when
+    /// the request is refused, the login is denied or the device code expires. The device code
+    /// and the PKCE verifier are never printed; debug notes show the user code and the link.
+    async fn device_login(
+        &self,
+        provider: &Provider,
+        config: &ClientConfig,
+        params: &LoginParams,
+        endpoint: &str,
+        idp: &[(&str, &str)],
+    ) -> anyhow::Result<Tokens> {
+        let authorization = provider
+            .device_authorization(endpoint, config, params, idp)
+            .await?;
+        self.debug_note(&format!(
+            "device login started: user code {}, verification URI {}, valid for {} s, polling every {} s",
+            authorization.user_code,
+            authorization
+                .verification_uri_complete
+                .as_deref()
+                .unwrap_or(&authorization.verification_uri),
+            authorization.expires_in.as_secs(),
+            authorization.interval.as_secs()
+        ));
+        eprint!(
+            "{}",
+            device_prompt(
+                &authorization.user_code,
+                &authorization.verification_uri,
+                authorization.verification_uri_complete.as_deref(),
+            )
+        );
+        let authorization = &authorization;
+        poll_device_login(
+            &TokioClock,
+            authorization.expires_in,
+            authorization.interval,
+            || provider.poll_device_token(config, params, authorization),
+            &|note| self.debug_note(note),
+        )
+        .await
     }
 
     /// `PINNIPED_USERNAME` / `PINNIPED_PASSWORD`, or prompts on the terminal.
@@ -593,6 +683,95 @@ impl Login<'_> {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 result
             }
+        }
+    }
+}
+
+/// What the device flow prints on stderr: the link that carries the user code (when the issuer
+/// gives one) to open in a browser on any device and the code it must show, then the plain link
+/// and the code to type; one blank line after.
+fn device_prompt(user_code: &str, verification_uri: &str, complete: Option<&str>) -> String {
+    match complete {
+        Some(complete) => format!(
+            "To log in, open this URL in a browser on any device:\n\n    {complete}\n\n\
+             and check that it shows the code {user_code}.\n\
+             (Or open {verification_uri} and enter the code {user_code}.)\n\n"
+        ),
+        None => format!(
+            "To log in, open this URL in a browser on any device:\n\n    {verification_uri}\n\n\
+             and enter the code {user_code}.\n\n"
+        ),
+    }
+}
+
+/// The clock [`poll_device_login`] waits on: [`TokioClock`] in the CLI, a fake one in tests.
+trait PollClock {
+    /// The current time.
+    fn now(&self) -> tokio::time::Instant;
+    /// Returns at `deadline`.
+    async fn sleep_until(&self, deadline: tokio::time::Instant);
+}
+
+/// tokio's clock.
+struct TokioClock;
+
+impl PollClock for TokioClock {
+    fn now(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now()
+    }
+
+    async fn sleep_until(&self, deadline: tokio::time::Instant) {
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+/// Polls for a device login (RFC 8628 §3.4–3.5) until it ends. `poll` runs once `interval` has
+/// passed on `clock`, then again after each further `interval`, which grows by
+/// [`DEVICE_SLOW_DOWN_STEP`] after each `slow_down`; a token endpoint that cannot be reached or
+/// answers 429 or a 5xx is polled again at the interval (a `debug` note each time). No poll is
+/// sent once `expires_in` (from the call) has passed. Returns the tokens; fails with the poll's
+/// one-line error when the login is denied, the device code expired or the answer is refused,
+/// and with its own when `expires_in` passes first.
+async fn poll_device_login<F, Fut>(
+    clock: &impl PollClock,
+    expires_in: Duration,
+    mut interval: Duration,
+    mut poll: F,
+    debug: &dyn Fn(&str),
+) -> anyhow::Result<Tokens>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = DevicePoll>,
+{
+    let start = clock.now();
+    let deadline = start.checked_add(expires_in).unwrap_or(start);
+    loop {
+        let next = clock
+            .now()
+            .checked_add(interval)
+            .map_or(deadline, |next| next.min(deadline));
+        clock.sleep_until(next).await;
+        if clock.now() >= deadline {
+            anyhow::bail!(
+                "the device code expired before the login was completed (it was valid for {} s); run the \
+                 command again",
+                expires_in.as_secs()
+            );
+        }
+        match poll().await {
+            DevicePoll::Pending => {}
+            DevicePoll::SlowDown => {
+                interval = interval.saturating_add(DEVICE_SLOW_DOWN_STEP);
+                debug(&format!(
+                    "the token endpoint asked to slow down; polling every {} s",
+                    interval.as_secs()
+                ));
+            }
+            DevicePoll::Tokens(tokens) => return Ok(tokens.into()),
+            DevicePoll::Unavailable(error) => {
+                debug(&format!("polling again in {} s: {error}", interval.as_secs()))
+            }
+            DevicePoll::Failed(error) => return Err(error.into()),
         }
     }
 }
@@ -912,6 +1091,8 @@ mod tests {
     fn flows_and_ca_bundles() {
         assert_eq!(Flow::parse("cli_password"), Some(Flow::CliPassword));
         assert_eq!(Flow::parse("browser_authcode"), Some(Flow::BrowserAuthcode));
+        assert_eq!(Flow::parse("device"), Some(Flow::Device));
+        assert_eq!(Flow::Device.as_str(), "device");
         assert_eq!(Flow::parse("device_code"), None);
         let options = OidcLoginOptions {
             ca_bundle_data: vec![STANDARD.encode("PEM-A"), STANDARD.encode("PEM-B")],
@@ -931,5 +1112,202 @@ mod tests {
             origin_of("https://issuer.example.com:8443/dex"),
             "https://issuer.example.com:8443"
         );
+    }
+
+    struct Quiet;
+
+    impl Reporter for Quiet {
+        fn warn(&mut self, _warning: &crate::cache::CacheWarning) {}
+        fn debug(&mut self, _message: &str) {}
+    }
+
+    #[tokio::test]
+    async fn an_unknown_flow_is_refused_naming_the_three_flows() {
+        let options = OidcLoginOptions {
+            issuer: "https://issuer.example.com".into(),
+            upstream_identity_provider_flow: "browser_authcode".into(),
+            ..OidcLoginOptions::default()
+        };
+        let env = |name: &str| (name == FLOW_ENV).then(|| "device_code".to_string());
+        let error = run(&options, &[], &env, None, &mut Quiet).await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--upstream-identity-provider-flow (or PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW) is \
+             \"device_code\": use browser_authcode, cli_password or device"
+        );
+    }
+
+    #[test]
+    fn the_device_prompt_shows_the_link_with_the_code_and_the_code_to_type() {
+        assert_eq!(
+            device_prompt(
+                "BCDF-GHJK",
+                "https://issuer.example.com/device",
+                Some("https://issuer.example.com/device?user_code=BCDF-GHJK"),
+            ),
+            "To log in, open this URL in a browser on any device:\n\n    \
+             https://issuer.example.com/device?user_code=BCDF-GHJK\n\n\
+             and check that it shows the code BCDF-GHJK.\n\
+             (Or open https://issuer.example.com/device and enter the code BCDF-GHJK.)\n\n"
+        );
+        assert_eq!(
+            device_prompt("BCDF-GHJK", "https://issuer.example.com/device", None),
+            "To log in, open this URL in a browser on any device:\n\n    \
+             https://issuer.example.com/device\n\nand enter the code BCDF-GHJK.\n\n"
+        );
+    }
+
+    /// A clock whose sleeps return at once, having moved it to their deadline.
+    struct FakeClock(std::cell::Cell<tokio::time::Instant>);
+
+    impl PollClock for FakeClock {
+        fn now(&self) -> tokio::time::Instant {
+            self.0.get()
+        }
+
+        async fn sleep_until(&self, deadline: tokio::time::Instant) {
+            self.0.set(self.0.get().max(deadline));
+        }
+    }
+
+    /// Runs [`poll_device_login`] on a [`FakeClock`] against `answers`, one per poll, then
+    /// `Pending` for ever. Returns its result, when each poll was sent (whole seconds from the
+    /// start), the debug notes and how long it took.
+    async fn device_polls(
+        expires_in: u64,
+        interval: u64,
+        answers: Vec<DevicePoll>,
+    ) -> (anyhow::Result<Tokens>, Vec<u64>, Vec<String>, Duration) {
+        let start = tokio::time::Instant::now();
+        let clock = FakeClock(std::cell::Cell::new(start));
+        let answers = std::cell::RefCell::new(std::collections::VecDeque::from(answers));
+        let sent = std::cell::RefCell::new(Vec::new());
+        let notes = std::cell::RefCell::new(Vec::new());
+        let result = poll_device_login(
+            &clock,
+            Duration::from_secs(expires_in),
+            Duration::from_secs(interval),
+            || {
+                let elapsed = clock.now() - start;
+                assert_eq!(elapsed.subsec_nanos(), 0, "a poll between seconds: {elapsed:?}");
+                sent.borrow_mut().push(elapsed.as_secs());
+                let answer = answers.borrow_mut().pop_front().unwrap_or(DevicePoll::Pending);
+                async move { answer }
+            },
+            &|note| notes.borrow_mut().push(note.to_string()),
+        )
+        .await;
+        (result, sent.into_inner(), notes.into_inner(), clock.now() - start)
+    }
+
+    fn device_tokens() -> DevicePoll {
+        DevicePoll::Tokens(selkie_oidc::rp::Tokens {
+            refresh: Some(selkie_oidc::rp::RefreshToken {
+                token: "secret-refresh-token".into(),
+            }),
+            ..selkie_oidc::rp::Tokens::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn device_polls_wait_the_interval_and_each_slow_down_adds_five_seconds() {
+        let (result, sent, notes, _) = device_polls(
+            600,
+            5,
+            vec![
+                DevicePoll::Pending,
+                DevicePoll::SlowDown,
+                DevicePoll::Pending,
+                DevicePoll::SlowDown,
+                device_tokens(),
+            ],
+        )
+        .await;
+        let tokens = result.unwrap();
+        assert_eq!(tokens.refresh.unwrap().token, "secret-refresh-token");
+        assert_eq!(sent, [5, 10, 20, 30, 45]);
+        assert_eq!(
+            notes,
+            [
+                "the token endpoint asked to slow down; polling every 10 s",
+                "the token endpoint asked to slow down; polling every 15 s",
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_denied_or_expired_device_login_ends_the_polling_with_the_issuers_words() {
+        use selkie_oidc::rp::OidcError;
+        let (result, sent, _, _) = device_polls(
+            600,
+            5,
+            vec![
+                DevicePoll::Pending,
+                DevicePoll::Failed(OidcError::DeviceAccessDenied {
+                    description: ": The login at the identity provider failed.".into(),
+                }),
+            ],
+        )
+        .await;
+        assert_eq!(
+            result.unwrap_err().to_string(),
+            "the device login was denied: access_denied: The login at the identity provider failed."
+        );
+        assert_eq!(sent, [5, 10]);
+
+        let (result, sent, _, _) = device_polls(
+            600,
+            2,
+            vec![DevicePoll::Failed(OidcError::DeviceCodeExpired {
+                description: ": The device code has expired.".into(),
+            })],
+        )
+        .await;
+        assert_eq!(
+            result.unwrap_err().to_string(),
+            "the device code expired before the login was completed (expired_token: The device code has \
+             expired.); run the command again"
+        );
+        assert_eq!(sent, [2]);
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_token_endpoint_is_polled_again_at_the_interval() {
+        use selkie_oidc::rp::OidcError;
+        let unavailable = || {
+            DevicePoll::Unavailable(OidcError::TokenEndpoint {
+                what: "polling for the device login",
+                status: 500,
+                error: "(no OAuth2 error)".into(),
+                description: String::new(),
+            })
+        };
+        let (result, sent, notes, _) =
+            device_polls(600, 5, vec![unavailable(), unavailable(), device_tokens()]).await;
+        assert!(result.is_ok());
+        assert_eq!(sent, [5, 10, 15]);
+        assert_eq!(notes.len(), 2);
+        assert_eq!(
+            notes[0],
+            "polling again in 5 s: polling for the device login failed: the token endpoint answered 500 \
+             (no OAuth2 error)"
+        );
+    }
+
+    #[tokio::test]
+    async fn no_poll_is_sent_once_the_device_code_expired_here() {
+        let (result, sent, _, took) = device_polls(12, 5, Vec::new()).await;
+        assert_eq!(
+            result.unwrap_err().to_string(),
+            "the device code expired before the login was completed (it was valid for 12 s); run the \
+             command again"
+        );
+        assert_eq!(sent, [5, 10]);
+        assert_eq!(took, Duration::from_secs(12));
+        // A slow_down past the expiry waits only until then.
+        let (result, sent, _, took) = device_polls(30, 5, vec![DevicePoll::SlowDown]).await;
+        assert!(result.is_err());
+        assert_eq!(sent, [5, 15, 25]);
+        assert_eq!(took, Duration::from_secs(30));
     }
 }

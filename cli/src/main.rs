@@ -83,7 +83,10 @@ enum Login {
     /// reads PINNIPED_USERNAME and PINNIPED_PASSWORD or prompts for them; it sends them as the
     /// Pinniped-Username/Pinniped-Password headers to a Supervisor's authorize endpoint, and, for
     /// an issuer that is not a Supervisor, uses the OAuth2 resource-owner password grant at its
-    /// token endpoint (the issuer must allow it for the client).
+    /// token endpoint (the issuer must allow it for the client). The device flow (--flow device,
+    /// for a Supervisor whose FederationDomain enables it) prints a link and a code on stderr to
+    /// finish the login in a browser on any device, and waits for it; it opens no browser and
+    /// listens on no port.
     Oidc(Box<OidcArgs>),
     /// Login using a static token
     Static(Box<StaticArgs>),
@@ -190,9 +193,10 @@ struct GetKubeconfigArgs {
         hide_default_value = true
     )]
     upstream_identity_provider_type: String,
-    /// The type of client flow to use with the upstream identity provider during login with a Supervisor (e.g. 'cli_password', 'browser_authcode')
+    /// The type of client flow to use with the upstream identity provider during login with a Supervisor (e.g. 'cli_password', 'browser_authcode', 'device')
     #[arg(
         long = "upstream-identity-provider-flow",
+        visible_alias = "flow",
         default_value = "",
         hide_default_value = true
     )]
@@ -335,9 +339,10 @@ struct OidcArgs {
     /// The type of the upstream identity provider used during login with a Supervisor (e.g. 'oidc', 'ldap', 'activedirectory', 'github')
     #[arg(long = "upstream-identity-provider-type", default_value = "oidc")]
     upstream_identity_provider_type: String,
-    /// The type of client flow to use with the upstream identity provider during login with a Supervisor (e.g. 'browser_authcode', 'cli_password')
+    /// The type of client flow to use with the upstream identity provider during login with a Supervisor (e.g. 'browser_authcode', 'cli_password', 'device')
     #[arg(
         long = "upstream-identity-provider-flow",
+        visible_alias = "flow",
         default_value = "",
         hide_default_value = true
     )]
@@ -751,5 +756,52 @@ mod tests {
         assert_eq!(concierge_of("static", &flags), given);
         let oidc_flags: Vec<&str> = std::iter::once(issuer).chain(flags).collect();
         assert_eq!(concierge_of("oidc", &oidc_flags), given);
+    }
+
+    #[test]
+    fn flow_is_short_for_upstream_identity_provider_flow() {
+        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).unwrap().command {
+            Command::Login {
+                method: Login::Oidc(args),
+            } => oidc_options(*args).unwrap().upstream_identity_provider_flow,
+            Command::Get {
+                what: Get::Kubeconfig(args),
+            } => args.upstream_identity_provider_flow,
+            _ => unreachable!("login oidc or get kubeconfig"),
+        };
+        let issuer = "--issuer=https://issuer.example.com";
+        for flag in [
+            ["--flow", "device"],
+            ["--upstream-identity-provider-flow", "device"],
+        ] {
+            assert_eq!(
+                parse(&[
+                    "selkie",
+                    "login",
+                    "oidc",
+                    issuer,
+                    "--credential-cache=",
+                    "--session-cache=",
+                    flag[0],
+                    flag[1]
+                ]),
+                "device"
+            );
+            assert_eq!(
+                parse(&["selkie", "get", "kubeconfig", flag[0], flag[1]]),
+                "device"
+            );
+        }
+        assert_eq!(
+            parse(&[
+                "selkie",
+                "login",
+                "oidc",
+                issuer,
+                "--credential-cache=",
+                "--session-cache="
+            ]),
+            ""
+        );
     }
 }

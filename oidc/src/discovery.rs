@@ -33,6 +33,10 @@ pub struct Discovery {
     /// `revocation_endpoint` (RFC 7009, announced as RFC 8414 §2 says), empty when none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub revocation_endpoint: String,
+    /// `device_authorization_endpoint` (RFC 8628 §4), empty when the issuer offers no device
+    /// authorization grant (a Supervisor names it only for a FederationDomain that enables it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device_authorization_endpoint: String,
     /// `response_modes_supported`.
     #[serde(default)]
     pub response_modes_supported: Vec<String>,

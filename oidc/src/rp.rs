@@ -1,8 +1,10 @@
 //! The OIDC relying party: of `selkie login oidc` against an issuer, and of the Supervisor against
 //! its upstream identity providers. Discovery, the authorization request (PKCE S256, state,
 //! nonce), the token endpoint (authorization code, refresh, resource-owner password, RFC 8693
-//! exchange), the Supervisor's `cli_password` authorize call, and ID token validation against the
-//! issuer's JWKS (signature, `iss`, `aud`, `exp`, `nonce`).
+//! exchange), the Supervisor's `cli_password` authorize call, the device authorization grant
+//! (RFC 8628: the device authorization request, with PKCE and a nonce as Selkie's extensions,
+//! and one poll of the token endpoint at a time; the caller keeps the interval), and ID token
+//! validation against the issuer's JWKS (signature, `iss`, `aud`, `exp`, `nonce`).
 //!
 //! Every error is one line that names the issuer or endpoint and what to do; none quotes a
 //! token, a code, a password or a response body that could hold one.
@@ -120,6 +122,38 @@ pub enum OidcError {
     /// No secure randomness.
     #[error("could not generate random login parameters")]
     Random,
+    /// The device authorization endpoint refused to start a device login (RFC 8628 §3.2; the
+    /// OAuth 2.0 error of RFC 6749 §5.2): a client, scope or identity provider the issuer does
+    /// not allow, or, with 429 or a 5xx status, an issuer that cannot answer now.
+    #[error(
+        "requesting a device login failed: the device authorization endpoint answered {status} \
+         {error}{description}"
+    )]
+    DeviceAuthorization {
+        /// The HTTP status.
+        status: u16,
+        /// OAuth2 `error`.
+        error: String,
+        /// `: error_description`, if any.
+        description: String,
+    },
+    /// The token endpoint answered a device-code poll with `access_denied` (RFC 8628 §3.5): the
+    /// user refused the login, or it failed at the identity provider.
+    #[error("the device login was denied: access_denied{description}")]
+    DeviceAccessDenied {
+        /// `: error_description`, if any.
+        description: String,
+    },
+    /// The token endpoint answered a device-code poll with `expired_token` (RFC 8628 §3.5): the
+    /// user did not finish the login in the browser before the device code expired.
+    #[error(
+        "the device code expired before the login was completed (expired_token{description}); \
+         run the command again"
+    )]
+    DeviceCodeExpired {
+        /// `: error_description`, if any.
+        description: String,
+    },
 }
 
 impl OidcError {
@@ -128,7 +162,9 @@ impl OidcError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Request { .. } | Self::Discovery { .. } => true,
-            Self::TokenEndpoint { status, .. } => *status == 429 || *status >= 500,
+            Self::TokenEndpoint { status, .. } | Self::DeviceAuthorization { status, .. } => {
+                *status == 429 || *status >= 500
+            }
             _ => false,
         }
     }
@@ -339,6 +375,93 @@ struct TokenResponse {
     issued_token_type: Option<String>,
 }
 
+/// The `grant_type` of a device access token request (RFC 8628 §3.4).
+pub const DEVICE_CODE_GRANT: &str = "urn:ietf:params:oauth:grant-type:device_code";
+/// The poll interval when a device authorization answer names none (RFC 8628 §3.2).
+pub const DEFAULT_DEVICE_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// The shortest poll interval used, whatever the answer says (an interval of 0 would poll in a
+/// busy loop).
+pub const MIN_DEVICE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How much longer the poll interval gets after each `slow_down` (RFC 8628 §3.5).
+pub const DEVICE_SLOW_DOWN_STEP: Duration = Duration::from_secs(5);
+/// The longest device-code lifetime (and poll interval) believed from an answer; longer ones are
+/// clamped to it, so that no deadline computed from them overflows the clock.
+pub const MAX_DEVICE_CODE_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A started device login (RFC 8628 §3.2): what the user is shown, and the device code the
+/// client polls with. The device code is a credential: it is private to this type, sent only by
+/// [`Provider::poll_device_token`], and never shown by `Debug`.
+#[derive(Clone)]
+pub struct DeviceAuthorization {
+    /// `device_code`.
+    device_code: String,
+    /// `user_code`: what the user checks (or types) on the verification page. Not a secret.
+    pub user_code: String,
+    /// `verification_uri`: where the user enters the user code.
+    pub verification_uri: String,
+    /// `verification_uri_complete`: the verification URI with the user code in it, when the
+    /// issuer gives one.
+    pub verification_uri_complete: Option<String>,
+    /// How long the device code is valid from the answer (`expires_in`, at most
+    /// [`MAX_DEVICE_CODE_LIFETIME`]).
+    pub expires_in: Duration,
+    /// How long to wait before the first poll and between polls (`interval`;
+    /// [`DEFAULT_DEVICE_POLL_INTERVAL`] when absent, never less than
+    /// [`MIN_DEVICE_POLL_INTERVAL`] nor more than [`MAX_DEVICE_CODE_LIFETIME`]).
+    pub interval: Duration,
+}
+
+impl std::fmt::Debug for DeviceAuthorization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceAuthorization")
+            .field("user_code", &self.user_code)
+            .field("verification_uri", &self.verification_uri)
+            .field("verification_uri_complete", &self.verification_uri_complete)
+            .field("expires_in", &self.expires_in)
+            .field("interval", &self.interval)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one poll of the token endpoint for a device login ([`Provider::poll_device_token`])
+/// found.
+#[derive(Debug)]
+pub enum DevicePoll {
+    /// `authorization_pending`: the user has not finished the login yet; poll again after the
+    /// interval.
+    Pending,
+    /// `slow_down`: poll again, with the interval [`DEVICE_SLOW_DOWN_STEP`] longer from now on.
+    SlowDown,
+    /// The login is done: the tokens, the ID token validated as
+    /// [`Provider::exchange_code`] validates it (nonce included).
+    Tokens(Tokens),
+    /// The token endpoint could not be reached, timed out, or answered 429 or a 5xx status
+    /// ([`OidcError::is_retryable`]): poll again after the interval, until the device code
+    /// expires.
+    Unavailable(OidcError),
+    /// The device login is over without tokens: [`OidcError::DeviceAccessDenied`],
+    /// [`OidcError::DeviceCodeExpired`], any other OAuth 2.0 error (as
+    /// [`OidcError::TokenEndpoint`]), or a token response that is not usable (its ID token
+    /// included). Polling again cannot help.
+    Failed(OidcError),
+}
+
+#[derive(Deserialize)]
+struct DeviceAuthorizationResponse {
+    #[serde(default)]
+    device_code: String,
+    #[serde(default)]
+    user_code: String,
+    #[serde(default)]
+    verification_uri: String,
+    #[serde(default)]
+    verification_uri_complete: Option<String>,
+    #[serde(default)]
+    expires_in: Option<u64>,
+    #[serde(default)]
+    interval: Option<u64>,
+}
+
 #[derive(Deserialize)]
 struct OAuthError {
     #[serde(default)]
@@ -514,6 +637,121 @@ impl Provider {
             .form_request(what, &self.discovery.token_endpoint, config, body)
             .await?;
         self.tokens(what, config, response, None, true).await
+    }
+
+    /// RFC 8628 §4: the issuer's `device_authorization_endpoint`, or `None` when its discovery
+    /// document names none (a Supervisor names it only for a FederationDomain that enables the
+    /// device flow).
+    pub fn device_authorization_endpoint(&self) -> Option<&str> {
+        Some(self.discovery.device_authorization_endpoint.as_str()).filter(|endpoint| !endpoint.is_empty())
+    }
+
+    /// RFC 8628 §3.1–3.2: starts a device login at `endpoint` (the issuer's
+    /// [`Provider::device_authorization_endpoint`]) as `config`'s client, for its scopes, with
+    /// the PKCE S256 challenge and the nonce of `params` (Selkie's extensions: they bind the
+    /// device login to this run of the client as they bind a browser login; redeem it with
+    /// [`Provider::poll_device_token`] and the same `params`), `extra` parameters last (a
+    /// Supervisor's `pinniped_idp_name` and `pinniped_idp_type`). Returns the device code and
+    /// what to show the user. Fails with [`OidcError::Request`] when the endpoint cannot be
+    /// reached, [`OidcError::DeviceAuthorization`] when it answers other than 200 (its OAuth 2.0
+    /// error and description quoted), and [`OidcError::BadTokenResponse`] when the answer lacks
+    /// a member or has a user code or URI that cannot be shown on a terminal.
+    pub async fn device_authorization(
+        &self,
+        endpoint: &str,
+        config: &ClientConfig,
+        params: &LoginParams,
+        extra: &[(&str, &str)],
+    ) -> Result<DeviceAuthorization, OidcError> {
+        let what = "requesting a device login";
+        let mut form = form_urlencoded::Serializer::new(String::new());
+        form.append_pair("code_challenge", &params.challenge())
+            .append_pair("code_challenge_method", "S256")
+            .append_pair("nonce", &params.nonce)
+            .append_pair("scope", &config.scopes.join(" "));
+        for (name, value) in extra {
+            form.append_pair(name, value);
+        }
+        let response = match self.form_request(what, endpoint, config, form.finish()).await {
+            Ok(response) => response,
+            Err(OidcError::TokenEndpoint {
+                status,
+                error,
+                description,
+                ..
+            }) => {
+                return Err(OidcError::DeviceAuthorization {
+                    status,
+                    error,
+                    description,
+                })
+            }
+            Err(other) => return Err(other),
+        };
+        device_authorization_answer(what, &response.body)
+    }
+
+    /// RFC 8628 §3.4–3.5: one poll of the token endpoint for the device login `authorization`
+    /// (started with `params` by [`Provider::device_authorization`]), sending its device code
+    /// and the PKCE verifier as `config`'s client. The caller waits the interval before each
+    /// poll and stops at the device code's expiry. Never fails itself: what the answer means is
+    /// the [`DevicePoll`], the tokens (their ID token validated as [`Provider::exchange_code`]
+    /// validates it, nonce included) once the user has finished the login.
+    pub async fn poll_device_token(
+        &self,
+        config: &ClientConfig,
+        params: &LoginParams,
+        authorization: &DeviceAuthorization,
+    ) -> DevicePoll {
+        let what = "polling for the device login";
+        let body = form_urlencoded::Serializer::new(String::new())
+            .append_pair("code_verifier", &params.verifier)
+            .append_pair("device_code", &authorization.device_code)
+            .append_pair("grant_type", DEVICE_CODE_GRANT)
+            .finish();
+        let response = match self
+            .form_request(what, &self.discovery.token_endpoint, config, body)
+            .await
+        {
+            Ok(response) => response,
+            Err(OidcError::TokenEndpoint {
+                what,
+                status,
+                error,
+                description,
+            }) => {
+                return match error.as_str() {
+                    "authorization_pending" => DevicePoll::Pending,
+                    "slow_down" => DevicePoll::SlowDown,
+                    "access_denied" => DevicePoll::Failed(OidcError::DeviceAccessDenied { description }),
+                    "expired_token" => DevicePoll::Failed(OidcError::DeviceCodeExpired { description }),
+                    _ => {
+                        let error = OidcError::TokenEndpoint {
+                            what,
+                            status,
+                            error,
+                            description,
+                        };
+                        if error.is_retryable() {
+                            DevicePoll::Unavailable(error)
+                        } else {
+                            DevicePoll::Failed(error)
+                        }
+                    }
+                };
+            }
+            Err(error) if error.is_retryable() => return DevicePoll::Unavailable(error),
+            Err(error) => return DevicePoll::Failed(error),
+        };
+        // The device code is redeemed now: a failure from here on (the JWKS unreachable
+        // included) is final, as polling again would only find the code used.
+        match self
+            .tokens(what, config, response, Some(&params.nonce), true)
+            .await
+        {
+            Ok(tokens) => DevicePoll::Tokens(tokens),
+            Err(error) => DevicePoll::Failed(error),
+        }
     }
 
     /// RFC 7009: asks the issuer to revoke `token`, a refresh or access token it issued
@@ -934,6 +1172,67 @@ impl Provider {
             reason: format!("the issuer's JWKS is not a JWK set: {e}"),
         })
     }
+}
+
+/// A device authorization answer (RFC 8628 §3.2) as [`DeviceAuthorization`]: `device_code`,
+/// `user_code`, `verification_uri` and a positive `expires_in` required, `interval` defaulted
+/// and bounded, the user code and URIs checked to be safe to print on a terminal (no control
+/// characters; http(s) URLs). No error quotes the answer: it holds the device code.
+fn device_authorization_answer(what: &'static str, body: &[u8]) -> Result<DeviceAuthorization, OidcError> {
+    let bad = |reason: &str| OidcError::BadTokenResponse {
+        what,
+        reason: reason.to_string(),
+    };
+    let answer: DeviceAuthorizationResponse = serde_json::from_slice(body)
+        .map_err(|_| bad("the answer is not a device authorization response (a JSON object)"))?;
+    if answer.device_code.is_empty() {
+        return Err(bad("the answer has no device_code"));
+    }
+    if answer.user_code.is_empty() {
+        return Err(bad("the answer has no user_code"));
+    }
+    if answer.user_code.len() > 64 || answer.user_code.chars().any(char::is_control) {
+        return Err(bad("the answer's user_code cannot be shown on a terminal"));
+    }
+    if !printable_url(&answer.verification_uri) {
+        return Err(bad(
+            "the answer has no verification_uri, or one that is not an http(s) URL",
+        ));
+    }
+    let verification_uri_complete = answer.verification_uri_complete.filter(|uri| !uri.is_empty());
+    if verification_uri_complete
+        .as_deref()
+        .is_some_and(|uri| !printable_url(uri))
+    {
+        return Err(bad(
+            "the answer's verification_uri_complete is not an http(s) URL",
+        ));
+    }
+    let expires_in = match answer.expires_in {
+        Some(seconds) if seconds > 0 => Duration::from_secs(seconds).min(MAX_DEVICE_CODE_LIFETIME),
+        _ => return Err(bad("the answer has no positive expires_in")),
+    };
+    let interval = answer
+        .interval
+        .map_or(DEFAULT_DEVICE_POLL_INTERVAL, Duration::from_secs)
+        .clamp(MIN_DEVICE_POLL_INTERVAL, MAX_DEVICE_CODE_LIFETIME);
+    Ok(DeviceAuthorization {
+        device_code: answer.device_code,
+        user_code: answer.user_code,
+        verification_uri: answer.verification_uri,
+        verification_uri_complete,
+        expires_in,
+        interval,
+    })
+}
+
+/// Whether `text` is an absolute http(s) URL with no whitespace or control characters (so it
+/// prints as one unbroken, harmless line).
+fn printable_url(text: &str) -> bool {
+    !text.chars().any(|c| c.is_control() || c.is_whitespace())
+        && text
+            .parse::<http::Uri>()
+            .is_ok_and(|uri| matches!(uri.scheme_str(), Some("https" | "http")) && uri.authority().is_some())
 }
 
 /// What an error answer says: an OAuth2 `error_description` (or `error`), or a Kubernetes
@@ -1386,5 +1685,545 @@ mod tests {
             panic!()
         };
         assert!(reason.contains("state"), "{reason}");
+    }
+
+    /// A CA and the certificate it issued for 127.0.0.1 (P-256, valid until 2126), for
+    /// [`fake_issuer`]. Test fixtures: the key protects nothing.
+    const TEST_CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBqzCCAVGgAwIBAgIUJfrsDWhBwflimAYQMf2irj3wpFswCgYIKoZIzj0EAwIw
+IjEgMB4GA1UEAwwXc2Vsa2llLW9pZGMgcnAgdGVzdHMgQ0EwIBcNMjYxMTI4MjMy
+NDA0WhgPMjEyNjExMDQyMzI0MDRaMCIxIDAeBgNVBAMMF3NlbGtpZS1vaWRjIHJw
+IHRlc3RzIENBMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEDLXPcArZvABjoSOv
+K9rBDAA1t1m6F1haRnwIjdiHDwSQiJbBqOCZKEwYMXsy1tPPEfiLQjFHwXmRwnTB
+AHMnDqNjMGEwHQYDVR0OBBYEFAld0bS1bG64E6iN/htTcmKqMSwOMB8GA1UdIwQY
+MBaAFAld0bS1bG64E6iN/htTcmKqMSwOMA8GA1UdEwEB/wQFMAMBAf8wDgYDVR0P
+AQH/BAQDAgEGMAoGCCqGSM49BAMCA0gAMEUCIFRtwPd2dh5CShdWPyoZA3xuSTru
+UF+/iiVebi20ZQZgAiEA1eEz7Af+Xz+dmFb+9j2/x48azxcwRDUuT2CE0RghPmY=
+-----END CERTIFICATE-----
+";
+    const TEST_SERVER_CERT_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBwjCCAWigAwIBAgIUHnUzppSfcagTEriAl2A91jVhsmEwCgYIKoZIzj0EAwIw
+IjEgMB4GA1UEAwwXc2Vsa2llLW9pZGMgcnAgdGVzdHMgQ0EwIBcNMjYxMTI4MjMy
+NDA0WhgPMjEyNjExMDQyMzI0MDRaMBQxEjAQBgNVBAMMCTEyNy4wLjAuMTBZMBMG
+ByqGSM49AgEGCCqGSM49AwEHA0IABOb2gkMoIkB+97kGfay3/fnSTvSpkQJzmylv
+VE8i4yONH7YMyIWNsmm7Os9n8qusuIgrvgmogivYXlCmpQeaTmCjgYcwgYQwDAYD
+VR0TAQH/BAIwADAOBgNVHQ8BAf8EBAMCB4AwEwYDVR0lBAwwCgYIKwYBBQUHAwEw
+DwYDVR0RBAgwBocEfwAAATAdBgNVHQ4EFgQUi3GOX/DQqFSikT3q6XYBn3PDHhgw
+HwYDVR0jBBgwFoAUCV3RtLVsbrgTqI3+G1NyYqoxLA4wCgYIKoZIzj0EAwIDSAAw
+RQIgB4J3C07BK5vC2vqmkhLldBRSElwuwGANQFiX+1F05ecCIQCJil0v5U5xaytJ
+9KIhp1qQ1jkeQac8cR/mOvPg1Um3Qg==
+-----END CERTIFICATE-----
+";
+    const TEST_SERVER_KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgheDPxhWXnwVvSwf3
+FOmQAMvxop/D3Q/riPGHZjeGOfChRANCAATm9oJDKCJAfve5Bn2st/350k70qZEC
+c5spb1RPIuMjjR+2DMiFjbJpuzrPZ/KrrLiIK74JqIIr2F5QpqUHmk5g
+-----END PRIVATE KEY-----
+";
+
+    /// One request [`fake_issuer`] received.
+    #[derive(Debug)]
+    struct Seen {
+        method: String,
+        path: String,
+        /// Lowercased names.
+        headers: std::collections::HashMap<String, String>,
+        body: String,
+    }
+
+    impl Seen {
+        /// The form body as a map (each name must come once).
+        fn form(&self) -> std::collections::HashMap<String, String> {
+            let mut form = std::collections::HashMap::new();
+            for (name, value) in form_urlencoded::parse(self.body.as_bytes()) {
+                assert!(
+                    form.insert(name.clone().into_owned(), value.into_owned())
+                        .is_none(),
+                    "{name} twice"
+                );
+            }
+            form
+        }
+    }
+
+    /// An HTTPS issuer on 127.0.0.1 (a blocking rustls server on a thread of its own, with
+    /// [`TEST_SERVER_CERT_PEM`]) that answers the n-th connection's request with the n-th of
+    /// `answers` (made from its base URL: status and JSON body; `Connection: close`), and sends
+    /// each request to the receiver before answering it. Returns `https://127.0.0.1:<port>`.
+    fn fake_issuer(
+        answers: impl FnOnce(&str) -> Vec<(u16, String)>,
+    ) -> (String, std::sync::mpsc::Receiver<Seen>) {
+        use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
+        use std::io::Write as _;
+        let certs = CertificateDer::pem_slice_iter(TEST_SERVER_CERT_PEM.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(TEST_SERVER_KEY_PEM.as_bytes()).unwrap();
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .unwrap(),
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("https://{}", listener.local_addr().unwrap());
+        let answers = answers(&base);
+        let (seen, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for (status, body) in answers {
+                let Ok((tcp, _)) = listener.accept() else {
+                    return;
+                };
+                let connection = rustls::ServerConnection::new(config.clone()).unwrap();
+                let mut stream = rustls::StreamOwned::new(connection, tcp);
+                let Some(request) = read_request(&mut stream) else {
+                    continue;
+                };
+                if seen.send(request).is_err() {
+                    return;
+                }
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes());
+                stream.conn.send_close_notify();
+                let _ = stream.flush();
+            }
+        });
+        (base, received)
+    }
+
+    /// One HTTP/1.1 request with a `Content-Length` body (or none), or `None` when the client
+    /// went away.
+    fn read_request(stream: &mut impl std::io::Read) -> Option<Seen> {
+        let mut data = Vec::new();
+        let mut buffer = [0u8; 4096];
+        let head_end = loop {
+            if let Some(at) = data.windows(4).position(|window| window == b"\r\n\r\n") {
+                break at + 4;
+            }
+            let read = stream.read(&mut buffer).ok().filter(|read| *read > 0)?;
+            data.extend_from_slice(&buffer[..read]);
+        };
+        let head = String::from_utf8(data[..head_end].to_vec()).ok()?;
+        let mut lines = head.split("\r\n");
+        let mut request_line = lines.next()?.split(' ');
+        let (method, path) = (request_line.next()?.to_string(), request_line.next()?.to_string());
+        let headers: std::collections::HashMap<String, String> = lines
+            .filter_map(|line| line.split_once(':'))
+            .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_string()))
+            .collect();
+        let length: usize = headers
+            .get("content-length")
+            .and_then(|length| length.parse().ok())
+            .unwrap_or(0);
+        while data.len() < head_end + length {
+            let read = stream.read(&mut buffer).ok().filter(|read| *read > 0)?;
+            data.extend_from_slice(&buffer[..read]);
+        }
+        Some(Seen {
+            method,
+            path,
+            headers,
+            body: String::from_utf8_lossy(&data[head_end..head_end + length]).into_owned(),
+        })
+    }
+
+    /// The provider of "https://issuer.example.com" whose token endpoint is `base`'s `/token`,
+    /// trusting [`TEST_CA_PEM`], its keys `jwks` already fetched.
+    fn provider_at(base: &str, jwks: Vec<VerifyingKey>) -> Provider {
+        let issuer = "https://issuer.example.com";
+        let tls = TlsOptions {
+            ca_pem: Some(TEST_CA_PEM.as_bytes().to_vec()),
+            ..TlsOptions::default()
+        };
+        Provider {
+            issuer: issuer.into(),
+            discovery: Discovery {
+                issuer: issuer.into(),
+                authorization_endpoint: format!("{base}/oauth2/authorize"),
+                token_endpoint: format!("{base}/token"),
+                jwks_uri: format!("{base}/keys"),
+                ..Discovery::default()
+            },
+            client: Arc::new(HttpsClient::new(&tls).unwrap()),
+            timeout: Duration::from_secs(10),
+            jwks: ArcSwapOption::from_pointee(jwks),
+        }
+    }
+
+    const DEVICE_CODE: &str = "pin_dc_secret-device-code";
+
+    fn device_answer(interval: Option<u64>) -> Value {
+        let mut answer = serde_json::json!({
+            "device_code": DEVICE_CODE,
+            "user_code": "BCDF-GHJK",
+            "verification_uri": "https://issuer.example.com/device",
+            "verification_uri_complete": "https://issuer.example.com/device?user_code=BCDF-GHJK",
+            "expires_in": 600,
+        });
+        if let Some(interval) = interval {
+            answer["interval"] = serde_json::json!(interval);
+        }
+        answer
+    }
+
+    fn cli_config() -> ClientConfig {
+        ClientConfig::public(
+            "pinniped-cli",
+            vec![
+                "offline_access".into(),
+                "openid".into(),
+                "pinniped:request-audience".into(),
+            ],
+        )
+    }
+
+    #[tokio::test]
+    async fn the_device_authorization_request_sends_the_scopes_pkce_nonce_and_idp_and_reads_the_answer() {
+        let (_, jwks) = es256_key();
+        let (base, seen) = fake_issuer(|_| vec![(200, device_answer(Some(7)).to_string())]);
+        let provider = provider_at(&base, jwks);
+        let params = LoginParams::generate().unwrap();
+        let endpoint = format!("{base}/oauth2/device_authorization");
+        let authorization = provider
+            .device_authorization(
+                &endpoint,
+                &cli_config(),
+                &params,
+                &[
+                    ("pinniped_idp_name", "my upstream"),
+                    ("pinniped_idp_type", "oidc"),
+                ],
+            )
+            .await
+            .unwrap();
+
+        let request = seen.try_recv().unwrap();
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/oauth2/device_authorization");
+        assert_eq!(
+            request.headers["content-type"],
+            "application/x-www-form-urlencoded"
+        );
+        assert!(!request.headers.contains_key("authorization"), "a public client");
+        let form = request.form();
+        let expected: std::collections::HashMap<String, String> = [
+            ("client_id", "pinniped-cli"),
+            ("scope", "offline_access openid pinniped:request-audience"),
+            ("code_challenge", params.challenge().as_str()),
+            ("code_challenge_method", "S256"),
+            ("nonce", params.nonce.as_str()),
+            ("pinniped_idp_name", "my upstream"),
+            ("pinniped_idp_type", "oidc"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+        assert_eq!(form, expected, "no verifier, state or redirect_uri is sent");
+
+        assert_eq!(authorization.device_code, DEVICE_CODE);
+        assert_eq!(authorization.user_code, "BCDF-GHJK");
+        assert_eq!(
+            authorization.verification_uri,
+            "https://issuer.example.com/device"
+        );
+        assert_eq!(
+            authorization.verification_uri_complete.as_deref(),
+            Some("https://issuer.example.com/device?user_code=BCDF-GHJK")
+        );
+        assert_eq!(authorization.expires_in, Duration::from_secs(600));
+        assert_eq!(authorization.interval, Duration::from_secs(7));
+        let debug = format!("{authorization:?}");
+        assert!(debug.contains("BCDF-GHJK"), "{debug}");
+        assert!(!debug.contains(DEVICE_CODE), "{debug}");
+    }
+
+    #[test]
+    fn device_authorization_answers_get_a_bounded_interval_and_bad_ones_are_refused_without_the_code() {
+        let what = "requesting a device login";
+        let parse = |answer: Value| device_authorization_answer(what, answer.to_string().as_bytes());
+        // No interval: 5 s; 0: 1 s; absurd ones: bounded, never an overflowing deadline.
+        assert_eq!(
+            parse(device_answer(None)).unwrap().interval,
+            DEFAULT_DEVICE_POLL_INTERVAL
+        );
+        assert_eq!(
+            parse(device_answer(Some(0))).unwrap().interval,
+            MIN_DEVICE_POLL_INTERVAL
+        );
+        assert_eq!(
+            parse(device_answer(Some(u64::MAX))).unwrap().interval,
+            MAX_DEVICE_CODE_LIFETIME
+        );
+        let mut long = device_answer(None);
+        long["expires_in"] = serde_json::json!(u64::MAX);
+        assert_eq!(parse(long).unwrap().expires_in, MAX_DEVICE_CODE_LIFETIME);
+        // An empty complete URI is none.
+        let mut plain = device_answer(None);
+        plain["verification_uri_complete"] = serde_json::json!("");
+        assert_eq!(parse(plain).unwrap().verification_uri_complete, None);
+
+        for (change, value, expected) in [
+            ("device_code", Value::Null, "no device_code"),
+            ("user_code", serde_json::json!(""), "no user_code"),
+            (
+                "user_code",
+                serde_json::json!("BCDF\u{1b}[2J"),
+                "user_code cannot be shown",
+            ),
+            ("verification_uri", Value::Null, "no verification_uri"),
+            (
+                "verification_uri",
+                serde_json::json!("javascript:alert(1)"),
+                "not an http(s) URL",
+            ),
+            (
+                "verification_uri",
+                serde_json::json!("https://a.example/\nfake line"),
+                "not an http(s) URL",
+            ),
+            (
+                "verification_uri_complete",
+                serde_json::json!("file:///etc/passwd"),
+                "not an http(s) URL",
+            ),
+            ("expires_in", Value::Null, "no positive expires_in"),
+            ("expires_in", serde_json::json!(0), "no positive expires_in"),
+            // A mistyped member: serde would quote the value; the error must not.
+            (
+                "expires_in",
+                serde_json::json!(DEVICE_CODE),
+                "not a device authorization response",
+            ),
+        ] {
+            let mut answer = device_answer(None);
+            if value.is_null() {
+                answer.as_object_mut().unwrap().remove(change);
+            } else {
+                answer[change] = value;
+            }
+            let error = parse(answer).unwrap_err();
+            let message = error.to_string();
+            assert!(matches!(error, OidcError::BadTokenResponse { .. }), "{message}");
+            assert!(message.contains(expected), "{change}: {message}");
+            assert!(!message.contains(DEVICE_CODE), "{message}");
+        }
+        let error = device_authorization_answer(what, b"not json").unwrap_err();
+        assert!(
+            error.to_string().contains("not a device authorization response"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn device_authorization_refusals_quote_the_oauth_error_on_one_line() {
+        let (_, jwks) = es256_key();
+        let (base, _seen) = fake_issuer(|_| {
+            vec![
+                (
+                    400,
+                    serde_json::json!({"error": "invalid_scope",
+                    "error_description": "The requested scope is invalid,\nunknown, or malformed."})
+                    .to_string(),
+                ),
+                (401, serde_json::json!({"error": "invalid_client"}).to_string()),
+                (
+                    503,
+                    serde_json::json!({"error": "temporarily_unavailable",
+                    "error_description": "try again later"})
+                    .to_string(),
+                ),
+            ]
+        });
+        let provider = provider_at(&base, jwks);
+        let params = LoginParams::generate().unwrap();
+        let endpoint = format!("{base}/oauth2/device_authorization");
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            errors.push(
+                provider
+                    .device_authorization(&endpoint, &cli_config(), &params, &[])
+                    .await
+                    .unwrap_err(),
+            );
+        }
+        let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                "requesting a device login failed: the device authorization endpoint answered 400 \
+                 invalid_scope: The requested scope is invalid, unknown, or malformed.",
+                "requesting a device login failed: the device authorization endpoint answered 401 \
+                 invalid_client",
+                "requesting a device login failed: the device authorization endpoint answered 503 \
+                 temporarily_unavailable: try again later",
+            ]
+        );
+        let retryable: Vec<bool> = errors.iter().map(OidcError::is_retryable).collect();
+        assert_eq!(retryable, [false, false, true]);
+    }
+
+    /// Each answer of the token endpoint to a device-code poll, in turn, as the poll reads it;
+    /// the tokens once the login is done, their ID token checked for this login's nonce.
+    #[tokio::test]
+    async fn device_polls_read_pending_slow_down_failures_and_tokens() {
+        let (key, jwks) = es256_key();
+        let params = LoginParams::generate().unwrap();
+        let exp = OffsetDateTime::now_utc().unix_timestamp() + 3600;
+        let id_token = |nonce: &str| {
+            key.sign(
+                &serde_json::json!({"iss": "https://issuer.example.com", "aud": "pinniped-cli",
+                "exp": exp, "nonce": nonce, "username": "pinny"}),
+            )
+            .unwrap()
+        };
+        let tokens = |nonce: &str| {
+            serde_json::json!({"access_token": "secret-access-token", "token_type": "Bearer",
+                "expires_in": 120, "refresh_token": "secret-refresh-token", "id_token": id_token(nonce),
+                "scope": "offline_access openid pinniped:request-audience"})
+            .to_string()
+        };
+        let oauth = |error: &str, description: &str| {
+            serde_json::json!({"error": error, "error_description": description}).to_string()
+        };
+        let (base, seen) = fake_issuer(|_| {
+            vec![
+                (
+                    400,
+                    oauth(
+                        "authorization_pending",
+                        "The authorization request is still pending.",
+                    ),
+                ),
+                (400, oauth("slow_down", "Poll less often.")),
+                (500, String::new()),
+                (503, oauth("temporarily_unavailable", "the store is down")),
+                (
+                    400,
+                    oauth("access_denied", "The login at the identity provider failed."),
+                ),
+                (400, oauth("expired_token", "The device code has expired.")),
+                (400, oauth("invalid_grant", "The device code was used already.")),
+                (200, tokens("another login's nonce")),
+                (200, tokens(&params.nonce)),
+            ]
+        });
+        let provider = provider_at(&base, jwks);
+        let authorization =
+            device_authorization_answer("test", device_answer(None).to_string().as_bytes()).unwrap();
+        let mut polls = Vec::new();
+        for _ in 0..9 {
+            polls.push(
+                provider
+                    .poll_device_token(&cli_config(), &params, &authorization)
+                    .await,
+            );
+        }
+
+        let request = seen.try_recv().unwrap();
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/token");
+        let form = request.form();
+        assert_eq!(form["grant_type"], "urn:ietf:params:oauth:grant-type:device_code");
+        assert_eq!(form["device_code"], DEVICE_CODE);
+        assert_eq!(form["client_id"], "pinniped-cli");
+        assert_eq!(form["code_verifier"], params.verifier);
+        assert_eq!(form.len(), 4, "{form:?}");
+        assert_eq!(seen.try_iter().count(), 8, "every poll is one request");
+
+        let mut polls = polls.into_iter();
+        let mut next = || polls.next().unwrap();
+        assert!(matches!(next(), DevicePoll::Pending));
+        assert!(matches!(next(), DevicePoll::SlowDown));
+        for _ in 0..2 {
+            match next() {
+                DevicePoll::Unavailable(error) => assert!(error.is_retryable(), "{error}"),
+                other => panic!("a 5xx is worth another poll: {other:?}"),
+            }
+        }
+        let mut failures = Vec::new();
+        for _ in 0..4 {
+            match next() {
+                DevicePoll::Failed(error) => failures.push(error),
+                other => panic!("expected a final failure: {other:?}"),
+            }
+        }
+        let messages: Vec<String> = failures.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages[..3],
+            [
+                "the device login was denied: access_denied: The login at the identity provider failed.",
+                "the device code expired before the login was completed (expired_token: The device code \
+                 has expired.); run the command again",
+                "polling for the device login failed: the token endpoint answered 400 invalid_grant: The \
+                 device code was used already.",
+            ]
+        );
+        assert!(
+            messages[3].contains("its nonce does not match"),
+            "{}",
+            messages[3]
+        );
+        for (error, message) in failures.iter().zip(&messages) {
+            assert!(!error.is_retryable(), "{message}");
+        }
+        let DevicePoll::Tokens(tokens) = next() else {
+            panic!("the login's tokens")
+        };
+        assert_eq!(tokens.id.unwrap().claims["username"], "pinny");
+        assert_eq!(tokens.access.unwrap().token, "secret-access-token");
+        assert_eq!(tokens.refresh.unwrap().token, "secret-refresh-token");
+
+        for message in &messages {
+            for secret in [DEVICE_CODE, params.verifier.as_str(), "secret-access-token"] {
+                assert!(!message.contains(secret), "{message}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_device_poll_that_reaches_no_one_is_worth_another() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let (_, jwks) = es256_key();
+        let provider = provider_at(&format!("https://127.0.0.1:{port}"), jwks);
+        let authorization =
+            device_authorization_answer("test", device_answer(None).to_string().as_bytes()).unwrap();
+        let params = LoginParams::generate().unwrap();
+        match provider
+            .poll_device_token(&cli_config(), &params, &authorization)
+            .await
+        {
+            DevicePoll::Unavailable(error) => {
+                assert!(matches!(error, OidcError::Request { .. }), "{error}");
+                assert!(!error.to_string().contains(DEVICE_CODE), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_device_authorization_endpoint_comes_from_the_discovery_document() {
+        let (_, jwks) = es256_key();
+        let issuer = "https://sso.example.com";
+        let mut provider = provider_at(issuer, jwks);
+        assert_eq!(provider.device_authorization_endpoint(), None);
+        let document = serde_json::json!({
+            "issuer": issuer,
+            "jwks_uri": format!("{issuer}/keys"),
+            "device_authorization_endpoint": format!("{issuer}/oauth2/device_authorization"),
+        });
+        provider.discovery = serde_json::from_value(document).unwrap();
+        assert_eq!(
+            provider.device_authorization_endpoint(),
+            Some("https://sso.example.com/oauth2/device_authorization")
+        );
     }
 }

@@ -40,6 +40,7 @@ mod rbac_client_cert;
 mod resources;
 mod supervisor_active_directory;
 mod supervisor_callback;
+mod supervisor_device;
 mod supervisor_full;
 mod supervisor_github;
 mod supervisor_install;
