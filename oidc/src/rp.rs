@@ -1687,39 +1687,24 @@ mod tests {
         assert!(reason.contains("state"), "{reason}");
     }
 
-    /// A CA and the certificate it issued for 127.0.0.1 (P-256, valid until 2126), for
-    /// [`fake_issuer`]. Test fixtures: the key protects nothing.
-    const TEST_CA_PEM: &str = "-----BEGIN CERTIFICATE-----
-MIIBqzCCAVGgAwIBAgIUJfrsDWhBwflimAYQMf2irj3wpFswCgYIKoZIzj0EAwIw
-IjEgMB4GA1UEAwwXc2Vsa2llLW9pZGMgcnAgdGVzdHMgQ0EwIBcNMjYxMTI4MjMy
-NDA0WhgPMjEyNjExMDQyMzI0MDRaMCIxIDAeBgNVBAMMF3NlbGtpZS1vaWRjIHJw
-IHRlc3RzIENBMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEDLXPcArZvABjoSOv
-K9rBDAA1t1m6F1haRnwIjdiHDwSQiJbBqOCZKEwYMXsy1tPPEfiLQjFHwXmRwnTB
-AHMnDqNjMGEwHQYDVR0OBBYEFAld0bS1bG64E6iN/htTcmKqMSwOMB8GA1UdIwQY
-MBaAFAld0bS1bG64E6iN/htTcmKqMSwOMA8GA1UdEwEB/wQFMAMBAf8wDgYDVR0P
-AQH/BAQDAgEGMAoGCCqGSM49BAMCA0gAMEUCIFRtwPd2dh5CShdWPyoZA3xuSTru
-UF+/iiVebi20ZQZgAiEA1eEz7Af+Xz+dmFb+9j2/x48azxcwRDUuT2CE0RghPmY=
------END CERTIFICATE-----
-";
-    const TEST_SERVER_CERT_PEM: &str = "-----BEGIN CERTIFICATE-----
-MIIBwjCCAWigAwIBAgIUHnUzppSfcagTEriAl2A91jVhsmEwCgYIKoZIzj0EAwIw
-IjEgMB4GA1UEAwwXc2Vsa2llLW9pZGMgcnAgdGVzdHMgQ0EwIBcNMjYxMTI4MjMy
-NDA0WhgPMjEyNjExMDQyMzI0MDRaMBQxEjAQBgNVBAMMCTEyNy4wLjAuMTBZMBMG
-ByqGSM49AgEGCCqGSM49AwEHA0IABOb2gkMoIkB+97kGfay3/fnSTvSpkQJzmylv
-VE8i4yONH7YMyIWNsmm7Os9n8qusuIgrvgmogivYXlCmpQeaTmCjgYcwgYQwDAYD
-VR0TAQH/BAIwADAOBgNVHQ8BAf8EBAMCB4AwEwYDVR0lBAwwCgYIKwYBBQUHAwEw
-DwYDVR0RBAgwBocEfwAAATAdBgNVHQ4EFgQUi3GOX/DQqFSikT3q6XYBn3PDHhgw
-HwYDVR0jBBgwFoAUCV3RtLVsbrgTqI3+G1NyYqoxLA4wCgYIKoZIzj0EAwIDSAAw
-RQIgB4J3C07BK5vC2vqmkhLldBRSElwuwGANQFiX+1F05ecCIQCJil0v5U5xaytJ
-9KIhp1qQ1jkeQac8cR/mOvPg1Um3Qg==
------END CERTIFICATE-----
-";
-    const TEST_SERVER_KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgheDPxhWXnwVvSwf3
-FOmQAMvxop/D3Q/riPGHZjeGOfChRANCAATm9oJDKCJAfve5Bn2st/350k70qZEC
-c5spb1RPIuMjjR+2DMiFjbJpuzrPZ/KrrLiIK74JqIIr2F5QpqUHmk5g
------END PRIVATE KEY-----
-";
+    /// A CA's certificate, and a serving certificate and key for 127.0.0.1 it issued, for
+    /// [`fake_issuer`] (PEM; made once per test run).
+    fn test_pki() -> &'static (String, String, String) {
+        static PKI: std::sync::OnceLock<(String, String, String)> = std::sync::OnceLock::new();
+        PKI.get_or_init(|| {
+            use rcgen::{
+                BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+            };
+            let mut ca = CertificateParams::default();
+            ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+            let key = KeyPair::generate().unwrap();
+            let mut serving = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+            serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            let cert = serving.signed_by(&key, &ca).unwrap();
+            (ca.pem(), cert.pem(), key.serialize_pem())
+        })
+    }
 
     /// One request [`fake_issuer`] received.
     #[derive(Debug)]
@@ -1747,7 +1732,7 @@ c5spb1RPIuMjjR+2DMiFjbJpuzrPZ/KrrLiIK74JqIIr2F5QpqUHmk5g
     }
 
     /// An HTTPS issuer on 127.0.0.1 (a blocking rustls server on a thread of its own, with
-    /// [`TEST_SERVER_CERT_PEM`]) that answers the n-th connection's request with the n-th of
+    /// [`test_pki`]'s serving certificate) that answers the n-th connection's request with the n-th of
     /// `answers` (made from its base URL: status and JSON body; `Connection: close`), and sends
     /// each request to the receiver before answering it. Returns `https://127.0.0.1:<port>`.
     fn fake_issuer(
@@ -1755,10 +1740,11 @@ c5spb1RPIuMjjR+2DMiFjbJpuzrPZ/KrrLiIK74JqIIr2F5QpqUHmk5g
     ) -> (String, std::sync::mpsc::Receiver<Seen>) {
         use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
         use std::io::Write as _;
-        let certs = CertificateDer::pem_slice_iter(TEST_SERVER_CERT_PEM.as_bytes())
+        let (_, cert_pem, key_pem) = test_pki();
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
-        let key = PrivateKeyDer::from_pem_slice(TEST_SERVER_KEY_PEM.as_bytes()).unwrap();
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
         let config = Arc::new(
             rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_safe_default_protocol_versions()
@@ -1834,11 +1820,11 @@ c5spb1RPIuMjjR+2DMiFjbJpuzrPZ/KrrLiIK74JqIIr2F5QpqUHmk5g
     }
 
     /// The provider of "https://issuer.example.com" whose token endpoint is `base`'s `/token`,
-    /// trusting [`TEST_CA_PEM`], its keys `jwks` already fetched.
+    /// trusting [`test_pki`]'s CA, its keys `jwks` already fetched.
     fn provider_at(base: &str, jwks: Vec<VerifyingKey>) -> Provider {
         let issuer = "https://issuer.example.com";
         let tls = TlsOptions {
-            ca_pem: Some(TEST_CA_PEM.as_bytes().to_vec()),
+            ca_pem: Some(test_pki().0.as_bytes().to_vec()),
             ..TlsOptions::default()
         };
         Provider {

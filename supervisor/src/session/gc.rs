@@ -563,13 +563,18 @@ mod tests {
                 state: "state".into(),
                 expires_at,
             },
-            status: DeviceStatus::Approved { code: "pin_ac_x.y".into() },
+            status: DeviceStatus::Approved {
+                code: "pin_ac_x.y".into(),
+            },
         };
         let expired = device("BCDF-GHJK", now.unix_timestamp() - 60);
         let live = device("BCDF-GHJL", now.unix_timestamp() + 300);
         for login in [&expired, &live] {
             // Written when it was new: collectable at its expiry.
-            store.create_device(login, now - time::Duration::minutes(5)).await.unwrap();
+            store
+                .create_device(login, now - time::Duration::minutes(5))
+                .await
+                .unwrap();
         }
         let swept = sweep(&store, &revoker.issuers(), now).await.unwrap();
         assert_eq!(
