@@ -36,6 +36,9 @@ fn federation_domain_has_exactly_pinnipeds_fields() {
     assert_paths(
         "FederationDomain",
         &[
+            // Selkie's extension (optional; absent means off, as in Pinniped).
+            "spec.deviceAuthorization",
+            "spec.deviceAuthorization.enabled",
             "spec.identityProviders[]",
             "spec.identityProviders[].displayName",
             "spec.identityProviders[].objectRef",
@@ -762,6 +765,11 @@ fn supervisor_defaults_and_cel_rules_are_exactly_pinnipeds() {
         (
             "GitHubIdentityProvider spec.allowAuthentication.organizations.policy".into(),
             json!("OnlyUsersFromAllowedOrganizations"),
+        ),
+        // Selkie's extension.
+        (
+            "FederationDomain spec.deviceAuthorization.enabled".into(),
+            json!(false),
         ),
         ("GitHubIdentityProvider spec.claims".into(), json!({})),
         ("GitHubIdentityProvider spec.claims.groups".into(), json!("slug")),
