@@ -291,7 +291,8 @@ where
 
 /// `GET /device/callback`: where a device login's authorization request ends. Its `state` must be
 /// a pending device login's (400 otherwise); its `code` (or `error`) is stored for the CLI's
-/// next poll, once (409 when the device login was finished already).
+/// next poll, once (409 when the device login was finished already). The page names an error
+/// by its code only, never quoting the redirect's description.
 pub(crate) async fn callback(endpoints: &Endpoints, issuer: &Arc<Issuer>, query: &str) -> Response<Body> {
     let params: HashMap<String, String> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
     let get = |name: &str| {
@@ -354,7 +355,9 @@ pub(crate) async fn callback(endpoints: &Endpoints, issuer: &Arc<Issuer>, query:
                 },
                 "The login failed",
                 "Your device will say so too.",
-                get("error_description"),
+                // The error code only: the description is whoever sent this redirect's text, and
+                // this is the Supervisor's page.
+                Some(format!("Error: {error}")),
             )
         }
         (None, None) => return bad(),
@@ -364,7 +367,7 @@ pub(crate) async fn callback(endpoints: &Endpoints, issuer: &Arc<Issuer>, query:
         .change_device_status(&id, &DeviceStatus::Pending, &next)
         .await
     {
-        Ok(true) => page(StatusCode::OK, title, message, detail),
+        Ok(true) => page(StatusCode::OK, title, message, detail.as_deref()),
         Ok(false) => bad(),
         Err(StoreError::Conflict) => page(
             StatusCode::CONFLICT,

@@ -1506,7 +1506,11 @@ async fn a_device_login_ends_with_the_error_the_cli_can_act_on() {
         .device_callback(&location, "error=access_denied&error_description=policy+says+no")
         .await;
     assert_eq!(status, StatusCode::OK, "{page}");
-    assert!(page.contains("policy says no"), "{page}");
+    assert!(page.contains("Error: access_denied"), "{page}");
+    assert!(
+        !page.contains("policy says no"),
+        "a redirect's own text is not shown: {page}"
+    );
     harness
         .poll(&denied, &denied.verifier)
         .await
