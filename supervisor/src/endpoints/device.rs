@@ -111,11 +111,8 @@ async fn authorized(
             request: DeviceRequest {
                 issuer: issuer.issuer.clone(),
                 client_id: checked.client_id,
-                scopes: checked.scopes,
                 code_challenge: checked.code_challenge,
-                nonce: checked.nonce,
-                idp_name: checked.idp_name,
-                idp_type: checked.idp_type,
+                authorize_query: query,
                 device_code_signature: device_code.signature.clone(),
                 state,
                 expires_at: (now + device::DEVICE_CODE_LIFETIME).unix_timestamp(),
@@ -175,25 +172,6 @@ fn authorize_query(
         }
     }
     query.finish()
-}
-
-/// The same authorization request, from the stored device login.
-fn stored_authorize_query(issuer: &Issuer, request: &DeviceRequest) -> String {
-    let mut params = HashMap::from([
-        ("scope".to_string(), request.scopes.join(" ")),
-        ("code_challenge".to_string(), request.code_challenge.clone()),
-        ("code_challenge_method".to_string(), "S256".to_string()),
-    ]);
-    for (name, value) in [
-        ("nonce", &request.nonce),
-        ("pinniped_idp_name", &request.idp_name),
-        ("pinniped_idp_type", &request.idp_type),
-    ] {
-        if let Some(value) = value {
-            params.insert(name.to_string(), value.clone());
-        }
-    }
-    authorize_query(issuer, &request.client_id, &params, &request.state)
 }
 
 /// `GET|POST /device`: the verification page. GET shows the form (the `user_code` of the link
@@ -271,8 +249,7 @@ where
         {
             let mut response = redirect(&format!(
                 "{}{AUTHORIZE_PATH}?{}",
-                issuer.issuer,
-                stored_authorize_query(issuer, &login.request)
+                issuer.issuer, login.request.authorize_query
             ));
             set_csrf_cookie(&mut response, set_cookie.clone());
             response

@@ -48,20 +48,13 @@ pub(crate) struct DeviceRequest {
     pub issuer: String,
     /// The client.
     pub client_id: String,
-    /// The scopes asked for.
-    pub scopes: Vec<String>,
     /// The client's PKCE S256 challenge: the login's code is issued for it, and only the
     /// client's verifier redeems it.
     pub code_challenge: String,
-    /// The client's nonce, put in the ID token.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nonce: Option<String>,
-    /// `pinniped_idp_name`, when the client chose an identity provider.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idp_name: Option<String>,
-    /// `pinniped_idp_type`, when given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idp_type: Option<String>,
+    /// The login's authorization request (its query string, with the client's scopes, PKCE
+    /// challenge, nonce and identity provider, the device callback and [`DeviceRequest::state`]),
+    /// as checked when the device login began; the verification page sends the browser there.
+    pub authorize_query: String,
     /// The device code's signature.
     pub device_code_signature: String,
     /// The `state` of the login's authorization request: the device callback accepts a code
@@ -264,11 +257,8 @@ mod tests {
         DeviceRequest {
             issuer: "https://sso.example.com".into(),
             client_id: "pinniped-cli".into(),
-            scopes: vec!["openid".into(), "offline_access".into()],
             code_challenge: "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM".into(),
-            nonce: Some("nonce-0123456789".into()),
-            idp_name: Some("Dex".into()),
-            idp_type: None,
+            authorize_query: "client_id=pinniped-cli&state=state&scope=openid".into(),
             device_code_signature: "sig".into(),
             state: "state".into(),
             expires_at: 1_000_600,

@@ -554,11 +554,8 @@ mod tests {
             request: DeviceRequest {
                 issuer: "https://sso.example.com".into(),
                 client_id: "pinniped-cli".into(),
-                scopes: vec!["openid".into()],
                 code_challenge: "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM".into(),
-                nonce: None,
-                idp_name: None,
-                idp_type: None,
+                authorize_query: "client_id=pinniped-cli&state=state".into(),
                 device_code_signature: "sig".into(),
                 state: "state".into(),
                 expires_at,
