@@ -418,7 +418,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     installation
         .wait_ready(&jwt_resource, "dex")
         .await
-        .with_context(|| first.log())?;
+        .map_err(|e| crate::with_log(e, first.log()))?;
     assert_eq!(lease_holder(&installation).await?, "replica-a");
 
     // A TokenCredentialRequest through kube-apiserver, as an anonymous client, with a Dex token.
@@ -431,7 +431,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     let response = installation
         .wait_for_credential(&anonymous, &request, Duration::from_secs(60))
         .await
-        .with_context(|| first.log())?;
+        .map_err(|e| crate::with_log(e, first.log()))?;
     let (cert, key) = credential(&response)?;
     assert!(!response.contains(&token), "the token is never echoed");
     // The configured lifetime (the default is 5 minutes): the certificate's validity (with its
@@ -514,7 +514,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     let granted = installation
         .wait_for_credential(&anonymous, &restricted, Duration::from_secs(30))
         .await
-        .with_context(|| first.log())?;
+        .map_err(|e| crate::with_log(e, first.log()))?;
     let (granted_cert, granted_key) = credential(&granted)?;
     let granted_kubeconfig = installation.kubeconfig(
         "granted",
@@ -541,7 +541,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         Ok(())
     })
     .await
-    .with_context(|| first.log())?;
+    .map_err(|e| crate::with_log(e, first.log()))?;
 
     // Expose the proxy on its loopback address (type None + externalEndpoint) and use it with the
     // endpoint and CA the CredentialIssuer advertises.
@@ -574,7 +574,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         ))
     })
     .await
-    .with_context(|| first.log())?;
+    .map_err(|e| crate::with_log(e, first.log()))?;
     assert_eq!(proxy_endpoint, format!("https://{endpoint}"));
     let through_proxy = installation.kubeconfig(
         "through-proxy",
@@ -585,7 +585,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     let proxy_kubectl = cluster.kubectl().with_kubeconfig(&through_proxy);
     let seen = eventually(Duration::from_secs(20), || async { whoami(&proxy_kubectl).await })
         .await
-        .with_context(|| first.log())?;
+        .map_err(|e| crate::with_log(e, first.log()))?;
     assert_dex_user(&seen)?;
 
     // The proxy answers TokenCredentialRequests itself, for clients that reach only the proxy:
@@ -611,7 +611,7 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
     let second_login = installation.plugin_kubectl("second-login", second.url(), &proxy_ca, &token)?;
     let seen = eventually(Duration::from_secs(30), || async { whoami(&second_login).await })
         .await
-        .with_context(|| second.log())?;
+        .map_err(|e| crate::with_log(e, second.log()))?;
     assert_dex_user(&seen)?;
     for write in lease_writes.writes() {
         let holder = write
@@ -655,13 +655,13 @@ async fn the_concierge_logs_dex_users_in_through_aggregation_and_the_proxy() -> 
         Ok(())
     })
     .await
-    .with_context(|| second.log())?;
+    .map_err(|e| crate::with_log(e, second.log()))?;
 
     // Deleting the authenticator stops new logins.
     installation.apply_jwt_authenticator(&dex, CLIENT_ID).await?;
     eventually(Duration::from_secs(5), || async { whoami(&second_login).await })
         .await
-        .with_context(|| second.log())?;
+        .map_err(|e| crate::with_log(e, second.log()))?;
     cluster.kubectl().run(&["delete", &jwt_resource, "dex"]).await?;
     eventually(Duration::from_secs(2), || async {
         ensure!(
@@ -695,7 +695,7 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
     installation
         .wait_ready("jwtauthenticator", "dex")
         .await
-        .with_context(|| concierge.process().log())?;
+        .map_err(|e| crate::with_log(e, concierge.process().log()))?;
 
     // The proxy's endpoint and CA come from the CredentialIssuer; without a configured key the
     // cluster-key strategy says why.
@@ -722,7 +722,7 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
     let response = installation
         .wait_for_credential(&anonymous, &request, Duration::from_secs(60))
         .await
-        .with_context(|| concierge.process().log())?;
+        .map_err(|e| crate::with_log(e, concierge.process().log()))?;
     let (cert, key) = credential(&response)?;
 
     // ... which works through the impersonation proxy ...
@@ -736,7 +736,7 @@ async fn the_install_manifests_grant_the_concierge_what_it_needs() -> anyhow::Re
         whoami(&kubectl.with_kubeconfig(&through_proxy)).await
     })
     .await
-    .with_context(|| concierge.process().log())?;
+    .map_err(|e| crate::with_log(e, concierge.process().log()))?;
     assert_dex_user(&seen)?;
 
     // ... and not directly: kube-apiserver does not trust the Concierge's own CA.
@@ -1091,7 +1091,7 @@ async fn deployment_strategy_dynamic_cluster_authentication_webhook_on_kube_apis
     installation
         .wait_ready(&resource, "kube-apiserver")
         .await
-        .with_context(|| replica.log())?;
+        .map_err(|e| crate::with_log(e, replica.log()))?;
 
     let anonymous = installation.anonymous_to_cluster()?;
     let request = installation.token_credential_request_for(&token, "WebhookAuthenticator", "kube-apiserver");
@@ -1102,7 +1102,7 @@ async fn deployment_strategy_dynamic_cluster_authentication_webhook_on_kube_apis
             .await
     })
     .await
-    .with_context(|| replica.log())?;
+    .map_err(|e| crate::with_log(e, replica.log()))?;
     let refused: Value = serde_json::from_str(&refused)?;
     assert_eq!(refused["status"]["message"], "authentication failed", "{refused}");
     assert!(refused["status"].get("credential").is_none(), "{refused}");
@@ -1127,7 +1127,7 @@ async fn deployment_strategy_dynamic_cluster_authentication_webhook_on_kube_apis
     let answer = installation
         .wait_for_credential(&anonymous, &request, Duration::from_secs(30))
         .await
-        .with_context(|| replica.log())?;
+        .map_err(|e| crate::with_log(e, replica.log()))?;
     assert!(!answer.contains(&token), "the token is never echoed");
     let (cert, key) = credential(&answer)?;
     let as_robot = cluster.kubectl().with_kubeconfig(&installation.kubeconfig(

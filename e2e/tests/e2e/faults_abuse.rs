@@ -356,7 +356,7 @@ async fn faults_abusive_clients_at_the_supervisor_leave_logins_served() -> anyho
     // The identity provider is checked in the background: the first login may wait for it.
     selkie_e2e::eventually(Duration::from_secs(60), || login())
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     let legit = || vec![Legit::new("logins + refreshes", login.clone(), LOGIN_DEADLINE)];
 
     // 1. Rapid reset.

@@ -262,7 +262,7 @@ async fn faults_idp_dex_black_holed_then_down_the_concierge_serves_from_cached_k
         Ok(())
     })
     .await;
-    ready.map_err(|e| e.context(concierge.process().log()))?;
+    ready.map_err(|e| crate::with_log(e, concierge.process().log()))?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let load = {

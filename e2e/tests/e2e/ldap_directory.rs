@@ -372,7 +372,7 @@ async fn the_supervisor_validates_ldap_identity_providers_against_openldap() -> 
         idp["status"]["phase"] == "Ready"
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     for (type_, reason) in [
         ("BindSecretValid", "Success"),
         ("TLSConfigurationValid", "Success"),

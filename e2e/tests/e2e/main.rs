@@ -62,3 +62,11 @@ mod token_review;
 mod x509_identity;
 
 pub use selkie_e2e::eventually;
+
+/// `error` with a component's `log` after it. The failure comes first, so a report that keeps
+/// only the beginning and the end of a long output (as CI's summary does) still says what failed;
+/// `anyhow`'s own `context` would print the log first and the cause last.
+fn with_log(error: impl Into<anyhow::Error>, log: String) -> anyhow::Error {
+    let error = error.into();
+    anyhow::anyhow!("{error:#}\n--- log ---\n{log}")
+}

@@ -158,7 +158,7 @@ async fn migration_from_pinniped_keeps_the_crs_and_the_signing_key_and_old_sessi
     )?;
     let user = whoami(&proxy, &static_kubeconfig)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "{user}");
 
     // The pinniped CLI's cached session: an expired ID token and Pinniped's refresh token.
@@ -208,7 +208,7 @@ async fn migration_from_pinniped_keeps_the_crs_and_the_signing_key_and_old_sessi
     // kubectl keeps working: the refresh is refused, the CLI logs in again by itself.
     let user = whoami(&proxy, &kubeconfig)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "{user}");
     let log = supervisor.log();
     anyhow::ensure!(
@@ -238,7 +238,7 @@ async fn migration_from_pinniped_keeps_the_crs_and_the_signing_key_and_old_sessi
         Ok(())
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     Ok(())
 }
 
@@ -305,7 +305,7 @@ async fn migration_from_pinniped_keeps_the_concierges_signer_and_cached_certific
         Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
     })
     .await
-    .map_err(|e| e.context(concierge.process().log()))?;
+    .map_err(|e| crate::with_log(e, concierge.process().log()))?;
     anyhow::ensure!(user["username"] == "pinny@example.com", "{user}");
     anyhow::ensure!(
         user["groups"]

@@ -546,7 +546,7 @@ async fn the_installed_concierges_proxy_passes_service_account_tokens_through() 
     let kubectl = cluster.kubectl().with_kubeconfig(&kubeconfig);
     let info = eventually(Duration::from_secs(20), || async { whoami(&kubectl, &[]).await })
         .await
-        .with_context(|| concierge.process().log())?;
+        .map_err(|e| crate::with_log(e, concierge.process().log()))?;
     assert_service_account_itself(&info, &ns, "robot", &uid);
     kubectl.run(&["get", "configmaps", "-n", &ns]).await?;
     // Nothing the Concierge did was forbidden to it.

@@ -70,7 +70,7 @@ async fn active_directory_users_log_in_by_principal_name_and_lose_their_sessions
         Ok(idp)
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     let search_base = idp["status"]["conditions"]
         .as_array()
         .and_then(|conditions| conditions.iter().find(|c| c["type"] == "SearchBaseFound"))
@@ -107,7 +107,9 @@ async fn active_directory_users_log_in_by_principal_name_and_lose_their_sessions
     let mut logged_in = Vec::new();
     for user in &users {
         let path = kubeconfig(user, &user.password, &user.name)?;
-        let who = log_in(&path).await.map_err(|e| e.context(supervisor.log()))?;
+        let who = log_in(&path)
+            .await
+            .map_err(|e| crate::with_log(e, supervisor.log()))?;
         anyhow::ensure!(who["username"] == format!("{}@{DOMAIN}", user.name), "{who}");
         logged_in.push((path, who));
     }

@@ -118,7 +118,7 @@ async fn a_device_login_finished_in_a_browser_elsewhere_lets_kubectl_in() -> any
     })
     .await
     .map_err(|_| anyhow::anyhow!("no device link within 60 s"))?
-    .map_err(|e| e.context(printed.clone()).context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e.context(printed.clone()), supervisor.log()))?;
     anyhow::ensure!(
         link.starts_with(&format!("{}/device?user_code=", supervisor.issuer())),
         "{link}"
@@ -143,16 +143,15 @@ async fn a_device_login_finished_in_a_browser_elsewhere_lets_kubectl_in() -> any
             "{page}"
         );
         browser.click("#submit").await?;
-        // On to Dex's form (the FederationDomain's only identity provider).
-        selkie_e2e::eventually(Duration::from_secs(30), || async {
+        // On to Dex's form (the FederationDomain's only identity provider), logging in as a user
+        // would: a form submission that a network change interrupts is made again.
+        let dex = selkie_e2e::eventually(Duration::from_secs(30), || async {
             let at = browser.current_url().await?;
             anyhow::ensure!(at.contains("/dex/"), "at {at}");
-            Ok(())
+            Ok(at)
         })
         .await?;
-        browser.type_into("input[name=login]", &email).await?;
-        browser.type_into("input[name=password]", PASSWORD).await?;
-        browser.click("button[type=submit]").await?;
+        browser.dex_login(&dex, &email, PASSWORD).await?;
         selkie_e2e::eventually(Duration::from_secs(30), || async {
             let at = browser.current_url().await?;
             let text = browser.body_text().await?;
@@ -165,17 +164,19 @@ async fn a_device_login_finished_in_a_browser_elsewhere_lets_kubectl_in() -> any
         })
         .await
     };
+    // kubectl ends once the plugin's poll is answered with tokens; a failed browser login ends
+    // the wait at once (dropping kubectl kills it) rather than when the device code expires.
     let output = async {
-        let mut out = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut BufReader::new(stdout), &mut out).await?;
-        let status = tokio::time::timeout(Duration::from_secs(90), kubectl.wait())
-            .await
-            .map_err(|_| anyhow::anyhow!("kubectl did not finish within 90 s"))??;
-        anyhow::Ok((status, out))
+        tokio::time::timeout(Duration::from_secs(150), async {
+            let mut out = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut BufReader::new(stdout), &mut out).await?;
+            anyhow::Ok((kubectl.wait().await?, out))
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("kubectl did not finish within 150 s of showing the link"))?
     };
-    let (logged_in, finished) = tokio::join!(user, output);
-    logged_in.map_err(|e| e.context(supervisor.log()))?;
-    let (status, out) = finished?;
+    let ((), (status, out)) =
+        tokio::try_join!(user, output).map_err(|e| crate::with_log(e, supervisor.log()))?;
     let rest = rest.await?;
     anyhow::ensure!(
         status.success(),

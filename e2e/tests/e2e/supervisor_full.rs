@@ -204,7 +204,7 @@ async fn deployment_strategy_full_integration_one_browser_login_reaches_two_clus
     // Cluster B: no browser at all — its $BROWSER records nothing — and the same user.
     let user = whoami(cluster_b, &kubeconfig_b)
         .await
-        .map_err(|e| e.context(concierge_b.process().log()))?;
+        .map_err(|e| crate::with_log(e, concierge_b.process().log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "{user}");
     let namespaces = kubectl(cluster_b, &kubeconfig_b, &["get", "namespaces", "-o", "name"]).await?;
     anyhow::ensure!(

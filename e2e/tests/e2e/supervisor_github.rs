@@ -216,8 +216,8 @@ async fn github_users_log_in_through_the_supervisor_by_organization_and_team() -
         Ok(url)
     };
     let (user, url) = tokio::join!(whoami(&proxy, &kubeconfig), login);
-    let url = url.map_err(|e| e.context(supervisor.log()))?;
-    let user = user.map_err(|e| e.context(supervisor.log()))?;
+    let url = url.map_err(|e| crate::with_log(e, supervisor.log()))?;
+    let user = user.map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == "pinny:1001", "{user}");
     // Teams of the allowed organization only, as `org/slug`.
     anyhow::ensure!(
@@ -231,7 +231,7 @@ async fn github_users_log_in_through_the_supervisor_by_organization_and_team() -
     expire_cached_tokens(dir.path())?;
     let refreshed = whoami(&proxy, &kubeconfig)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(
         groups(&refreshed) == ["Seals/ops-team"],
         "after the refresh: {refreshed}"
@@ -361,7 +361,7 @@ spec:
         ))
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     let (secret, connection, host, bad) = found;
     anyhow::ensure!(
         secret

@@ -61,7 +61,7 @@ async fn the_manifests_grant_what_the_supervisor_needs() -> anyhow::Result<()> {
         Ok(phases)
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(phases.len() == 2);
     let status: Value = serde_json::from_str(
         &kubectl

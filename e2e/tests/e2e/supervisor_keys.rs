@@ -139,7 +139,7 @@ async fn signing_keys_rotate_and_tokens_of_the_retired_key_stay_valid() -> anyho
         Ok(next)
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
 
     // Then the leader rotates: new tokens carry the key published ahead.
     let new = selkie_e2e::eventually(Duration::from_secs(60), || async {
@@ -148,7 +148,7 @@ async fn signing_keys_rotate_and_tokens_of_the_retired_key_stay_valid() -> anyho
         Ok(token)
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     let new_kid = kid(&new)?;
     anyhow::ensure!(
         new_kid == next_kid,
@@ -178,7 +178,7 @@ async fn signing_keys_rotate_and_tokens_of_the_retired_key_stay_valid() -> anyho
         Ok(())
     })
     .await
-    .map_err(|e| e.context(proxy.log()))?;
+    .map_err(|e| crate::with_log(e, proxy.log()))?;
     let user = whoami(&proxy, dir.path(), "old-again", &old).await?;
     anyhow::ensure!(user["username"] == email.as_str(), "{user}");
 

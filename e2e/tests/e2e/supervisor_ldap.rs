@@ -200,7 +200,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
             "ldapidentityprovider/openldap",
         ])
         .await
-        .map_err(|e| anyhow::Error::new(e).context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
 
     // The identity-provider discovery offers the password flow first, then the browser.
     let discovery: Value = serde_json::from_slice(
@@ -240,7 +240,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     )?;
     let user = whoami(&proxy, &pinny)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == "pinny", "{user}");
     anyhow::ensure!(groups(&user) == ["ops", "seals"], "{user}");
     proxy
@@ -291,7 +291,7 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
     expire_cached_tokens(dir.path())?;
     let user = whoami(&proxy, &pinny)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(groups(&user) == ["seals"], "after the refresh: {user}");
     let forbidden = proxy
         .kubectl(&pinny)
@@ -375,8 +375,8 @@ async fn ldap_users_log_in_from_the_cli_and_the_login_page_and_are_checked_at_ev
         cli_says_logged_in(&browser).await
     };
     let (user, logged_in) = tokio::join!(whoami(&proxy, &walrus), login);
-    logged_in.map_err(|e| e.context(supervisor.log()))?;
-    let user = user.map_err(|e| e.context(supervisor.log()))?;
+    logged_in.map_err(|e| crate::with_log(e, supervisor.log()))?;
+    let user = user.map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == "walrus", "{user}");
     anyhow::ensure!(groups(&user) == ["ops"], "{user}");
 

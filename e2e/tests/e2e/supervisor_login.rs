@@ -195,7 +195,7 @@ async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> any
     )?;
     let user = whoami(&cluster_a, &config_a)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "cluster-a: {user}");
     let groups: Vec<&str> = user["groups"]
         .as_array()
@@ -220,7 +220,7 @@ async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> any
     )?;
     let user = whoami(&cluster_b, &config_b)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "cluster-b: {user}");
 
     // A cluster-a token is not a cluster-b token: a fresh cache with a wrong password cannot get
@@ -360,7 +360,7 @@ async fn one_password_login_through_the_supervisor_reaches_two_clusters() -> any
     // a failing plugin more than once per command, so they were many).
     let user = selkie_e2e::eventually(Duration::from_secs(60), || whoami(&cluster_a, &config_a))
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "logging in again: {user}");
     anyhow::ensure!(supervisor.log().contains("Session Revoked"), "no audit event");
 
@@ -488,8 +488,8 @@ async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result
         Ok(())
     };
     let (user, logged_in) = tokio::join!(whoami(&proxy, &path), login);
-    logged_in.map_err(|e| e.context(supervisor.log()))?;
-    let user = user.map_err(|e| e.context(supervisor.log()))?;
+    logged_in.map_err(|e| crate::with_log(e, supervisor.log()))?;
+    let user = user.map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "{user}");
     anyhow::ensure!(
         user["groups"]
@@ -697,7 +697,7 @@ async fn deployment_strategy_static_cluster_integration_a_kube_apiserver_with_th
         Ok(serde_json::from_str::<Value>(&out)?["status"]["userInfo"].clone())
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == email.as_str(), "{user}");
     anyhow::ensure!(
         user["groups"]

@@ -145,7 +145,7 @@ async fn one_federation_domain_serves_dex_and_openldap_through_the_chooser() -> 
         Ok(())
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
 
     // `selkie get kubeconfig`: several providers, so a name is needed; with it, that provider.
     let unnamed = get_kubeconfig(&selkie, cluster, &supervisor, &[]).await?;
@@ -175,8 +175,8 @@ async fn one_federation_domain_serves_dex_and_openldap_through_the_chooser() -> 
         Ok(())
     });
     let (user, logged_in) = tokio::join!(whoami(&proxy, &kubeconfig), login);
-    logged_in.map_err(|e| e.context(supervisor.log()))?;
-    let user = user.map_err(|e| e.context(supervisor.log()))?;
+    logged_in.map_err(|e| crate::with_log(e, supervisor.log()))?;
+    let user = user.map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(
         user["username"] == email.as_str() && groups(&user) == ["seals"],
         "{user}"
@@ -194,8 +194,8 @@ async fn one_federation_domain_serves_dex_and_openldap_through_the_chooser() -> 
         Ok(())
     });
     let (user, logged_in) = tokio::join!(whoami(&proxy, &kubeconfig), login);
-    logged_in.map_err(|e| e.context(supervisor.log()))?;
-    let user = user.map_err(|e| e.context(supervisor.log()))?;
+    logged_in.map_err(|e| crate::with_log(e, supervisor.log()))?;
+    let user = user.map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(user["username"] == "walrus" && groups(&user) == ["ops"], "{user}");
     Ok(())
 }

@@ -62,7 +62,7 @@ async fn the_pinniped_clis_oauth2_library_authenticates_with_basic_and_an_empty_
             "ldapidentityprovider/openldap",
         ])
         .await
-        .map_err(|e| anyhow::Error::new(e).context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
 
     // The authorization request of the cli_password flow, as the pinniped CLI sends it: a code.
     let http = supervisor.client()?;
@@ -75,7 +75,7 @@ async fn the_pinniped_clis_oauth2_library_authenticates_with_basic_and_an_empty_
     );
     let params =
         pinniped_cli::redirected(&pinniped_cli::get(&http, &authorize, Some(PASSWORD), "pinny").await?)
-            .map_err(|e| e.context(supervisor.log()))?;
+            .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(
         pinniped_cli::param(&params, "state") == Some(pinniped_cli::STATE),
         "{params:?}"

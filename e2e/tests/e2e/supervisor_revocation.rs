@@ -47,7 +47,7 @@ async fn collecting_an_expired_session_revokes_its_upstream_refresh_token() -> a
     // A password login through Keycloak: the session holds Keycloak's refresh token.
     let tokens = login(&supervisor, IDP_NAME, &email)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
     anyhow::ensure!(!refresh_token.is_empty(), "{tokens}");
     let id_claims = selkie_e2e::pinniped_cli::jwt_claims(tokens["id_token"].as_str().unwrap_or_default())?;

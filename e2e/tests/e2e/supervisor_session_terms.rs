@@ -38,7 +38,7 @@ async fn discovered_terms(supervisor: &Supervisor) -> anyhow::Result<Value> {
 async fn login(supervisor: &Supervisor) -> anyhow::Result<String> {
     let tokens = pinniped_cli::login(&supervisor.client()?, supervisor.issuer(), IDP, "pinny", PASSWORD)
         .await
-        .map_err(|e| e.context(supervisor.log()))?;
+        .map_err(|e| crate::with_log(e, supervisor.log()))?;
     let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default();
     anyhow::ensure!(!refresh_token.is_empty(), "{tokens}");
     Ok(refresh_token.to_string())

@@ -37,7 +37,7 @@ pub(crate) async fn login(supervisor: &Supervisor, idp_name: &str, email: &str) 
         PASSWORD,
     )
     .await
-    .map_err(|e| e.context(supervisor.log()))
+    .map_err(|e| crate::with_log(e, supervisor.log()))
 }
 
 /// The refresh grant with `refresh_token`: status and answer.

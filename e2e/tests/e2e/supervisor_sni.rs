@@ -111,7 +111,7 @@ spec:
         .await
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(status.contains(" 200 "), "{status}: {body}");
     let discovery: Value = serde_json::from_str(&body)?;
     anyhow::ensure!(discovery["issuer"] == issuer_b.as_str(), "{discovery}");

@@ -138,7 +138,7 @@ async fn transforms_and_policies_apply_at_login_and_refresh_and_failing_examples
                 == "the examples specified by .spec.identityProviders[].transforms.examples[] had no errors"
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
 
     // The prefix, at login (once the transforms serve).
     let http = supervisor.client()?;
@@ -152,7 +152,7 @@ async fn transforms_and_policies_apply_at_login_and_refresh_and_failing_examples
         Ok(tokens)
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
 
     // The policy, at login: a contractor is refused with the policy's message.
     let refused = pinniped_cli::login(&http, &issuer, IDP_NAME, "otter", PASSWORD).await;
@@ -219,7 +219,7 @@ async fn transforms_and_policies_apply_at_login_and_refresh_and_failing_examples
         c["status"] == "False"
     })
     .await
-    .map_err(|e| e.context(supervisor.log()))?;
+    .map_err(|e| crate::with_log(e, supervisor.log()))?;
     anyhow::ensure!(
         failed["reason"] == "TransformsExamplesFailed"
             && failed["message"]
