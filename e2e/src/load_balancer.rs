@@ -17,7 +17,7 @@ pub struct LoadBalancer {
     process: ManagedProcess,
     address: SocketAddr,
     backends: Vec<SocketAddr>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl LoadBalancer {
@@ -71,7 +71,7 @@ impl LoadBalancer {
             process,
             address,
             backends: backends.to_vec(),
-            _dir: dir,
+            dir,
         })
     }
 
@@ -123,6 +123,12 @@ impl LoadBalancer {
     /// Where it forwards to.
     pub fn backends(&self) -> &[SocketAddr] {
         &self.backends
+    }
+
+    /// The last `lines` lines of haproxy's log (its alerts and warnings: servers going DOWN and
+    /// UP after health checks, backends without a server).
+    pub fn log_tail(&self, lines: usize) -> String {
+        crate::process::log_tail(&self.dir.path().join("haproxy.log"), lines)
     }
 
     /// Fails with haproxy's log tail if it has exited.

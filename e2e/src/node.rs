@@ -316,6 +316,11 @@ impl Node {
         self.ip
     }
 
+    /// The last `lines` lines of kube-proxy's log (its rule syncs and what failed in them).
+    pub fn kube_proxy_log_tail(&self, lines: usize) -> String {
+        crate::process::log_tail(&self.dir.join("kube-proxy.log"), lines)
+    }
+
     /// Imports a docker or OCI archive into the node's containerd (the CRI's `k8s.io` namespace),
     /// so pods run it without pulling.
     pub fn import_image(&self, archive: &Path) -> Result<(), HarnessError> {

@@ -144,6 +144,27 @@ impl ManagedProcess {
         }
     }
 
+    /// Sends SIGTERM (what Kubernetes does to a pod it stops) and returns at once; `false` when
+    /// the process had already ended.
+    pub(crate) fn send_sigterm(&mut self) -> bool {
+        self.terminate()
+    }
+
+    /// Waits up to `timeout` for the process to exit and returns how it ended; fails with the log
+    /// tail if it is still running then.
+    pub(crate) async fn wait_for_exit(&mut self, timeout: Duration) -> Result<ExitStatus, HarnessError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exit_status() {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                return Err(self.failure(format!("still running {timeout:?} later")));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Asks the process to stop with SIGTERM and waits up to `grace`; then kills it.
     pub(crate) fn stop(&mut self, grace: Duration) {
         if !self.terminate() {

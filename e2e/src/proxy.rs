@@ -287,16 +287,7 @@ impl Proxy {
     /// Waits up to `timeout` for the proxy to exit and returns how it ended; fails with the log
     /// tail if it is still running then.
     pub async fn wait_for_exit(&mut self, timeout: Duration) -> Result<ExitStatus, HarnessError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.process.exit_status() {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                return Err(self.process.failure(format!("still running {timeout:?} later")));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.process.wait_for_exit(timeout).await
     }
 
     /// `https://127.0.0.1:<port>`.

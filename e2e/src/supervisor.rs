@@ -5,7 +5,7 @@
 //! `selkie-supervisor` process (a workspace binary) with a kubeconfig for the cluster, serving
 //! HTTPS on a loopback port. Stopped on drop.
 
-use std::{ffi::OsString, path::PathBuf, time::Duration};
+use std::{ffi::OsString, path::PathBuf, process::ExitStatus, time::Duration};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use selkie_oidc::https::{HttpsClient, TlsOptions};
@@ -577,6 +577,11 @@ impl Supervisor {
         if config_doc.get("sessionGarbageCollectionInterval").is_none() {
             config_doc["sessionGarbageCollectionInterval"] = serde_json::json!("1s");
         }
+        // Unless the caller chose otherwise, SIGTERM stops it without the grace period meant for
+        // Service endpoints (there are none here): tests stop many Supervisors.
+        if config_doc.get("shutdown").is_none() {
+            config_doc["shutdown"] = serde_json::json!({"gracePeriodSeconds": 0, "drainTimeoutSeconds": 5});
+        }
         let config = dir.path().join("supervisor.yaml");
         std::fs::write(&config, config_doc.to_string())
             .map_err(|e| HarnessError::io("writing the Supervisor's configuration", e))?;
@@ -690,6 +695,18 @@ impl Supervisor {
     /// Its directory (configuration and log).
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
+    }
+
+    /// Sends the (first) Supervisor process SIGTERM, as Kubernetes does to a pod it stops, and
+    /// returns at once.
+    pub fn terminate(&mut self) {
+        self.process.send_sigterm();
+    }
+
+    /// Waits up to `timeout` for the (first) Supervisor process to exit and returns how it
+    /// ended; fails with its log tail if it is still running then.
+    pub async fn wait_for_exit(&mut self, timeout: Duration) -> Result<ExitStatus, HarnessError> {
+        self.process.wait_for_exit(timeout).await
     }
 
     /// Fails with its log tail if it (or a replica) has stopped.

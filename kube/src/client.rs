@@ -73,6 +73,21 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
     client(config)
 }
 
+/// Whether kube-apiserver refuses `client`'s credentials outright: a 401 to a SelfSubjectReview,
+/// which any authenticated identity may create. That is what a server in a pod sees once its pod
+/// has been force-deleted (`kubectl delete pod --force`): the pod's bound service-account token
+/// dies with the pod object, so the server can no longer do its work and should stop at once
+/// rather than serve out a grace period. `false` when the credentials are accepted, and when
+/// kube-apiserver does not answer within `timeout` or fails otherwise (nothing is known then).
+pub async fn credentials_rejected(client: &Client, timeout: Duration) -> bool {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let reviews: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
+    matches!(
+        tokio::time::timeout(timeout, reviews.create(&Default::default(), &SelfSubjectReview::default())).await,
+        Ok(Err(kube::Error::Api(status))) if status.code == 401
+    )
+}
+
 /// A client for `config` that speaks HTTP/2 to kube-apiserver when it offers it (it does, over
 /// TLS): every request and watch of a server shares one connection, where kube's default client
 /// (HTTP/1.1) opens a connection per request in flight and pools them — 249 connections for the

@@ -6,6 +6,7 @@
 //! * [`serving`]: the serving certificate of a TLS listener, hot-swappable and chosen by SNI;
 //! * [`certs`]: the CAs and certificates servers generate (ECDSA P-256, PEM);
 //! * [`status`]: the `metav1.Status` failure body;
+//! * [`shutdown`]: how long a server keeps serving, unready, after SIGTERM, and then drains;
 //! * with the `api` feature (default), what talks to kube-apiserver: [`leader`] election over a
 //!   Lease, the server's [`client`], status [`conditions`] generic over an object's phase type, and the aggregated API's
 //!   serving Secret and APIService CA bundles ([`serving_secret`]), and the rest of an aggregated
@@ -33,6 +34,7 @@ pub mod reconcile;
 pub mod serving;
 #[cfg(feature = "api")]
 pub mod serving_secret;
+pub mod shutdown;
 pub mod status;
 #[cfg(feature = "api")]
 pub mod tls_spec;

@@ -26,6 +26,9 @@ use selkie_filters::{
     x509::{X509Authenticator, DEFAULT_CLOCK_SKEW, MAX_CLOCK_SKEW},
 };
 use selkie_kube::serving::ServingCert;
+/// Graceful shutdown on SIGTERM (shared with the Supervisor): `/readyz` turns 503 at once and
+/// the proxy keeps serving for the grace period, then drains.
+pub use selkie_kube::shutdown::ShutdownConfig;
 use serde::Deserialize;
 
 use crate::{
@@ -102,51 +105,6 @@ pub struct StaticIdentityConfig {
     /// Its groups.
     #[serde(default)]
     pub groups: Vec<String>,
-}
-
-/// Graceful shutdown on SIGTERM: `/readyz` turns 503 at once and the proxy keeps serving for
-/// the grace period, so load balancers stop sending new connections; then the listeners close
-/// and requests in flight (watches, exec sessions included) may finish for up to the drain
-/// timeout. The process exits 0 as soon as none is left, or when the drain timeout cuts them.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ShutdownConfig {
-    /// Seconds between SIGTERM and closing the listeners (default 5).
-    #[serde(default = "default_grace_period_seconds")]
-    pub grace_period_seconds: u64,
-    /// Seconds in-flight requests may run after the listeners close (default 20).
-    #[serde(default = "default_drain_timeout_seconds")]
-    pub drain_timeout_seconds: u64,
-}
-
-impl Default for ShutdownConfig {
-    fn default() -> Self {
-        Self {
-            grace_period_seconds: default_grace_period_seconds(),
-            drain_timeout_seconds: default_drain_timeout_seconds(),
-        }
-    }
-}
-
-impl ShutdownConfig {
-    /// How long the proxy keeps serving, unready, after SIGTERM.
-    pub fn grace_period(&self) -> Duration {
-        Duration::from_secs(self.grace_period_seconds)
-    }
-
-    /// How long in-flight requests may run once the listeners have closed.
-    pub fn drain_timeout(&self) -> Duration {
-        Duration::from_secs(self.drain_timeout_seconds)
-    }
-}
-
-// Together 25 s: inside Kubernetes' default terminationGracePeriodSeconds of 30.
-fn default_grace_period_seconds() -> u64 {
-    5
-}
-
-fn default_drain_timeout_seconds() -> u64 {
-    20
 }
 
 /// A certificate and key on disk.

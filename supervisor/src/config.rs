@@ -63,6 +63,11 @@ pub struct SupervisorConfig {
     /// What one client can hold on the HTTPS and HTTP listeners ([`Self::listener_limits`]).
     #[serde(default)]
     pub listener_limits: ListenerLimitsConfig,
+    /// What SIGTERM does: `/healthz` answers 503 and the listeners keep serving for
+    /// `gracePeriodSeconds` (default 5), then close, and open connections may finish their
+    /// requests for `drainTimeoutSeconds` (default 20).
+    #[serde(default)]
+    pub shutdown: selkie_kube::shutdown::ShutdownConfig,
 }
 
 /// The `listenerLimits` section: every key optional, each checked by
@@ -272,6 +277,7 @@ impl SupervisorConfig {
                 defaults.header_read_timeout,
             )?,
             max_concurrent_streams: u32::try_from(max_concurrent_streams).unwrap_or(u32::MAX),
+            drain_timeout: self.shutdown.drain_timeout(),
         })
     }
 
@@ -379,6 +385,7 @@ mod tests {
                 idle_timeout: Duration::from_secs(90),
                 header_read_timeout: Duration::from_secs(10),
                 max_concurrent_streams: 100,
+                drain_timeout: Duration::from_secs(20),
             }
         );
         assert_eq!(
@@ -396,8 +403,19 @@ mod tests {
                 idle_timeout: Duration::from_secs(90),
                 header_read_timeout: Duration::from_millis(2500),
                 max_concurrent_streams: 250,
+                drain_timeout: Duration::from_secs(20),
             }
         );
+        // The drain timeout comes from the shutdown section.
+        let drain = SupervisorConfig::parse("namespace: sso\nshutdown: {drainTimeoutSeconds: 7}\n")
+            .unwrap()
+            .listener_limits()
+            .unwrap();
+        assert_eq!(drain.drain_timeout, Duration::from_secs(7));
+        let error = SupervisorConfig::parse("namespace: sso\nshutdown: {gracePeriod: 7}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown field `gracePeriod`"), "{error}");
         let one = parse("{idleTimeout: 5s}").unwrap().listener_limits().unwrap();
         assert_eq!(
             one,

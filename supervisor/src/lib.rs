@@ -73,7 +73,7 @@ pub use idp::{
 pub use issuer::Issuers;
 pub use server::{
     audit::Audit, bind, limits::ListenerLimits, metrics::Metrics, serve_http, serve_https, serve_metrics,
-    ServerError, DRAIN_TIMEOUT,
+    Readiness, ServerError,
 };
 pub use session::{
     gc::{sweep as sweep_sessions, Sweep},

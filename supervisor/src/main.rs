@@ -57,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         audit: Audit::new(&config.audit)?,
         passwords: PasswordThrottle::new(),
         device_polls: Default::default(),
+        readiness: Default::default(),
     });
     let limits = config.listener_limits()?;
     let https = server::bind(config.listen.https).await?;
@@ -201,16 +202,44 @@ async fn main() -> anyhow::Result<()> {
         });
     }
 
+    // SIGTERM (Kubernetes stopping the pod): unready at once, serving on for the grace period
+    // while endpoints and load balancers stop sending connections here, then the listeners
+    // close and drain. SIGINT: the listeners close and drain at once, also during the grace
+    // period.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+    let graceful = tokio::select! {
+        _ = terminate.recv() => true,
+        _ = tokio::signal::ctrl_c() => false,
         Some(ended) = tasks.join_next() => return Err(unexpected(ended)),
         Some(ended) = listeners.join_next() => return Err(unexpected(ended)),
+    };
+    if graceful {
+        endpoints.readiness.stop();
     }
+    // A force-deleted pod's token died with the pod: nothing could be served in a grace period
+    // (every login and refresh needs kube-apiserver), while the listeners closing at once lets
+    // clients and load balancers retry on another replica.
+    if graceful && selkie_kube::client::credentials_rejected(&client, Duration::from_secs(2)).await {
+        tracing::warn!("SIGTERM, and kube-apiserver no longer accepts this Supervisor's credentials (its pod was force-deleted?): skipping the grace period");
+    } else if graceful {
+        tracing::info!(
+            grace_period_seconds = config.shutdown.grace_period_seconds,
+            "SIGTERM: /healthz answers 503; serving on for the grace period"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(config.shutdown.grace_period()) => {}
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: ending the grace period"),
+            Some(ended) = tasks.join_next() => return Err(unexpected(ended)),
+            Some(ended) = listeners.join_next() => return Err(unexpected(ended)),
+        }
+    }
+    tracing::info!(
+        drain_timeout_seconds = config.shutdown.drain_timeout_seconds,
+        "closing the listeners; draining open connections"
+    );
     let _ = stop_sender.send(true);
-    // Open connections finish (each listener gives up on them after DRAIN_TIMEOUT).
-    let drained = tokio::time::timeout(server::DRAIN_TIMEOUT + Duration::from_secs(1), async {
+    // Open connections finish (each listener gives up on them after the drain timeout).
+    let drained = tokio::time::timeout(limits.drain_timeout + Duration::from_secs(1), async {
         while listeners.join_next().await.is_some() {}
     })
     .await;

@@ -305,7 +305,7 @@ async fn helm_lint_passes_and_bad_values_are_refused_naming_them() -> anyhow::Re
     ensure!(lint.contains("0 chart(s) failed"), "{lint}");
 
     // The schema: helm lint and helm template (as install and upgrade) refuse, naming the value.
-    let schema_cases: [(&str, &[&str]); 12] = [
+    let schema_cases: [(&str, &[&str]); 13] = [
         ("concierge.replicas=two", &["/concierge/replicas", "want integer"]),
         (
             "concierge.credentialIssuer.impersonationProxy.mode=sometimes",
@@ -337,6 +337,13 @@ async fn helm_lint_passes_and_bad_values_are_refused_naming_them() -> anyhow::Re
         (
             "concierge.namePrefix=a-concierge-prefix-far-too-long-for-names",
             &["/concierge/namePrefix", "maxLength: got 41, want 28"],
+        ),
+        (
+            "supervisor.shutdown.gracePeriodSeconds=-5",
+            &[
+                "/supervisor/shutdown/gracePeriodSeconds",
+                "minimum: got -5, want 0",
+            ],
         ),
         (
             "supervisor.signingKeyRotationInterval=30 days",
@@ -458,6 +465,7 @@ fn every_value() -> Value {
             "sessionGarbageCollectionInterval": "30s",
             "signingKeyRotationInterval": "48h",
             "audit": {"logUsernamesAndGroups": "enabled", "logInternalPaths": "disabled"},
+            "shutdown": {"gracePeriodSeconds": 8, "drainTimeoutSeconds": 15},
             "config": {"listen": {"http": "127.0.0.1:8080"}},
         },
     })
@@ -669,7 +677,9 @@ async fn every_value_reaches_its_object_and_configuration() -> anyhow::Result<()
             && supervisor.garbage_collection_interval()? == Duration::from_secs(30)
             && supervisor.signing_key_rotation_interval()? == Some(Duration::from_secs(48 * 3600))
             && supervisor.audit.log_usernames_and_groups == "enabled"
-            && supervisor.audit.log_internal_paths == "disabled",
+            && supervisor.audit.log_internal_paths == "disabled"
+            && supervisor.shutdown.grace_period() == Duration::from_secs(8)
+            && supervisor.shutdown.drain_timeout() == Duration::from_secs(15),
         "{supervisor:?}"
     );
     Ok(())

@@ -56,6 +56,7 @@ mod supervisor_revocation;
 mod supervisor_rp;
 mod supervisor_session_terms;
 mod supervisor_sessions;
+mod supervisor_shutdown;
 mod supervisor_sni;
 mod supervisor_transforms;
 mod token_review;

@@ -492,7 +492,7 @@ impl Release {
             // The host's side of the Service network: kube-proxy's NAT rules for Service IPs
             // and the host's TCP connections to them on 443 (kube-apiserver's included).
             let host =
-                "iptables-save -t nat | grep -E -- '-d 10\\.0\\.0\\.|KUBE-SEP-.* -j DNAT' | head -100; \
+                "iptables-save -t nat | grep -E -- '-d 10\\.0\\.0\\.|KUBE-SEP-.* -j DNAT|KUBE-NODEPORTS|KUBE-EXT' | head -100; \
                         echo '-- connections:'; ss -tnpi 'dst 10.0.0.0/24' | head -60";
             let said = std::process::Command::new("timeout")
                 .args(["10", "bash", "-c", host])
@@ -500,6 +500,9 @@ impl Release {
                 .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
                 .unwrap_or_else(|e| format!("(unreadable: {e})"));
             println!("---- the host's Service NAT rules and connections:\n{said}");
+            if let Some(node) = env.cluster.node() {
+                println!("---- kube-proxy's log:\n{}", node.kube_proxy_log_tail(30));
+            }
         }
         outcome
     }

@@ -9,8 +9,11 @@
 //!    FederationDomain, then kubectl;
 //! 3. `helm upgrade` to another image tag and configuration under load (logins with the
 //!    `cli_password` flow and refreshes through the load balancer): every one succeeds;
-//! 4. a pod killed (`kubectl delete pod --force`) under the same load: the other replica serves,
-//!    a new pod becomes Ready, nothing is lost (sessions live in Secrets);
+//! 4. a pod killed (`kubectl delete pod --force`): once the Service's endpoints no longer list it
+//!    (what was sent to it before then is lost with it, whatever the server: its token dies with
+//!    the pod object), logins and refreshes through the load balancer succeed on the other replica
+//!    while a new pod becomes Ready, and a session begun before the kill still refreshes (sessions
+//!    live in Secrets). Graceful deletions lose nothing: step 3 deletes the old pods under load;
 //! 5. `helm uninstall`: nothing of the release is left.
 
 use std::{
@@ -71,46 +74,79 @@ fn values(images: &SelkieImages, revision: &str) -> Value {
     })
 }
 
+/// What a load run did: counts, and each failure with when it happened (since the start).
+#[derive(Default)]
+struct LoadOutcome {
+    logins: usize,
+    refreshes: usize,
+    failures: Vec<(Duration, String)>,
+    last_success: Option<Duration>,
+}
+
 /// Logins (`cli_password`, a fresh connection each) and refreshes at the issuer, one after
-/// another, until stopped: (logins, refreshes, failures).
+/// another, until stopped.
 fn start_load(
     client: HttpsClient,
     issuer: String,
     stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<(usize, usize, Vec<String>)> {
+) -> tokio::task::JoinHandle<LoadOutcome> {
     tokio::spawn(async move {
-        let (mut logins, mut refreshes, mut failures) = (0, 0, Vec::new());
+        let started = tokio::time::Instant::now();
+        let mut outcome = LoadOutcome::default();
         let token_url = format!("{issuer}/oauth2/token");
         while !stop.load(Ordering::Relaxed) {
-            match pinniped_cli::login(&client, &issuer, IDP_NAME, LOAD_EMAIL, PASSWORD).await {
+            let failure = match pinniped_cli::login(&client, &issuer, IDP_NAME, LOAD_EMAIL, PASSWORD).await {
                 Ok(tokens) => {
-                    logins += 1;
+                    outcome.logins += 1;
                     let refresh_token = tokens["refresh_token"].as_str().unwrap_or_default().to_string();
                     match pinniped_cli::refresh(&client, &token_url, &refresh_token).await {
-                        Ok((200, _)) => refreshes += 1,
-                        Ok((status, body)) => failures.push(format!("refresh: {status}: {body}")),
-                        Err(e) => failures.push(format!("refresh: {e:#}")),
+                        Ok((200, _)) => {
+                            outcome.refreshes += 1;
+                            None
+                        }
+                        Ok((status, body)) => Some(format!("refresh: {status}: {body}")),
+                        Err(e) => Some(format!("refresh: {e:#}")),
                     }
                 }
-                Err(e) => failures.push(format!("login: {e:#}")),
+                Err(e) => Some(format!("login: {e:#}")),
+            };
+            match failure {
+                Some(failure) => outcome.failures.push((started.elapsed(), failure)),
+                None => outcome.last_success = Some(started.elapsed()),
             }
         }
-        (logins, refreshes, failures)
+        outcome
     })
 }
 
+/// Stops the load and fails unless every login and refresh succeeded (and some ran). A failure
+/// names the first and the last failed call with when they happened, the last success, and the
+/// load balancer's log (whether haproxy found the node port down).
 async fn finish_load(
     stop: &AtomicBool,
-    load: tokio::task::JoinHandle<(usize, usize, Vec<String>)>,
+    load: tokio::task::JoinHandle<LoadOutcome>,
+    load_balancer: &LoadBalancer,
     what: &str,
 ) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
-    let (logins, refreshes, failures) = load.await?;
+    let LoadOutcome {
+        logins,
+        refreshes,
+        failures,
+        last_success,
+    } = load.await?;
     println!(
         "{what}: {logins} logins and {refreshes} refreshes through the load balancer succeeded, {} failed",
         failures.len()
     );
-    ensure!(failures.is_empty(), "{what}: {failures:#?}");
+    if let (Some((first_at, first)), Some((last_at, last))) = (failures.first(), failures.last()) {
+        anyhow::bail!(
+            "{what}: {} calls failed; the first at {first_at:.1?}: {first}; the last at {last_at:.1?}: \
+             {last}; the last success at {last_success:.1?}\n---- haproxy's log:\n{}",
+            failures.len(),
+            load_balancer.log_tail(40)
+        );
+    }
     ensure!(logins > 0 && refreshes > 0, "{what}: no load ran");
     Ok(())
 }
@@ -192,7 +228,7 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
             &format!("oidcidentityproviders.idp.supervisor.pinniped.dev/{}", dex.name()),
         ])
         .await?;
-    let _load_balancer = LoadBalancer::for_service(env.cluster, NAMESPACE, SERVICE, endpoint).await?;
+    let load_balancer = LoadBalancer::for_service(env.cluster, NAMESPACE, SERVICE, endpoint).await?;
     let client = HttpsClient::new(&TlsOptions {
         ca_pem: Some(ca.cert_pem().into_bytes()),
         ..TlsOptions::default()
@@ -260,7 +296,7 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
     let stop = Arc::new(AtomicBool::new(false));
     let load = start_load(client.clone(), issuer.clone(), stop.clone());
     let pods = release.upgrade(env, &values(&upgraded, "2")).await?;
-    finish_load(&stop, load, "rolling upgrade").await?;
+    finish_load(&stop, load, &load_balancer, "rolling upgrade").await?;
     ensure!(
         pods.len() == 2
             && pods.iter().all(|p| is_ready(p)
@@ -275,16 +311,39 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
         .context("the session from before the upgrade did not reach the cluster within 120 s: the CLI is waiting for a new browser login")??;
     ensure!(user["username"] == EMAIL, "{user}");
 
-    // 4. A pod killed under load.
+    // 4. A pod killed.
     let victim = pods[0]["metadata"]["name"]
         .as_str()
         .context("pod name")?
         .to_string();
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = start_load(client.clone(), issuer.clone(), stop.clone());
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    release.kill(env, &victim, || async { Ok(()) }).await?;
-    finish_load(&stop, load, "pod killed").await?;
+    let token_url = format!("{issuer}/oauth2/token");
+    let refreshed = |refresh_token: String| {
+        let (client, token_url) = (&client, &token_url);
+        async move {
+            let (status, body) = pinniped_cli::refresh(client, token_url, &refresh_token).await?;
+            ensure!(status == 200, "refresh: {status}: {body}");
+            anyhow::Ok(body)
+        }
+    };
+    let login = |email: &'static str| {
+        let (client, issuer) = (&client, &issuer);
+        async move {
+            let tokens = pinniped_cli::login(client, issuer, IDP_NAME, email, PASSWORD).await?;
+            anyhow::Ok(tokens["refresh_token"].as_str().unwrap_or_default().to_string())
+        }
+    };
+    // The browser user's (Dex keeps one live refresh token per user: the load's logins would
+    // end a session of the load's user upstream); their browser session is not used again.
+    let before = login(EMAIL).await.context("a login before the kill")?;
+    release
+        .kill(env, &victim, || async {
+            refreshed(login(LOAD_EMAIL).await?).await.map(drop)
+        })
+        .await
+        .map_err(|e| e.context(format!("haproxy's log:\n{}", load_balancer.log_tail(40))))?;
+    refreshed(before)
+        .await
+        .context("the session begun before the kill")?;
 
     // 5. helm uninstall leaves nothing of the release; its namespace is deleted for good.
     release.uninstall(env).await?;

@@ -56,6 +56,8 @@ pub struct Endpoints {
     pub passwords: crate::idp::throttle::PasswordThrottle,
     /// When each device code was last polled, to slow fast pollers down.
     pub device_polls: device::DevicePolls,
+    /// Whether `/healthz` still answers 200 (until SIGTERM).
+    pub readiness: crate::server::Readiness,
 }
 
 impl Endpoints {
@@ -110,6 +112,12 @@ impl Endpoints {
     {
         let path = request.uri().path().to_string();
         if path == "/healthz" {
+            if self.readiness.is_stopping() {
+                return (
+                    Endpoint::healthz,
+                    text(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+                );
+            }
             return (Endpoint::healthz, text(StatusCode::OK, "ok"));
         }
         let host = request

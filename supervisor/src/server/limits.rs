@@ -63,15 +63,20 @@ pub struct ListenerLimits {
     /// HTTP/2 streams (requests) a client may have open at once on one connection
     /// (`SETTINGS_MAX_CONCURRENT_STREAMS`).
     pub max_concurrent_streams: u32,
+    /// Once the listener has closed (shutdown), how long its open connections may finish their
+    /// requests before they are dropped (`shutdown.drainTimeoutSeconds`).
+    pub drain_timeout: Duration,
 }
 
 impl ListenerLimits {
-    /// The defaults: 10000 connections, 90 s idle, 10 s for a request head, 100 HTTP/2 streams.
+    /// The defaults: 10000 connections, 90 s idle, 10 s for a request head, 100 HTTP/2 streams,
+    /// 20 s to drain.
     pub const DEFAULT: Self = Self {
         max_connections: 10_000,
         idle_timeout: Duration::from_secs(90),
         header_read_timeout: Duration::from_secs(10),
         max_concurrent_streams: 100,
+        drain_timeout: Duration::from_secs(20),
     };
 
     /// The metrics listener's (not configurable): a scraper or two, so 64 connections.

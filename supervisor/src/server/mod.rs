@@ -4,7 +4,9 @@
 //! configured any certificate) and, optionally, plain HTTP on a loopback address for a
 //! sidecar that terminates TLS, both answering with the same [`Endpoints`]; and, optionally, the
 //! plain-HTTP metrics listener ([`serve_metrics`]). Each stops accepting when `shutdown`
-//! resolves, letting open connections finish for up to [`DRAIN_TIMEOUT`].
+//! resolves, letting open connections finish for up to its drain timeout
+//! ([`ListenerLimits::drain_timeout`]). Before that, on SIGTERM, [`Readiness`] turns `/healthz`
+//! to 503 while the listeners keep serving for the grace period.
 //!
 //! What one client can hold is bounded ([`limits`]): connections per listener, idle connections,
 //! the TLS handshake ([`HANDSHAKE_TIMEOUT`]), request heads, and HTTP/2's streams, resets and
@@ -30,10 +32,29 @@ use crate::endpoints::{text, Body, Endpoints};
 use crate::server::limits::{Admission, InFlight, ListenerLimits, Tracked, MAX_HEADER_BYTES};
 use crate::server::metrics::{Listener, Metrics};
 
+/// Whether the Supervisor still takes new work. It does until SIGTERM; then [`Readiness::stop`]
+/// turns `/healthz` of the HTTPS and HTTP listeners to 503 (`shutting down`) for the grace period
+/// while they keep serving, so whatever probes it (kubelet's readiness probe, a load balancer's
+/// health check) sends new connections elsewhere before the listeners close. It never turns back.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+impl Readiness {
+    /// From now on `/healthz` answers 503.
+    pub fn stop(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`Readiness::stop`] was called.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long open connections may finish after shutdown begins.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a connection closed for idleness may take to go (HTTP/2 sends GOAWAY and waits for the
 /// client's PING acknowledgement before closing) before it is dropped.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(5);
@@ -271,8 +292,8 @@ fn connection_builder(limits: &ListenerLimits) -> auto::Builder<TokioExecutor> {
 /// Accepts connections on `listener` and serves them with `handler` (over TLS when `tls` is
 /// given) until `shutdown`: each connection is admitted by `admission` (or closed at once), then
 /// gets its own task, which ends when the connection does, including when it is idle for the idle
-/// timeout. After `shutdown`, open connections are asked to close and given [`DRAIN_TIMEOUT`];
-/// those still open then are dropped.
+/// timeout. After `shutdown`, open connections are asked to close and given the drain timeout of
+/// `admission`'s limits; those still open then are dropped.
 async fn serve(
     listener: TcpListener,
     tls: Option<Tls>,
@@ -316,15 +337,7 @@ async fn serve(
                 Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(tcp, &tls)).await {
                     Ok(Ok((stream, bootstrap_host))) => {
                         let service = service(handler, bootstrap_host, in_flight.clone());
-                        drive(
-                            &builder,
-                            TokioIo::new(stream),
-                            service,
-                            &in_flight,
-                            limits.idle_timeout,
-                            stop,
-                        )
-                        .await
+                        drive(&builder, TokioIo::new(stream), service, &in_flight, limits, stop).await
                     }
                     Ok(Err(error)) => {
                         tracing::debug!(%error, "TLS handshake failed");
@@ -337,15 +350,7 @@ async fn serve(
                 },
                 None => {
                     let service = service(handler, None, in_flight.clone());
-                    drive(
-                        &builder,
-                        TokioIo::new(tcp),
-                        service,
-                        &in_flight,
-                        limits.idle_timeout,
-                        stop,
-                    )
-                    .await
+                    drive(&builder, TokioIo::new(tcp), service, &in_flight, limits, stop).await
                 }
             };
             if let Err(error) = result {
@@ -355,12 +360,12 @@ async fn serve(
     }
     drop(listener);
     let _ = stopping.send(true);
-    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+    let drained = tokio::time::timeout(limits.drain_timeout, async {
         while connections.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
-        tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
+        tracing::warn!(drain_timeout = ?limits.drain_timeout, "connections still open after the drain timeout; closing them");
         connections.shutdown().await;
     }
 }
@@ -407,15 +412,15 @@ fn service(
 }
 
 /// Serves one connection with `service` until it ends: the client closes it, it fails, it has
-/// had no request in `in_flight` for `idle_timeout`, or `stop` turns true. In the last two cases
+/// had no request in `in_flight` for `limits.idle_timeout`, or `stop` turns true. In the last two cases
 /// it is closed gracefully (HTTP/2 GOAWAY; HTTP/1.1 after the response in progress), and dropped
-/// if that takes longer than [`IDLE_CLOSE_GRACE`] (idle) or [`DRAIN_TIMEOUT`] (stopping).
+/// if that takes longer than [`IDLE_CLOSE_GRACE`] (idle) or `limits.drain_timeout` (stopping).
 async fn drive<I, S>(
     builder: &auto::Builder<TokioExecutor>,
     io: I,
     service: S,
     in_flight: &InFlight,
-    idle_timeout: Duration,
+    limits: ListenerLimits,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
 where
@@ -427,7 +432,7 @@ where
 {
     let connection = builder.serve_connection(io, service);
     let mut connection = std::pin::pin!(connection);
-    let idle = in_flight.idle_for(idle_timeout);
+    let idle = in_flight.idle_for(limits.idle_timeout);
     let mut idle = std::pin::pin!(idle);
     // Once the connection is asked to close: when it is dropped if it has not closed.
     let mut deadline: Option<Instant> = None;
@@ -435,13 +440,13 @@ where
         tokio::select! {
             result = connection.as_mut() => return result,
             () = &mut idle, if deadline.is_none() => {
-                tracing::debug!(?idle_timeout, "closing an idle connection");
+                tracing::debug!(idle_timeout = ?limits.idle_timeout, "closing an idle connection");
                 connection.as_mut().graceful_shutdown();
                 deadline = Some(Instant::now() + IDLE_CLOSE_GRACE);
             }
             _ = stop.wait_for(|stop| *stop), if deadline.is_none() => {
                 connection.as_mut().graceful_shutdown();
-                deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+                deadline = Some(Instant::now() + limits.drain_timeout);
             }
             () = until(deadline) => {
                 tracing::debug!("a connection asked to close did not; dropping it");

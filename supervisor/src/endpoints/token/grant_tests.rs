@@ -334,6 +334,7 @@ impl Harness {
             clients: Arc::new(ArcSwap::from_pointee(Clients::default())),
             passwords: PasswordThrottle::new(),
             device_polls: Default::default(),
+            readiness: Default::default(),
         });
         Self {
             endpoints,
