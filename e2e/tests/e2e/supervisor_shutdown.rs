@@ -103,29 +103,42 @@ async fn sigterm_turns_healthz_unready_serves_logins_through_the_grace_period_an
     Ok(())
 }
 
-/// How the Supervisor tells, on SIGTERM, that its pod was force-deleted: kube-apiserver refuses
-/// the pod's bound service-account token once the object it is bound to is gone. Here the token
-/// is bound to a Secret (the loopback cluster runs no pods); deleting the Secret does to it what
-/// `kubectl delete pod --force` does to a pod's token.
-#[tokio::test]
-async fn a_token_whose_bound_object_is_deleted_counts_as_rejected_credentials() -> anyhow::Result<()> {
-    let cluster = selkie_e2e::Cluster::shared().await?;
-    let admin = cluster.client().await?;
-    let namespace = cluster.create_namespace(&admin, "supervisor-revoked").await?;
+/// A kubeconfig for `cluster` whose credentials are a token of the service account `probe` of
+/// `namespace`, bound to the Secret `anchor` there (both created here): deleting the Secret does
+/// to the token what `kubectl delete pod --force` does to a pod's token (the loopback clusters
+/// run no pods). With `admin`, the service account is bound to `cluster-admin` (named
+/// `selkie-e2e-<namespace>-probe`). Returns the file's directory (kept while it is used) and path.
+async fn bound_token_kubeconfig(
+    cluster: &selkie_e2e::Cluster,
+    namespace: &str,
+    admin: bool,
+) -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf)> {
     let kubectl = cluster.kubectl();
     kubectl
-        .run(&["create", "serviceaccount", "probe", "-n", &namespace])
+        .run(&["create", "serviceaccount", "probe", "-n", namespace])
         .await?;
     kubectl
-        .run(&["create", "secret", "generic", "anchor", "-n", &namespace])
+        .run(&["create", "secret", "generic", "anchor", "-n", namespace])
         .await?;
+    if admin {
+        kubectl
+            .run(&[
+                "create",
+                "clusterrolebinding",
+                &format!("selkie-e2e-{namespace}-probe"),
+                "--clusterrole=cluster-admin",
+                &format!("--serviceaccount={namespace}:probe"),
+            ])
+            .await?;
+    }
     let token = kubectl
         .run(&[
             "create",
             "token",
             "probe",
             "-n",
-            &namespace,
+            namespace,
+            "--duration=1h",
             "--bound-object-kind=Secret",
             "--bound-object-name=anchor",
         ])
@@ -133,21 +146,27 @@ async fn a_token_whose_bound_object_is_deleted_counts_as_rejected_credentials() 
     let mut kubeconfig: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(cluster.admin_kubeconfig())?)?;
     kubeconfig["users"][0]["user"] = serde_yaml::to_value(serde_json::json!({"token": token.trim()}))?;
-    let dir = tempfile::Builder::new().prefix("selkie-revoked-").tempdir()?;
+    let dir = tempfile::Builder::new().prefix("selkie-bound-token-").tempdir()?;
     let path = dir.path().join("kubeconfig");
     std::fs::write(&path, serde_yaml::to_string(&kubeconfig)?)?;
-    let client = selkie_e2e::cluster::client_from_kubeconfig(&path).await?;
+    Ok((dir, path))
+}
 
+/// Deletes the Secret `anchor` of `namespace` and waits (30 s at most) until kube-apiserver
+/// refuses the token bound to it, as seen through the kubeconfig at `path`.
+async fn revoke(
+    cluster: &selkie_e2e::Cluster,
+    namespace: &str,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let client = selkie_e2e::cluster::client_from_kubeconfig(path).await?;
     ensure!(
         !selkie_kube::client::credentials_rejected(&client, Duration::from_secs(10)).await,
         "a live token counts as rejected"
     );
-    ensure!(
-        !selkie_kube::client::credentials_rejected(&admin, Duration::from_secs(10)).await,
-        "the admin's certificate counts as rejected"
-    );
-    kubectl
-        .run(&["delete", "secret", "anchor", "-n", &namespace])
+    cluster
+        .kubectl()
+        .run(&["delete", "secret", "anchor", "-n", namespace])
         .await?;
     eventually(Duration::from_secs(30), || async {
         ensure!(
@@ -156,6 +175,86 @@ async fn a_token_whose_bound_object_is_deleted_counts_as_rejected_credentials() 
         );
         Ok(())
     })
-    .await?;
-    Ok(())
+    .await
+}
+
+/// How the Supervisor tells, on SIGTERM, that its pod was force-deleted: kube-apiserver refuses
+/// the pod's bound service-account token once the object it is bound to is gone; an admin's
+/// credentials and a live token are not refused.
+#[tokio::test]
+async fn a_token_whose_bound_object_is_deleted_counts_as_rejected_credentials() -> anyhow::Result<()> {
+    let cluster = selkie_e2e::Cluster::shared().await?;
+    let admin = cluster.client().await?;
+    let namespace = cluster.create_namespace(&admin, "supervisor-revoked").await?;
+    let (_dir, path) = bound_token_kubeconfig(cluster, &namespace, false).await?;
+    ensure!(
+        !selkie_kube::client::credentials_rejected(&admin, Duration::from_secs(10)).await,
+        "the admin's certificate counts as rejected"
+    );
+    revoke(cluster, &namespace, &path).await
+}
+
+/// A Supervisor whose credentials died with its pod (force-deleted) stops at once on SIGTERM
+/// instead of serving out its grace period, in which it could store no session.
+#[tokio::test]
+async fn a_supervisor_whose_token_died_with_its_pod_skips_the_grace_period() -> anyhow::Result<()> {
+    const GRACE: Duration = Duration::from_secs(60);
+    let DexUserNamespace {
+        cluster,
+        namespace,
+        email,
+        dex,
+        ..
+    } = dex_user_namespace("supervisor-forced", &["seals"], None).await?;
+    let (_dir, kubeconfig) = bound_token_kubeconfig(cluster, &namespace, true).await?;
+    let binding = format!("selkie-e2e-{namespace}-probe");
+    let outcome = async {
+        let mut supervisor = Supervisor::start_with(
+            cluster,
+            &namespace,
+            &dex,
+            IDP_NAME,
+            selkie_e2e::free_port()?,
+            serde_json::json!({
+                "kubeconfig": kubeconfig,
+                "shutdown": {"gracePeriodSeconds": GRACE.as_secs(), "drainTimeoutSeconds": 5},
+            }),
+        )
+        .await?;
+        // It works with these credentials ...
+        pinniped_cli::login(
+            &supervisor.client()?,
+            supervisor.issuer(),
+            IDP_NAME,
+            &email,
+            PASSWORD,
+        )
+        .await
+        .map_err(|e| crate::with_log(e.context("a login with the bound token"), supervisor.log()))?;
+        // ... until they die.
+        revoke(cluster, &namespace, &kubeconfig).await?;
+        supervisor.terminate();
+        let status = supervisor
+            .wait_for_exit(Duration::from_secs(20))
+            .await
+            .map_err(|e| {
+                crate::with_log(
+                    anyhow::Error::from(e).context(format!("grace period {GRACE:?}")),
+                    supervisor.log(),
+                )
+            })?;
+        ensure!(status.success(), "the Supervisor exited with {status}");
+        let log = supervisor.log();
+        ensure!(
+            log.contains("skipping the grace period") && !log.contains("serving on for the grace period"),
+            "{log}"
+        );
+        Ok(())
+    }
+    .await;
+    cluster
+        .kubectl()
+        .run(&["delete", "clusterrolebinding", &binding, "--ignore-not-found"])
+        .await?;
+    outcome
 }
