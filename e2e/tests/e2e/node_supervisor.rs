@@ -340,7 +340,7 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
             refreshed(login(LOAD_EMAIL).await?).await.map(drop)
         })
         .await
-        .map_err(|e| e.context(format!("haproxy's log:\n{}", load_balancer.log_tail(40))))?;
+        .map_err(|e| crate::with_log(e, format!("haproxy's:\n{}", load_balancer.log_tail(40))))?;
     refreshed(before)
         .await
         .context("the session begun before the kill")?;
