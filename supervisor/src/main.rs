@@ -215,26 +215,25 @@ async fn main() -> anyhow::Result<()> {
     };
     if graceful {
         endpoints.readiness.stop();
-    }
-    // A force-deleted pod's token died with the pod: nothing could be served in a grace period
-    // (every login and refresh needs kube-apiserver), while the listeners closing at once lets
-    // clients and load balancers retry on another replica.
-    let grace = config.shutdown.grace_period();
-    if graceful
-        && !grace.is_zero()
-        && selkie_kube::client::credentials_rejected(&client, Duration::from_secs(2)).await
-    {
-        tracing::warn!("SIGTERM, and kube-apiserver no longer accepts this Supervisor's credentials (its pod was force-deleted?): skipping the grace period");
-    } else if graceful {
-        tracing::info!(
-            grace_period_seconds = config.shutdown.grace_period_seconds,
-            "SIGTERM: /healthz answers 503; serving on for the grace period"
-        );
-        tokio::select! {
-            () = tokio::time::sleep(grace) => {}
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: ending the grace period"),
-            Some(ended) = tasks.join_next() => return Err(unexpected(ended)),
-            Some(ended) = listeners.join_next() => return Err(unexpected(ended)),
+        let grace = config.shutdown.grace_period();
+        // A force-deleted pod's token died with the pod: nothing could be served in a grace
+        // period (every login and refresh needs kube-apiserver), while the listeners closing at
+        // once lets clients and load balancers retry on another replica.
+        if !grace.is_zero()
+            && selkie_kube::client::credentials_rejected(&client, Duration::from_secs(2)).await
+        {
+            tracing::warn!("SIGTERM, and kube-apiserver no longer accepts this Supervisor's credentials (its pod was force-deleted?): skipping the grace period");
+        } else {
+            tracing::info!(
+                grace_period_seconds = config.shutdown.grace_period_seconds,
+                "SIGTERM: /healthz answers 503; serving on for the grace period"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(grace) => {}
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: ending the grace period"),
+                Some(ended) = tasks.join_next() => return Err(unexpected(ended)),
+                Some(ended) = listeners.join_next() => return Err(unexpected(ended)),
+            }
         }
     }
     tracing::info!(

@@ -11,10 +11,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::ensure;
+use anyhow::{ensure, Context as _};
 use selkie_e2e::{eventually, pinniped_cli, supervisor::Supervisor};
 
-use super::supervisor_oauth::{dex_user_namespace, DexUserNamespace, PASSWORD};
+use super::{
+    supervisor_oauth::{dex_user_namespace, DexUserNamespace},
+    supervisor_sessions::login,
+};
 
 const IDP_NAME: &str = "Dex Users";
 
@@ -63,15 +66,9 @@ async fn sigterm_turns_healthz_unready_serves_logins_through_the_grace_period_an
         TcpStream::connect(&address).is_ok(),
         "the listener refuses connections during the grace period"
     );
-    pinniped_cli::login(
-        &supervisor.client()?,
-        supervisor.issuer(),
-        IDP_NAME,
-        &email,
-        PASSWORD,
-    )
-    .await
-    .map_err(|e| crate::with_log(e.context("a login during the grace period"), supervisor.log()))?;
+    login(&supervisor, IDP_NAME, &email)
+        .await
+        .context("a login during the grace period")?;
     ensure!(
         signalled.elapsed() < GRACE,
         "the checks above took longer than the grace period ({:?})",
@@ -222,15 +219,9 @@ async fn a_supervisor_whose_token_died_with_its_pod_skips_the_grace_period() -> 
         )
         .await?;
         // It works with these credentials ...
-        pinniped_cli::login(
-            &supervisor.client()?,
-            supervisor.issuer(),
-            IDP_NAME,
-            &email,
-            PASSWORD,
-        )
-        .await
-        .map_err(|e| crate::with_log(e.context("a login with the bound token"), supervisor.log()))?;
+        login(&supervisor, IDP_NAME, &email)
+            .await
+            .context("a login with the bound token")?;
         // ... until they die.
         revoke(cluster, &namespace, &kubeconfig).await?;
         supervisor.terminate();
