@@ -321,6 +321,28 @@ impl Node {
         crate::process::log_tail(&self.dir.join("kube-proxy.log"), lines)
     }
 
+    /// Whether kube-proxy's rules (the host's `nat` table) still send Service traffic to the pod
+    /// address `pod_ip`: kube-proxy syncs its rules some time after the EndpointSlices change,
+    /// and until then new connections to a Service may reach a pod that is gone. Fails when
+    /// `iptables-save` cannot be run.
+    pub async fn routes_to(&self, pod_ip: &str) -> Result<bool, HarnessError> {
+        let out = tokio::process::Command::new("iptables-save")
+            .args(["-t", "nat"])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| HarnessError::io("running iptables-save -t nat", e))?;
+        if !out.status.success() {
+            return Err(HarnessError::NotReady(format!(
+                "iptables-save -t nat failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let target = format!("--to-destination {pod_ip}:");
+        Ok(String::from_utf8_lossy(&out.stdout).contains(&target))
+    }
+
     /// Imports a docker or OCI archive into the node's containerd (the CRI's `k8s.io` namespace),
     /// so pods run it without pulling.
     pub fn import_image(&self, archive: &Path) -> Result<(), HarnessError> {

@@ -176,12 +176,13 @@ struct Jwk {
 /// keys for other consumers); a document that is not a JWKS at all is an error.
 pub fn parse_jwks(document: &[u8]) -> Result<Vec<VerifyingKey>, serde_json::Error> {
     let set: JwkSet = serde_json::from_slice(document)?;
-    Ok(set
-        .keys
-        .into_iter()
-        .filter_map(|value| serde_json::from_value::<Jwk>(value).ok())
-        .filter_map(|jwk| to_verifying_key(&jwk))
-        .collect())
+    Ok(set.keys.into_iter().filter_map(parse_jwk).collect())
+}
+
+/// One public JWK as a key Selkie can verify with, by the rules of [`parse_jwks`]; `None` when
+/// it is not one (unknown type, curve or algorithm, an encryption key, a broken encoding).
+pub fn parse_jwk(value: Value) -> Option<VerifyingKey> {
+    to_verifying_key(&serde_json::from_value::<Jwk>(value).ok()?)
 }
 
 fn to_verifying_key(jwk: &Jwk) -> Option<VerifyingKey> {
@@ -268,6 +269,12 @@ pub struct Header {
     /// `crit`: any value makes the token unacceptable, since Selkie understands no extension.
     #[serde(default)]
     pub crit: Option<Value>,
+    /// `typ`: the token's media type (`dpop+jwt` for a DPoP proof), when it names one.
+    #[serde(default)]
+    pub typ: Option<String>,
+    /// `jwk`: the public key a self-signed token (a DPoP proof) is signed with.
+    #[serde(default)]
+    pub jwk: Option<Value>,
 }
 
 /// A compact JWS split into its parts, header and payload decoded; the signature is decoded only

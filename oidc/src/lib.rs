@@ -5,6 +5,7 @@
 //!
 //! * [`jose`]: JSON Web Keys, compact JWS parsing and verification on ring, and ES256 signing
 //!   ([`jose::sign`]) for an issuer's own tokens;
+//! * [`dpop`]: DPoP proofs (RFC 9449): made by the CLI, checked by the Supervisor;
 //! * [`keys`]: an issuer's signing keys, cached, with single-flight, rate-limited refresh;
 //! * [`discovery`]: the `.well-known/openid-configuration` document and its issuer check;
 //! * [`rp`]: the relying party: authorization URL with PKCE, code and refresh redemption, the
@@ -15,6 +16,7 @@
 //! No error, log line or `Debug` output here carries a token, a code, a password or a key.
 
 pub mod discovery;
+pub mod dpop;
 pub mod https;
 pub mod jose;
 pub mod keys;

@@ -354,15 +354,24 @@ impl Release {
     }
 
     /// Kills the pod `victim` (`kubectl delete pod --force --grace-period=0`), waits (30 s at
-    /// most) until no EndpointSlice of the namespace lists it (connections sent to a killed pod
-    /// before then are lost, whatever the server), then waits (2 minutes at most) until two
-    /// pods are Ready again, the victim not among them. `meanwhile` runs before each look of
-    /// that second wait: its first failure fails this at once.
+    /// most) until no EndpointSlice of the namespace lists it and the node's kube-proxy no longer
+    /// routes to its address (connections sent to a killed pod before then are lost, whatever
+    /// the server), then waits (2 minutes at most) until two pods are Ready again, the victim
+    /// not among them. `meanwhile` runs before each look of that second wait: its first failure
+    /// fails this at once.
     pub(crate) async fn kill<F, Fut>(&self, env: &NodeEnv, victim: &str, meanwhile: F) -> anyhow::Result<()>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<()>>,
     {
+        let pods = self.pods(env).await?;
+        let victim_ip = pods
+            .iter()
+            .find(|pod| pod["metadata"]["name"] == victim)
+            .and_then(|pod| pod["status"]["podIP"].as_str())
+            .with_context(|| format!("{victim} has no address among {pods:#?}"))?
+            .to_string();
+        let node = env.cluster.node().context("the cluster has no node")?;
         env.cluster
             .kubectl()
             .run(&[
@@ -392,6 +401,10 @@ impl Release {
                 !listed,
                 "the EndpointSlices of {} still list {victim}",
                 self.namespace
+            );
+            ensure!(
+                !node.routes_to(&victim_ip).await?,
+                "kube-proxy still routes to {victim}'s address {victim_ip}"
             );
             Ok(())
         })

@@ -10,8 +10,8 @@
 //! 3. `helm upgrade` to another image tag and configuration under load (logins with the
 //!    `cli_password` flow and refreshes through the load balancer): every one succeeds;
 //! 4. a pod killed (`kubectl delete pod --force`): once the Service's endpoints no longer list it
-//!    (what was sent to it before then is lost with it, whatever the server: its token dies with
-//!    the pod object), logins and refreshes through the load balancer succeed on the other replica
+//!    and the node's kube-proxy no longer routes to it (what was sent to it before then is lost
+//!    with it, whatever the server: its token dies with the pod object), logins and refreshes through the load balancer succeed on the other replica
 //!    while a new pod becomes Ready, and a session begun before the kill still refreshes (sessions
 //!    live in Secrets). Graceful deletions lose nothing: step 3 deletes the old pods under load;
 //! 5. `helm uninstall`: nothing of the release is left.

@@ -137,7 +137,22 @@ impl SigningKey {
     /// A compact JWS of `claims` (any JSON value, normally an object) with header
     /// `{"alg":"ES256","kid":…,"typ":"JWT"}`.
     pub fn sign(&self, claims: &Value) -> Result<String, JoseError> {
-        let header = json!({"alg": "ES256", "kid": self.kid, "typ": "JWT"});
+        self.sign_with_header(&json!({"alg": "ES256", "kid": self.kid, "typ": "JWT"}), claims)
+    }
+
+    /// A DPoP proof (RFC 9449 §4.2) of `claims`: header `{"typ":"dpop+jwt","alg":"ES256","jwk":…}`
+    /// with the public key's members only (`kty`, `crv`, `x`, `y`).
+    pub fn sign_dpop_proof(&self, claims: &Value) -> Result<String, JoseError> {
+        let jwk = self.public_jwk();
+        let header = json!({
+            "typ": crate::dpop::PROOF_TYPE,
+            "alg": "ES256",
+            "jwk": {"kty": jwk["kty"], "crv": jwk["crv"], "x": jwk["x"], "y": jwk["y"]},
+        });
+        self.sign_with_header(&header, claims)
+    }
+
+    fn sign_with_header(&self, header: &Value, claims: &Value) -> Result<String, JoseError> {
         let signing_input = format!(
             "{}.{}",
             B64URL.encode(header.to_string()),
