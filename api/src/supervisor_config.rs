@@ -102,6 +102,12 @@ pub struct FederationDomainSpec {
     /// in a browser on any device. Selkie's extension; off when absent, as in Pinniped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_authorization: Option<FederationDomainDeviceAuthorization>,
+
+    /// Sender-constrained sessions (DPoP, RFC 9449): a login binds its session to a key the
+    /// client holds, so that its refresh token and access token are of no use to anyone who
+    /// copies them without that key. Selkie's extension; off when absent, as in Pinniped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpop: Option<FederationDomainDPoP>,
 }
 
 /// The device authorization grant of a FederationDomain (Selkie's extension).
@@ -113,6 +119,22 @@ pub struct FederationDomainDeviceAuthorization {
     /// `device` page takes user codes. A user code must be entered only by someone who reads it
     /// off their own device (a code sent by someone else logs the sender in as the user who
     /// enters it): leave this off where users cannot be told so.
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// DPoP (RFC 9449) of a FederationDomain (Selkie's extension).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationDomainDPoP {
+    /// Whether sessions are bound to a key of the client (its discovery document then lists
+    /// `dpop_signing_alg_values_supported`). When on, every login of the public `pinniped-cli`
+    /// client must carry a DPoP proof (the selkie CLI sends one), and its session is bound to
+    /// the thumbprint of the proof's key; an OIDCClient's login is bound when it carries one.
+    /// Every refresh and token exchange of a bound session then needs a fresh proof by that
+    /// key, for the session's whole life (also after this is turned off). The pinniped CLI
+    /// sends no proofs, so its logins are refused while this is on, and sessions it began
+    /// before must log in again.
     #[serde(default)]
     pub enabled: bool,
 }

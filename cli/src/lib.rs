@@ -8,7 +8,8 @@
 //!   short-lived client certificate with the Concierge's TokenCredentialRequest ([`concierge`]).
 //! * [`login_oidc`]: `selkie login oidc`, an OIDC login (browser with PKCE, pasted code,
 //!   password, or the RFC 8628 device flow) with pinniped's `sessions.yaml` ([`sessions`]); the
-//!   relying party and ID token signatures are selkie-oidc's.
+//!   relying party and ID token signatures are selkie-oidc's. An issuer that asks for DPoP gets
+//!   proofs of a per-issuer key kept next to the session cache ([`dpop_keys`]).
 //! * [`get_kubeconfig`]: `selkie get kubeconfig`, a kubeconfig discovered from the Concierge's
 //!   CredentialIssuer and authenticators.
 //! * [`exec`]: the client-go exec credential protocol (`KUBERNETES_EXEC_INFO` in, one
@@ -28,6 +29,7 @@
 
 pub mod cache;
 pub mod concierge;
+pub mod dpop_keys;
 pub mod exec;
 pub mod get_kubeconfig;
 pub mod gojson;

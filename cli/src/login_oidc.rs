@@ -17,6 +17,11 @@
 //!    scopes, PKCE S256 and nonce; the link and user code printed on stderr for a browser on any
 //!    device; no browser opened, no listener; the token endpoint polled at the interval until
 //!    the user has finished, and the tokens validated as the browser flow's are).
+//!
+//!    When the issuer's discovery document advertises ES256 DPoP proofs (RFC 9449), every token
+//!    request of steps 2 to 4 proves possession of the issuer's key, kept next to the session
+//!    cache ([`crate::dpop_keys`]); a refresh the issuer refuses (`invalid_dpop_proof`,
+//!    `invalid_grant`) is followed by a fresh login, as any failed refresh is.
 //! 4. With `--request-audience`, an RFC 8693 exchange for an ID token of that audience.
 //! 5. With `--enable-concierge`, a TokenCredentialRequest for a client certificate; otherwise the
 //!    ID token itself is the credential.
@@ -31,14 +36,20 @@ use std::{
 use base64::{engine::general_purpose::STANDARD, Engine as _};
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
-use selkie_oidc::rp::{
-    CallbackOutcome, CallbackParams, ClientConfig, DevicePoll, LoginParams, Provider, DEVICE_SLOW_DOWN_STEP,
+use selkie_oidc::{
+    dpop,
+    jose::sign::SigningKey,
+    rp::{
+        CallbackOutcome, CallbackParams, ClientConfig, DevicePoll, LoginParams, OidcError, Provider,
+        DEVICE_SLOW_DOWN_STEP,
+    },
 };
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     cache::{oidc_cache_key, CredentialCache, Source},
     concierge::{ConciergeClient, ConciergeOptions, EXCHANGE_TIMEOUT},
+    dpop_keys,
     exec::{render, CredentialStatus, ExecApiVersion, ExecInfo},
     http::TlsOptions,
     login_static::Reporter,
@@ -175,6 +186,7 @@ pub async fn run(
         tls,
         lookup_env,
         debug: lookup_env(DEBUG_ENV).is_some_and(|value| value == "true"),
+        dpop_key: None,
     };
     let credential = match &options.credential_cache {
         None => login.credential(concierge.as_ref()).await,
@@ -218,6 +230,8 @@ struct Login<'a> {
     tls: TlsOptions,
     lookup_env: &'a (dyn Fn(&str) -> Option<String> + Sync),
     debug: bool,
+    /// The issuer's DPoP key once a discovery asked for one (loaded once per run).
+    dpop_key: Option<Arc<SigningKey>>,
 }
 
 impl Login<'_> {
@@ -226,6 +240,42 @@ impl Login<'_> {
         if self.debug {
             eprintln!("selkie: debug: {message}");
         }
+    }
+
+    /// The issuer, discovered; when its discovery document advertises ES256 DPoP proofs, with
+    /// the issuer's key ([`dpop_keys::for_login`]: next to the session cache, made on first use)
+    /// for every token request. Fails when discovery fails or the key file cannot be used.
+    async fn discover(&mut self) -> anyhow::Result<Provider> {
+        let options = self.options;
+        let provider = Provider::discover(&options.issuer, &self.tls).await?;
+        if !provider.supports_dpop() {
+            return Ok(provider);
+        }
+        let key = match &self.dpop_key {
+            Some(key) => key.clone(),
+            None => {
+                let found = dpop_keys::for_login(
+                    &options.issuer,
+                    &provider.discovery,
+                    options.session_cache.as_deref(),
+                )?;
+                let Some(dpop_keys::LoginKey { key, path }) = found else {
+                    return Ok(provider);
+                };
+                self.debug_note(&match path {
+                    Some(path) => format!(
+                        "the issuer binds sessions to a key (DPoP); proving possession of the key in {}",
+                        path.display()
+                    ),
+                    None => "the issuer binds sessions to a key (DPoP); with no session cache, using a key \
+                             of this run only"
+                        .to_string(),
+                });
+                self.dpop_key = Some(key.clone());
+                key
+            }
+        };
+        Ok(provider.with_dpop_key(key))
     }
 
     /// The cluster credential: the ID token, or what the Concierge gives for it.
@@ -296,7 +346,7 @@ impl Login<'_> {
                 tokens
             }
             cached => {
-                let discovered = Provider::discover(&options.issuer, &self.tls).await?;
+                let discovered = self.discover().await?;
                 let refreshed = match cached.and_then(|tokens| tokens.refresh) {
                     Some(refresh) => match discovered
                         .refresh(&config, &refresh.token)
@@ -309,7 +359,10 @@ impl Login<'_> {
                         }
                         Ok(_) => None,
                         Err(error) => {
-                            self.debug_note(&format!("refresh failed, logging in again: {error}"));
+                            self.debug_note(&format!(
+                                "refresh failed, logging in again: {}",
+                                refresh_failure(&error, discovered.has_dpop_key())
+                            ));
                             None
                         }
                     },
@@ -332,7 +385,7 @@ impl Login<'_> {
         if needs_exchange(&tokens) {
             let provider = match provider {
                 Some(provider) => provider,
-                None => Provider::discover(&options.issuer, &self.tls).await?,
+                None => self.discover().await?,
             };
             let access = tokens
                 .access
@@ -776,6 +829,23 @@ where
     }
 }
 
+/// Why a refresh failed, for the debug note before a fresh login: with a DPoP key, the
+/// issuer's refusals of the proof (`invalid_dpop_proof`) and of the refresh token
+/// (`invalid_grant`, which a session bound to another key also gets) say so. Only the issuer's
+/// OAuth error and description are quoted, never a token, proof or nonce.
+fn refresh_failure(error: &OidcError, dpop_key: bool) -> String {
+    match error {
+        OidcError::TokenEndpoint { error: code, .. } if dpop_key && code == dpop::INVALID_PROOF_ERROR => {
+            format!("the issuer refused this machine's DPoP proof of possession of its session key ({error})")
+        }
+        OidcError::TokenEndpoint { error: code, .. } if dpop_key && code == "invalid_grant" => format!(
+            "the issuer refused the refresh token: the session ended, or it is bound to another DPoP key than \
+             this machine's ({error})"
+        ),
+        _ => error.to_string(),
+    }
+}
+
 /// `--upstream-identity-provider-type`, `oidc` when not given.
 fn idp_type(options: &OidcLoginOptions) -> &str {
     match options.upstream_identity_provider_type.as_str() {
@@ -1134,6 +1204,36 @@ mod tests {
             error.to_string(),
             "--upstream-identity-provider-flow (or PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW) is \
              \"device_code\": use browser_authcode, cli_password or device"
+        );
+    }
+
+    #[test]
+    fn a_refused_dpop_refresh_says_why_without_secrets() {
+        let refused = |code: &str| OidcError::TokenEndpoint {
+            what: "refreshing the session",
+            status: 400,
+            error: code.into(),
+            description: ": the proof is not acceptable".into(),
+        };
+        let proof = refresh_failure(&refused("invalid_dpop_proof"), true);
+        assert_eq!(
+            proof,
+            "the issuer refused this machine's DPoP proof of possession of its session key (refreshing \
+             the session failed: the token endpoint answered 400 invalid_dpop_proof: the proof is not \
+             acceptable)"
+        );
+        let grant = refresh_failure(&refused("invalid_grant"), true);
+        assert!(
+            grant.starts_with(
+                "the issuer refused the refresh token: the session ended, or it is bound to another DPoP key"
+            ),
+            "{grant}"
+        );
+        // Without a key, the issuer's words alone, as before.
+        assert_eq!(
+            refresh_failure(&refused("invalid_grant"), false),
+            "refreshing the session failed: the token endpoint answered 400 invalid_grant: the proof is not \
+             acceptable"
         );
     }
 

@@ -8,12 +8,16 @@
 //!    Supervisor has one, a Pinniped Supervisor or Dex may not: then the issuer's sessions end
 //!    when they expire, and the output says so);
 //! 3. the credential cache is emptied: a cached cluster credential would otherwise keep working
-//!    for its last minutes.
+//!    for its last minutes;
+//! 4. once no session of the issuer is left in the session cache (any client), the issuer's DPoP
+//!    key next to it ([`crate::dpop_keys`]) is deleted: nothing is bound to it any more, and the
+//!    next login makes a new one.
 //!
 //! The next kubectl call logs in again. Nothing is printed that holds a token.
 
 use crate::{
     cache::CredentialCache,
+    dpop_keys,
     http::TlsOptions,
     login_oidc::{ca_bundle, OidcLoginOptions},
     sessions::{SessionCache, SessionWarning},
@@ -31,6 +35,8 @@ pub struct Logout {
     pub no_revocation_endpoint: bool,
     /// Cluster credentials removed from the credential cache.
     pub credentials: usize,
+    /// The issuer's DPoP key file was deleted.
+    pub dpop_key: bool,
 }
 
 impl Logout {
@@ -47,8 +53,14 @@ impl Logout {
         } else {
             format!("; {} revoked at the issuer", self.revoked)
         };
+        let dpop_key = if self.dpop_key {
+            "; the issuer's DPoP key deleted"
+        } else {
+            ""
+        };
         format!(
-            "logged out of {issuer}: {sessions} removed{upstream}; {} cached cluster credential(s) removed\n",
+            "logged out of {issuer}: {sessions} removed{upstream}; {} cached cluster credential(s) \
+             removed{dpop_key}\n",
             self.credentials
         )
     }
@@ -63,6 +75,7 @@ pub async fn run(
     options: &OidcLoginOptions,
     warn: &mut (dyn FnMut(String) + Send),
 ) -> anyhow::Result<Logout> {
+    let mut dpop_key = false;
     let removed = match &options.session_cache {
         None => Vec::new(),
         Some(path) => {
@@ -81,7 +94,14 @@ pub async fn run(
             if let Some(problem) = problem.take() {
                 anyhow::bail!("the session cache was not changed: {problem}");
             }
-            removed
+            if !removed.left.iter().any(|key| key.issuer == options.issuer) {
+                let key = dpop_keys::key_path(path, &options.issuer);
+                match dpop_keys::remove(&key) {
+                    Ok(deleted) => dpop_key = deleted,
+                    Err(e) => warn(format!("could not delete the DPoP key {}: {e}", key.display())),
+                }
+            }
+            removed.tokens
         }
     };
     let credentials = match &options.credential_cache {
@@ -102,6 +122,7 @@ pub async fn run(
         revoked: 0,
         no_revocation_endpoint: false,
         credentials,
+        dpop_key,
     };
     if refresh_tokens.is_empty() {
         return Ok(logout);
@@ -144,6 +165,7 @@ mod tests {
             revoked: 2,
             no_revocation_endpoint: false,
             credentials: 1,
+            dpop_key: false,
         };
         assert_eq!(
             logout.render("https://sso.example.com"),
@@ -158,5 +180,61 @@ mod tests {
             logout.render("https://x"),
             "logged out of https://x: 0 sessions removed; 1 cached cluster credential(s) removed\n"
         );
+        logout.dpop_key = true;
+        assert_eq!(
+            logout.render("https://x"),
+            "logged out of https://x: 0 sessions removed; 1 cached cluster credential(s) removed; the \
+             issuer's DPoP key deleted\n"
+        );
+    }
+
+    /// The issuer's DPoP key goes with the issuer's last session (of any client), not before.
+    #[tokio::test]
+    async fn the_dpop_key_is_deleted_with_the_issuers_last_session() {
+        use crate::sessions::{IdToken, SessionKey, Tokens};
+        let dir = tempfile::tempdir().unwrap();
+        let sessions = dir.path().join("sessions.yaml");
+        let issuer = "https://sso.example.com";
+        let cache = SessionCache::new(&sessions);
+        let expiry = crate::timestamp::format(crate::timestamp::now() + std::time::Duration::from_secs(3600));
+        // ID tokens only: no refresh token to revoke, so no request to the issuer.
+        let tokens = Tokens {
+            id: Some(IdToken {
+                claims: None,
+                expiry: Some(expiry),
+                token: "a.b.c".into(),
+            }),
+            ..Tokens::default()
+        };
+        for client_id in ["pinniped-cli", "other-cli"] {
+            let key = SessionKey {
+                client_id: client_id.into(),
+                issuer: issuer.into(),
+                ..SessionKey::default()
+            };
+            cache.put(&key, &tokens, &mut |w| panic!("{w}")).await.unwrap();
+        }
+        let key = dpop_keys::key_path(&sessions, issuer);
+        dpop_keys::load_or_create(&key).unwrap();
+        let other_issuers_key = dpop_keys::key_path(&sessions, "https://other.example.com");
+        dpop_keys::load_or_create(&other_issuers_key).unwrap();
+
+        let options = |client_id: &str| OidcLoginOptions {
+            issuer: issuer.into(),
+            client_id: client_id.into(),
+            session_cache: Some(sessions.clone()),
+            ..OidcLoginOptions::default()
+        };
+        let first = run(&options("pinniped-cli"), &mut |w| panic!("{w}"))
+            .await
+            .unwrap();
+        assert_eq!((first.sessions, first.dpop_key), (1, false));
+        assert!(key.exists(), "other-cli's session is still bound to it");
+        let second = run(&options("other-cli"), &mut |w| panic!("{w}")).await.unwrap();
+        assert_eq!((second.sessions, second.dpop_key), (1, true));
+        assert!(!key.exists());
+        assert!(other_issuers_key.exists());
+        let third = run(&options("other-cli"), &mut |w| panic!("{w}")).await.unwrap();
+        assert_eq!((third.sessions, third.dpop_key), (0, false));
     }
 }

@@ -308,6 +308,15 @@ pub enum SessionError {
     },
 }
 
+/// What [`SessionCache::remove`] did.
+#[derive(Debug, Default)]
+pub struct Removed {
+    /// The tokens of the sessions removed.
+    pub tokens: Vec<Tokens>,
+    /// The keys of the sessions left in the cache.
+    pub left: Vec<SessionKey>,
+}
+
 /// `sessions.yaml` at a path.
 #[derive(Debug, Clone)]
 pub struct SessionCache {
@@ -375,21 +384,23 @@ impl SessionCache {
         .await
     }
 
-    /// Removes every session whose key `matches` and returns their tokens (to revoke them). A
-    /// problem with the file goes to `warn` as for a login: then nothing was removed, which the
-    /// caller must not report as a logout.
+    /// Removes every session whose key `matches` and returns their tokens (to revoke them) and
+    /// the keys of the sessions left, as one change under the lock. A problem with the file goes
+    /// to `warn` as for a login: then nothing was removed (and nothing is known to be left),
+    /// which the caller must not report as a logout.
     pub async fn remove(
         &self,
         matches: impl Fn(&SessionKey) -> bool,
         warn: &mut dyn FnMut(SessionWarning),
-    ) -> Result<Vec<Tokens>, SessionError> {
-        let mut removed = Vec::new();
+    ) -> Result<Removed, SessionError> {
+        let mut removed = Removed::default();
         self.update(warn, |file, _| {
-            removed = file
+            removed.tokens = file
                 .sessions
                 .extract_if(.., |entry| matches(&entry.key))
                 .map(|entry| entry.tokens)
                 .collect();
+            removed.left = file.sessions.iter().map(|entry| entry.key.clone()).collect();
         })
         .await?;
         Ok(removed)

@@ -40,6 +40,11 @@ pub struct Discovery {
     /// `response_modes_supported`.
     #[serde(default)]
     pub response_modes_supported: Vec<String>,
+    /// `dpop_signing_alg_values_supported` (RFC 9449 §5.1): the algorithms of the DPoP proofs
+    /// the token endpoint accepts; empty when the issuer does not take DPoP proofs (a Supervisor
+    /// names it only for a FederationDomain that binds sessions to a key).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dpop_signing_alg_values_supported: Vec<String>,
     /// `discovery.supervisor.pinniped.dev/v1alpha1`, present only on a Pinniped(-compatible)
     /// Supervisor.
     #[serde(
@@ -122,6 +127,14 @@ impl Discovery {
             .any(|mode| mode == "form_post")
     }
 
+    /// Whether the issuer takes DPoP proofs (RFC 9449) signed with ES256, the one algorithm
+    /// Selkie's proofs use ([`crate::dpop::ALGORITHM`]).
+    pub fn supports_dpop(&self) -> bool {
+        self.dpop_signing_alg_values_supported
+            .iter()
+            .any(|alg| alg == crate::dpop::ALGORITHM)
+    }
+
     /// Whether the issuer is a Pinniped Supervisor (it publishes identity-provider discovery).
     pub fn is_supervisor(&self) -> bool {
         self.supervisor.is_some()
@@ -149,5 +162,26 @@ mod tests {
                 "{issuer}"
             );
         }
+    }
+
+    #[test]
+    fn dpop_support_means_es256_in_the_dpop_algorithms() {
+        let document = |extra: Value| {
+            let mut document =
+                serde_json::json!({"issuer": "https://i.example", "jwks_uri": "https://i.example/k"});
+            if !extra.is_null() {
+                document["dpop_signing_alg_values_supported"] = extra;
+            }
+            serde_json::from_value::<Discovery>(document).unwrap()
+        };
+        assert!(!document(Value::Null).supports_dpop());
+        assert!(!document(serde_json::json!(["RS256"])).supports_dpop());
+        assert!(document(serde_json::json!(["RS256", "ES256"])).supports_dpop());
+        // Absent, it is not written either (a Supervisor's document stays as it was).
+        let written = serde_json::to_value(document(Value::Null)).unwrap();
+        assert!(
+            written.get("dpop_signing_alg_values_supported").is_none(),
+            "{written}"
+        );
     }
 }

@@ -6,10 +6,17 @@
 //! and one poll of the token endpoint at a time; the caller keeps the interval), and ID token
 //! validation against the issuer's JWKS (signature, `iss`, `aud`, `exp`, `nonce`).
 //!
+//! Given a DPoP key ([`Provider::with_dpop_key`]), every token endpoint request carries a DPoP
+//! proof of it (RFC 9449), with the nonce the token endpoint last sent, and a request refused
+//! with `use_dpop_nonce` is sent once more with the nonce that refusal carries.
+//!
 //! Every error is one line that names the issuer or endpoint and what to do; none quotes a
 //! token, a code, a password or a response body that could hold one.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use arc_swap::ArcSwapOption;
 use base64::{
@@ -27,8 +34,9 @@ use time::{format_description::well_known::Rfc3339, OffsetDateTime};
 pub use crate::discovery::Discovery;
 use crate::{
     discovery::{DiscoveryError, MAX_DOCUMENT_BYTES},
+    dpop,
     https::{accept_json, HttpError, HttpsClient, Response, TlsError, TlsOptions},
-    jose::{parse_jwks, JoseError, Jws, VerifyingKey},
+    jose::{parse_jwks, sign::SigningKey, JoseError, Jws, VerifyingKey},
 };
 
 /// The timeout of each HTTP request to the issuer (pinniped's `httpRequestTimeout`).
@@ -122,6 +130,14 @@ pub enum OidcError {
     /// No secure randomness.
     #[error("could not generate random login parameters")]
     Random,
+    /// A DPoP proof could not be made (no secure randomness, or the key cannot sign).
+    #[error("{what} failed: could not make a DPoP proof: {cause}")]
+    DpopProof {
+        /// The step.
+        what: &'static str,
+        /// Why (never key material).
+        cause: JoseError,
+    },
     /// The device authorization endpoint refused to start a device login (RFC 8628 §3.2; the
     /// OAuth 2.0 error of RFC 6749 §5.2): a client, scope or identity provider the issuer does
     /// not allow, or, with 429 or a 5xx status, an issuer that cannot answer now.
@@ -184,6 +200,64 @@ pub struct Provider {
     timeout: Duration,
     /// The issuer's keys as last fetched (again when no key verifies a token).
     jwks: ArcSwapOption<Vec<VerifyingKey>>,
+    /// The key every token endpoint request proves possession of, when one was given
+    /// ([`Provider::with_dpop_key`]).
+    dpop: Option<Dpop>,
+}
+
+/// A provider's DPoP key and what it remembers for its proofs.
+struct Dpop {
+    key: Arc<SigningKey>,
+    /// The `DPoP-Nonce` the token endpoint last sent (a nonce is not a secret to the client, but
+    /// it is never printed either).
+    nonce: Mutex<Option<String>>,
+    /// Seconds since the epoch, a proof's `iat`: the system clock ([`unix_now`]); tests fix it.
+    now: fn() -> i64,
+}
+
+/// The longest `DPoP-Nonce` kept (a server's nonce is tens of bytes; a proof carrying a longer
+/// one could pass the server's bound on proofs, [`dpop::MAX_PROOF_BYTES`]).
+const MAX_DPOP_NONCE_BYTES: usize = 1024;
+
+/// The system clock in seconds since the epoch.
+fn unix_now() -> i64 {
+    OffsetDateTime::now_utc().unix_timestamp()
+}
+
+impl Dpop {
+    /// The `DPoP` header of a fresh proof (new `jti`) for a POST to `endpoint`, with the last
+    /// nonce. Marked sensitive, as HTTP tooling then keeps it out of its logs.
+    fn header(
+        &self,
+        what: &'static str,
+        endpoint: &str,
+    ) -> Result<(http::HeaderName, http::HeaderValue), OidcError> {
+        let nonce = self.nonce.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let proof = dpop::proof(&self.key, "POST", endpoint, nonce.as_deref(), (self.now)())
+            .map_err(|cause| OidcError::DpopProof { what, cause })?;
+        let mut value = http::HeaderValue::from_str(&proof).map_err(|_| OidcError::DpopProof {
+            what,
+            cause: JoseError::Signing,
+        })?;
+        value.set_sensitive(true);
+        // `dpop::HEADER`, lower-cased as a static header name must be.
+        Ok((http::HeaderName::from_static("dpop"), value))
+    }
+
+    /// Keeps the `DPoP-Nonce` of `headers`, if it has a usable one (visible ASCII, at most
+    /// [`MAX_DPOP_NONCE_BYTES`]); says whether it had.
+    fn remember_nonce(&self, headers: &http::HeaderMap) -> bool {
+        let Some(nonce) = headers
+            .get(dpop::NONCE_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::trim)
+            .filter(|nonce| !nonce.is_empty() && nonce.len() <= MAX_DPOP_NONCE_BYTES)
+        else {
+            return false;
+        };
+        *self.nonce.lock().unwrap_or_else(PoisonError::into_inner) = Some(nonce.to_string());
+        true
+    }
 }
 
 impl std::fmt::Debug for Provider {
@@ -519,6 +593,7 @@ impl Provider {
             client,
             timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::empty(),
+            dpop: None,
         })
     }
 
@@ -531,6 +606,7 @@ impl Provider {
             client: Arc::new(HttpsClient::new(tls).map_err(OidcError::Tls)?),
             timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::empty(),
+            dpop: None,
         })
     }
 
@@ -547,6 +623,35 @@ impl Provider {
     /// The bound of each request to the issuer.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Whether the issuer's discovery document says its token endpoint takes ES256 DPoP proofs
+    /// ([`Discovery::supports_dpop`]).
+    pub fn supports_dpop(&self) -> bool {
+        self.discovery.supports_dpop()
+    }
+
+    /// The same provider proving possession of `key` (RFC 9449) at every request to the token
+    /// endpoint ([`Provider::exchange_code`], [`Provider::refresh`],
+    /// [`Provider::password_grant`], [`Provider::poll_device_token`],
+    /// [`Provider::token_exchange`]): a `DPoP` header with a fresh proof for `POST` and the token
+    /// endpoint's URL, made at the system clock's time, carrying the `DPoP-Nonce` the token
+    /// endpoint last answered with (kept from every answer). A request refused with 400
+    /// `use_dpop_nonce` and a `DPoP-Nonce` is sent once more with a new proof carrying it. The
+    /// issuer then binds the tokens to the key. Without a key (the Supervisor at its upstreams)
+    /// no proof is sent.
+    pub fn with_dpop_key(mut self, key: Arc<SigningKey>) -> Self {
+        self.dpop = Some(Dpop {
+            key,
+            nonce: Mutex::new(None),
+            now: unix_now,
+        });
+        self
+    }
+
+    /// Whether a DPoP key was given ([`Provider::with_dpop_key`]).
+    pub fn has_dpop_key(&self) -> bool {
+        self.dpop.is_some()
     }
 
     /// The authorization URL for a browser login; `extra` parameters (the CLI's
@@ -592,9 +697,7 @@ impl Provider {
             .append_pair("grant_type", "authorization_code")
             .append_pair("redirect_uri", redirect_uri)
             .finish();
-        let response = self
-            .form_request(what, &self.discovery.token_endpoint, config, body)
-            .await?;
+        let response = self.token_request(what, config, body).await?;
         self.tokens(what, config, response, Some(&params.nonce), true)
             .await
     }
@@ -607,9 +710,7 @@ impl Provider {
             .append_pair("grant_type", "refresh_token")
             .append_pair("refresh_token", refresh_token)
             .finish();
-        let response = self
-            .form_request(what, &self.discovery.token_endpoint, config, body)
-            .await?;
+        let response = self.token_request(what, config, body).await?;
         let mut tokens = self.tokens(what, config, response, None, false).await?;
         if tokens.refresh.is_none() {
             tokens.refresh = Some(RefreshToken {
@@ -633,9 +734,7 @@ impl Provider {
             .append_pair("scope", &config.scopes.join(" "))
             .append_pair("username", username)
             .finish();
-        let response = self
-            .form_request(what, &self.discovery.token_endpoint, config, body)
-            .await?;
+        let response = self.token_request(what, config, body).await?;
         self.tokens(what, config, response, None, true).await
     }
 
@@ -709,10 +808,7 @@ impl Provider {
             .append_pair("device_code", &authorization.device_code)
             .append_pair("grant_type", DEVICE_CODE_GRANT)
             .finish();
-        let response = match self
-            .form_request(what, &self.discovery.token_endpoint, config, body)
-            .await
-        {
+        let response = match self.token_request(what, config, body).await {
             Ok(response) => response,
             Err(OidcError::TokenEndpoint {
                 what,
@@ -953,9 +1049,7 @@ impl Provider {
                 "urn:ietf:params:oauth:token-type:access_token",
             )
             .finish();
-        let response = self
-            .form_request(what, &self.discovery.token_endpoint, config, body)
-            .await?;
+        let response = self.token_request(what, config, body).await?;
         let answer: TokenResponse =
             serde_json::from_slice(&response.body).map_err(|e| OidcError::BadTokenResponse {
                 what,
@@ -976,8 +1070,6 @@ impl Provider {
         self.validate_id_token(&answer.access_token, audience, None).await
     }
 
-    /// POSTs the form `body` to the token endpoint as `config`'s client: its `client_id` added to
-    /// the form, or, with a secret, HTTP Basic authentication.
     /// POSTs the form `body` to `endpoint` as `config`'s client (HTTP Basic for a confidential
     /// client, `client_id` in the form for a public one). Returns the 200 answer; any other status
     /// is [`OidcError::TokenEndpoint`] with the OAuth 2.0 error the answer names.
@@ -988,11 +1080,55 @@ impl Provider {
         config: &ClientConfig,
         body: String,
     ) -> Result<Response, OidcError> {
+        let response = self.post_form(what, endpoint, config, body, None).await?;
+        oauth_answer(what, response)
+    }
+
+    /// [`Provider::form_request`] to the token endpoint, with a DPoP proof when the provider has
+    /// a key ([`Provider::with_dpop_key`]): the nonce of every answer is kept for the next
+    /// proof, and a 400 `use_dpop_nonce` answer that carries a nonce is followed by one more
+    /// request, with a new proof carrying it.
+    async fn token_request(
+        &self,
+        what: &'static str,
+        config: &ClientConfig,
+        body: String,
+    ) -> Result<Response, OidcError> {
+        let endpoint = self.discovery.token_endpoint.as_str();
+        let Some(dpop) = &self.dpop else {
+            return self.form_request(what, endpoint, config, body).await;
+        };
+        let proof = dpop.header(what, endpoint)?;
+        let mut response = self
+            .post_form(what, endpoint, config, body.clone(), Some(proof))
+            .await?;
+        if dpop.remember_nonce(&response.headers)
+            && response.status == http::StatusCode::BAD_REQUEST
+            && oauth_error_code(&response.body).as_deref() == Some(dpop::USE_NONCE_ERROR)
+        {
+            let proof = dpop.header(what, endpoint)?;
+            response = self.post_form(what, endpoint, config, body, Some(proof)).await?;
+            dpop.remember_nonce(&response.headers);
+        }
+        oauth_answer(what, response)
+    }
+
+    /// POSTs the form `body` to `endpoint` as `config`'s client, with the `dpop` header if
+    /// given. Returns the answer, whatever its status; fails only when no answer came.
+    async fn post_form(
+        &self,
+        what: &'static str,
+        endpoint: &str,
+        config: &ClientConfig,
+        body: String,
+        dpop: Option<(http::HeaderName, http::HeaderValue)>,
+    ) -> Result<Response, OidcError> {
         let form = (
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/x-www-form-urlencoded"),
         );
         let mut headers = vec![form, accept_json()];
+        headers.extend(dpop);
         let body = match &config.client_secret {
             Some(secret) => {
                 let escape =
@@ -1016,8 +1152,7 @@ impl Provider {
                 format!("{client_id}&{body}")
             }
         };
-        let response = self
-            .client
+        self.client
             .send(
                 http::Method::POST,
                 endpoint,
@@ -1027,28 +1162,7 @@ impl Provider {
                 Some(self.timeout),
             )
             .await
-            .map_err(|cause| OidcError::Request { what, cause })?;
-        if response.status != http::StatusCode::OK {
-            let error: OAuthError = serde_json::from_slice(&response.body).unwrap_or(OAuthError {
-                error: String::new(),
-                error_description: String::new(),
-            });
-            return Err(OidcError::TokenEndpoint {
-                what,
-                status: response.status.as_u16(),
-                error: if error.error.is_empty() {
-                    "(no OAuth2 error)".into()
-                } else {
-                    one_line(&error.error)
-                },
-                description: if error.error_description.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", one_line(&error.error_description))
-                },
-            });
-        }
-        Ok(response)
+            .map_err(|cause| OidcError::Request { what, cause })
     }
 
     /// A token response's tokens, the ID token validated (and required when `need_id_token`).
@@ -1250,6 +1364,40 @@ fn error_detail(body: &[u8]) -> Option<String> {
         .map(one_line)
 }
 
+/// `response` when it is 200; otherwise [`OidcError::TokenEndpoint`] with the OAuth 2.0 error
+/// and description it names, each on one line.
+fn oauth_answer(what: &'static str, response: Response) -> Result<Response, OidcError> {
+    if response.status == http::StatusCode::OK {
+        return Ok(response);
+    }
+    let error: OAuthError = serde_json::from_slice(&response.body).unwrap_or(OAuthError {
+        error: String::new(),
+        error_description: String::new(),
+    });
+    Err(OidcError::TokenEndpoint {
+        what,
+        status: response.status.as_u16(),
+        error: if error.error.is_empty() {
+            "(no OAuth2 error)".into()
+        } else {
+            one_line(&error.error)
+        },
+        description: if error.error_description.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", one_line(&error.error_description))
+        },
+    })
+}
+
+/// The OAuth 2.0 `error` of an error answer's body, if it has one.
+fn oauth_error_code(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<OAuthError>(body)
+        .ok()
+        .map(|error| error.error)
+        .filter(|error| !error.is_empty())
+}
+
 fn one_line(text: &str) -> String {
     let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     line.chars().take(300).collect()
@@ -1423,6 +1571,7 @@ mod tests {
             client: Arc::new(HttpsClient::new(&TlsOptions::default()).unwrap()),
             timeout: HTTP_TIMEOUT,
             jwks: ArcSwapOption::from_pointee(jwks),
+            dpop: None,
         }
     }
 
@@ -1738,6 +1887,18 @@ mod tests {
     fn fake_issuer(
         answers: impl FnOnce(&str) -> Vec<(u16, String)>,
     ) -> (String, std::sync::mpsc::Receiver<Seen>) {
+        fake_issuer_with_headers(|base| {
+            answers(base)
+                .into_iter()
+                .map(|(status, body)| (status, Vec::new(), body))
+                .collect()
+        })
+    }
+
+    /// [`fake_issuer`] whose answers also carry the given response headers.
+    fn fake_issuer_with_headers(
+        answers: impl FnOnce(&str) -> Vec<(u16, Vec<(&'static str, String)>, String)>,
+    ) -> (String, std::sync::mpsc::Receiver<Seen>) {
         use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
         use std::io::Write as _;
         let (_, cert_pem, key_pem) = test_pki();
@@ -1758,7 +1919,7 @@ mod tests {
         let answers = answers(&base);
         let (seen, received) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            for (status, body) in answers {
+            for (status, headers, body) in answers {
                 let Ok((tcp, _)) = listener.accept() else {
                     return;
                 };
@@ -1770,9 +1931,13 @@ mod tests {
                 if seen.send(request).is_err() {
                     return;
                 }
+                let headers: String = headers
+                    .iter()
+                    .map(|(name, value)| format!("{name}: {value}\r\n"))
+                    .collect();
                 let answer = format!(
                     "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{body}",
+                     {headers}Connection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = stream.write_all(answer.as_bytes());
@@ -1839,6 +2004,7 @@ mod tests {
             client: Arc::new(HttpsClient::new(&tls).unwrap()),
             timeout: Duration::from_secs(10),
             jwks: ArcSwapOption::from_pointee(jwks),
+            dpop: None,
         }
     }
 
@@ -2211,5 +2377,226 @@ mod tests {
             provider.device_authorization_endpoint(),
             Some("https://sso.example.com/oauth2/device_authorization")
         );
+    }
+
+    /// [`provider_at`] with `key` for DPoP, its proofs made at the fixed time `1_000`.
+    fn dpop_provider_at(base: &str, jwks: Vec<VerifyingKey>, key: &Arc<SigningKey>) -> Provider {
+        let mut provider = provider_at(base, jwks).with_dpop_key(key.clone());
+        if let Some(dpop) = provider.dpop.as_mut() {
+            dpop.now = || 1_000;
+        }
+        provider
+    }
+
+    /// The proof of `request` checked as the Supervisor checks it: POST to `token_endpoint`,
+    /// made at 1_000.
+    fn checked_proof(request: &Seen, token_endpoint: &str) -> dpop::CheckedProof {
+        let proof = request.headers.get("dpop").expect("a DPoP header");
+        dpop::check(
+            proof,
+            "POST",
+            token_endpoint,
+            1_000,
+            dpop::Window { past: 60, future: 5 },
+        )
+        .unwrap()
+    }
+
+    /// An ES256 ID token of "https://issuer.example.com" for `aud`, valid for an hour.
+    fn id_token_for(key: &SigningKey, aud: &str, nonce: Option<&str>) -> String {
+        let mut claims = serde_json::json!({"iss": "https://issuer.example.com", "aud": aud,
+            "exp": OffsetDateTime::now_utc().unix_timestamp() + 3600, "username": "pinny"});
+        if let Some(nonce) = nonce {
+            claims["nonce"] = serde_json::json!(nonce);
+        }
+        key.sign(&claims).unwrap()
+    }
+
+    /// With a DPoP key, each of the five token endpoint requests carries a proof of it for POST
+    /// and the token endpoint's URL, and DPoP-bound answers (`token_type` `DPoP`) are taken;
+    /// requests to other endpoints (revocation, device authorization) carry none.
+    #[tokio::test]
+    async fn every_token_endpoint_request_proves_the_dpop_key() {
+        let (signer, jwks) = es256_key();
+        let key = Arc::new(SigningKey::generate("dpop").unwrap());
+        let params = LoginParams::generate().unwrap();
+        let tokens = |id_token: Option<String>| {
+            let mut answer = serde_json::json!({"access_token": "secret-access-token", "token_type": "DPoP",
+                "expires_in": 120, "refresh_token": "secret-refresh-token"});
+            if let Some(id_token) = id_token {
+                answer["id_token"] = serde_json::json!(id_token);
+            }
+            answer.to_string()
+        };
+        let exchanged = serde_json::json!({"access_token": id_token_for(&signer, "cluster-a", None),
+            "token_type": "N_A", "issued_token_type": "urn:ietf:params:oauth:token-type:jwt"})
+        .to_string();
+        let (base, seen) = fake_issuer(|_| {
+            vec![
+                (
+                    200,
+                    tokens(Some(id_token_for(&signer, "pinniped-cli", Some(&params.nonce)))),
+                ),
+                (200, tokens(None)),
+                (200, tokens(Some(id_token_for(&signer, "pinniped-cli", None)))),
+                (
+                    200,
+                    tokens(Some(id_token_for(&signer, "pinniped-cli", Some(&params.nonce)))),
+                ),
+                (200, exchanged),
+                (200, device_answer(None).to_string()),
+                (200, "{}".into()),
+            ]
+        });
+        let mut provider = dpop_provider_at(&base, jwks, &key);
+        provider.discovery.revocation_endpoint = format!("{base}/revoke");
+        assert!(provider.has_dpop_key());
+        let config = cli_config();
+        let code = provider
+            .exchange_code(&config, &params, "code", "http://127.0.0.1/callback")
+            .await
+            .unwrap();
+        assert_eq!(code.access.unwrap().token_type, "DPoP");
+        provider.refresh(&config, "secret-refresh-token").await.unwrap();
+        provider
+            .password_grant(&config, "pinny", "secret-password")
+            .await
+            .unwrap();
+        let authorization =
+            device_authorization_answer("test", device_answer(None).to_string().as_bytes()).unwrap();
+        let polled = provider.poll_device_token(&config, &params, &authorization).await;
+        assert!(matches!(polled, DevicePoll::Tokens(_)), "{polled:?}");
+        let id = provider
+            .token_exchange(&config, "secret-access-token", "cluster-a")
+            .await
+            .unwrap();
+        assert_eq!(id.claims["aud"], "cluster-a");
+        provider
+            .device_authorization(&format!("{base}/device"), &config, &params, &[])
+            .await
+            .unwrap();
+        assert!(provider
+            .revoke(&config, "secret-refresh-token", TokenTypeHint::RefreshToken)
+            .await
+            .unwrap());
+
+        let requests: Vec<Seen> = seen.try_iter().collect();
+        assert_eq!(requests.len(), 7);
+        let token_endpoint = format!("{base}/token");
+        let thumbprint = dpop::thumbprint(&key.public_jwk()).unwrap();
+        let mut jtis = std::collections::HashSet::new();
+        for request in &requests[..5] {
+            assert_eq!(request.path, "/token");
+            let proof = checked_proof(request, &token_endpoint);
+            assert_eq!(proof.jkt, thumbprint);
+            assert_eq!(proof.iat, 1_000);
+            assert_eq!(proof.nonce, None, "the issuer sent no nonce");
+            assert!(jtis.insert(proof.jti), "every proof has its own jti");
+        }
+        for request in &requests[5..] {
+            assert!(!request.headers.contains_key("dpop"), "{}", request.path);
+        }
+    }
+
+    #[tokio::test]
+    async fn no_dpop_proof_is_sent_without_a_key() {
+        let (_, jwks) = es256_key();
+        let answer = serde_json::json!({"access_token": "secret-access-token", "token_type": "Bearer"});
+        let (base, seen) = fake_issuer(|_| vec![(200, answer.to_string())]);
+        let provider = provider_at(&base, jwks);
+        assert!(!provider.has_dpop_key());
+        provider
+            .refresh(&cli_config(), "secret-refresh-token")
+            .await
+            .unwrap();
+        let request = seen.try_recv().unwrap();
+        assert!(!request.headers.contains_key("dpop"), "{request:?}");
+    }
+
+    /// A `use_dpop_nonce` refusal with a nonce is answered by one more request whose new proof
+    /// carries it; the nonce of every answer (a success or another refusal) goes into the next
+    /// proof; a second `use_dpop_nonce` in a row, or one without a nonce, is the request's
+    /// failure; no error quotes a nonce.
+    #[tokio::test]
+    async fn a_use_dpop_nonce_refusal_is_retried_once_with_the_nonce() {
+        let (_, jwks) = es256_key();
+        let key = Arc::new(SigningKey::generate("dpop").unwrap());
+        let tokens = serde_json::json!({"access_token": "secret-access-token", "token_type": "DPoP",
+            "refresh_token": "secret-refresh-token"})
+        .to_string();
+        let use_nonce = serde_json::json!({"error": "use_dpop_nonce",
+            "error_description": "Authorization server requires nonce in DPoP proof"})
+        .to_string();
+        let nonce = |value: &str| vec![(dpop::NONCE_HEADER, value.to_string())];
+        let (base, seen) = fake_issuer_with_headers(|_| {
+            vec![
+                // The first refresh: refused, then accepted with the nonce.
+                (400, nonce("nonce-one"), use_nonce.clone()),
+                (200, nonce("nonce-two"), tokens.clone()),
+                // The second: refused twice in a row; not tried a third time.
+                (400, nonce("nonce-three"), use_nonce.clone()),
+                (400, nonce("nonce-four"), use_nonce.clone()),
+                // The third: refused without a nonce; not tried again.
+                (400, Vec::new(), use_nonce.clone()),
+                // The fourth: another refusal whose nonce is still kept.
+                (
+                    400,
+                    nonce("nonce-five"),
+                    serde_json::json!({"error": "invalid_dpop_proof"}).to_string(),
+                ),
+                // The fifth: accepted.
+                (200, Vec::new(), tokens.clone()),
+            ]
+        });
+        let provider = dpop_provider_at(&base, jwks, &key);
+        let config = cli_config();
+        let first = provider.refresh(&config, "secret-refresh-token").await.unwrap();
+        assert_eq!(first.access.unwrap().token_type, "DPoP");
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            errors.push(
+                provider
+                    .refresh(&config, "secret-refresh-token")
+                    .await
+                    .unwrap_err(),
+            );
+        }
+        provider.refresh(&config, "secret-refresh-token").await.unwrap();
+
+        let token_endpoint = format!("{base}/token");
+        let proofs: Vec<dpop::CheckedProof> = seen
+            .try_iter()
+            .map(|request| checked_proof(&request, &token_endpoint))
+            .collect();
+        let nonces: Vec<Option<&str>> = proofs.iter().map(|proof| proof.nonce.as_deref()).collect();
+        assert_eq!(
+            nonces,
+            [
+                None,
+                Some("nonce-one"),
+                Some("nonce-two"),
+                Some("nonce-three"),
+                Some("nonce-four"),
+                Some("nonce-four"),
+                Some("nonce-five"),
+            ]
+        );
+        let jtis: std::collections::HashSet<&str> = proofs.iter().map(|proof| proof.jti.as_str()).collect();
+        assert_eq!(jtis.len(), proofs.len(), "a retry is a new proof");
+
+        let codes: Vec<&str> = errors
+            .iter()
+            .map(|error| match error {
+                OidcError::TokenEndpoint {
+                    status: 400, error, ..
+                } => error.as_str(),
+                other => panic!("{other}"),
+            })
+            .collect();
+        assert_eq!(codes, ["use_dpop_nonce", "use_dpop_nonce", "invalid_dpop_proof"]);
+        for error in &errors {
+            let message = format!("{error} {error:?}");
+            assert!(!message.contains("nonce-"), "{message}");
+        }
     }
 }

@@ -230,6 +230,7 @@ impl Supervisor {
                 clients: Arc::new(ArcSwap::from_pointee(clients)),
                 passwords: PasswordThrottle::new(),
                 device_polls: Default::default(),
+                dpop_proofs: Default::default(),
                 readiness: Default::default(),
             },
             memory,

@@ -43,6 +43,10 @@ pub struct Issuer {
     pub sessions: SessionPolicy,
     /// Whether it offers the device authorization grant (`spec.deviceAuthorization`).
     pub device_authorization: bool,
+    /// Whether it binds sessions to a key of the client (`spec.dpop`, RFC 9449): the token
+    /// endpoint then checks every DPoP proof it is sent, requires one at every login of the
+    /// `pinniped-cli` client, and answers a `DPoP-Nonce` with every response.
+    pub dpop: bool,
     /// The discovery document, rendered once.
     pub discovery: Bytes,
     /// The identity-provider discovery document, rendered once.
@@ -114,6 +118,7 @@ impl Issuer {
             discovery: Bytes::new(),
             idp_discovery: Bytes::new(),
             device_authorization: false,
+            dpop: false,
             name,
             issuer,
             host,
@@ -138,6 +143,14 @@ impl Issuer {
         self
     }
 
+    /// The same issuer, binding sessions to a key of the client (DPoP) when `enabled` (its
+    /// discovery documents rendered again, `dpop_signing_alg_values_supported` in them).
+    pub fn with_dpop(mut self, enabled: bool) -> Self {
+        self.dpop = enabled;
+        self.render();
+        self
+    }
+
     /// Renders the discovery documents from the rest.
     fn render(&mut self) {
         let listed: Vec<PinnipedIDP> = self
@@ -156,8 +169,9 @@ impl Issuer {
                 }
             })
             .collect();
-        self.discovery =
-            Bytes::from(discovery::openid_configuration(&self.issuer, self.device_authorization).to_string());
+        self.discovery = Bytes::from(
+            discovery::openid_configuration(&self.issuer, self.device_authorization, self.dpop).to_string(),
+        );
         self.idp_discovery =
             Bytes::from(serde_json::to_string(&discovery::identity_providers(&listed)).unwrap_or_default());
     }

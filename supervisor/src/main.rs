@@ -57,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         audit: Audit::new(&config.audit)?,
         passwords: PasswordThrottle::new(),
         device_polls: Default::default(),
+        dpop_proofs: Default::default(),
         readiness: Default::default(),
     });
     let limits = config.listener_limits()?;

@@ -41,6 +41,7 @@ mod resources;
 mod supervisor_active_directory;
 mod supervisor_callback;
 mod supervisor_device;
+mod supervisor_dpop;
 mod supervisor_full;
 mod supervisor_github;
 mod supervisor_install;

@@ -355,10 +355,11 @@ impl Release {
 
     /// Kills the pod `victim` (`kubectl delete pod --force --grace-period=0`), waits (30 s at
     /// most) until no EndpointSlice of the namespace lists it and the node's kube-proxy no longer
-    /// routes to its address (connections sent to a killed pod before then are lost, whatever
-    /// the server), then waits (2 minutes at most) until two pods are Ready again, the victim
-    /// not among them. `meanwhile` runs before each look of that second wait: its first failure
-    /// fails this at once.
+    /// routes to its address (connections opened to a killed pod before then, and requests sent
+    /// over them until it stops, are lost whatever the server: `meanwhile` opens its own), then
+    /// waits (2 minutes at most) until two pods are Ready again, the victim not among them.
+    /// `meanwhile` runs before each look of that second wait: its first failure fails this at
+    /// once.
     pub(crate) async fn kill<F, Fut>(&self, env: &NodeEnv, victim: &str, meanwhile: F) -> anyhow::Result<()>
     where
         F: Fn() -> Fut,

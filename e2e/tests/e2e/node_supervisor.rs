@@ -10,10 +10,12 @@
 //! 3. `helm upgrade` to another image tag and configuration under load (logins with the
 //!    `cli_password` flow and refreshes through the load balancer): every one succeeds;
 //! 4. a pod killed (`kubectl delete pod --force`): once the Service's endpoints no longer list it
-//!    and the node's kube-proxy no longer routes to it (what was sent to it before then is lost
-//!    with it, whatever the server: its token dies with the pod object), logins and refreshes through the load balancer succeed on the other replica
-//!    while a new pod becomes Ready, and a session begun before the kill still refreshes (sessions
-//!    live in Secrets). Graceful deletions lose nothing: step 3 deletes the old pods under load;
+//!    and the node's kube-proxy no longer routes to it (what was sent to it before then, or over
+//!    a connection opened to it before, is lost with it, whatever the server: its token dies with
+//!    the pod object), logins and refreshes on new connections through the load balancer succeed
+//!    on the other replica while a new pod becomes Ready, and a session begun before the kill
+//!    still refreshes (sessions live in Secrets). Graceful deletions lose nothing: step 3 deletes
+//!    the old pods under load over pooled connections;
 //! 5. `helm uninstall`: nothing of the release is left.
 
 use std::{
@@ -83,8 +85,9 @@ struct LoadOutcome {
     last_success: Option<Duration>,
 }
 
-/// Logins (`cli_password`, a fresh connection each) and refreshes at the issuer, one after
-/// another, until stopped.
+/// Logins (`cli_password`) and refreshes at the issuer, one after another over `client`'s pooled
+/// connections (as a long-running client would: a pod going away must close them gracefully),
+/// until stopped.
 fn start_load(
     client: HttpsClient,
     issuer: String,
@@ -229,10 +232,11 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
         ])
         .await?;
     let load_balancer = LoadBalancer::for_service(env.cluster, NAMESPACE, SERVICE, endpoint).await?;
-    let client = HttpsClient::new(&TlsOptions {
+    let tls = TlsOptions {
         ca_pem: Some(ca.cert_pem().into_bytes()),
         ..TlsOptions::default()
-    })?;
+    };
+    let client = HttpsClient::new(&tls)?;
     eventually(Duration::from_secs(60), || async {
         let response = pinniped_cli::get(
             &client,
@@ -316,19 +320,24 @@ async fn supervisor_story(env: &'static NodeEnv, release: &Release) -> anyhow::R
         .as_str()
         .context("pod name")?
         .to_string();
+    // Each login and refresh from here on opens its own connections, as a CLI run does: a
+    // pooled connection opened earlier may lead (through the load balancer) to the victim, which
+    // serves it until it notices its end, with a token that died with its pod object.
     let token_url = format!("{issuer}/oauth2/token");
     let refreshed = |refresh_token: String| {
-        let (client, token_url) = (&client, &token_url);
+        let (tls, token_url) = (&tls, &token_url);
         async move {
-            let (status, body) = pinniped_cli::refresh(client, token_url, &refresh_token).await?;
+            let client = HttpsClient::new(tls)?;
+            let (status, body) = pinniped_cli::refresh(&client, token_url, &refresh_token).await?;
             ensure!(status == 200, "refresh: {status}: {body}");
             anyhow::Ok(body)
         }
     };
     let login = |email: &'static str| {
-        let (client, issuer) = (&client, &issuer);
+        let (tls, issuer) = (&tls, &issuer);
         async move {
-            let tokens = pinniped_cli::login(client, issuer, IDP_NAME, email, PASSWORD).await?;
+            let client = HttpsClient::new(tls)?;
+            let tokens = pinniped_cli::login(&client, issuer, IDP_NAME, email, PASSWORD).await?;
             anyhow::Ok(tokens["refresh_token"].as_str().unwrap_or_default().to_string())
         }
     };

@@ -23,7 +23,7 @@ const PASSWORD: &str = "seal-of-approval";
 const IDP_NAME: &str = "Dex Users";
 
 /// The FederationDomain's discovery document.
-async fn discovery(supervisor: &Supervisor) -> anyhow::Result<Value> {
+pub(crate) async fn discovery(supervisor: &Supervisor) -> anyhow::Result<Value> {
     let url = format!("{}/.well-known/openid-configuration", supervisor.issuer());
     let body = supervisor.client()?.get_json(&url, 64 * 1024, None).await?;
     Ok(serde_json::from_slice(&body)?)

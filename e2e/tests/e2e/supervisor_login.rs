@@ -502,7 +502,7 @@ async fn a_browser_login_goes_through_the_supervisor_and_dex() -> anyhow::Result
 
 /// Runs `selkie login oidc` for `audience` against the Supervisor (no Concierge) with the
 /// cli_password flow and `password`, the session cache in `dir`, and no credential cache.
-async fn login(
+pub(crate) async fn login(
     selkie: &Path,
     supervisor: &Supervisor,
     dir: &Path,
@@ -542,7 +542,7 @@ async fn login(
 }
 
 /// The session cache's one session.
-fn session(dir: &Path) -> anyhow::Result<serde_yaml::Value> {
+pub(crate) fn session(dir: &Path) -> anyhow::Result<serde_yaml::Value> {
     let file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(dir.join("sessions.yaml"))?)?;
     Ok(file["sessions"][0].clone())
 }

@@ -374,8 +374,8 @@ fn dynamic_client(name: &str, spec: &OIDCClientSpec, hashes: Vec<String>) -> Dyn
 
 /// An OIDCClient `name` checked with its storage Secret as the reconciler checks it: the
 /// conditions of [`validate`] and, when it gave hashes, the client the reconciler publishes
-/// (fuzz targets only).
-#[cfg(feature = "fuzzing")]
+/// (fuzz targets and tests only).
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn checked(
     name: &str,
     spec: &OIDCClientSpec,
@@ -386,9 +386,9 @@ pub(crate) fn checked(
     (checks, client)
 }
 
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 impl Clients {
-    /// The table of `clients`, each one [`checked`] gave (fuzz targets only).
+    /// The table of `clients`, each one [`checked`] gave (fuzz targets and tests only).
     pub(crate) fn of(clients: impl IntoIterator<Item = DynamicClient>) -> Self {
         Self {
             by_id: clients

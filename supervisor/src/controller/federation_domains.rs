@@ -340,7 +340,8 @@ impl FederationDomainReconciler {
                 .device_authorization
                 .as_ref()
                 .is_some_and(|device| device.enabled),
-        );
+        )
+        .with_dpop(fd.spec.dpop.as_ref().is_some_and(|dpop| dpop.enabled));
         Ok(Some(Served {
             uid: fd.metadata.uid.clone(),
             fingerprint,

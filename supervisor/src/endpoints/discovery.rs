@@ -47,8 +47,9 @@ pub(crate) const CLAIMS: [&str; 3] = ["username", "groups", "additionalClaims"];
 
 /// The discovery document of `issuer` (as configured, without a trailing slash); with
 /// `device_authorization`, also its `device_authorization_endpoint` (RFC 8628 §4) and the grant
-/// types it offers.
-pub(crate) fn openid_configuration(issuer: &str, device_authorization: bool) -> Value {
+/// types it offers; with `dpop`, also the algorithms of the DPoP proofs it takes
+/// (`dpop_signing_alg_values_supported`, RFC 9449 §5.1). Without either, Pinniped's document.
+pub(crate) fn openid_configuration(issuer: &str, device_authorization: bool, dpop: bool) -> Value {
     let mut document = json!({
         "issuer": issuer,
         "authorization_endpoint": format!("{issuer}{AUTHORIZE_PATH}"),
@@ -76,6 +77,9 @@ pub(crate) fn openid_configuration(issuer: &str, device_authorization: bool) -> 
             DEVICE_CODE_GRANT,
         ]);
     }
+    if dpop {
+        document["dpop_signing_alg_values_supported"] = json!([selkie_oidc::dpop::ALGORITHM]);
+    }
     document
 }
 
@@ -101,7 +105,7 @@ mod tests {
 
     #[test]
     fn the_discovery_document_is_what_clients_read() {
-        let document = openid_configuration("https://sso.example.com/team-a", false);
+        let document = openid_configuration("https://sso.example.com/team-a", false, false);
         assert_eq!(
             document["authorization_endpoint"],
             "https://sso.example.com/team-a/oauth2/authorize"
@@ -130,7 +134,7 @@ mod tests {
         assert!(parsed.supports_form_post());
         assert!(document.get("device_authorization_endpoint").is_none());
 
-        let device = openid_configuration("https://sso.example.com/team-a", true);
+        let device = openid_configuration("https://sso.example.com/team-a", true, false);
         assert_eq!(
             device["device_authorization_endpoint"],
             "https://sso.example.com/team-a/oauth2/device_authorization"
@@ -139,6 +143,23 @@ mod tests {
             .as_array()
             .unwrap()
             .contains(&json!(DEVICE_CODE_GRANT)));
+        assert!(device.get("dpop_signing_alg_values_supported").is_none());
+    }
+
+    /// With DPoP on, the document says which proofs the token endpoint takes (RFC 9449 §5.1);
+    /// off, it has no such member (Pinniped's document).
+    #[test]
+    fn the_discovery_document_lists_dpop_algorithms_only_when_enabled() {
+        let off = openid_configuration("https://sso.example.com/team-a", false, false);
+        assert!(off.get("dpop_signing_alg_values_supported").is_none());
+        let on = openid_configuration("https://sso.example.com/team-a", false, true);
+        assert_eq!(on["dpop_signing_alg_values_supported"], json!(["ES256"]));
+        let mut without = on.clone();
+        without
+            .as_object_mut()
+            .unwrap()
+            .remove("dpop_signing_alg_values_supported");
+        assert_eq!(without, off, "nothing else changes");
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub struct Endpoints {
     pub passwords: crate::idp::throttle::PasswordThrottle,
     /// When each device code was last polled, to slow fast pollers down.
     pub device_polls: device::DevicePolls,
+    /// The DPoP proofs this replica accepted lately, to refuse them a second time.
+    pub dpop_proofs: token::dpop::SeenProofs,
     /// Whether `/healthz` still answers 200 (until SIGTERM).
     pub readiness: crate::server::Readiness,
 }

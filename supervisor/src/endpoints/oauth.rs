@@ -40,6 +40,12 @@ pub enum Code {
     SlowDown,
     /// `expired_token` (RFC 8628 §3.5): the device code expired.
     ExpiredToken,
+    /// `invalid_dpop_proof` (RFC 9449 §5): the DPoP proof is missing where one is required,
+    /// invalid, or replayed.
+    InvalidDpopProof,
+    /// `use_dpop_nonce` (RFC 9449 §8): the DPoP proof lacks a current nonce of the server's;
+    /// the response's `DPoP-Nonce` header has one.
+    UseDpopNonce,
 }
 
 impl Code {
@@ -62,6 +68,8 @@ impl Code {
             Self::AuthorizationPending => "authorization_pending",
             Self::SlowDown => "slow_down",
             Self::ExpiredToken => "expired_token",
+            Self::InvalidDpopProof => selkie_oidc::dpop::INVALID_PROOF_ERROR,
+            Self::UseDpopNonce => selkie_oidc::dpop::USE_NONCE_ERROR,
         }
     }
 
@@ -84,6 +92,8 @@ impl Code {
             Self::AuthorizationPending => "The authorization request is still pending as the end user hasn't yet completed the user-interaction steps.",
             Self::SlowDown => "The client is polling too quickly and should back off at a reasonable rate.",
             Self::ExpiredToken => "The device_code has expired, and the device authorization session has concluded.",
+            Self::InvalidDpopProof => "The DPoP proof JWT is missing, invalid, or does not match the request.",
+            Self::UseDpopNonce => "The authorization server requires a nonce in the DPoP proof: make a new proof with the nonce of the DPoP-Nonce response header.",
         }
     }
 

@@ -78,6 +78,7 @@ async fn start_limited(serving: Arc<ServingCert>, limits: ListenerLimits) -> Ser
         clients: Arc::new(ArcSwap::from_pointee(Clients::default())),
         passwords: PasswordThrottle::new(),
         device_polls: Default::default(),
+        dpop_proofs: Default::default(),
         readiness: Default::default(),
     });
     let task = tokio::spawn(serve_https(

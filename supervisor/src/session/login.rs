@@ -18,7 +18,10 @@
 //!   token of one is a reused one);
 //! * `migrated-from`, for a login carried over from Secrets of the earlier format (Pinniped's
 //!   layout, one per token, as Selkie wrote them before): its request ID there, whose Secrets
-//!   end with it.
+//!   end with it;
+//! * `dpop-jkt`, for a login bound to a key of its client (DPoP, RFC 9449): the RFC 7638
+//!   thumbprint of that key, written with the code's redemption and kept for the login's life
+//!   (absent in logins stored before, and in unbound ones).
 //!
 //! A token names its login's ID and generation in its signed key ([`crate::session::tokens`]);
 //! its signature is checked against the `tokens` entry in constant time.
@@ -46,6 +49,8 @@ pub(crate) const CODE_KEY: &str = "code";
 pub(crate) const TOKENS_KEY: &str = "tokens";
 /// The data key of the earlier request ID of a migrated login.
 const MIGRATED_FROM_KEY: &str = "migrated-from";
+/// The data key of the thumbprint of the DPoP key a login is bound to.
+pub(crate) const DPOP_JKT_KEY: &str = "dpop-jkt";
 
 /// The name of the Secret of login `id`.
 pub(crate) fn secret_name(id: &[u8; 16]) -> String {
@@ -197,6 +202,11 @@ pub(crate) struct Login {
     pub tokens: Option<Tokens>,
     /// The request ID of the earlier-format Secrets this login was carried over from.
     pub migrated_from: Option<String>,
+    /// The thumbprint (RFC 7638) of the DPoP key the login is bound to, from the code's
+    /// redemption on: every refresh and token exchange of it needs a proof by that key. `None`:
+    /// unbound (a login of a FederationDomain without DPoP, one stored before, an OIDCClient's
+    /// login without a proof).
+    pub dpop_jkt: Option<String>,
 }
 
 impl Login {
@@ -211,6 +221,7 @@ impl Login {
             session,
             tokens: None,
             migrated_from: None,
+            dpop_jkt: None,
         }
     }
 
@@ -250,6 +261,9 @@ impl Login {
                 ByteString(earlier.clone().into_bytes()),
             );
         }
+        if let Some(jkt) = &self.dpop_jkt {
+            stored.insert(DPOP_JKT_KEY.to_string(), ByteString(jkt.clone().into_bytes()));
+        }
         Ok(secret)
     }
 
@@ -281,6 +295,7 @@ impl Login {
             code,
             tokens,
             migrated_from: text(MIGRATED_FROM_KEY),
+            dpop_jkt: text(DPOP_JKT_KEY),
         })
     }
 }
@@ -335,6 +350,27 @@ mod tests {
         for damaged in ["", "1 2 a", "x 2 a b", "1 2 a b c", "1 x a b"] {
             assert_eq!(Tokens::parse(damaged), None, "{damaged}");
         }
+    }
+
+    /// A login's DPoP binding is kept in its Secret (and by every rewrite of it); a Secret
+    /// without one (stored before, or unbound) reads as unbound.
+    #[test]
+    fn a_logins_dpop_binding_reads_back_and_is_absent_from_unbound_ones() {
+        let session: Session = serde_json::from_value(serde_json::json!({
+            "request_id": uuid_text(&[1; 16]), "client_id": "pinniped-cli", "redirect_uri": "u",
+            "scopes": [], "code_challenge": "x", "requested_at": 0, "auth_time": 0,
+            "expires_at": 3600, "token_expires_at": 0,
+            "identity": {"subject": "s", "username": "u", "groups": []},
+            "upstream": {"idp_name": "i", "idp_type": "ldap", "issuer": "", "subject": "s"},
+        }))
+        .unwrap();
+        let now = OffsetDateTime::from_unix_timestamp(0).unwrap();
+        let mut login = Login::issued(session, "sig".into());
+        let unbound = login.to_secret(now).unwrap();
+        assert!(!unbound.data.as_ref().unwrap().contains_key(DPOP_JKT_KEY));
+        assert_eq!(Login::read(&unbound).unwrap().dpop_jkt, None);
+        login.dpop_jkt = Some("0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I".into());
+        assert_eq!(Login::read(&login.to_secret(now).unwrap()).unwrap(), login);
     }
 
     #[test]

@@ -291,7 +291,8 @@ impl Store {
 
     /// Redeems the authorization code of login `id` in one conditional `PATCH`: only if its
     /// code is `code` (active, with the signature and binding of the redemption's parameters)
-    /// does it become used and `tokens` the login's tokens, atomically. The login as redeemed,
+    /// does it become used, `tokens` the login's tokens and, with `dpop_jkt`, the login bound
+    /// to that DPoP key's thumbprint ([`Login::dpop_jkt`]), atomically. The login as redeemed,
     /// `None` when there is no such login, [`StoreError::Conflict`] when the code is not
     /// `code` (used already, or redeemed with other parameters: read the login to tell).
     pub(crate) async fn redeem_code(
@@ -299,14 +300,20 @@ impl Store {
         id: &[u8; 16],
         code: &CodeState,
         tokens: &Tokens,
+        dpop_jkt: Option<&str>,
     ) -> Result<Option<Login>, StoreError> {
         use base64::{engine::general_purpose::STANDARD, Engine as _};
         let path = |key: &str| format!("/data/{key}");
-        let patch = serde_json::json!([
+        let mut patch = serde_json::json!([
             {"op": "test", "path": path(login::CODE_KEY), "value": STANDARD.encode(code.text())},
             {"op": "replace", "path": path(login::CODE_KEY), "value": STANDARD.encode(CodeState::Used.text())},
             {"op": "add", "path": path(login::TOKENS_KEY), "value": STANDARD.encode(tokens.text())},
         ]);
+        if let (Some(jkt), Some(operations)) = (dpop_jkt, patch.as_array_mut()) {
+            operations.push(serde_json::json!(
+                {"op": "add", "path": path(login::DPOP_JKT_KEY), "value": STANDARD.encode(jkt)}
+            ));
+        }
         let patch: json_patch::Patch =
             serde_json::from_value(patch).map_err(|e| StoreError::Session(e.to_string()))?;
         match self.secrets.patch(&login::secret_name(id), patch).await {

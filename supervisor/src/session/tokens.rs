@@ -138,6 +138,20 @@ impl TokenKey {
         Ok(Self::minted(kind, &key, signature))
     }
 
+    /// The HMAC-SHA256, under this key, of `purpose` and `message`, each prefixed with its
+    /// length (8 bytes, big-endian): for values other than tokens that every replica must make
+    /// and check alike (DPoP nonces). Such an input starts with a zero byte, never with a
+    /// token's prefix, and with a `purpose` of 17 bytes or more is longer than an earlier
+    /// token's 32-byte key: it is never the input of a token's signature.
+    pub(crate) fn mac(&self, purpose: &str, message: &[u8]) -> hmac::Tag {
+        self.sign(&[
+            &(purpose.len() as u64).to_be_bytes(),
+            purpose.as_bytes(),
+            &(message.len() as u64).to_be_bytes(),
+            message,
+        ])
+    }
+
     /// The HMAC of `parts`, one after the other.
     fn sign(&self, parts: &[&[u8]]) -> hmac::Tag {
         let mut context = hmac::Context::with_key(&self.0);

@@ -39,6 +39,9 @@ fn federation_domain_has_exactly_pinnipeds_fields() {
             // Selkie's extension (optional; absent means off, as in Pinniped).
             "spec.deviceAuthorization",
             "spec.deviceAuthorization.enabled",
+            // Selkie's extension (optional; absent means off, as in Pinniped).
+            "spec.dpop",
+            "spec.dpop.enabled",
             "spec.identityProviders[]",
             "spec.identityProviders[].displayName",
             "spec.identityProviders[].objectRef",
@@ -771,6 +774,7 @@ fn supervisor_defaults_and_cel_rules_are_exactly_pinnipeds() {
             "FederationDomain spec.deviceAuthorization.enabled".into(),
             json!(false),
         ),
+        ("FederationDomain spec.dpop.enabled".into(), json!(false)),
         ("GitHubIdentityProvider spec.claims".into(), json!({})),
         ("GitHubIdentityProvider spec.claims.groups".into(), json!("slug")),
         (

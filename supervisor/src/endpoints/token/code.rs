@@ -21,12 +21,15 @@ use crate::session::login::{self, CodeState, Login};
 use crate::session::store::StoreError;
 use crate::session::tokens::Kind;
 
-/// The authorization code grant.
+/// The authorization code grant; with `dpop_jkt` (the thumbprint of the request's DPoP proof's
+/// key, [`crate::endpoints::token::dpop::RequestProof::login_binding`]) the login is bound to
+/// that key in the same write that redeems the code, and its tokens are of type `DPoP`.
 pub(crate) async fn authorization_code(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
     client: &TokenClient,
     params: &HashMap<String, String>,
+    dpop_jkt: Option<&str>,
 ) -> Result<serde_json::Value, OAuthError> {
     let invalid = |hint: &str| OAuthError::new(Code::InvalidGrant, hint);
     let unknown = || invalid("The authorization code has expired or is unknown.");
@@ -56,7 +59,7 @@ pub(crate) async fn authorization_code(
     let tokens = mint_tokens(issuer, code_of.id, 1, now)?;
     match endpoints
         .store
-        .redeem_code(&code_of.id, &expected, &tokens.record)
+        .redeem_code(&code_of.id, &expected, &tokens.record, dpop_jkt)
         .await
     {
         Ok(Some(login)) => {
@@ -67,7 +70,15 @@ pub(crate) async fn authorization_code(
                 revoke_replayed(endpoints, &login).await;
                 return Err(invalid("The authorization code has expired."));
             }
-            token_response(issuer, session, tokens, true, client.id_token_lifetime, now)
+            token_response(
+                issuer,
+                session,
+                tokens,
+                true,
+                login.dpop_jkt.is_some(),
+                client.id_token_lifetime,
+                now,
+            )
         }
         Ok(None) => Err(unknown()),
         Err(StoreError::Conflict) => {

@@ -22,12 +22,14 @@ use crate::session::device::DeviceStatus;
 use crate::session::store::StoreError;
 use crate::session::tokens::Kind;
 
-/// The device code grant.
+/// The device code grant; with `dpop_jkt`, the login it gives is bound to that DPoP key (see
+/// [`authorization_code`]).
 pub(crate) async fn device_code(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
     client: &TokenClient,
     params: &HashMap<String, String>,
+    dpop_jkt: Option<&str>,
 ) -> Result<serde_json::Value, OAuthError> {
     if !issuer.device_authorization {
         return Err(OAuthError::new(
@@ -114,7 +116,7 @@ pub(crate) async fn device_code(
                 ),
                 ("code_verifier".to_string(), verifier.to_string()),
             ]);
-            authorization_code(endpoints, issuer, client, &redemption).await
+            authorization_code(endpoints, issuer, client, &redemption, dpop_jkt).await
         }
     }
 }

@@ -1,5 +1,6 @@
 //! RFC 8693 token exchange: a Supervisor access token for an ID token of another audience (a
-//! cluster), two minutes long.
+//! cluster), two minutes long. The access token of a login bound to a DPoP key is exchanged only
+//! with a proof by that key ([`RequestProof::continue_session`]).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -8,6 +9,7 @@ use time::OffsetDateTime;
 
 use crate::endpoints::authorize::{self};
 use crate::endpoints::oauth::{Code, OAuthError};
+use crate::endpoints::token::dpop::RequestProof;
 use crate::endpoints::token::{other_client, param, read_login, store_failed, TokenClient};
 use crate::endpoints::Endpoints;
 use crate::issuer::Issuer;
@@ -20,12 +22,15 @@ pub(crate) const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:acc
 
 pub(crate) const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 
-/// RFC 8693 token exchange: a Supervisor access token for an ID token of another audience.
+/// RFC 8693 token exchange: a Supervisor access token for an ID token of another audience, with
+/// the request's DPoP `proof`. The response's shape is Pinniped's (`token_type` `N_A`), bound
+/// login or not.
 pub(crate) async fn exchange(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
     client: &TokenClient,
     params: &HashMap<String, String>,
+    proof: &mut RequestProof,
 ) -> Result<serde_json::Value, OAuthError> {
     let audience = param(params, "audience")?;
     let subject_token = param(params, "subject_token")?;
@@ -57,13 +62,13 @@ pub(crate) async fn exchange(
         .map_err(|_| invalid("The subject token is malformed or was not issued by this FederationDomain."))?;
     let unknown = || invalid("The subject token has expired or is unknown.");
     let now = OffsetDateTime::now_utc();
-    let (session, expires_at) = match checked.login {
+    let (session, expires_at, dpop_jkt) = match checked.login {
         Some(token) => {
             let (login, _) = read_login(endpoints, &token.id, unknown).await?;
             match &login.tokens {
                 Some(tokens) if tokens.is_access(token, &checked.signature) => {
                     let expires_at = (tokens.issued() + session::ACCESS_TOKEN_LIFETIME).unix_timestamp();
-                    (login.session, expires_at)
+                    (login.session, expires_at, login.dpop_jkt)
                 }
                 _ => return Err(unknown()),
             }
@@ -79,9 +84,11 @@ pub(crate) async fn exchange(
                 return Err(unknown());
             };
             let expires_at = session.token_expires_at;
-            (session, expires_at)
+            // Never bound (stored before DPoP).
+            (session, expires_at, None)
         }
     };
+    proof.continue_session(&endpoints.dpop_proofs, issuer, client, dpop_jkt.as_deref())?;
     if session.client_id != client.id {
         return Err(other_client());
     }

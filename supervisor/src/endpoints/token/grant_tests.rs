@@ -307,6 +307,11 @@ fn revoke_request(token: &str) -> Request<Full<Bytes>> {
 
 impl Harness {
     async fn start() -> Self {
+        Self::start_with(false, Clients::default()).await
+    }
+
+    /// A FederationDomain with DPoP on when `dpop`, and `clients`.
+    async fn start_with(dpop: bool, clients: Clients) -> Self {
         let upstream = FakeUpstream::start().await;
         let signing_key = Arc::new(SigningKey::generate("key-1").unwrap());
         let jwks = Bytes::from(json!({"keys": [signing_key.public_jwk()]}).to_string());
@@ -323,7 +328,8 @@ impl Harness {
                 Default::default(),
             )
             .unwrap()
-            .with_device_authorization(true),
+            .with_device_authorization(true)
+            .with_dpop(dpop),
         );
         let (store, memory) = Store::in_memory();
         let endpoints = Arc::new(Endpoints {
@@ -331,9 +337,10 @@ impl Harness {
             store,
             metrics: Arc::new(Metrics::new()),
             audit: Audit::default(),
-            clients: Arc::new(ArcSwap::from_pointee(Clients::default())),
+            clients: Arc::new(ArcSwap::from_pointee(clients)),
             passwords: PasswordThrottle::new(),
             device_polls: Default::default(),
+            dpop_proofs: Default::default(),
             readiness: Default::default(),
         });
         Self {
@@ -1610,4 +1617,454 @@ async fn a_device_login_ends_with_the_error_the_cli_can_act_on() {
             .await
             .assert_error(code);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DPoP (RFC 9449): sessions bound to a key the client holds.
+
+/// The token endpoint's URL, which proofs name.
+const TOKEN_URL: &str = "https://sso.example.com/fd/oauth2/token";
+/// The secret of the OIDCClient of [`dpop_clients`].
+const CLIENT_SECRET: &str = "the-client-secret";
+
+fn now_unix() -> i64 {
+    OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// A client's DPoP key.
+struct DpopKey(SigningKey);
+
+impl DpopKey {
+    fn new() -> Self {
+        Self(SigningKey::generate("dpop").unwrap())
+    }
+
+    /// A fresh proof for the token endpoint, with `nonce`.
+    fn proof(&self, nonce: Option<&str>) -> String {
+        selkie_oidc::dpop::proof(&self.0, "POST", TOKEN_URL, nonce, now_unix()).unwrap()
+    }
+
+    /// The key's thumbprint, which a session is bound to.
+    fn jkt(&self) -> String {
+        selkie_oidc::dpop::thumbprint(&self.0.public_jwk()).unwrap()
+    }
+}
+
+/// `request` with one more `DPoP` header, `proof`.
+fn proven(mut request: Request<Full<Bytes>>, proof: &str) -> Request<Full<Bytes>> {
+    request
+        .headers_mut()
+        .append(selkie_oidc::dpop::HEADER, proof.parse().unwrap());
+    request
+}
+
+/// The `DPoP-Nonce` of `answer`.
+#[track_caller]
+fn nonce_of(answer: &Answer) -> String {
+    answer.headers[selkie_oidc::dpop::NONCE_HEADER]
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The OIDCClient [`DYNAMIC_CLIENT`] with [`CLIENT_SECRET`], allowed every grant but the device
+/// code's and [`REDIRECT_URI`].
+fn dpop_clients() -> Clients {
+    let hash = bcrypt::hash(CLIENT_SECRET, crate::clients::BCRYPT_COST).unwrap();
+    let spec: selkie_api::supervisor_config::OIDCClientSpec = serde_json::from_value(json!({
+        "allowedRedirectURIs": [REDIRECT_URI],
+        "allowedGrantTypes": ["authorization_code", "refresh_token", TOKEN_EXCHANGE],
+        "allowedScopes": ["openid", "offline_access", "pinniped:request-audience", "username", "groups"],
+    }))
+    .unwrap();
+    let storage = crate::clients::storage_secret(
+        DYNAMIC_CLIENT,
+        "client-uid",
+        "config.supervisor.pinniped.dev/v1alpha1",
+        &[hash],
+    );
+    let (checks, client) = crate::clients::checked(DYNAMIC_CLIENT, &spec, Some(&storage));
+    Clients::of([client.unwrap_or_else(|| panic!("{checks:?}"))])
+}
+
+impl Harness {
+    /// A FederationDomain with DPoP on.
+    async fn start_dpop() -> Self {
+        Self::start_with(true, Clients::default()).await
+    }
+
+    /// The nonce the FederationDomain hands out now.
+    fn dpop_nonce(&self) -> String {
+        dpop::nonce(&self.issuer, now_unix())
+    }
+
+    /// `request` with a fresh proof by `key` carrying the current nonce.
+    async fn send_proven(&self, request: Request<Full<Bytes>>, key: &DpopKey) -> Answer {
+        self.send(proven(request, &key.proof(Some(&self.dpop_nonce()))))
+            .await
+    }
+
+    /// A login of the CLI redeemed with a proof by `key`: its tokens, bound to it.
+    async fn logged_in_bound(&self, key: &DpopKey) -> (Login, Answer) {
+        let login = self.login().await;
+        let tokens = self.send_proven(redeem_request(&login), key).await;
+        assert!(tokens.granted(), "{}", tokens.body);
+        assert_eq!(tokens.field("token_type"), "DPoP");
+        (login, tokens)
+    }
+}
+
+/// With DPoP on, the discovery document says so; the CLI's first redemption (its proof has no
+/// nonce yet) is told to use the one of the answer's `DPoP-Nonce` and uses nothing up; with it,
+/// the login is bound to the proof's key: `token_type` `DPoP`, the key's thumbprint stored with
+/// the login, and a nonce for the next request.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dpop_login_learns_the_nonce_and_is_bound_to_the_proofs_key() {
+    let harness = Harness::start_dpop().await;
+    let discovery: Value = serde_json::from_slice(&harness.issuer.discovery).unwrap();
+    assert_eq!(discovery["dpop_signing_alg_values_supported"], json!(["ES256"]));
+    let key = DpopKey::new();
+    let login = harness.login().await;
+
+    let first = harness
+        .send(proven(redeem_request(&login), &key.proof(None)))
+        .await;
+    first.assert_error(Code::UseDpopNonce);
+    assert_eq!(first.headers[header::CACHE_CONTROL], "no-store");
+    let nonce = nonce_of(&first);
+    assert!(
+        matches!(
+            harness.stored_login(&login.request_id).unwrap().code,
+            CodeState::Active { .. }
+        ),
+        "the code is not used up"
+    );
+
+    let answer = harness
+        .send(proven(redeem_request(&login), &key.proof(Some(&nonce))))
+        .await;
+    assert!(answer.granted(), "{}", answer.body);
+    assert_eq!(answer.field("token_type"), "DPoP");
+    assert_eq!(answer.headers[header::CACHE_CONTROL], "no-store");
+    assert!(!nonce_of(&answer).is_empty());
+    let stored = harness.stored_login(&login.request_id).unwrap();
+    assert_eq!(stored.dpop_jkt, Some(key.jkt()));
+    assert_eq!(stored.code, CodeState::Used);
+}
+
+/// A bound session refreshes with its key only, and stays bound. A refresh without a proof, or
+/// with another key's, is refused before anything changes: the refresh token is not rotated, no
+/// reuse is detected, and the owner refreshes afterwards. A rotated refresh token presented
+/// without the key ends nothing either (only its key's holder can set off reuse detection).
+#[tokio::test(flavor = "current_thread")]
+async fn a_bound_session_refreshes_only_with_its_key_and_a_refusal_changes_nothing() {
+    let harness = Harness::start_dpop().await;
+    let key = DpopKey::new();
+    let (login, tokens) = harness.logged_in_bound(&key).await;
+    let refresh = tokens.field("refresh_token");
+    let before = harness.usable_tokens(&login.request_id);
+
+    let without = harness.send(refresh_request(refresh)).await;
+    without.assert_error(Code::InvalidDpopProof);
+    assert!(
+        without
+            .field("error_description")
+            .contains("bound to a DPoP key; the request has no proof"),
+        "{}",
+        without.body
+    );
+    assert!(!nonce_of(&without).is_empty());
+    let thief = harness
+        .send_proven(refresh_request(refresh), &DpopKey::new())
+        .await;
+    thief.assert_error(Code::InvalidGrant);
+    assert!(
+        thief.field("error_description").contains("bound to another key"),
+        "{}",
+        thief.body
+    );
+    assert_eq!(
+        harness.usable_tokens(&login.request_id),
+        before,
+        "nothing rotated, nothing revoked"
+    );
+
+    let refreshed = harness.send_proven(refresh_request(refresh), &key).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    assert_eq!(refreshed.field("token_type"), "DPoP");
+    assert_eq!(
+        harness.stored_login(&login.request_id).unwrap().dpop_jkt,
+        Some(key.jkt())
+    );
+
+    // The rotated token without the key: refused, and the login goes on.
+    harness
+        .send(refresh_request(refresh))
+        .await
+        .assert_error(Code::InvalidDpopProof);
+    let again = harness
+        .send_proven(refresh_request(refreshed.field("refresh_token")), &key)
+        .await;
+    assert!(again.granted(), "{}", again.body);
+    assert_eq!(again.field("token_type"), "DPoP");
+}
+
+/// A proof is good for one request: presented again (on this replica, within its window) it is
+/// refused, and the owner goes on with a fresh one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_replayed_proof_is_refused() {
+    let harness = Harness::start_dpop().await;
+    let key = DpopKey::new();
+    let (_, tokens) = harness.logged_in_bound(&key).await;
+    let proof = key.proof(Some(&harness.dpop_nonce()));
+    let first = harness
+        .send(proven(refresh_request(tokens.field("refresh_token")), &proof))
+        .await;
+    assert!(first.granted(), "{}", first.body);
+    let refresh = first.field("refresh_token");
+    let replayed = harness.send(proven(refresh_request(refresh), &proof)).await;
+    replayed.assert_error(Code::InvalidDpopProof);
+    assert!(
+        replayed.field("error_description").contains("replayed"),
+        "{}",
+        replayed.body
+    );
+    assert!(harness
+        .send_proven(refresh_request(refresh), &key)
+        .await
+        .granted());
+}
+
+/// A proof names the method and URL it is for: one for another method, another endpoint or
+/// another FederationDomain is refused, so are two proofs in one request — and the code they
+/// came with is not used up.
+#[tokio::test(flavor = "current_thread")]
+async fn a_proof_for_another_url_or_method_is_refused() {
+    let harness = Harness::start_dpop().await;
+    let key = DpopKey::new();
+    let login = harness.login().await;
+    let nonce = harness.dpop_nonce();
+    for (method, url, why) in [
+        ("GET", TOKEN_URL, "another HTTP method"),
+        ("POST", "https://sso.example.com/fd/oauth2/revoke", "another URL"),
+        (
+            "POST",
+            "https://sso.example.com/other/oauth2/token",
+            "another URL",
+        ),
+    ] {
+        let proof = selkie_oidc::dpop::proof(&key.0, method, url, Some(&nonce), now_unix()).unwrap();
+        let answer = harness.send(proven(redeem_request(&login), &proof)).await;
+        answer.assert_error(Code::InvalidDpopProof);
+        assert!(
+            answer.field("error_description").contains(why),
+            "{method} {url}: {}",
+            answer.body
+        );
+    }
+    let twice = proven(
+        proven(redeem_request(&login), &key.proof(Some(&nonce))),
+        &key.proof(Some(&nonce)),
+    );
+    let answer = harness.send(twice).await;
+    answer.assert_error(Code::InvalidDpopProof);
+    assert!(answer.field("error_description").contains("more than one"));
+    assert!(harness.send_proven(redeem_request(&login), &key).await.granted());
+}
+
+/// A proof whose nonce is over (older than two periods) is told to use a fresh one.
+#[tokio::test(flavor = "current_thread")]
+async fn an_expired_nonce_is_refused_with_a_fresh_one() {
+    let harness = Harness::start_dpop().await;
+    let key = DpopKey::new();
+    let login = harness.login().await;
+    let stale = dpop::nonce(&harness.issuer, now_unix() - 2 * dpop::NONCE_PERIOD);
+    let answer = harness
+        .send(proven(redeem_request(&login), &key.proof(Some(&stale))))
+        .await;
+    answer.assert_error(Code::UseDpopNonce);
+    let fresh = nonce_of(&answer);
+    assert_ne!(fresh, stale);
+    let answer = harness
+        .send(proven(redeem_request(&login), &key.proof(Some(&fresh))))
+        .await;
+    assert!(answer.granted(), "{}", answer.body);
+}
+
+/// With DPoP on, the pinniped CLI (which sends no proof) cannot log in, by either grant, and is
+/// told why; the refusals are counted. A CLI session that is not bound (begun before DPoP was
+/// turned on) must log in again.
+#[tokio::test(flavor = "current_thread")]
+async fn with_dpop_on_a_login_without_a_proof_is_refused_and_unbound_cli_sessions_log_in_again() {
+    let harness = Harness::start_dpop().await;
+    let login = harness.login().await;
+    let answer = harness.send(redeem_request(&login)).await;
+    answer.assert_error(Code::InvalidDpopProof);
+    let description = answer.field("error_description");
+    for part in [
+        "binds sessions to a key the client holds (DPoP, RFC 9449)",
+        "the request has no DPoP proof",
+        "The selkie CLI sends one; the pinniped CLI cannot",
+    ] {
+        assert!(description.contains(part), "{description}");
+    }
+    assert!(!nonce_of(&answer).is_empty());
+    let (run, started) = harness.start_device().await;
+    assert_eq!(started.status, StatusCode::OK, "{}", started.body);
+    harness
+        .poll(&run, &run.verifier)
+        .await
+        .assert_error(Code::InvalidDpopProof);
+    let metrics = harness.endpoints.metrics.encode();
+    for line in [
+        "selkie_supervisor_token_grants_total{grant_type=\"authorization_code\",result=\"invalid_dpop_proof\"} 1",
+        "selkie_supervisor_token_grants_total{grant_type=\"device_code\",result=\"invalid_dpop_proof\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+
+    let key = DpopKey::new();
+    let (_, tokens) = harness.logged_in_bound(&key).await;
+    harness.edit_login(Kind::RefreshToken, tokens.field("refresh_token"), |login| {
+        login.dpop_jkt = None;
+    });
+    for request in [
+        refresh_request(tokens.field("refresh_token")),
+        exchange_request(tokens.field("access_token"), "cluster-a"),
+    ] {
+        let answer = harness.send_proven(request, &key).await;
+        answer.assert_error(Code::InvalidGrant);
+        assert!(
+            answer.field("error_description").contains("log in again"),
+            "{}",
+            answer.body
+        );
+    }
+}
+
+/// The access token of a bound session is exchanged for a cluster's token only with a proof
+/// by its key; the exchanged token's answer keeps Pinniped's shape.
+#[tokio::test(flavor = "current_thread")]
+async fn exchanging_a_bound_sessions_token_needs_its_proof() {
+    let harness = Harness::start_dpop().await;
+    let key = DpopKey::new();
+    let (_, tokens) = harness.logged_in_bound(&key).await;
+    let access = tokens.field("access_token");
+    harness
+        .send(exchange_request(access, "cluster-a"))
+        .await
+        .assert_error(Code::InvalidDpopProof);
+    harness
+        .send_proven(exchange_request(access, "cluster-a"), &DpopKey::new())
+        .await
+        .assert_error(Code::InvalidGrant);
+    let exchanged = harness
+        .send_proven(exchange_request(access, "cluster-a"), &key)
+        .await;
+    assert!(exchanged.granted(), "{}", exchanged.body);
+    assert_eq!(exchanged.field("token_type"), "N_A");
+    assert_eq!(exchanged.field("issued_token_type"), JWT_TOKEN_TYPE);
+    let claims = harness.id_token_claims(exchanged.field("access_token"));
+    assert_eq!(claims["aud"], json!(["cluster-a"]));
+}
+
+/// With DPoP off, `DPoP` headers mean nothing (Pinniped's behaviour): garbage, even twice, is
+/// ignored, tokens are `bearer`, no nonce is handed out, the discovery document is Pinniped's.
+/// A session bound while DPoP was on stays bound: its refresh still needs a proof by its key,
+/// with a nonce.
+#[tokio::test(flavor = "current_thread")]
+async fn without_dpop_the_header_is_ignored_but_a_bound_session_keeps_its_key() {
+    let harness = Harness::start().await;
+    let discovery: Value = serde_json::from_slice(&harness.issuer.discovery).unwrap();
+    assert!(discovery.get("dpop_signing_alg_values_supported").is_none());
+    let login = harness.login().await;
+    let answer = harness
+        .send(proven(proven(redeem_request(&login), "not-a-proof"), "another"))
+        .await;
+    assert!(answer.granted(), "{}", answer.body);
+    assert_eq!(answer.field("token_type"), "bearer");
+    assert!(!answer.headers.contains_key(selkie_oidc::dpop::NONCE_HEADER));
+    assert_eq!(harness.stored_login(&login.request_id).unwrap().dpop_jkt, None);
+    let refreshed = harness
+        .send(proven(
+            refresh_request(answer.field("refresh_token")),
+            "not-a-proof",
+        ))
+        .await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    assert_eq!(refreshed.field("token_type"), "bearer");
+    assert!(!refreshed.headers.contains_key(selkie_oidc::dpop::NONCE_HEADER));
+
+    let key = DpopKey::new();
+    let refresh = refreshed.field("refresh_token");
+    harness.edit_login(Kind::RefreshToken, refresh, |login| {
+        login.dpop_jkt = Some(key.jkt());
+    });
+    harness
+        .send(refresh_request(refresh))
+        .await
+        .assert_error(Code::InvalidDpopProof);
+    let first = harness
+        .send(proven(refresh_request(refresh), &key.proof(None)))
+        .await;
+    first.assert_error(Code::UseDpopNonce);
+    let bound = harness
+        .send(proven(
+            refresh_request(refresh),
+            &key.proof(Some(&nonce_of(&first))),
+        ))
+        .await;
+    assert!(bound.granted(), "{}", bound.body);
+    assert_eq!(bound.field("token_type"), "DPoP");
+}
+
+/// An OIDCClient (confidential) may send a proof: without one its login is not bound (`bearer`,
+/// refreshes need none); with one it is, as the CLI's.
+#[tokio::test(flavor = "current_thread")]
+async fn an_oidc_clients_login_is_bound_only_when_it_sends_a_proof() {
+    let harness = Harness::start_with(true, dpop_clients()).await;
+    let credentials = format!("{DYNAMIC_CLIENT}:{CLIENT_SECRET}");
+    let scopes = ["openid", "offline_access", "username", "groups"];
+    let as_client = |session: &mut Session| session.client_id = DYNAMIC_CLIENT.into();
+    let refresh = |token: &str| {
+        post(
+            "/oauth2/token",
+            &[("grant_type", "refresh_token"), ("refresh_token", token)],
+            Some(&credentials),
+        )
+    };
+
+    let login = harness.login_with(&scopes, as_client).await;
+    let answer = harness
+        .send(post(
+            "/oauth2/token",
+            &code_grant(&login, &[]),
+            Some(&credentials),
+        ))
+        .await;
+    assert!(answer.granted(), "{}", answer.body);
+    assert_eq!(answer.field("token_type"), "bearer");
+    assert!(!nonce_of(&answer).is_empty(), "a nonce, for a later proof");
+    let refreshed = harness.send(refresh(answer.field("refresh_token"))).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    assert_eq!(refreshed.field("token_type"), "bearer");
+
+    let key = DpopKey::new();
+    let login = harness.login_with(&scopes, as_client).await;
+    let answer = harness
+        .send_proven(
+            post("/oauth2/token", &code_grant(&login, &[]), Some(&credentials)),
+            &key,
+        )
+        .await;
+    assert!(answer.granted(), "{}", answer.body);
+    assert_eq!(answer.field("token_type"), "DPoP");
+    let token = answer.field("refresh_token");
+    harness
+        .send(refresh(token))
+        .await
+        .assert_error(Code::InvalidDpopProof);
+    let refreshed = harness.send_proven(refresh(token), &key).await;
+    assert!(refreshed.granted(), "{}", refreshed.body);
+    assert_eq!(refreshed.field("token_type"), "DPoP");
 }

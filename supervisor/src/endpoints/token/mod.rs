@@ -3,11 +3,13 @@
 //! PKCE required), the refresh token grant ([`refresh`], rotating, the upstream checked again) or
 //! RFC 8693 token exchange for a cluster-scoped ID token ([`exchange`]), the RFC 8628 device code
 //! grant ([`device`], redeeming a device login's code) — and the tokens they
-//! issue ([`mint_tokens`], [`token_response`]), recorded in the login's Secret. `POST /oauth2/revoke` is
+//! issue ([`mint_tokens`], [`token_response`]), recorded in the login's Secret. A FederationDomain
+//! with DPoP on binds sessions to a key of the client ([`dpop`]). `POST /oauth2/revoke` is
 //! [`crate::endpoints::revoke`].
 
 mod code;
 mod device;
+pub(crate) mod dpop;
 mod exchange;
 #[cfg(test)]
 mod grant_tests;
@@ -27,6 +29,7 @@ use crate::endpoints::authorize::{self, Client};
 use crate::endpoints::discovery::DEVICE_CODE_GRANT;
 use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::token::code::authorization_code;
+use crate::endpoints::token::dpop::RequestProof;
 use crate::endpoints::{json, oauth_error, read_form, Body, Endpoints};
 use crate::issuer::Issuer;
 use crate::server::metrics::Grant;
@@ -40,7 +43,9 @@ use crate::session::{self, Session};
 
 pub(crate) const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
 
-/// `POST /oauth2/token`.
+/// `POST /oauth2/token`. On a FederationDomain with DPoP on, the request's DPoP proof is
+/// checked once the client is authenticated and before any grant runs ([`dpop`]), and every
+/// response carries a `DPoP-Nonce`.
 pub(crate) async fn token<B>(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
@@ -51,9 +56,10 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (parts, body) = request.into_parts();
+    let mut proof = RequestProof::of(&parts.headers);
     let params = match form_params(body).await {
         Ok(params) => params,
-        Err(error) => return oauth_error(&error),
+        Err(error) => return respond(issuer, &proof, Err(error)),
     };
     let grant = match params.get("grant_type").map(String::as_str) {
         Some("authorization_code") => Grant::authorization_code,
@@ -62,37 +68,83 @@ where
         Some(DEVICE_CODE_GRANT) => Grant::device_code,
         _ => Grant::other,
     };
-    let result =
-        match authenticate(endpoints, &parts.headers, &params).await {
-            Err(error) => Err(error),
-            Ok(client) => match params.get("grant_type").map(String::as_str) {
-                None => Err(OAuthError::new(
-                    Code::InvalidRequest,
-                    "The 'grant_type' parameter is missing.",
-                )),
-                Some(
-                    known @ ("authorization_code" | "refresh_token" | TOKEN_EXCHANGE | DEVICE_CODE_GRANT),
-                ) if !client.grant_types.iter().any(|allowed| allowed == known) => Err(OAuthError::new(
-                    Code::UnauthorizedClient,
-                    &format!("The OAuth 2.0 Client is not allowed to use authorization grant \"{known}\"."),
-                )),
-                Some("authorization_code") => authorization_code(endpoints, issuer, &client, &params).await,
-                Some("refresh_token") => refresh::refresh(endpoints, issuer, &client, &params).await,
-                Some(TOKEN_EXCHANGE) => exchange::exchange(endpoints, issuer, &client, &params).await,
-                Some(DEVICE_CODE_GRANT) => device::device_code(endpoints, issuer, &client, &params).await,
-                Some(other) => Err(OAuthError::new(
-                    Code::UnsupportedGrantType,
-                    &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
-                )),
-            },
-        };
+    let result = match authenticate(endpoints, &parts.headers, &params).await {
+        Err(error) => Err(error),
+        Ok(client) => run_grant(endpoints, issuer, &client, &params, &mut proof).await,
+    };
     endpoints
         .metrics
         .grant(grant, result.as_ref().err().map(|error| error.code));
-    match result {
+    respond(issuer, &proof, result)
+}
+
+/// The grant `params` ask for, of the authenticated `client`: refused when it is missing,
+/// unknown or not one the client may use; else, the request's DPoP proof checked first when
+/// `issuer` has DPoP on, the grant.
+async fn run_grant(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    client: &TokenClient,
+    params: &HashMap<String, String>,
+    proof: &mut RequestProof,
+) -> Result<serde_json::Value, OAuthError> {
+    let grant_type = match params.get("grant_type").map(String::as_str) {
+        None => {
+            return Err(OAuthError::new(
+                Code::InvalidRequest,
+                "The 'grant_type' parameter is missing.",
+            ))
+        }
+        Some(known @ ("authorization_code" | "refresh_token" | TOKEN_EXCHANGE | DEVICE_CODE_GRANT))
+            if !client.grant_types.iter().any(|allowed| allowed == known) =>
+        {
+            return Err(OAuthError::new(
+                Code::UnauthorizedClient,
+                &format!("The OAuth 2.0 Client is not allowed to use authorization grant \"{known}\"."),
+            ))
+        }
+        Some(known @ ("authorization_code" | "refresh_token" | TOKEN_EXCHANGE | DEVICE_CODE_GRANT)) => known,
+        Some(other) => {
+            return Err(OAuthError::new(
+                Code::UnsupportedGrantType,
+                &format!("The OAuth 2.0 Client is not allowed to use authorization grant '{other}'."),
+            ))
+        }
+    };
+    let seen = &endpoints.dpop_proofs;
+    proof.check_if_enabled(seen, issuer)?;
+    match grant_type {
+        "authorization_code" => {
+            let binding = proof.login_binding(seen, issuer, client)?;
+            authorization_code(endpoints, issuer, client, params, binding.as_deref()).await
+        }
+        DEVICE_CODE_GRANT => {
+            let binding = proof.login_binding(seen, issuer, client)?;
+            device::device_code(endpoints, issuer, client, params, binding.as_deref()).await
+        }
+        "refresh_token" => refresh::refresh(endpoints, issuer, client, params, proof).await,
+        // TOKEN_EXCHANGE, the one known grant left.
+        _ => exchange::exchange(endpoints, issuer, client, params, proof).await,
+    }
+}
+
+/// The response of a token request: the tokens, or the error ([`client_error`]); with the
+/// `DPoP-Nonce` [`RequestProof::nonce_header`] gives.
+fn respond(
+    issuer: &Issuer,
+    proof: &RequestProof,
+    result: Result<serde_json::Value, OAuthError>,
+) -> Response<Body> {
+    let mut response = match result {
         Ok(body) => json(StatusCode::OK, Bytes::from(body.to_string())),
         Err(error) => client_error(&error),
+    };
+    if let Some(nonce) = proof.nonce_header(issuer) {
+        response
+            .headers_mut()
+            .insert(selkie_oidc::dpop::NONCE_HEADER, nonce);
     }
+    response
 }
 
 /// The form parameters of a token or revocation request: each at most once.
@@ -417,21 +469,23 @@ pub(crate) fn mint_tokens(
     })
 }
 
-/// The token response handing out `tokens` of `session`: the access token, the refresh token
-/// (with `offline_access`) and an ID token (with `openid`, living `id_token_lifetime`, signed
-/// now); `with_nonce` for the first ID token of a code.
+/// The token response handing out `tokens` of `session`: the access token (of `token_type`
+/// `DPoP` when the login is `dpop_bound`, else `bearer`), the refresh token (with
+/// `offline_access`) and an ID token (with `openid`, living `id_token_lifetime`, signed now);
+/// `with_nonce` for the first ID token of a code.
 pub(crate) fn token_response(
     issuer: &Issuer,
     session: &Session,
     tokens: NewTokens,
     with_nonce: bool,
+    dpop_bound: bool,
     id_token_lifetime: time::Duration,
     now: OffsetDateTime,
 ) -> Result<serde_json::Value, OAuthError> {
     let NewTokens { access, refresh, .. } = tokens;
     let mut body = json!({
         "access_token": access.token,
-        "token_type": "bearer",
+        "token_type": dpop::token_type(dpop_bound),
         "expires_in": session::ACCESS_TOKEN_LIFETIME.whole_seconds() - 1,
         "scope": session.scopes.join(" "),
     });

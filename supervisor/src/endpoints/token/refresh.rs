@@ -1,12 +1,15 @@
 //! The refresh token grant: the upstream checked again (and the FederationDomain's transforms
 //! run again), new tokens issued, the used refresh token kept marked rotated; a rotated token
-//! presented again ends its whole login (RFC 9700 §4.14.2).
+//! presented again ends its whole login (RFC 9700 §4.14.2). A login bound to a DPoP key
+//! needs a proof by that key ([`RequestProof::continue_session`]), checked before anything
+//! else of the login: a refused request rotates nothing and is no reuse.
 
 use std::{collections::HashMap, sync::Arc};
 
 use time::OffsetDateTime;
 
 use crate::endpoints::oauth::{Code, OAuthError};
+use crate::endpoints::token::dpop::RequestProof;
 use crate::endpoints::token::{
     end, end_earlier, mint_tokens, other_client, param, read_login, store_failed, token_response, TokenClient,
 };
@@ -20,12 +23,13 @@ use crate::session::store::StoreError;
 use crate::session::tokens::{Kind, LoginRef};
 use crate::session::{self, Session};
 
-/// The refresh token grant.
+/// The refresh token grant, with the request's DPoP `proof`.
 pub(crate) async fn refresh(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
     client: &TokenClient,
     params: &HashMap<String, String>,
+    proof: &mut RequestProof,
 ) -> Result<serde_json::Value, OAuthError> {
     let token = param(params, "refresh_token")?;
     let checked = issuer
@@ -34,8 +38,8 @@ pub(crate) async fn refresh(
         .map_err(|_| invalid("The refresh token is malformed or was not issued by this FederationDomain."))?;
     let now = OffsetDateTime::now_utc();
     match checked.login {
-        Some(login) => refresh_login(endpoints, issuer, client, login, &checked.signature, now).await,
-        None => refresh_earlier(endpoints, issuer, client, &checked.signature, now).await,
+        Some(login) => refresh_login(endpoints, issuer, client, proof, login, &checked.signature, now).await,
+        None => refresh_earlier(endpoints, issuer, client, proof, &checked.signature, now).await,
     }
 }
 
@@ -78,11 +82,14 @@ async fn refresh_login(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
     client: &TokenClient,
+    proof: &mut RequestProof,
     token: LoginRef,
     signature: &str,
     now: OffsetDateTime,
 ) -> Result<serde_json::Value, OAuthError> {
     let (mut login, stored) = read_login(endpoints, &token.id, unknown).await?;
+    // Before the reuse check: a token without its key ends no login.
+    proof.continue_session(&endpoints.dpop_proofs, issuer, client, login.dpop_jkt.as_deref())?;
     let Some(tokens) = login.tokens.clone() else {
         return Err(unknown());
     };
@@ -110,7 +117,15 @@ async fn refresh_login(
         Err(error) => return Err(store_failed(&error)),
     }
     endpoints.audit.session_refreshed(&issuer.issuer, &login.session);
-    token_response(issuer, &login.session, next, false, client.id_token_lifetime, now)
+    token_response(
+        issuer,
+        &login.session,
+        next,
+        false,
+        login.dpop_jkt.is_some(),
+        client.id_token_lifetime,
+        now,
+    )
 }
 
 /// A refresh with a token of the earlier format (a Secret per token in Pinniped's layout, as
@@ -121,6 +136,7 @@ async fn refresh_earlier(
     endpoints: &Endpoints,
     issuer: &Arc<Issuer>,
     client: &TokenClient,
+    proof: &mut RequestProof,
     signature: &str,
     now: OffsetDateTime,
 ) -> Result<serde_json::Value, OAuthError> {
@@ -132,6 +148,8 @@ async fn refresh_earlier(
     else {
         return Err(unknown());
     };
+    // Never bound (stored before DPoP): refused to the CLI while DPoP is on.
+    proof.continue_session(&endpoints.dpop_proofs, issuer, client, None)?;
     if session.rotated {
         return Err(reused(endpoints, issuer, Ending::Earlier(&session)).await);
     }
@@ -159,6 +177,8 @@ async fn refresh_earlier(
         code: CodeState::Used,
         tokens: Some(next.record.clone()),
         migrated_from: Some(earlier_id),
+        // Logins of the earlier format were never bound.
+        dpop_jkt: None,
     };
     // The login's Secret is written first and this token marked rotated after, conditionally:
     // of two uses of one token, the second finds the token rotated, or the login's Secret
@@ -185,7 +205,15 @@ async fn refresh_earlier(
         }
     }
     endpoints.audit.session_refreshed(&issuer.issuer, &login.session);
-    token_response(issuer, &login.session, next, false, client.id_token_lifetime, now)
+    token_response(
+        issuer,
+        &login.session,
+        next,
+        false,
+        false,
+        client.id_token_lifetime,
+        now,
+    )
 }
 
 /// A login to end: one of its own Secret, or one of the earlier format (by request ID).
