@@ -17,24 +17,14 @@ use serde_json::Value;
 use crate::{
     proxy_kubectl::grant_configmaps,
     supervisor_device::discovery,
-    supervisor_login::{login, plugin_kubeconfig, session, supervisor_jwt, whoami},
+    supervisor_ldap::expire_cached_tokens,
+    supervisor_login::{kubeconfig, login, session, supervisor_jwt, whoami},
     supervisor_oauth::{dex_user_namespace, DexUserNamespace, PASSWORD},
     supervisor_transforms::patch_federation_domain,
 };
 
 const IDP_NAME: &str = "Dex Users";
 const AUDIENCE: &str = "cluster-a";
-
-/// Marks the cached ID and access tokens of the session cache in `dir` expired, so that the
-/// CLI's next run must refresh.
-fn expire_cached_tokens(dir: &Path) -> anyhow::Result<()> {
-    let path = dir.join("sessions.yaml");
-    let mut file: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)?;
-    file["sessions"][0]["tokens"]["id"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
-    file["sessions"][0]["tokens"]["access"]["expiryTimestamp"] = "2000-01-01T00:00:00Z".into();
-    std::fs::write(&path, serde_yaml::to_string(&file)?)?;
-    Ok(())
-}
 
 /// The refresh token of the session cache in `dir`.
 fn cached_refresh_token(dir: &Path) -> anyhow::Result<String> {
@@ -162,19 +152,15 @@ async fn a_copied_session_cache_is_refused_where_sessions_are_bound_to_the_clis_
     let owner = tempfile::Builder::new()
         .prefix("selkie-supervisor-dpop-")
         .tempdir()?;
-    let kubeconfig = plugin_kubeconfig(
+    let kubeconfig = kubeconfig(
         owner.path(),
         "owner",
         &selkie,
         &supervisor,
         &proxy,
         AUDIENCE,
-        (IDP_NAME, "oidc"),
-        &[
-            ("PINNIPED_UPSTREAM_IDENTITY_PROVIDER_FLOW", "cli_password"),
-            ("PINNIPED_USERNAME", &email),
-            ("PINNIPED_PASSWORD", PASSWORD),
-        ],
+        &email,
+        PASSWORD,
     )?;
     let user = whoami(&proxy, &kubeconfig)
         .await

@@ -37,7 +37,7 @@ const IDP_NAME: &str = "Dex Users";
     clippy::too_many_arguments,
     reason = "one value per part of the exec plugin's configuration"
 )]
-fn kubeconfig(
+pub(crate) fn kubeconfig(
     dir: &Path,
     name: &str,
     selkie: &Path,
