@@ -210,7 +210,7 @@ impl Browser {
     /// network change interrupted (`ERR_NETWORK_CHANGED`: Chromium aborts page loads when the
     /// machine's interfaces change, which the node tests' CNI does while other tests run), as a
     /// user would; at most [`RELOADS`] times per wait (`reloads` counts them).
-    async fn reload_if_interrupted(&self, reloads: &mut u32) -> Result<(), HarnessError> {
+    pub async fn reload_if_interrupted(&self, reloads: &mut u32) -> Result<(), HarnessError> {
         if *reloads < RELOADS && self.interrupted().await? {
             *reloads += 1;
             let url = self.current_url().await?;

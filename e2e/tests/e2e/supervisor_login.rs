@@ -398,9 +398,15 @@ pub(crate) async fn opened_url(urls: &Path) -> anyhow::Result<String> {
 }
 
 /// Waits (30 s at most) until `browser` is on the CLI's loopback callback page saying the login
-/// is done.
+/// is done, loading the page again when a network change interrupted its load (as a user
+/// would: the redirects before it, to the Supervisor's callback and on to the CLI, may be cut
+/// off by one).
 pub(crate) async fn cli_says_logged_in(browser: &selkie_e2e::browser::Browser) -> anyhow::Result<()> {
+    let reloads = std::cell::Cell::new(0);
     selkie_e2e::eventually(Duration::from_secs(30), || async {
+        let mut reloaded = reloads.get();
+        browser.reload_if_interrupted(&mut reloaded).await?;
+        reloads.set(reloaded);
         let at = browser.current_url().await?;
         let text = browser.body_text().await?;
         anyhow::ensure!(
