@@ -174,8 +174,21 @@ impl Browser {
         format!("/session/{}{tail}", self.session)
     }
 
-    /// Navigates to `url` (waits for the page load).
+    /// Navigates to `url` (waits for the page load); when a network change interrupted the load
+    /// (or a redirect it led to), navigates to `url` again, at most [`RELOADS`] times, as a user
+    /// would.
     pub async fn goto(&self, url: &str) -> Result<(), HarnessError> {
+        self.navigate(url).await?;
+        let mut reloads = 0;
+        while reloads < RELOADS && self.interrupted().await? {
+            reloads += 1;
+            self.navigate(url).await?;
+        }
+        Ok(())
+    }
+
+    /// Navigates to `url` once (waits for the page load).
+    async fn navigate(&self, url: &str) -> Result<(), HarnessError> {
         self.call(
             http::Method::POST,
             &self.session_path("/url"),
@@ -214,7 +227,7 @@ impl Browser {
         if *reloads < RELOADS && self.interrupted().await? {
             *reloads += 1;
             let url = self.current_url().await?;
-            self.goto(&url).await?;
+            self.navigate(&url).await?;
         }
         Ok(())
     }
