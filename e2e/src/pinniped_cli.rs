@@ -135,17 +135,31 @@ pub fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> 
 /// POSTs `form` (URL-encoded) to the token endpoint `url`: the status and the JSON answer. Fails
 /// when there is no answer within [`TIMEOUT`] or it is not JSON.
 pub async fn token(client: &HttpsClient, url: &str, form: &[(&str, &str)]) -> anyhow::Result<(u16, Value)> {
+    let (status, _, json) = token_with_headers(client, url, form, &[]).await?;
+    Ok((status, json))
+}
+
+/// [`token`] with the request headers `headers` added (a DPoP proof): status, response headers
+/// and answer.
+pub async fn token_with_headers(
+    client: &HttpsClient,
+    url: &str,
+    form: &[(&str, &str)],
+    headers: &[(http::HeaderName, http::HeaderValue)],
+) -> anyhow::Result<(u16, http::HeaderMap, Value)> {
     let body = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form)
         .finish();
+    let mut request_headers = vec![(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+    )];
+    request_headers.extend_from_slice(headers);
     let response = client
         .send(
             http::Method::POST,
             url,
-            &[(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/x-www-form-urlencoded"),
-            )],
+            &request_headers,
             Bytes::from(body),
             BODY_LIMIT,
             Some(TIMEOUT),
@@ -159,7 +173,7 @@ pub async fn token(client: &HttpsClient, url: &str, form: &[(&str, &str)]) -> an
             response.body
         )
     })?;
-    Ok((response.status.as_u16(), json))
+    Ok((response.status.as_u16(), response.headers, json))
 }
 
 /// A whole `cli_password` login at `issuer` through the identity provider `idp_name`: the

@@ -346,112 +346,60 @@ mod tests {
         ));
 
         // Headers that are not a proof's.
-        let with_header = |header: Value| {
-            format!(
+        // The good proof's payload and signature under `header`, checked.
+        let header_check = |header: Value| {
+            let proof = format!(
                 "{}.{payload}.{}",
                 B64URL.encode(header.to_string()),
                 good.rsplit_once('.').unwrap().1
-            )
+            );
+            check(&proof, "POST", URL, 1_000, WINDOW)
         };
         let public = {
             let jwk = key.public_jwk();
             json!({"kty": "EC", "crv": "P-256", "x": jwk["x"], "y": jwk["y"]})
         };
         assert_eq!(
-            check(
-                &with_header(json!({"typ": "JWT", "alg": "ES256", "jwk": public})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            header_check(json!({"typ": "JWT", "alg": "ES256", "jwk": public})),
             Err(ProofError::WrongType)
         );
         assert_eq!(
-            check(
-                &with_header(json!({"typ": PROOF_TYPE, "alg": "ES256"})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            header_check(json!({"typ": PROOF_TYPE, "alg": "ES256"})),
             Err(ProofError::BadKey("there is none"))
         );
         assert_eq!(
-            check(
-                &with_header(json!({"typ": PROOF_TYPE, "alg": "ES256", "jwk": key.private_jwk()})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            header_check(json!({"typ": PROOF_TYPE, "alg": "ES256", "jwk": key.private_jwk()})),
             Err(ProofError::PrivateKey)
         );
         assert_eq!(
-            check(
-                &with_header(json!({"typ": PROOF_TYPE, "alg": "none", "jwk": public})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            header_check(json!({"typ": PROOF_TYPE, "alg": "none", "jwk": public})),
             Err(ProofError::Signature(
                 "the token is signed with \"none\", which is not supported".into()
             ))
         );
         assert_eq!(
-            check(
-                &with_header(
-                    json!({"typ": PROOF_TYPE, "alg": "HS256", "jwk": {"kty": "oct", "k": "c2VjcmV0"}})
-                ),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            header_check(json!({"typ": PROOF_TYPE, "alg": "HS256", "jwk": {"kty": "oct", "k": "c2VjcmV0"}})),
             Err(ProofError::PrivateKey)
         );
         assert_eq!(
-            check(
-                &with_header(json!({"typ": PROOF_TYPE, "alg": "ES256", "jwk": public, "crit": ["x"]})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            header_check(json!({"typ": PROOF_TYPE, "alg": "ES256", "jwk": public, "crit": ["x"]})),
             Err(ProofError::Critical)
         );
 
         // Claims missing.
-        let signed = |claims: Value| key.sign_dpop_proof(&claims).unwrap();
+        // `claims` in a proof signed by the key, checked.
+        let claims_check =
+            |claims: Value| check(&key.sign_dpop_proof(&claims).unwrap(), "POST", URL, 1_000, WINDOW);
         assert_eq!(
-            check(
-                &signed(json!({"htm": "POST", "htu": URL, "iat": 1_000})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            claims_check(json!({"htm": "POST", "htu": URL, "iat": 1_000})),
             Err(ProofError::MissingClaim("jti"))
         );
         assert_eq!(
-            check(
-                &signed(json!({"jti": "a", "htm": "POST", "htu": URL})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            claims_check(json!({"jti": "a", "htm": "POST", "htu": URL})),
             Err(ProofError::MissingClaim("iat"))
         );
         assert_eq!(
-            check(
-                &signed(json!({"jti": "a", "htm": "POST", "htu": URL, "iat": 1_000, "nonce": 5})),
-                "POST",
-                URL,
-                1_000,
-                WINDOW
-            ),
+            claims_check(json!({"jti": "a", "htm": "POST", "htu": URL, "iat": 1_000, "nonce": 5})),
             Err(ProofError::MissingClaim("nonce"))
         );
         assert_eq!(

@@ -45,35 +45,20 @@ async fn refresh_with_proof(
 ) -> anyhow::Result<(u16, http::HeaderMap, Value)> {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let proof = dpop::proof(key, "POST", token_url, nonce, now)?;
-    let body = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs([
+    pinniped_cli::token_with_headers(
+        client,
+        token_url,
+        &[
             ("grant_type", "refresh_token"),
             ("client_id", pinniped_cli::CLIENT_ID),
             ("refresh_token", refresh_token),
-        ])
-        .finish();
-    let response = client
-        .send(
-            http::Method::POST,
-            token_url,
-            &[
-                (
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/x-www-form-urlencoded"),
-                ),
-                (
-                    http::HeaderName::from_static("dpop"),
-                    http::HeaderValue::from_str(&proof)?,
-                ),
-            ],
-            body.into(),
-            1 << 20,
-            Some(Duration::from_secs(60)),
-        )
-        .await?;
-    let json = serde_json::from_slice(&response.body)
-        .with_context(|| format!("{} answered {} with no JSON", token_url, response.status))?;
-    Ok((response.status.as_u16(), response.headers, json))
+        ],
+        &[(
+            http::HeaderName::from_static("dpop"),
+            http::HeaderValue::from_str(&proof)?,
+        )],
+    )
+    .await
 }
 
 #[tokio::test]
