@@ -28,7 +28,8 @@ lint: setup
 ## for the cores. The fuzz targets are built meanwhile at the lowest priority (log:
 ## target/fuzz-build.log), on what the tests leave of the cores (they wait on components much of
 ## the time), and run after. Tests run TEST_THREADS (4) at a time: most of an end-to-end test's
-## time is spent waiting for the components it drives.
+## time is spent waiting for the components it drives. When a test fails, the run stops after the
+## cargo tests and ends with what the failed tests said (e2e/scripts/test-failures.sh).
 TEST_THREADS ?= 4
 test: lint
 	@mkdir -p target
@@ -36,7 +37,9 @@ test: lint
 	@setsid nice -n 19 bash e2e/scripts/fuzz.sh --build-only >target/fuzz-build.log 2>&1 & fuzz_build=$$!; \
 	trap 'kill -- -$$fuzz_build 2>/dev/null || true' EXIT; \
 	set -x; \
-	$(CARGO) test --workspace --locked --no-fail-fast -- --test-threads=$(TEST_THREADS) 2>&1 | tee target/test-output.log; \
+	tests=0; \
+	$(CARGO) test --workspace --locked --no-fail-fast -- --test-threads=$(TEST_THREADS) 2>&1 | tee target/test-output.log || tests=$$?; \
+	if (( tests )); then { set +x; } 2>/dev/null; bash e2e/scripts/test-failures.sh target/test-output.log; exit "$$tests"; fi; \
 	bash perf/run --smoke; \
 	bash perf/run-streams --smoke; \
 	bash perf/soak --smoke; \

@@ -419,10 +419,11 @@ async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives
     let mut socket = eventually(Duration::from_secs(30), || {
         websocket_exec(proxy.url(), &ca_pem, &credential, &path)
     })
-    .await?;
+    .await
+    .context("the exec before the freeze")?;
     let message = Message::binary(b"\x00before the freeze".to_vec());
     socket.send(message.clone()).await?;
-    let echoed = next(&mut socket).await?;
+    let echoed = next(&mut socket).await.context("the echo before the freeze")?;
     ensure!(echoed == message, "echoed {echoed:?}");
     // The client's pings are answered while kube-apiserver runs.
     socket.send(Message::Ping(b"alive".to_vec().into())).await?;
@@ -471,8 +472,8 @@ async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives
         anyhow::Ok((gave_up, frozen_at.elapsed(), answered_while_frozen))
     };
     let (thawed, client) = tokio::join!(cluster.freeze_apiserver(EXEC_FROZEN), client);
-    let ready_after = thawed?;
-    let (gave_up, released, answered_while_frozen) = client?;
+    let ready_after = thawed.context("kube-apiserver after the freeze")?;
+    let (gave_up, released, answered_while_frozen) = client.context("the exec client during the freeze")?;
     let rss_during = rss_kib(proxy.pid());
     ensure!(
         answered_while_frozen.is_empty(),
@@ -497,10 +498,13 @@ async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives
     let mut again = eventually(Duration::from_secs(30), || {
         websocket_exec(proxy.url(), &ca_pem, &credential, &new_path)
     })
-    .await?;
+    .await
+    .context("a new exec after the freeze")?;
     let message = Message::binary(b"\x00after the freeze".to_vec());
     again.send(message.clone()).await?;
-    let echoed = next(&mut again).await?;
+    let echoed = next(&mut again)
+        .await
+        .context("the echo of the new exec after the freeze")?;
     ensure!(echoed == message, "echoed {echoed:?} after the freeze");
     drop(again);
     let rss_after = rss_kib(proxy.pid());
