@@ -27,7 +27,7 @@
 //! [`Upstream::stream_gate`]: crate::snapshot::Upstream::stream_gate
 //! [`Upstream::gate`]: crate::snapshot::Upstream::gate
 
-use std::sync::Arc;
+use std::{future::Future, pin::Pin, sync::Arc};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -71,18 +71,28 @@ impl Routes {
 
 #[async_trait]
 impl HttpServerApp for Routes {
-    async fn process_new_http(
-        self: &Arc<Self>,
+    /// Written out rather than as an `async fn`: `async_trait` would move `session` from the
+    /// captured argument into a local of the same future, and the future keeps room for both
+    /// (680 bytes each) for the request's life. Here the stream path's future uses the captured
+    /// session in place, and every other request returns pingora's own boxed future, without a
+    /// box around it.
+    fn process_new_http<'this, 'shutdown, 'future>(
+        self: &'this Arc<Self>,
         mut session: ServerSession,
-        shutdown: &ShutdownWatch,
-    ) -> Option<ReusedHttpStream> {
+        shutdown: &'shutdown ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = Option<ReusedHttpStream>> + Send + 'future>>
+    where
+        'this: 'future,
+        'shutdown: 'future,
+        Self: 'future,
+    {
         if session.is_http2() && long_lived(session.req_header()) && session.is_body_empty() {
-            // By reference: the session stays where `async_trait` put it, in this future's box.
-            serve_stream(&self.service, &self.connector, &mut session).await;
-            return None;
+            return Box::pin(async move {
+                serve_stream(&self.service, &self.connector, &mut session).await;
+                None
+            });
         }
-        // pingora's loop boxes its own future: it is allocated only for the requests it serves.
-        self.proxy.process_new_http(session, shutdown).await
+        self.proxy.process_new_http(session, shutdown)
     }
 
     async fn http_cleanup(&self) {
@@ -133,19 +143,7 @@ async fn serve_stream(service: &ImpersonationProxy, connector: &Connector, sessi
         Ok(None) => None,
         Ok(Some(mut upstream)) => {
             let pumped = pump(session, &mut upstream).await;
-            // The stream goes back to its connection's pool, which the peer names; built again
-            // rather than kept through the stream (it is larger than the stream itself).
-            match service.peer(false, &ctx) {
-                Ok(peer) => {
-                    Box::pin(connector.release_http_session(
-                        ClientSession::H2(*upstream),
-                        &peer,
-                        peer.idle_timeout(),
-                    ))
-                    .await;
-                }
-                Err(_) => drop(upstream),
-            }
+            Box::pin(release(service, connector, &ctx, upstream)).await;
             pumped.err()
         }
         Err(error) => Some(error),
@@ -154,6 +152,26 @@ async fn serve_stream(service: &ImpersonationProxy, connector: &Connector, sessi
         Box::pin(service.fail(session, error, &mut ctx)).await;
     }
     service.end(session, error.as_deref(), &mut ctx);
+}
+
+/// Gives the upstream stream back to its connection's pool, which the peer names, or drops it
+/// when the peer cannot be named again. Boxed by the caller: the peer (672 bytes) is built again
+/// here rather than kept through the stream, and this step's state is not part of the stream's
+/// future, which would otherwise have room for it for the stream's whole life.
+async fn release(
+    service: &ImpersonationProxy,
+    connector: &Connector,
+    ctx: &RequestContext,
+    upstream: Box<Http2Session>,
+) {
+    match service.peer(false, ctx) {
+        Ok(peer) => {
+            connector
+                .release_http_session(ClientSession::H2(*upstream), &peer, peer.idle_timeout())
+                .await;
+        }
+        Err(_) => drop(upstream),
+    }
 }
 
 /// How many times a request whose pooled upstream connection turned out dead is sent again on a
@@ -226,7 +244,7 @@ async fn exchange_headers(
     upstream: &mut Http2Session,
     ctx: &RequestContext,
 ) -> Result<()> {
-    let mut request = Box::new(session.req_header().clone());
+    let mut request = session.req_header().clone();
     service.identify(&mut request, ctx)?;
     // HTTP/2 carries the authority in the URI (`:authority`), not in a Host header.
     if let Some(host) = request.remove_header(&http::header::HOST) {
@@ -241,8 +259,10 @@ async fn exchange_headers(
         }
     }
     request.set_version(http::Version::HTTP_2);
+    // pingora keeps the request for the stream's life. Adding the identity headers grew its
+    // header map to up to twice the room they take; a clone has exactly that room.
     upstream
-        .write_request_header(request, true)
+        .write_request_header(Box::new(request.clone()), true)
         .map_err(|error| error.into_up())?;
     upstream
         .read_response_header()
@@ -272,8 +292,13 @@ async fn pump(session: &mut ServerSession, upstream: &mut Http2Session) -> Resul
     loop {
         let chunk = {
             let closed = session.idle();
+            // Polled rather than awaited through `read_response_body`, whose future has room for
+            // a read timeout the stream path never sets: this wait is what an idle watch holds.
+            let read = std::future::poll_fn(|cx| upstream.poll_read_response_body(cx));
             tokio::select! {
-                chunk = upstream.read_response_body() => chunk.map_err(|error| error.into_up())?,
+                chunk = read => chunk
+                    .transpose()
+                    .map_err(|error| Error::because(ErrorType::ReadError, "reading the upstream response body", error).into_up())?,
                 reason = closed => {
                     let reason = reason.map_err(|error| error.into_down())?;
                     return Err(Error::explain(
@@ -288,8 +313,9 @@ async fn pump(session: &mut ServerSession, upstream: &mut Http2Session) -> Resul
             continue;
         }
         let end = chunk.is_none();
-        session
-            .write_body(chunk.unwrap_or_else(Bytes::new), end)
+        // Boxed: the write's future (two timeouts deep) exists only while a chunk goes out,
+        // instead of widening the copy loop's state for the stream's whole life.
+        Box::pin(session.write_body(chunk.unwrap_or_else(Bytes::new), end))
             .await
             .map_err(|error| error.into_down())?;
         if end {
