@@ -381,6 +381,11 @@ const EXEC_PING_EVERY: Duration = Duration::from_secs(1);
 const EXEC_READ_DEADLINE: Duration = Duration::from_secs(8);
 /// How long the proxy may take to let go of a tunnel whose client went away.
 const TUNNEL_RELEASE: Duration = Duration::from_secs(10);
+/// How long kube-apiserver, once ready again after the freeze, may take to end the frozen stream
+/// at the far end and to serve a new exec through its aggregation layer (its APIService
+/// availability checks run again first). Recovery only: what the test holds the proxy to is
+/// bounded by `TUNNEL_RELEASE` and `EXEC_FROZEN`.
+const EXEC_RECOVERY: Duration = Duration::from_secs(60);
 
 /// The tunnels and upgrades the proxy counts as open (`active_tunnels`, upgrades in flight).
 async fn open_tunnels(proxy: &Proxy) -> anyhow::Result<(f64, f64)> {
@@ -486,7 +491,7 @@ async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives
     );
 
     // The far end saw the stream end once kube-apiserver ran again.
-    let ended = eventually(Duration::from_secs(30), || async {
+    let ended = eventually(EXEC_RECOVERY, || async {
         echo.tunnels()
             .into_iter()
             .find(|tunnel| tunnel.name == "frozen-exec")
@@ -495,7 +500,7 @@ async fn faults_kube_apiserver_black_holed_under_an_exec_stream_the_client_gives
     .await?;
     // A new exec works.
     let new_path = echo.exec_path(&namespace, "after-the-freeze");
-    let mut again = eventually(Duration::from_secs(30), || {
+    let mut again = eventually(EXEC_RECOVERY, || {
         websocket_exec(proxy.url(), &ca_pem, &credential, &new_path)
     })
     .await
