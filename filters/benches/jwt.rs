@@ -15,8 +15,9 @@
 //! * `jwt/ring-verify/{rs256,es256}`: the token's signature verified by ring alone, the way
 //!   `oidc/src/jose.rs` does it (`RsaPublicKeyComponents::verify`, `UnparsedPublicKey`):
 //!   the floor under the miss path.
-//! * `jwt/dot-count/{rs256,es256}-token`: the expression `authenticate` uses to tell a JWT from
-//!   another bearer token (count the `.`s) on its own, the other per-byte cost of every hit.
+//! * `jwt/dot-count/{rs256,es256}-token`: the check `authenticate` uses to tell a JWT from
+//!   another bearer token (`has_compact_jws_shape`: exactly two `.`s) on its own, the other
+//!   per-byte cost of every hit.
 //!
 //! Async routines run on a current-thread tokio runtime through criterion's `to_async`, which
 //! enters the runtime once per sample rather than once per iteration (`block_on` per iteration
@@ -231,7 +232,7 @@ fn jwt(c: &mut Criterion) {
         }
 
         c.bench_function(&format!("jwt/dot-count/{alg}-token"), |b| {
-            b.iter(|| black_box(token.as_str()).bytes().filter(|b| *b == b'.').count() != 2)
+            b.iter(|| selkie_filters::jwt::has_compact_jws_shape(black_box(token.as_str())))
         });
 
         let hmac_key = hmac::Key::generate(hmac::HMAC_SHA256, &SystemRandom::new()).unwrap();

@@ -889,3 +889,17 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn the_jws_shape_is_exactly_two_dots_wherever_they_are() {
+    for token in ["a.b.c", "..", "a..", "..c", "eyJh.eyJi.c2ln"] {
+        assert!(has_compact_jws_shape(token), "{token:?} has two dots");
+    }
+    for token in ["", "abc", "a.b", "a.b.c.d", "...", "a.b.c.d.e", "opaque-token"] {
+        assert!(!has_compact_jws_shape(token), "{token:?} does not have two dots");
+    }
+    // Longer than one vector: the search must find dots past the first block too.
+    let long = format!("{}.{}.{}", "a".repeat(300), "b".repeat(300), "c".repeat(300));
+    assert!(has_compact_jws_shape(&long));
+    assert!(!has_compact_jws_shape(&format!("{long}.")));
+}
