@@ -11,6 +11,8 @@
 //!   `Impersonate-*` headers over pooled HTTP/2 (HTTP/1.1 for upgrades);
 //! * [`streams`]: watches and followed logs over HTTP/2, served outside pingora's request loop
 //!   by the same steps, so that an idle stream holds only what it needs;
+//! * [`coalesce`]: the body chunks of a response that ends on its own (a list, a GET) written
+//!   together rather than one by one as kube-apiserver's encoder produces them;
 //! * [`downstream`]: what a client connection is allowed before authentication: header-read and
 //!   idle timeouts (none for a request in progress) and request-head size limits;
 //! * [`admission`]: how many client connections are open at once (`listenerLimits`), counted
@@ -32,6 +34,7 @@
 
 pub mod admission;
 pub mod audit;
+pub mod coalesce;
 pub mod composer;
 pub mod config;
 pub mod downstream;

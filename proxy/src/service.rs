@@ -8,10 +8,14 @@
 //! credential and `Impersonate-*` headers (or, for identities that carry a UID from TokenReview,
 //! the original token). One audit line per request at the end.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue};
 use pingora::{
     http::{RequestHeader, ResponseHeader},
@@ -39,6 +43,7 @@ use selkie_filters::{
 use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
 use crate::{
+    coalesce::Coalescer,
     metrics::{Active, Metrics, VerbClass},
     snapshot::{ConciergePaths, Snapshot, Upstream, UpstreamCredential},
     status::{status_body, Failure},
@@ -118,6 +123,8 @@ pub struct RequestContext {
     /// The request's stream in the upstream connection gate (HTTP/2 with the proxy's own
     /// credential), held until the request ends.
     upstream_stream: Option<Ticket>,
+    /// Holds the body chunks of a response that ends on its own, to write them together.
+    coalescer: Coalescer,
 }
 
 /// The connection's client certificate, if the client presented one.
@@ -621,9 +628,7 @@ async fn answer_locally(
     response.insert_header(header::CONTENT_TYPE, "application/json")?;
     response.insert_header(header::CONTENT_LENGTH, answer.len())?;
     session.write_response_header(Box::new(response)).await?;
-    session
-        .write_response_body(bytes::Bytes::from(answer), true)
-        .await?;
+    session.write_response_body(Bytes::from(answer), true).await?;
     Ok(true)
 }
 
@@ -645,6 +650,7 @@ impl ImpersonationProxy {
             in_flight: None,
             tunnel: None,
             upstream_stream: None,
+            coalescer: Coalescer::default(),
         }
     }
 
@@ -895,14 +901,38 @@ impl ProxyHttp for ImpersonationProxy {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             ctx.tunnel = Some(self.metrics.tunnel_opened());
         }
+        ctx.coalescer.start(session.req_header(), upstream_response);
         Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> Result<Option<Duration>> {
+        ctx.coalescer.filter(body, end_of_stream);
+        Ok(None)
+    }
+
+    /// kube-apiserver sends no trailers; should an upstream send some after a held chunk, the
+    /// held bytes go out as the end of the body (pingora then writes no trailers, which an
+    /// HTTP/1.1 client never gets from it anyway).
+    async fn response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        _upstream_trailers: &mut http::HeaderMap,
+        ctx: &mut Self::CTX,
+    ) -> Result<Option<Bytes>> {
+        Ok(ctx.coalescer.take())
     }
 
     async fn logging(&self, session: &mut Session, error: Option<&Error>, ctx: &mut Self::CTX) {
