@@ -6,7 +6,8 @@
 //! the handshake) or run the bearer token through the chain; remove every client credential and
 //! identity header; refuse what may not pass; then forward to kube-apiserver with the proxy's own
 //! credential and `Impersonate-*` headers (or, for identities that carry a UID from TokenReview,
-//! the original token). One audit line per request at the end.
+//! the original token). The body of a response that ends on its own goes back to the client in
+//! few, large writes ([`crate::coalesce`]). One audit line per request at the end.
 
 use std::{
     sync::Arc,
