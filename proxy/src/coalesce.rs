@@ -100,10 +100,12 @@ fn streams(response: &ResponseHeader) -> bool {
             .get(http::header::CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
             .is_some_and(|value| {
+                const EVENT_STREAM: &[u8] = b"text/event-stream";
                 value
                     .trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("text/event-stream")
+                    .as_bytes()
+                    .get(..EVENT_STREAM.len())
+                    .is_some_and(|prefix| prefix.eq_ignore_ascii_case(EVENT_STREAM))
             })
 }
 
