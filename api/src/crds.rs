@@ -32,6 +32,7 @@ use crate::{
     supervisor_idp::{
         ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider, OIDCIdentityProvider,
     },
+    supervisor_saml::SAMLIdentityProvider,
 };
 
 /// The first line of every generated file: what wrote it and how to write it again.
@@ -55,6 +56,10 @@ pub enum CrdError {
         message: String,
     },
 }
+
+/// The suffix of Selkie's own API groups (kinds Pinniped has no counterpart for), which an
+/// `apiGroupSuffix` does not rename.
+pub const SELKIE_GROUP_SUFFIX: &str = ".selkie.dev";
 
 /// One generated CRD and the file it is written to.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +116,8 @@ pub fn concierge_crds(suffix: &str) -> Result<Vec<GeneratedCrd>, CrdError> {
 
 /// Every Supervisor CRD, for `suffix` (`pinniped.dev` gives Pinniped's own groups), in a fixed
 /// order: FederationDomain, OIDCClient, OIDCIdentityProvider, LDAPIdentityProvider,
-/// ActiveDirectoryIdentityProvider, GitHubIdentityProvider.
+/// ActiveDirectoryIdentityProvider, GitHubIdentityProvider, then Selkie's SAMLIdentityProvider
+/// (whose group, `idp.supervisor.selkie.dev`, no suffix renames).
 ///
 /// The OIDCClient CRD carries Pinniped's install-time pattern on `metadata.name` (it does not
 /// change with the suffix: client IDs always start with `client.oauth.pinniped.dev-`).
@@ -124,6 +130,7 @@ pub fn supervisor_crds(suffix: &str) -> Result<Vec<GeneratedCrd>, CrdError> {
             crd::<LDAPIdentityProvider>()?,
             crd::<ActiveDirectoryIdentityProvider>()?,
             crd::<GitHubIdentityProvider>()?,
+            crd::<SAMLIdentityProvider>()?,
         ],
         suffix,
     )
@@ -184,16 +191,19 @@ fn with_metadata_name_pattern(mut crd: CustomResourceDefinition, pattern: &str) 
 }
 
 /// Rewrites a `*.pinniped.dev` CRD for another API group suffix: `spec.group` becomes
-/// `<prefix>.<suffix>` and `metadata.name` `<plural>.<prefix>.<suffix>`. The default suffix
-/// returns the CRD unchanged.
+/// `<prefix>.<suffix>` and `metadata.name` `<plural>.<prefix>.<suffix>`. The default suffix,
+/// and Selkie's own groups (ending in [`SELKIE_GROUP_SUFFIX`]), return the CRD unchanged.
 ///
-/// Fails when `suffix` is not a DNS-1123 subdomain with a dot, or the CRD's group does not end in
-/// `.pinniped.dev`.
+/// Fails when `suffix` is not a DNS-1123 subdomain with a dot, or the CRD's group ends in neither
+/// `.pinniped.dev` nor [`SELKIE_GROUP_SUFFIX`].
 pub fn with_api_group_suffix(
     mut crd: CustomResourceDefinition,
     suffix: &str,
 ) -> Result<CustomResourceDefinition, CrdError> {
     validate_api_group_suffix(suffix)?;
+    if crd.spec.group.ends_with(SELKIE_GROUP_SUFFIX) {
+        return Ok(crd);
+    }
     let group = replace_group_suffix(&crd.spec.group, suffix)
         .ok_or_else(|| GroupSuffixError::NotAPinnipedGroup(crd.spec.group.clone()))?;
     crd.metadata.name = Some(format!("{}.{group}", crd.spec.names.plural));

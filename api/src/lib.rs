@@ -44,3 +44,5 @@ pub mod supervisor_config;
 #[cfg(feature = "crds")]
 pub mod supervisor_idp;
 pub mod supervisor_oidc;
+#[cfg(feature = "crds")]
+pub mod supervisor_saml;

@@ -79,24 +79,30 @@ pub enum IDPType {
     ActiveDirectory,
     /// A GitHubIdentityProvider.
     GitHub,
+    /// A SAMLIdentityProvider (Selkie's; the pinniped CLI does not know the type, so it cannot
+    /// select one by type).
+    SAML,
 }
 
 impl IDPType {
-    /// Every type, in the order Pinniped lists them as supported (alphabetical).
-    pub const ALL: [IDPType; 4] = [
+    /// Every type, in the order Pinniped lists them as supported (alphabetical), Selkie's `saml`
+    /// last.
+    pub const ALL: [IDPType; 5] = [
         IDPType::ActiveDirectory,
         IDPType::GitHub,
         IDPType::LDAP,
         IDPType::OIDC,
+        IDPType::SAML,
     ];
 
-    /// The wire name (`oidc`, `ldap`, `activedirectory`, `github`).
+    /// The wire name (`oidc`, `ldap`, `activedirectory`, `github`, `saml`).
     pub fn as_str(self) -> &'static str {
         match self {
             IDPType::OIDC => "oidc",
             IDPType::LDAP => "ldap",
             IDPType::ActiveDirectory => "activedirectory",
             IDPType::GitHub => "github",
+            IDPType::SAML => "saml",
         }
     }
 }
@@ -246,6 +252,7 @@ mod tests {
             ],
             "pinniped_supported_identity_provider_types": [
                 {"type": "activedirectory"}, {"type": "github"}, {"type": "ldap"}, {"type": "oidc"},
+                {"type": "saml"},
             ],
         });
         let parsed: IDPDiscoveryResponse = serde_json::from_value(idps.clone()).unwrap();
@@ -309,14 +316,14 @@ mod tests {
         }
         assert_eq!(
             IDPType::ALL.map(IDPType::as_str),
-            ["activedirectory", "github", "ldap", "oidc"]
+            ["activedirectory", "github", "ldap", "oidc", "saml"]
         );
         for f in [IDPFlow::CliPassword, IDPFlow::BrowserAuthcode] {
             assert_eq!(serde_json::to_value(f).unwrap(), json!(f.as_str()));
         }
         assert_eq!(IDPFlow::CliPassword.to_string(), "cli_password");
         assert_eq!(IDPFlow::BrowserAuthcode.to_string(), "browser_authcode");
-        assert!(serde_json::from_value::<IDPType>(json!("saml")).is_err());
+        assert!(serde_json::from_value::<IDPType>(json!("cas")).is_err());
         assert!(serde_json::from_value::<IDPFlow>(json!("device_code")).is_err());
     }
 }

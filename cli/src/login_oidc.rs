@@ -167,10 +167,10 @@ pub async fn run(
     };
     if !matches!(
         options.upstream_identity_provider_type.as_str(),
-        "" | "oidc" | "ldap" | "activedirectory" | "github"
+        "" | "oidc" | "ldap" | "activedirectory" | "github" | "saml"
     ) {
         anyhow::bail!(
-            "--upstream-identity-provider-type {:?} is not one of oidc, ldap, activedirectory, github",
+            "--upstream-identity-provider-type {:?} is not one of oidc, ldap, activedirectory, github, saml",
             options.upstream_identity_provider_type
         );
     }

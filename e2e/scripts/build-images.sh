@@ -159,7 +159,8 @@ build_workload() {
 build_app() {
   local target=$1 ref=$2 hash=$3 ctx="$OUT/.context" c tmp=localhost/selkie-unverified:$1
   in_store "$BASE_REF" "$BASE_HASH" || build_base "$BASE_REF" "$BASE_HASH"
-  rm -rf "$ctx" && mkdir -p "$ctx/bin"
+  # bin/supervisor-libs/: empty, the base has every library the binaries need (see above).
+  rm -rf "$ctx" && mkdir -p "$ctx/bin/supervisor-libs"
   cp -l "${APPS[@]}" "$ctx/bin/" 2>/dev/null || cp "${APPS[@]}" "$ctx/bin/"
   bah build --quiet --format oci --timestamp 0 --pull=never --skip-unused-stages=true \
     -f "$CONTAINERFILE" --target "$target" --build-arg BINARIES=prebuilt --build-arg "BASE=$BASE_REF" \

@@ -2,9 +2,10 @@
 # Installs everything Selkie's build, tests and demo need on a fresh machine, and does nothing
 # (in about a second) on a machine that already has it:
 #   * Debian packages: util-linux (setpriv), cmake (pingora's zlib-ng), pkg-config, g++ (libFuzzer,
-#     which the fuzz targets link); chromium, chromium-driver and tmux (the browser and the terminal
-#     of the OIDC login tests, e2e/tests/e2e/cli_oidc.rs); slapd and ldap-utils (OpenLDAP, the
-#     directory of the LDAP tests, run from a temporary directory by e2e/src/ldap.rs, not as a
+#     which the fuzz targets link); libclang-dev, libxmlsec1-dev and libxml2-dev (samael, the
+#     Supervisor's SAML signature checks); chromium, chromium-driver and tmux (the browser and the
+#     terminal of the OIDC login tests, e2e/tests/e2e/cli_oidc.rs); slapd and ldap-utils (OpenLDAP,
+#     the directory of the LDAP tests, run from a temporary directory by e2e/src/ldap.rs, not as a
 #     system service); samba, samba-ad-dc and samba-ad-provision (the Active Directory domain
 #     controller of the AD tests, provisioned into a temporary directory by e2e/src/samba.rs);
 #     libfaketime (the wall clock a test moves for one component, e2e/src/clock.rs);
@@ -38,6 +39,11 @@ command -v samba >/dev/null || missing+=(samba samba-ad-dc)
 [[ -d /usr/share/samba/setup/ad-schema ]] || missing+=(samba-ad-provision)
 command -v samba-tool >/dev/null || missing+=(samba-common-bin)
 [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || missing+=(libfaketime)
+# samael (the Supervisor's SAML signatures): bindgen needs libclang; it binds and links libxmlsec1
+# (with its OpenSSL engine) and libxml2.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so' >/dev/null || missing+=(libclang-dev)
+[[ -e /usr/include/xmlsec1/xmlsec/xmlsec.h ]] || missing+=(libxmlsec1-dev)
+[[ -e /usr/include/libxml2/libxml/parser.h ]] || missing+=(libxml2-dev)
 # The node (e2e/src/node.rs): runc under containerd, iptables and conntrack for kube-proxy, haproxy
 # (the load balancer in front of its Services), buildah for the images (e2e/scripts/
 # build-images.sh), busybox-static for the tests' workload image.

@@ -295,6 +295,44 @@ impl Browser {
         .map(drop)
     }
 
+    /// The DOM property `name` of the element matching `selector` (waiting for it to appear):
+    /// the live value (`value` of an input, unescaped), `null` when the element has no such
+    /// property.
+    pub async fn property(&self, selector: &str, name: &str) -> Result<Value, HarnessError> {
+        let element = self.find(selector).await?;
+        let value = self
+            .call(
+                http::Method::GET,
+                &self.session_path(&format!("/element/{element}/property/{name}")),
+                None,
+            )
+            .await?;
+        Ok(value["value"].clone())
+    }
+
+    /// Runs the DevTools protocol command `command` with `params` in the session's page
+    /// (chromedriver's `goog/cdp/execute`): its result.
+    pub async fn devtools(&self, command: &str, params: Value) -> Result<Value, HarnessError> {
+        let value = self
+            .call(
+                http::Method::POST,
+                &self.session_path("/goog/cdp/execute"),
+                Some(json!({"cmd": command, "params": params})),
+            )
+            .await?;
+        Ok(value["value"].clone())
+    }
+
+    /// Lets the pages' own scripts run, or not, from the next page load on (DevTools'
+    /// `Emulation.setScriptExecutionDisabled`, which holds across navigations). Without scripts a
+    /// page that submits a form on load — a SAML HTTP-POST binding page — stays, with its form,
+    /// until the test reads it; the WebDriver commands themselves keep working.
+    pub async fn set_scripts_enabled(&self, enabled: bool) -> Result<(), HarnessError> {
+        self.devtools("Emulation.setScriptExecutionDisabled", json!({"value": !enabled}))
+            .await
+            .map(drop)
+    }
+
     /// Opens `authorize_url` (a Dex authorization request) and logs in with Dex's password form
     /// as `login`/`password`. With `skipApprovalScreen`, Dex then redirects to the client's
     /// redirect URI; returns the URL the browser ended on. When a network change interrupts the

@@ -4,6 +4,11 @@
 //! in-memory database and a configuration file of its own, and a realm [`REALM`] created through
 //! the admin REST API with a confidential client for the Supervisor (password grant allowed, a
 //! `groups` claim from group membership) and the given users. Stopped on drop.
+//!
+//! Keycloak is also the tests' SAML 2.0 identity provider: [`Keycloak::create_saml_client`]
+//! registers a service provider (the Supervisor's FederationDomain) in the realm, whose IdP
+//! metadata is at [`Keycloak::saml_descriptor_url`]; [`Keycloak::fill_login_form`] logs in on
+//! Keycloak's login page in a [`Browser`].
 
 use std::{ffi::OsString, time::Duration};
 
@@ -12,7 +17,8 @@ use selkie_oidc::https::{HttpsClient, TlsOptions};
 use serde_json::{json, Value};
 
 use crate::{
-    components::Components, dex::DexUser, pki::CertificateAuthority, process::ManagedProcess, HarnessError,
+    browser::Browser, components::Components, dex::DexUser, pki::CertificateAuthority,
+    process::ManagedProcess, HarnessError,
 };
 
 /// The realm the users and the client are in.
@@ -33,6 +39,9 @@ pub struct Keycloak {
     issuer: String,
     ca: CertificateAuthority,
     client: HttpsClient,
+    /// The master realm's `admin` password (random; only in Keycloak's configuration file and
+    /// here, never in a log or on a command line).
+    admin_password: String,
 }
 
 impl std::fmt::Debug for Keycloak {
@@ -48,6 +57,14 @@ impl Keycloak {
     /// and `email` = their email, in groups named as theirs). Returns once the realm's discovery
     /// document is served.
     pub async fn start(users: &[DexUser]) -> Result<Self, HarnessError> {
+        Self::start_as(users, "127.0.0.1").await
+    }
+
+    /// [`Keycloak::start`], with Keycloak's URLs (its issuer, its SAML endpoints) on `host`
+    /// (`127.0.0.1` or `localhost`: it listens on 127.0.0.1 either way). `localhost` makes it
+    /// another site than a server on 127.0.0.1 for the browser, as an identity provider is in
+    /// production: what it sends the browser back with is cross-site.
+    pub async fn start_as(users: &[DexUser], host: &str) -> Result<Self, HarnessError> {
         crate::install_crypto_provider();
         let components = Components::get()?;
         let dir = tempfile::Builder::new()
@@ -55,7 +72,7 @@ impl Keycloak {
             .tempdir()
             .map_err(|e| HarnessError::io("creating Keycloak's directory", e))?;
         let port = crate::free_port()?;
-        let base = format!("https://127.0.0.1:{port}");
+        let base = format!("https://{host}:{port}");
         let ca = CertificateAuthority::new("selkie-test-keycloak-ca")?;
         let serving = ca.issue_serving("keycloak", &["127.0.0.1", "localhost"])?;
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
@@ -72,9 +89,12 @@ impl Keycloak {
             &config,
             &format!(
                 "db=dev-mem\nhttp-enabled=false\nhttp-host=127.0.0.1\nhttps-port={port}\n\
-                 http-management-port={management}\nhttps-certificate-file={cert}\n\
+                 http-port={http}\nhttp-management-port={management}\nhttps-certificate-file={cert}\n\
                  https-certificate-key-file={key}\nhostname={base}\n\
                  bootstrap-admin-username=admin\nbootstrap-admin-password={admin_password}\n",
+                // Development mode binds its HTTP port even with HTTP disabled: a free one, so that
+                // Keycloaks of tests running side by side do not collide on the default 8080.
+                http = crate::free_port()?,
                 management = crate::free_port()?,
                 cert = cert.display(),
                 key = key.display(),
@@ -119,13 +139,15 @@ impl Keycloak {
             base,
             ca,
             client,
+            admin_password,
         };
-        keycloak.create_realm(&admin_password, users).await?;
+        keycloak.create_realm(users).await?;
         Ok(keycloak)
     }
 
-    /// Creates [`REALM`] with the client and `users`, as the master realm's admin.
-    async fn create_realm(&self, admin_password: &str, users: &[DexUser]) -> Result<(), HarnessError> {
+    /// A fresh access token of the master realm's admin (they live a minute, so every
+    /// administrative step gets its own).
+    async fn admin_token(&self) -> Result<String, HarnessError> {
         let (status, answer) = self
             .form(
                 &format!("{}/realms/master/protocol/openid-connect/token", self.base),
@@ -133,14 +155,54 @@ impl Keycloak {
                     ("grant_type", "password"),
                     ("client_id", "admin-cli"),
                     ("username", "admin"),
-                    ("password", admin_password),
+                    ("password", self.admin_password.as_str()),
                 ],
             )
             .await?;
-        let admin_token = answer["access_token"]
+        answer["access_token"]
             .as_str()
             .filter(|_| status == 200)
-            .ok_or_else(|| self.process.failure(format!("the admin login answered {status}")))?;
+            .map(str::to_string)
+            .ok_or_else(|| self.process.failure(format!("the admin login answered {status}")))
+    }
+
+    /// POSTs the JSON `body` to the admin REST API's `path` (under `/admin`) as the master
+    /// realm's admin; fails, with Keycloak's answer, unless it answers 201 Created. `what` names
+    /// the step in errors.
+    async fn admin_create(&self, what: &str, path: &str, body: &Value) -> Result<(), HarnessError> {
+        let admin_token = self.admin_token().await?;
+        let authorization = http::HeaderValue::from_str(&format!("Bearer {admin_token}"))
+            .map_err(|e| HarnessError::NotReady(format!("the admin token: {e}")))?;
+        let response = self
+            .client
+            .send(
+                http::Method::POST,
+                &format!("{}/admin{path}", self.base),
+                &[
+                    (http::header::AUTHORIZATION, authorization),
+                    (
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    ),
+                ],
+                Bytes::from(body.to_string()),
+                1 << 20,
+                Some(Duration::from_secs(60)),
+            )
+            .await
+            .map_err(|e| HarnessError::NotReady(format!("{what}: {e}")))?;
+        if response.status != 201 {
+            return Err(self.process.failure(format!(
+                "{what} answered {}: {}",
+                response.status,
+                String::from_utf8_lossy(&response.body)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates [`REALM`] with the client and `users`, as the master realm's admin.
+    async fn create_realm(&self, users: &[DexUser]) -> Result<(), HarnessError> {
         let groups: std::collections::BTreeSet<&str> = users
             .iter()
             .flat_map(|user| user.groups.iter().map(String::as_str))
@@ -178,34 +240,66 @@ impl Keycloak {
                 }],
             }],
         });
-        let authorization = http::HeaderValue::from_str(&format!("Bearer {admin_token}"))
-            .map_err(|e| HarnessError::NotReady(format!("the admin token: {e}")))?;
-        let response = self
-            .client
-            .send(
-                http::Method::POST,
-                &format!("{}/admin/realms", self.base),
-                &[
-                    (http::header::AUTHORIZATION, authorization),
-                    (
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    ),
-                ],
-                Bytes::from(realm.to_string()),
-                1 << 20,
-                Some(Duration::from_secs(60)),
-            )
-            .await
-            .map_err(|e| HarnessError::NotReady(format!("creating the realm: {e}")))?;
-        if response.status != 201 {
-            return Err(self.process.failure(format!(
-                "creating the realm answered {}: {}",
-                response.status,
-                String::from_utf8_lossy(&response.body)
-            )));
-        }
-        Ok(())
+        self.admin_create("creating the realm", "/realms", &realm).await
+    }
+
+    /// Registers a SAML 2.0 service provider in [`REALM`]: the client `sp_entity_id` (its SAML
+    /// entity ID) whose assertion consumer service is `acs_url` (HTTP-POST binding). Keycloak
+    /// signs both the response and its assertion (RSA-SHA256, exclusive C14N, the certificate in
+    /// the signatures' KeyInfo) with the realm's key — the certificate of
+    /// [`Keycloak::saml_descriptor_url`] — and accepts unsigned AuthnRequests from it (HTTP-Redirect
+    /// or POST; their Issuer must be `sp_entity_id`, an AssertionConsumerServiceURL `acs_url`).
+    /// The response always comes back with the HTTP-POST binding, to `acs_url`. The NameID is the
+    /// username (format `urn:oasis:names:tc:SAML:1.1:nameid-format:unspecified`, whatever the
+    /// request asks for); the user's groups are in attributes named `groups` (the group names,
+    /// not their paths), one `<Attribute Name="groups">` per group (Keycloak's "single group
+    /// attribute" off). Keycloak's default client scope for SAML clients adds `Role` attributes.
+    /// Fails if the client exists (409).
+    ///
+    /// The attribute names are those of Keycloak 26's `SamlConfigAttributes` and `SamlProtocol`
+    /// (note `saml_force_name_id_format`, with underscores).
+    pub async fn create_saml_client(&self, sp_entity_id: &str, acs_url: &str) -> Result<(), HarnessError> {
+        let client = json!({
+            "clientId": sp_entity_id,
+            "name": "Selkie Supervisor (SAML)",
+            "protocol": "saml",
+            "enabled": true,
+            // The SP-initiated login; the ACS is also where Keycloak checks an AuthnRequest's
+            // AssertionConsumerServiceURL against.
+            "standardFlowEnabled": true,
+            "frontchannelLogout": false,
+            "redirectUris": [acs_url],
+            "attributes": {
+                "saml.server.signature": "true",
+                "saml.assertion.signature": "true",
+                "saml.client.signature": "false",
+                "saml.encrypt": "false",
+                "saml.authnstatement": "true",
+                "saml.force.post.binding": "true",
+                "saml_name_id_format": "username",
+                "saml_force_name_id_format": "true",
+                "saml_assertion_consumer_url_post": acs_url,
+                "saml.signature.algorithm": "RSA_SHA256",
+                "saml_signature_canonicalization_method": "http://www.w3.org/2001/10/xml-exc-c14n#",
+            },
+            "protocolMappers": [{
+                "name": "groups",
+                "protocol": "saml",
+                "protocolMapper": "saml-group-membership-mapper",
+                "config": {
+                    "attribute.name": "groups",
+                    "attribute.nameformat": "Basic",
+                    "full.path": "false",
+                    "single": "false",
+                },
+            }],
+        });
+        self.admin_create(
+            &format!("creating the SAML client {sp_entity_id}"),
+            &format!("/realms/{REALM}/clients"),
+            &client,
+        )
+        .await
     }
 
     /// POSTs `form` to `url`: the status and the JSON answer (`null` when it is not JSON).
@@ -256,7 +350,7 @@ impl Keycloak {
         }
     }
 
-    /// The realm's issuer, `https://127.0.0.1:<port>/realms/selkie`.
+    /// The realm's issuer, `https://<host>:<port>/realms/selkie`.
     pub fn issuer(&self) -> &str {
         &self.issuer
     }
@@ -264,6 +358,35 @@ impl Keycloak {
     /// The CA of Keycloak's serving certificate, PEM.
     pub fn ca_pem(&self) -> String {
         self.ca.cert_pem()
+    }
+
+    /// The realm's SAML 2.0 IdP metadata (an `EntityDescriptor` with the signing certificate
+    /// and the SingleSignOnService endpoints),
+    /// `https://<host>:<port>/realms/selkie/protocol/saml/descriptor`.
+    pub fn saml_descriptor_url(&self) -> String {
+        format!("{}/protocol/saml/descriptor", self.issuer)
+    }
+
+    /// The realm's SAML endpoint, the location of its SingleSignOnService for every binding
+    /// (an HTTP-Redirect AuthnRequest is a GET of it), `https://<host>:<port>/realms/selkie/protocol/saml`.
+    pub fn saml_sso_url(&self) -> String {
+        format!("{}/protocol/saml", self.issuer)
+    }
+
+    /// Logs in as `username`/`password` on Keycloak's login page, where `browser` is (waiting
+    /// for the form to appear): fills the form and submits it, and returns at once.
+    pub async fn fill_login_form(
+        browser: &Browser,
+        username: &str,
+        password: &str,
+    ) -> Result<(), HarnessError> {
+        browser
+            .type_into("#kc-form-login input[name=username]", username)
+            .await?;
+        browser
+            .type_into("#kc-form-login input[name=password]", password)
+            .await?;
+        browser.click("#kc-form-login #kc-login").await
     }
 }
 

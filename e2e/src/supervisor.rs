@@ -81,6 +81,11 @@ pub trait Upstream {
     fn kind(&self) -> &str {
         "OIDCIdentityProvider"
     }
+    /// The resource's API group: Pinniped's `idp.supervisor.pinniped.dev` for the kinds Pinniped
+    /// has, Selkie's `idp.supervisor.selkie.dev` for its own (`SAMLIdentityProvider`).
+    fn api_group(&self) -> &str {
+        "idp.supervisor.pinniped.dev"
+    }
     /// The YAML of the resource and its Secrets in `namespace`.
     fn manifests(&self, namespace: &str) -> String;
 }
@@ -121,7 +126,8 @@ spec:
         references = upstreams
             .iter()
             .map(|(upstream, display_name)| format!(
-                "  - displayName: {display_name:?}\n    objectRef: {{apiGroup: idp.supervisor.pinniped.dev, kind: {}, name: {}}}\n",
+                "  - displayName: {display_name:?}\n    objectRef: {{apiGroup: {}, kind: {}, name: {}}}\n",
+                upstream.api_group(),
                 upstream.kind(),
                 upstream.name()
             ))

@@ -204,6 +204,24 @@ impl Issuer {
             None => None,
         }
     }
+
+    /// Whether one of its identity providers is a SAMLIdentityProvider (its SAML endpoints are
+    /// served then).
+    pub fn has_saml(&self) -> bool {
+        self.idps
+            .iter()
+            .any(|idp| matches!(idp.as_ref(), Upstream::Saml(_)))
+    }
+
+    /// The Supervisor as the SAML service provider of this FederationDomain: entity ID
+    /// `<issuer>/saml/metadata`, assertion consumer service `<issuer>/saml/acs`.
+    pub(crate) fn saml_service_provider(&self) -> crate::idp::saml::ServiceProvider {
+        use crate::endpoints::discovery::{SAML_ACS_PATH, SAML_METADATA_PATH};
+        crate::idp::saml::ServiceProvider {
+            entity_id: format!("{}{SAML_METADATA_PATH}", self.issuer),
+            acs_url: format!("{}{SAML_ACS_PATH}", self.issuer),
+        }
+    }
 }
 
 /// Every served FederationDomain, by host.

@@ -258,6 +258,17 @@ fn names_scope_and_versions_are_pinnipeds() {
             "githubidentityprovider",
             IDP_CATEGORIES,
         ),
+        // Selkie's own kind: its own group and categories.
+        (
+            "idp.supervisor.selkie.dev_samlidentityproviders.yaml",
+            "samlidentityproviders.idp.supervisor.selkie.dev",
+            "idp.supervisor.selkie.dev",
+            "SAMLIdentityProvider",
+            "SAMLIdentityProviderList",
+            "samlidentityproviders",
+            "samlidentityprovider",
+            &["selkie", "selkie-idp", "selkie-idps"][..],
+        ),
     ];
     let generated = generated();
     assert_eq!(generated.len(), expected.len());
@@ -881,10 +892,16 @@ fn suffix_rewrites_group_and_name_of_every_crd() {
         ("idp.supervisor", "ldapidentityproviders"),
         ("idp.supervisor", "activedirectoryidentityproviders"),
         ("idp.supervisor", "githubidentityproviders"),
+        // Selkie's own group is not renamed.
+        ("idp.supervisor.selkie.dev", "samlidentityproviders"),
     ]
     .iter()
     .map(|(prefix, plural)| {
-        let group = format!("{prefix}.acme.example.com");
+        let group = if prefix.ends_with(".selkie.dev") {
+            prefix.to_string()
+        } else {
+            format!("{prefix}.acme.example.com")
+        };
         (
             format!("{group}_{plural}.yaml"),
             Some(format!("{plural}.{group}")),

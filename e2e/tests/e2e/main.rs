@@ -55,6 +55,7 @@ mod supervisor_oauth2_go;
 mod supervisor_oidc_client;
 mod supervisor_revocation;
 mod supervisor_rp;
+mod supervisor_saml;
 mod supervisor_session_terms;
 mod supervisor_sessions;
 mod supervisor_shutdown;

@@ -16,13 +16,26 @@ use crate::idp::Upstream;
 use crate::issuer::{split_issuer, SessionPolicy};
 use crate::session::SessionTerms;
 
-/// The identity-provider kinds a FederationDomain may name.
-pub(crate) const KINDS: [&str; 4] = [
+/// The identity-provider kinds a FederationDomain may name: Pinniped's, in the group
+/// [`Namespace::idp_group`], then Selkie's own (`SAMLIdentityProvider`), in
+/// [`selkie_api::supervisor_saml::GROUP`].
+pub(crate) const KINDS: [&str; 5] = [
     "ActiveDirectoryIdentityProvider",
     "GitHubIdentityProvider",
     "LDAPIdentityProvider",
     "OIDCIdentityProvider",
+    crate::controller::saml::KIND,
 ];
+
+/// The API group a reference to an identity provider of `kind` must name: Selkie's own for its
+/// kinds, else `pinniped_group` (Pinniped's under the installation's suffix).
+fn group_of<'a>(kind: &str, pinniped_group: &'a str) -> &'a str {
+    if kind == crate::controller::saml::KIND {
+        selkie_api::supervisor_saml::GROUP
+    } else {
+        pinniped_group
+    }
+}
 
 /// What the namespace holds besides FederationDomains.
 #[derive(Debug, Default)]
@@ -244,14 +257,18 @@ fn identity_providers(
     let mut seen = HashSet::new();
     let mut duplicates = BTreeSet::new();
     let mut upstreams = Vec::new();
+    // Whether a reference to one of Selkie's own kinds named another group.
+    let mut selkie_group_wrong = false;
     for (index, reference) in references.iter().enumerate() {
         let object = &reference.object_ref;
         if !seen.insert(reference.display_name.clone()) {
             duplicates.insert(reference.display_name.clone());
         }
         let group = object.api_group.clone().unwrap_or_default();
-        if group != namespace.idp_group {
+        let expected = group_of(&object.kind, &namespace.idp_group);
+        if group != expected {
             bad_groups.insert(group);
+            selkie_group_wrong |= expected != namespace.idp_group;
         }
         if !KINDS.contains(&object.kind.as_str()) {
             bad_kinds.insert(object.kind.clone());
@@ -311,8 +328,13 @@ fn identity_providers(
             "IdentityProvidersObjectRefAPIGroupSuffixValid",
             "APIGroupUnrecognized",
             format!(
-                "some API groups specified by .spec.identityProviders[].objectRef.apiGroup are not recognized (should be {:?}): {}",
+                "some API groups specified by .spec.identityProviders[].objectRef.apiGroup are not recognized (should be {:?}{}): {}",
                 namespace.idp_group,
+                if selkie_group_wrong {
+                    format!(", or {:?} for SAMLIdentityProvider", selkie_api::supervisor_saml::GROUP)
+                } else {
+                    String::new()
+                },
                 quoted(&bad_groups)
             ),
         )
@@ -584,7 +606,7 @@ mod tests {
             "https://sso.example.com/y",
             serde_json::json!([
                 reference("Corp", "OIDCIdentityProvider", "missing"),
-                reference("Corp", "SAMLIdentityProvider", "dex"),
+                reference("Corp", "CASIdentityProvider", "dex"),
                 {"displayName": "Other", "objectRef": {"apiGroup": "idp.supervisor.acme.io", "kind": "OIDCIdentityProvider", "name": "dex"}},
             ]),
         );
@@ -605,6 +627,36 @@ mod tests {
         assert_eq!(
             reason(&checks, "IdentityProvidersObjectRefAPIGroupSuffixValid"),
             "APIGroupUnrecognized"
+        );
+
+        // Selkie's own kind is named in Selkie's own group, and only there.
+        let saml_in = |group: &str| {
+            fd(
+                "saml",
+                "https://sso.example.com/saml",
+                serde_json::json!([{"displayName": "SAML", "objectRef": {"apiGroup": group, "kind": "SAMLIdentityProvider", "name": "keycloak"}}]),
+            )
+        };
+        let wrong = saml_in(GROUP);
+        let (checks, _) = check(&wrong, &claims(std::slice::from_ref(&wrong)), &ns);
+        let group_check = checks
+            .iter()
+            .find(|check| check.type_ == "IdentityProvidersObjectRefAPIGroupSuffixValid")
+            .unwrap();
+        assert_eq!(group_check.reason, "APIGroupUnrecognized");
+        assert!(
+            group_check
+                .message
+                .contains(r#"or "idp.supervisor.selkie.dev" for SAMLIdentityProvider"#),
+            "{}",
+            group_check.message
+        );
+        assert_eq!(reason(&checks, "IdentityProvidersObjectRefKindValid"), "Success");
+        let right = saml_in(selkie_api::supervisor_saml::GROUP);
+        let (checks, _) = check(&right, &claims(std::slice::from_ref(&right)), &ns);
+        assert_eq!(
+            reason(&checks, "IdentityProvidersObjectRefAPIGroupSuffixValid"),
+            "Success"
         );
 
         let tls_a: FederationDomain = serde_json::from_value(serde_json::json!({

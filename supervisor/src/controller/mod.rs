@@ -3,9 +3,10 @@
 //! an error policy, the one status writer), publishing what the endpoints read — the [`Issuers`]
 //! snapshot and the serving certificates — and nothing else:
 //!
-//! * [`oidc`], [`directory`] (LDAP and Active Directory, one reconciler over both kinds) and
-//!   [`github`]: each identity provider's conditions (Pinniped's types, reasons and messages) and,
-//!   when they hold, the upstream logins use, kept in [`upstreams`];
+//! * [`oidc`], [`directory`] (LDAP and Active Directory, one reconciler over both kinds),
+//!   [`github`] and [`saml`] (Selkie's own kind): each identity provider's conditions (Pinniped's
+//!   types, reasons and messages where Pinniped has the kind) and, when they hold, the upstream
+//!   logins use, kept in [`upstreams`];
 //! * [`federation_domains`]: each FederationDomain's generated keys ([`keys`]), conditions
 //!   ([`federation_domain`]) and issuer, published in the snapshot with the certificates by host;
 //! * the default TLS certificate, from the Secret the configuration names.
@@ -29,6 +30,7 @@ mod identity_provider;
 pub(crate) mod keys;
 pub(crate) mod kind;
 mod oidc;
+pub(crate) mod saml;
 pub(crate) mod sources;
 #[cfg(test)]
 mod tests;
@@ -48,6 +50,7 @@ use selkie_api::{
     supervisor_idp::{
         ActiveDirectoryIdentityProvider, GitHubIdentityProvider, LDAPIdentityProvider, OIDCIdentityProvider,
     },
+    supervisor_saml::SAMLIdentityProvider,
 };
 use selkie_kube::{
     reconcile::{self, PendingSources, SourceEvent, SourceKind},
@@ -63,6 +66,7 @@ use crate::controller::github::GitHubProvider;
 use crate::controller::identity_provider::IdentityProviderReconciler;
 use crate::controller::kind::Kind;
 use crate::controller::oidc::OidcProvider;
+use crate::controller::saml::SamlProvider;
 use crate::controller::sources::{tls_pair, Sources};
 use crate::controller::upstreams::Upstreams;
 use crate::issuer::Issuers;
@@ -108,6 +112,8 @@ struct Resources {
     ldap: ApiResource,
     active_directory: ApiResource,
     github: ApiResource,
+    /// Selkie's own kind: its group has no suffix.
+    saml: ApiResource,
 }
 
 impl Controller {
@@ -138,6 +144,7 @@ impl Controller {
             github: resource(selkie_api::crds::api_resource_with_group_suffix::<
                 GitHubIdentityProvider,
             >(suffix))?,
+            saml: ApiResource::erase::<SAMLIdentityProvider>(&()),
         };
         let rotation_interval = config
             .signing_key_rotation_interval()
@@ -179,12 +186,14 @@ impl Controller {
         let (ldap_kind, ldap_writer) = kind(&resources.ldap);
         let (ad_kind, ad_writer) = kind(&resources.active_directory);
         let (github_kind, github_writer) = kind(&resources.github);
+        let (saml_kind, saml_writer) = kind(&resources.saml);
         let (fd_kind, fd_writer) = kind(&resources.federation_domain);
         let identity_providers = vec![
             (oidc::KIND, oidc_kind.store.clone()),
             ("LDAPIdentityProvider", ldap_kind.store.clone()),
             ("ActiveDirectoryIdentityProvider", ad_kind.store.clone()),
             (github::KIND, github_kind.store.clone()),
+            (saml::KIND, saml_kind.store.clone()),
         ];
         let oidc = Arc::new(IdentityProviderReconciler::new(
             oidc_kind,
@@ -210,6 +219,12 @@ impl Controller {
             sources.clone(),
             upstreams.clone(),
         ));
+        let saml = Arc::new(IdentityProviderReconciler::new(
+            saml_kind,
+            SamlProvider,
+            sources.clone(),
+            upstreams.clone(),
+        ));
         let federation_domains = Arc::new(FederationDomainReconciler::new(
             fd_kind,
             client.clone(),
@@ -223,13 +238,14 @@ impl Controller {
         ));
 
         let pending = || Arc::new(PendingSources::default());
-        let (oidc_pending, ldap_pending, ad_pending, github_pending, certificate_pending) =
-            (pending(), pending(), pending(), pending(), pending());
+        let (oidc_pending, ldap_pending, ad_pending, github_pending, saml_pending, certificate_pending) =
+            (pending(), pending(), pending(), pending(), pending(), pending());
         let idp_senders = vec![
             oidc_pending.clone(),
             ldap_pending.clone(),
             ad_pending.clone(),
             github_pending.clone(),
+            saml_pending.clone(),
         ];
         let mut secret_senders = idp_senders.clone();
         secret_senders.extend([fd_pending.clone(), certificate_pending.clone()]);
@@ -266,6 +282,8 @@ impl Controller {
                 => Err(ControllerError::WatchEnded("ActiveDirectoryIdentityProvider")),
             () = reconcile::run(github.clone(), github.kind.api.clone(), github.kind.resource.clone(), github_writer, github_pending, leader.clone())
                 => Err(ControllerError::WatchEnded(github::KIND)),
+            () = reconcile::run(saml.clone(), saml.kind.api.clone(), saml.kind.resource.clone(), saml_writer, saml_pending, leader.clone())
+                => Err(ControllerError::WatchEnded(saml::KIND)),
             () = reconcile::run(federation_domains.clone(), federation_domains.kind.api.clone(), federation_domains.kind.resource.clone(), fd_writer, fd_pending, leader)
                 => Err(ControllerError::WatchEnded(federation_domains::KIND)),
             () = default_certificate => Err(ControllerError::WatchEnded("Secret")),

@@ -76,6 +76,7 @@ use crate::controller::identity_provider::{IdentityProviderReconciler, Provider}
 use crate::controller::keys::KeySecret;
 use crate::controller::kind::Kind;
 use crate::controller::oidc::OidcProvider;
+use crate::controller::saml::SamlProvider;
 use crate::controller::sources::{names_source, secret_pair, ReconcileError, Sources};
 use crate::controller::upstreams::Upstreams;
 use crate::controller::Outputs;
@@ -253,7 +254,8 @@ fn refused() -> Refused {
 }
 
 /// An HTTPS server on 127.0.0.1 answering an OIDC discovery document (issuer
-/// `https://<address>`) and GitHub Enterprise's `/api/v3/rate_limit`, counting requests.
+/// `https://<address>`), GitHub Enterprise's `/api/v3/rate_limit` and SAML IdP metadata
+/// (`/saml/descriptor`), counting requests.
 struct FakeHttps {
     address: String,
     requests: Arc<AtomicUsize>,
@@ -281,6 +283,15 @@ impl FakeHttps {
                     let service =
                         hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
                             counter.fetch_add(1, Ordering::SeqCst);
+                            if request.uri().path() == "/saml/descriptor" {
+                                let response = http::Response::builder()
+                                    .header(http::header::CONTENT_TYPE, "application/xml")
+                                    .body(Full::new(Bytes::from(
+                                        crate::idp::saml::tests::test_idp_metadata_xml(),
+                                    )))
+                                    .unwrap();
+                                return std::future::ready(Ok::<_, Infallible>(response)).left_future();
+                            }
                             let body = match request.uri().path() {
                                 "/.well-known/openid-configuration" => Some(json!({
                                     "issuer": issuer,
@@ -300,7 +311,7 @@ impl FakeHttps {
                                     .body(Full::new(Bytes::new())),
                             }
                             .unwrap();
-                            async move { Ok::<_, Infallible>(response) }
+                            async move { Ok::<_, Infallible>(response) }.right_future()
                         });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
@@ -515,7 +526,13 @@ impl StatusApi {
     /// The statuses written since the last look, in order, checking each was a PATCH of the
     /// status of `plural`/`name` in the namespace, bound to the object's `uid`.
     fn written(&self, plural: &str, name: &str, uid: &str) -> Vec<Value> {
-        let path = format!("/apis/{IDP_GROUP}/v1alpha1/namespaces/{NS}/{plural}/{name}/status");
+        // Selkie's own kinds live in Selkie's own group.
+        let group = if plural == "samlidentityproviders" {
+            selkie_api::supervisor_saml::GROUP
+        } else {
+            IDP_GROUP
+        };
+        let path = format!("/apis/{group}/v1alpha1/namespaces/{NS}/{plural}/{name}/status");
         std::mem::take(&mut *self.requests.lock().unwrap())
             .into_iter()
             .map(|(method, request_path, body)| {
@@ -2419,4 +2436,167 @@ async fn a_federation_domain_reads_its_key_secrets_and_its_tls_secret_only() {
         "dex-client".into()
     )));
     assert!(uses(SourceEvent::All));
+}
+
+// ---- SAMLIdentityProvider -------------------------------------------------------------------------
+
+const SAML: &str = "SAMLIdentityProvider";
+
+async fn saml_harness() -> Harness<SamlProvider> {
+    Harness::new(
+        SamlProvider,
+        ApiResource::erase::<selkie_api::supervisor_saml::SAMLIdentityProvider>(&()),
+    )
+    .await
+}
+
+/// The SAMLIdentityProvider `keycloak` at `generation` with `spec`.
+fn saml_object(generation: i64, spec: Value) -> DynamicObject {
+    let mut object = idp_object(SAML, "keycloak", generation, spec);
+    object.types = Some(kube::api::TypeMeta {
+        api_version: "idp.supervisor.selkie.dev/v1alpha1".into(),
+        kind: SAML.into(),
+    });
+    object
+}
+
+fn saml_types() -> Vec<String> {
+    sorted(&[
+        "TLSConfigurationValid",
+        "MetadataValid",
+        "AllowedClockSkewValid",
+        "Ready",
+    ])
+}
+
+/// Metadata given inline is read, the upstream served with the mapping and skew of the spec;
+/// unchanged, the same upstream keeps serving; an invalid change never replaces it.
+#[tokio::test]
+async fn saml_inline_metadata_is_served_and_an_invalid_change_keeps_it_serving() {
+    let mut harness = saml_harness().await;
+    let object = saml_object(
+        1,
+        json!({
+            "idp": {"metadata": crate::idp::saml::tests::test_idp_metadata_xml()},
+            "claims": {"groups": "groups"},
+            "allowedClockSkew": "30s",
+        }),
+    );
+    assert_eq!(harness.reconcile(&object).await, Ok(()));
+    let status = harness.written(&object).pop().unwrap();
+    let mut types = condition_types(&status);
+    types.sort();
+    assert_eq!(types, saml_types());
+    assert_condition(
+        &status,
+        "MetadataValid",
+        [
+            "True",
+            "Success",
+            r#"the metadata of identity provider "http://keycloak.test/realms/selkie" has a single sign-on service (HTTP-Redirect) and signing certificates"#,
+        ],
+    );
+    assert_condition(
+        &status,
+        "AllowedClockSkewValid",
+        ["True", "Success", "spec.allowedClockSkew allows 30s"],
+    );
+    assert_eq!(condition(&status, "Ready")[0], "True");
+    assert_eq!(status["phase"], "Ready");
+    let upstream = harness.served("keycloak").expect("served");
+    let Upstream::Saml(saml) = &*upstream else {
+        panic!("not SAML");
+    };
+    assert_eq!(saml.metadata.entity_id, "http://keycloak.test/realms/selkie");
+    assert_eq!(saml.username_attribute, None, "the NameID");
+    assert_eq!(saml.groups_attribute.as_deref(), Some("groups"));
+    assert_eq!(saml.clock_skew, Duration::from_secs(30));
+    assert!(harness.wakes.woke().await);
+
+    let now = with_status(&object, &status);
+    assert_eq!(harness.reconcile(&now).await, Ok(()));
+    assert!(Arc::ptr_eq(&harness.served("keycloak").unwrap(), &upstream));
+    assert!(!harness.wakes.woke().await);
+
+    // Broken metadata: the condition says why, and the working form keeps serving.
+    let broken = saml_object(2, json!({"idp": {"metadata": "<md:EntityDescriptor"}}));
+    assert_eq!(harness.reconcile(&with_status(&broken, &status)).await, Ok(()));
+    let status = harness.written(&broken).pop().unwrap();
+    let [state, reason, message] = condition(&status, "MetadataValid");
+    assert_eq!((state.as_str(), reason.as_str()), ("False", "Invalid"));
+    assert!(
+        message.starts_with("spec.idp.metadata is not usable: "),
+        "{message}"
+    );
+    assert_eq!(status["phase"], "Error");
+    assert!(Arc::ptr_eq(&harness.served("keycloak").unwrap(), &upstream));
+}
+
+/// Metadata fetched from `metadataURL` with the CA of `tls`; a clock skew out of bounds is
+/// named and nothing is served.
+#[tokio::test]
+async fn saml_metadata_is_fetched_and_a_clock_skew_out_of_bounds_is_refused() {
+    let server = FakeHttps::start().await;
+    let mut harness = saml_harness().await;
+    let url = format!("https://{}/saml/descriptor", server.address);
+    let spec = |skew: &str| {
+        json!({
+            "idp": {"metadataURL": url, "tls": {"certificateAuthorityData": ca_data()}},
+            "allowedClockSkew": skew,
+        })
+    };
+    let too_far = saml_object(1, spec("6m"));
+    assert_eq!(harness.reconcile(&too_far).await, Ok(()));
+    let status = harness.written(&too_far).pop().unwrap();
+    assert_condition(
+        &status,
+        "AllowedClockSkewValid",
+        [
+            "False",
+            "Invalid",
+            r#"spec.allowedClockSkew ("6m") must be at most 5m"#,
+        ],
+    );
+    assert_eq!(condition(&status, "MetadataValid")[0], "True");
+    assert_eq!(status["phase"], "Error");
+    assert!(harness.served("keycloak").is_none());
+
+    let fine = saml_object(2, spec("2m"));
+    assert_eq!(harness.reconcile(&fine).await, Ok(()));
+    assert_eq!(harness.written(&fine).pop().unwrap()["phase"], "Ready");
+    let Some(upstream) = harness.served("keycloak") else {
+        panic!("not served");
+    };
+    let Upstream::Saml(saml) = &*upstream else {
+        panic!("not SAML");
+    };
+    assert_eq!(
+        saml.metadata.sso_redirect_url,
+        "http://keycloak.test/realms/selkie/protocol/saml"
+    );
+    assert_eq!(server.requests(), 2, "fetched at each check");
+}
+
+/// A metadata URL nobody answers at is retried with backoff, its condition saying why.
+#[tokio::test]
+async fn saml_unreachable_metadata_url_is_retried() {
+    let refused = refused();
+    let mut harness = saml_harness().await;
+    let url = format!("https://{}/saml/descriptor", refused.address);
+    let object = saml_object(1, json!({"idp": {"metadataURL": url}}));
+    let retried = harness
+        .reconcile(&object)
+        .await
+        .expect_err("retried with backoff");
+    let status = harness.written(&object).pop().unwrap();
+    let [state, reason, message] = condition(&status, "MetadataValid");
+    assert_eq!((state.as_str(), reason.as_str()), ("False", "UnableToFetch"));
+    assert!(
+        message.starts_with(&format!(
+            "cannot fetch the metadata from spec.idp.metadataURL ({url:?}): "
+        )),
+        "{message}"
+    );
+    assert!(message.ends_with(&retried), "{message:?} / {retried:?}");
+    assert!(harness.served("keycloak").is_none());
 }

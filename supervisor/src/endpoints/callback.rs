@@ -83,7 +83,7 @@ where
     let oidc = match idp.as_ref() {
         Upstream::Oidc(oidc) => oidc,
         Upstream::GitHub(github) => return github_callback(endpoints, issuer, github, &request, &code).await,
-        Upstream::Ldap(_) => {
+        Upstream::Ldap(_) | Upstream::Saml(_) => {
             return back(OAuthError::new(
                 Code::AccessDenied,
                 "Reason: this identity provider does not log in through the callback.",

@@ -76,6 +76,19 @@ pub(crate) async fn issue_code(
     identity: Identity,
     upstream: session::Upstream,
 ) -> Response<Body> {
+    issue_code_until(endpoints, issuer, request, identity, upstream, None).await
+}
+
+/// [`issue_code`] for a login whose upstream bounds the session: it ends at `ends_by` when that
+/// comes before the end the FederationDomain's terms give it.
+pub(crate) async fn issue_code_until(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    request: &AuthorizeRequest,
+    identity: Identity,
+    upstream: session::Upstream,
+    ends_by: Option<OffsetDateTime>,
+) -> Response<Body> {
     let back = |error: OAuthError| {
         refused(Refusal::Redirect {
             error,
@@ -111,7 +124,11 @@ pub(crate) async fn issue_code(
         code_challenge: request.code_challenge.clone(),
         requested_at: now.unix_timestamp(),
         auth_time: now.unix_timestamp(),
-        expires_at: (now + terms.max_lifetime).unix_timestamp(),
+        expires_at: ends_by
+            .map_or(now + terms.max_lifetime, |ends_by| {
+                ends_by.min(now + terms.max_lifetime)
+            })
+            .unix_timestamp(),
         idle_timeout: terms.idle_timeout.map(|idle| idle.whole_seconds()),
         code_active: true,
         token_expires_at: (now + session::AUTHORIZATION_CODE_LIFETIME).unix_timestamp(),

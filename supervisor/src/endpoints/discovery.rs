@@ -23,6 +23,11 @@ pub(crate) const CHOOSE_IDP_PATH: &str = "/choose_identity_provider";
 pub(crate) const JWKS_PATH: &str = "/jwks.json";
 /// `/v1alpha1/pinniped_identity_providers`.
 pub(crate) const IDP_DISCOVERY_PATH: &str = "/v1alpha1/pinniped_identity_providers";
+/// `/saml/metadata`: the SAML service provider's metadata, and its entity ID (Selkie's, for
+/// SAMLIdentityProviders).
+pub(crate) const SAML_METADATA_PATH: &str = "/saml/metadata";
+/// `/saml/acs`: the SAML assertion consumer service (HTTP-POST binding).
+pub(crate) const SAML_ACS_PATH: &str = "/saml/acs";
 /// `/login`: the Supervisor's own login form (LDAP and Active Directory in a browser).
 pub(crate) const LOGIN_PATH: &str = "/login";
 /// `/oauth2/device_authorization` (RFC 8628 §3.1; Selkie's, when enabled).
@@ -192,7 +197,7 @@ mod tests {
         );
         assert_eq!(
             document["pinniped_supported_identity_provider_types"],
-            json!([{"type": "activedirectory"}, {"type": "github"}, {"type": "ldap"}, {"type": "oidc"}])
+            json!([{"type": "activedirectory"}, {"type": "github"}, {"type": "ldap"}, {"type": "oidc"}, {"type": "saml"}])
         );
     }
 }

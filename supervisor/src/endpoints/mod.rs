@@ -1,7 +1,10 @@
 //! The HTTP endpoints of every FederationDomain (REFERENCE.md §4): discovery, `jwks.json`,
 //! identity-provider discovery, `oauth2/authorize`, `callback` and `login` ([`login`]), the
 //! identity-provider chooser ([`chooser`]), `oauth2/token`
-//! ([`token`]), the device authorization grant's endpoints ([`device`], when enabled), and `healthz`. One [`Endpoints::handle`] answers every request of the listener:
+//! ([`token`]), the device authorization grant's endpoints ([`device`], when enabled), the SAML
+//! service provider's metadata and assertion consumer service ([`saml`], when the
+//! FederationDomain offers a SAMLIdentityProvider), and `healthz`. One [`Endpoints::handle`]
+//! answers every request of the listener:
 //! it finds the FederationDomain by host and path, and never fails — errors are OAuth error
 //! responses (or a plain 404/405 for what is no endpoint).
 
@@ -17,6 +20,7 @@ mod login_page;
 mod login_tests;
 pub(crate) mod oauth;
 mod revoke;
+mod saml;
 mod token;
 
 use std::sync::Arc;
@@ -157,6 +161,8 @@ impl Endpoints {
             }
             discovery::DEVICE_PATH if issuer.device_authorization => Endpoint::device,
             discovery::DEVICE_CALLBACK_PATH if issuer.device_authorization => Endpoint::device_callback,
+            discovery::SAML_METADATA_PATH if issuer.has_saml() => Endpoint::saml_metadata,
+            discovery::SAML_ACS_PATH if issuer.has_saml() => Endpoint::saml_acs,
             _ => return not_found(),
         };
         let response = match kind {
@@ -190,6 +196,8 @@ impl Endpoints {
             Endpoint::device_callback if get => {
                 device::callback(self, &issuer, request.uri().query().unwrap_or_default()).await
             }
+            Endpoint::saml_metadata if get => saml::metadata(&issuer),
+            Endpoint::saml_acs if method == Method::POST => saml::acs(self, &issuer, request).await,
             _ => text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed"),
         };
         (kind, response)

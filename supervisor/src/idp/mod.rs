@@ -1,5 +1,5 @@
 //! The upstream identity providers of a FederationDomain as logins use them: OIDC, LDAP and
-//! Active Directory, and GitHub.
+//! Active Directory, GitHub, and SAML 2.0 (Selkie's own kind).
 //!
 //! An OIDC upstream is a discovered [`Provider`] the Supervisor is a confidential client of, and
 //! the rules that turn its ID token into a downstream identity (Pinniped's): the username claim
@@ -8,6 +8,7 @@
 
 pub(crate) mod github;
 pub(crate) mod ldap;
+pub(crate) mod saml;
 pub(crate) mod subject;
 pub(crate) mod throttle;
 pub(crate) mod transforms;
@@ -37,6 +38,8 @@ pub enum Upstream {
     Ldap(LdapUpstream),
     /// A GitHubIdentityProvider.
     GitHub(GitHubUpstream),
+    /// A SAMLIdentityProvider.
+    Saml(SamlUpstream),
 }
 
 impl Upstream {
@@ -46,6 +49,7 @@ impl Upstream {
             Self::Oidc(oidc) => &oidc.display_name,
             Self::Ldap(ldap) => &ldap.display_name,
             Self::GitHub(github) => &github.display_name,
+            Self::Saml(saml) => &saml.display_name,
         }
     }
 
@@ -55,6 +59,7 @@ impl Upstream {
             Self::Oidc(oidc) => &oidc.resource_uid,
             Self::Ldap(ldap) => &ldap.resource_uid,
             Self::GitHub(github) => &github.resource_uid,
+            Self::Saml(saml) => &saml.resource_uid,
         }
     }
 
@@ -73,6 +78,10 @@ impl Upstream {
                 display_name: display_name.to_string(),
                 ..github.clone()
             }),
+            Self::Saml(saml) => Self::Saml(SamlUpstream {
+                display_name: display_name.to_string(),
+                ..saml.clone()
+            }),
         }
     }
 
@@ -82,6 +91,7 @@ impl Upstream {
             Self::Oidc(_) => IDPType::OIDC,
             Self::Ldap(ldap) => ldap.kind,
             Self::GitHub(_) => IDPType::GitHub,
+            Self::Saml(_) => IDPType::SAML,
         }
     }
 
@@ -93,7 +103,7 @@ impl Upstream {
             }
             Self::Oidc(_) => vec![IDPFlow::BrowserAuthcode],
             Self::Ldap(_) => vec![IDPFlow::CliPassword, IDPFlow::BrowserAuthcode],
-            Self::GitHub(_) => vec![IDPFlow::BrowserAuthcode],
+            Self::GitHub(_) | Self::Saml(_) => vec![IDPFlow::BrowserAuthcode],
         }
     }
 }
@@ -479,6 +489,91 @@ impl GitHubUpstream {
             ));
         }
         Ok((user.username, user.groups))
+    }
+}
+
+/// A SAMLIdentityProvider ready to use.
+#[derive(Debug, Clone)]
+pub struct SamlUpstream {
+    /// Its display name in the FederationDomain.
+    pub display_name: String,
+    /// The resource's name.
+    pub resource_name: String,
+    /// The resource's UID.
+    pub resource_uid: String,
+    /// The identity provider's metadata: its entity ID, where to send users, its signing
+    /// certificates.
+    pub(crate) metadata: Arc<saml::IdpMetadata>,
+    /// The attribute holding the username; `None`: the subject's `NameID`.
+    pub username_attribute: Option<String>,
+    /// The attribute holding the groups; `None`: no groups.
+    pub groups_attribute: Option<String>,
+    /// How far the identity provider's clock may be off when validity windows are checked.
+    pub clock_skew: Duration,
+}
+
+impl SamlUpstream {
+    /// Whether `other` is configured exactly as this one (same resource, metadata and mapping).
+    pub(crate) fn same_settings(&self, other: &Self) -> bool {
+        self.resource_name == other.resource_name
+            && self.resource_uid == other.resource_uid
+            && self.metadata == other.metadata
+            && self.username_attribute == other.username_attribute
+            && self.groups_attribute == other.groups_attribute
+            && self.clock_skew == other.clock_skew
+    }
+
+    /// What a verified assertion makes of its user: their downstream identity (the username from
+    /// the username attribute's first value or the `NameID`; every value of the groups
+    /// attribute a group; `sub` from the identity provider's entity ID and the `NameID`) and
+    /// what the session keeps (the username and groups, which no refresh can ask the identity
+    /// provider about again). The end the identity provider set for the session
+    /// (`SessionNotOnOrAfter`) is the caller's to apply. The error is the reason of an
+    /// `access_denied`.
+    pub(crate) fn login(&self, verified: &saml::Verified) -> Result<(Identity, session::Upstream), String> {
+        let entity_id = &self.metadata.entity_id;
+        let username = match self.username_attribute.as_deref() {
+            None => verified.name_id.clone(),
+            Some(attribute) => match verified
+                .attributes
+                .get(attribute)
+                .and_then(|values| values.first())
+            {
+                Some(value) if !value.is_empty() => value.clone(),
+                _ => {
+                    return Err(format!(
+                        "Reason: the assertion has no value of the username attribute {attribute:?}."
+                    ))
+                }
+            },
+        };
+        let groups = self
+            .groups_attribute
+            .as_deref()
+            .and_then(|attribute| verified.attributes.get(attribute))
+            .map(|values| values.iter().filter(|group| !group.is_empty()).cloned().collect())
+            .unwrap_or_default();
+        Ok((
+            Identity {
+                subject: subject::oidc(entity_id, &verified.name_id, &self.display_name),
+                username: username.clone(),
+                groups: Vec::clone(&groups),
+                additional_claims: BTreeMap::new(),
+            },
+            session::Upstream {
+                idp_name: self.display_name.clone(),
+                idp_type: IDPType::SAML.as_str().to_string(),
+                provider_name: self.resource_name.clone(),
+                provider_uid: self.resource_uid.clone(),
+                issuer: entity_id.clone(),
+                subject: verified.name_id.clone(),
+                refresh_token: None,
+                access_token: None,
+                ldap: None,
+                username: Some(username),
+                groups: Some(groups),
+            },
+        ))
     }
 }
 

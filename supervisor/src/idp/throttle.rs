@@ -98,6 +98,7 @@ impl<'a> IdpObject<'a> {
             Upstream::Oidc(oidc) => (&oidc.resource_name, &oidc.resource_uid),
             Upstream::Ldap(ldap) => (&ldap.resource_name, &ldap.resource_uid),
             Upstream::GitHub(github) => (&github.resource_name, &github.resource_uid),
+            Upstream::Saml(saml) => (&saml.resource_name, &saml.resource_uid),
         };
         Self {
             kind: upstream.kind().as_str(),

@@ -70,6 +70,10 @@ pub enum Endpoint {
     device,
     /// `/device/callback`.
     device_callback,
+    /// `/saml/metadata` (the SAML service provider's metadata).
+    saml_metadata,
+    /// `/saml/acs` (the SAML assertion consumer service).
+    saml_acs,
     /// No endpoint (404) or no FederationDomain for the host and path.
     none,
 }

@@ -148,8 +148,9 @@ async fn collect(store: &Store, issuers: &Issuers, secret: Secret, now: OffsetDa
 /// one was revoked, `Ok(false)` when there was none to revoke or the upstream has no revocation
 /// endpoint.
 async fn revoke_upstream(issuers: &Issuers, secret: &Secret, label: &str) -> Result<bool, UpstreamFailure> {
-    if label == crate::session::device::DEVICE_LABEL {
-        // A device login holds no upstream token (its login's own Secret does).
+    if label == crate::session::device::DEVICE_LABEL || label == crate::session::store::SAML_ASSERTION_LABEL {
+        // A device login holds no upstream token (its login's own Secret does); the record of a
+        // SAML assertion holds nothing.
         return Ok(false);
     }
     if label == login::LOGIN_LABEL {
@@ -221,7 +222,7 @@ fn find_oidc<'a>(issuers: &'a Issuers, name: &str, uid: &str) -> Option<&'a Oidc
         .flat_map(|issuer| issuer.idps.iter())
         .find_map(|idp| match idp.as_ref() {
             Upstream::Oidc(oidc) if oidc.resource_name == name && oidc.resource_uid == uid => Some(oidc),
-            Upstream::Oidc(_) | Upstream::Ldap(_) | Upstream::GitHub(_) => None,
+            Upstream::Oidc(_) | Upstream::Ldap(_) | Upstream::GitHub(_) | Upstream::Saml(_) => None,
         })
 }
 

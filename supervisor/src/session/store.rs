@@ -34,7 +34,7 @@ use time::OffsetDateTime;
 
 use crate::session::device::{self, DeviceLogin, DeviceStatus};
 use crate::session::login::{self, CodeState, Login, Tokens};
-use crate::session::storage::{garbage_collect_after, Resource, StorageError, TYPE_LABEL};
+use crate::session::storage::{self, garbage_collect_after, Resource, StorageError, TYPE_LABEL};
 use crate::session::Session;
 
 /// The label tying a login's tokens together, for revoking them all at once.
@@ -167,6 +167,12 @@ impl Secrets {
         }
     }
 }
+
+/// The type label of the Secret recording that a SAML assertion was presented
+/// ([`Store::record_saml_assertion`]).
+pub(crate) const SAML_ASSERTION_LABEL: &str = "saml-assertion";
+/// Its Secret type.
+const SAML_ASSERTION_TYPE: &str = "storage.selkie.dev/saml-assertion";
 
 /// How many Secrets one page of the garbage collector's list holds: with metadata only, a page
 /// is some hundreds of KiB however many sessions there are.
@@ -365,6 +371,31 @@ impl Store {
         match self.secrets.create(&device.to_secret(now)?).await {
             Ok(()) => Ok(()),
             Err(error) if is_status(&error, 409) => Err(StoreError::Conflict),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Records that the SAML assertion `key` names (a digest of the identity provider's entity
+    /// ID and the assertion's ID) was presented, in a Secret collectable at `until` (when the
+    /// assertion can no longer be presented anyway): `Ok(true)` the first time, `Ok(false)` when
+    /// it was recorded before — a replay. One `POST`, whichever replica saw the assertion first.
+    pub(crate) async fn record_saml_assertion(
+        &self,
+        key: &[u8; 32],
+        until: OffsetDateTime,
+    ) -> Result<bool, StoreError> {
+        use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
+        let secret = storage::storage_secret(
+            storage::secret_name(SAML_ASSERTION_LABEL, &URL_SAFE_NO_PAD.encode(key)),
+            SAML_ASSERTION_TYPE.to_string(),
+            SAML_ASSERTION_LABEL,
+            &serde_json::json!({}),
+            &BTreeMap::new(),
+            until,
+        );
+        match self.secrets.create(&secret).await {
+            Ok(()) => Ok(true),
+            Err(error) if is_status(&error, 409) => Ok(false),
             Err(error) => Err(error.into()),
         }
     }

@@ -227,13 +227,14 @@ fn supervisor_printer_columns_are_pinnipeds() {
     );
 }
 
-const SUPERVISOR_KINDS: [&str; 6] = [
+const SUPERVISOR_KINDS: [&str; 7] = [
     "FederationDomain",
     "OIDCClient",
     "OIDCIdentityProvider",
     "LDAPIdentityProvider",
     "ActiveDirectoryIdentityProvider",
     "GitHubIdentityProvider",
+    "SAMLIdentityProvider",
 ];
 
 #[test]
@@ -787,6 +788,8 @@ fn supervisor_defaults_and_cel_rules_are_exactly_pinnipeds() {
             json!("github.com"),
         ),
         ("GitHubIdentityProvider status.phase".into(), json!("Pending")),
+        // Selkie's own kind.
+        ("SAMLIdentityProvider status.phase".into(), json!("Pending")),
     ];
     defaults.sort_by(|a, b| a.0.cmp(&b.0));
     expected_defaults.sort_by(|a, b| a.0.cmp(&b.0));
@@ -812,6 +815,9 @@ fn supervisor_defaults_and_cel_rules_are_exactly_pinnipeds() {
                 "GitHubIdentityProvider spec.allowAuthentication.organizations".to_string(),
                 2
             ),
+            // Selkie's own kind: the clock skew's bound, one metadata source.
+            ("SAMLIdentityProvider spec.allowedClockSkew".to_string(), 1),
+            ("SAMLIdentityProvider spec.idp".to_string(), 1),
         ]
     );
 }

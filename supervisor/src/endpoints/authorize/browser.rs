@@ -2,7 +2,9 @@
 //! `state` that seals the whole authorization request (nothing is stored until the user comes
 //! back, so any replica can take the callback), and a CSRF cookie ties the callback to the browser
 //! that started it; LDAP and Active Directory go to the Supervisor's own login page with the same
-//! sealed `state` and cookie.
+//! sealed `state` and cookie; SAML identity providers get an AuthnRequest (HTTP-Redirect binding)
+//! whose `RelayState` is the sealed state, which carries the request's ID, and a second CSRF
+//! cookie that a cross-site POST still carries ([`SAML_CSRF_COOKIE`]).
 
 use std::sync::Arc;
 
@@ -18,11 +20,17 @@ use crate::endpoints::html::{cookie, random_string, redirect, refused};
 use crate::endpoints::login_page::login_page_url;
 use crate::endpoints::oauth::{Code, OAuthError};
 use crate::endpoints::Body;
+use crate::idp::saml::ServiceProvider;
 use crate::idp::Upstream;
 use crate::issuer::Issuer;
 
 /// The CSRF cookie (the `__Host-` prefix: Secure, Path=/, no Domain).
 pub(crate) const CSRF_COOKIE: &str = "__Host-pinniped-csrf-v2";
+
+/// The CSRF cookie of SAML logins: the same sealed value as [`CSRF_COOKIE`], but `SameSite=None`,
+/// since the identity provider sends the browser back with a cross-site `POST` (HTTP-POST
+/// binding), which carries no `SameSite=Lax` cookie. It lives as long as the login's state.
+pub(crate) const SAML_CSRF_COOKIE: &str = "__Host-selkie-saml-csrf";
 
 /// How long the CSRF cookie lives.
 pub(crate) const CSRF_LIFETIME: time::Duration = time::Duration::days(7);
@@ -47,6 +55,9 @@ pub(crate) struct UpstreamState {
     pub(crate) verifier: String,
     /// The CSRF value the callback's cookie must hold.
     pub(crate) csrf: String,
+    /// SAML: the ID of the AuthnRequest, which the response must answer (`InResponseTo`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) saml_request_id: String,
 }
 
 /// Sends the browser to the upstream (OIDC) or to the login page (LDAP, Active Directory), with
@@ -73,12 +84,20 @@ pub(crate) fn browser_login(
     let Ok(upstream_params) = LoginParams::generate() else {
         return back(OAuthError::new(Code::ServerError, ""));
     };
+    let saml_request_id = match idp.as_ref() {
+        Upstream::Saml(_) => match ServiceProvider::new_request_id() {
+            Some(id) => id,
+            None => return back(OAuthError::new(Code::ServerError, "")),
+        },
+        _ => String::new(),
+    };
     let state = UpstreamState {
         authorize_query: query.to_string(),
         idp_name: idp.display_name().to_string(),
         nonce: upstream_params.nonce.clone(),
         verifier: upstream_params.verifier.clone(),
-        csrf,
+        csrf: csrf.clone(),
+        saml_request_id,
     };
     let Ok(sealed_state) = issuer
         .sealer
@@ -108,9 +127,30 @@ pub(crate) fn browser_login(
         Upstream::GitHub(github) => github
             .github
             .authorize_url(&sealed_state, &format!("{}{CALLBACK_PATH}", issuer.issuer)),
+        Upstream::Saml(saml) => issuer.saml_service_provider().authn_request_url(
+            &saml.metadata,
+            &state.saml_request_id,
+            &sealed_state,
+            now,
+        ),
     };
     let mut response = redirect(&url);
     set_csrf_cookie(&mut response, set_cookie);
+    if matches!(idp.as_ref(), Upstream::Saml(_)) {
+        let Ok(sealed) = issuer
+            .sealer
+            .seal(CSRF_PURPOSE, &csrf, now + UPSTREAM_STATE_LIFETIME)
+        else {
+            return back(OAuthError::new(Code::ServerError, ""));
+        };
+        let value = format!(
+            "{SAML_CSRF_COOKIE}={sealed}; Path=/; Max-Age={}; HttpOnly; Secure; SameSite=None",
+            UPSTREAM_STATE_LIFETIME.whole_seconds()
+        );
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().append(header::SET_COOKIE, value);
+        }
+    }
     response
 }
 
@@ -157,7 +197,18 @@ pub(crate) fn csrf_matches(
     presented: &str,
     now: OffsetDateTime,
 ) -> bool {
-    cookie(headers, CSRF_COOKIE)
+    cookie_csrf_matches(issuer, headers, CSRF_COOKIE, presented, now)
+}
+
+/// Whether `presented` is the CSRF value cookie `name` seals (constant time).
+fn cookie_csrf_matches(
+    issuer: &Issuer,
+    headers: &HeaderMap,
+    name: &str,
+    presented: &str,
+    now: OffsetDateTime,
+) -> bool {
+    cookie(headers, name)
         .and_then(|sealed| issuer.sealer.open::<String>(CSRF_PURPOSE, &sealed, now).ok())
         .is_some_and(|csrf| bool::from(csrf.as_bytes().ct_eq(presented.as_bytes())))
 }
@@ -177,7 +228,11 @@ pub(crate) fn open_state(
             format!("Bad Request: error reading state: {error}"),
         )
     })?;
-    if !csrf_matches(issuer, headers, &state.csrf, now) {
+    // A SAML login comes back in a cross-site POST, with its own cookie (`SameSite=None`).
+    let matches = csrf_matches(issuer, headers, &state.csrf, now)
+        || (!state.saml_request_id.is_empty()
+            && cookie_csrf_matches(issuer, headers, SAML_CSRF_COOKIE, &state.csrf, now));
+    if !matches {
         return Err((
             StatusCode::FORBIDDEN,
             "Forbidden: CSRF value does not match".into(),

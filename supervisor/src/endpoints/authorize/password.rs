@@ -74,6 +74,12 @@ pub(crate) async fn password_login(
                 "Reason: GitHub identity providers support only the browser_authcode flow; log in with a browser.",
             ))
         }
+        Upstream::Saml(_) => {
+            return back(OAuthError::new(
+                Code::AccessDenied,
+                "Reason: SAML identity providers support only the browser_authcode flow; log in with a browser.",
+            ))
+        }
     };
     let mut request = request;
     request.response_mode = ResponseMode::Query;

@@ -288,7 +288,8 @@ pub(crate) async fn upstream_refresh(
 /// Checks the user again at the upstream and returns their upstream username and groups now, or
 /// `None` when the upstream said nothing new (a userinfo answer without the username claim).
 /// LDAP and Active Directory: [`crate::idp::LdapUpstream::refresh`]. GitHub:
-/// [`crate::idp::GitHubUpstream::refresh`], the username unchanged. OIDC: the upstream
+/// [`crate::idp::GitHubUpstream::refresh`], the username unchanged. SAML: what the session keeps,
+/// the identity provider's entity ID unchanged. OIDC: the upstream
 /// refresh grant when the session holds an upstream refresh token, else the upstream's userinfo
 /// endpoint with the upstream access token it holds; the upstream subject must be the same and
 /// the upstream username unchanged; the additional claims become what the upstream says now.
@@ -347,6 +348,17 @@ pub(crate) async fn upstream_identity(
                 return Err(denied("The username changed."));
             }
             return Ok(Some((username, groups)));
+        }
+        // SAML has nothing to ask the identity provider again: the session keeps what the
+        // assertion said, and ends when the identity provider said it must (its
+        // `SessionNotOnOrAfter`, applied at the login). The identity provider must still be the
+        // one that made the assertion.
+        Upstream::Saml(saml) => {
+            if saml.metadata.entity_id != session.upstream.issuer {
+                return Err(denied("The identity provider's entity ID changed."));
+            }
+            let groups = session.upstream.groups.clone().unwrap_or_default();
+            return Ok(Some((upstream_username, groups)));
         }
     };
     if oidc.provider.discovery.issuer != session.upstream.issuer {
