@@ -20,6 +20,8 @@
 #                   goes only to the API; identities well-formed; no secret in errors)
 #   supervisor_ldap       directory entries (BER and parsed) and typed values into the LDAP and Active
 #                   Directory identity providers (identities, groups, filters ldap3 parses back)
+#   supervisor_saml       SAML responses and identity-provider metadata into the Supervisor's SAML
+#                   checks (libxmlsec1 included; only the signed identity ever verifies)
 # The toolchain is stable: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its nightly flags. cargo-fuzz
 # itself is installed (pinned) into ~/.cargo/bin when that version is missing. The fuzz crate is
 # its own workspace; its lock file (not in git) is copied from the main Cargo.lock, so it builds
@@ -43,7 +45,7 @@ die() { printf '[fuzz] error: %s\n' "$*" >&2; exit 1; }
 
 CARGO_FUZZ_VERSION=0.13.2
 TARGETS=(jwt_token jwks_document x509_identity header_policy supervisor_authorize supervisor_token
-  supervisor_sealed supervisor_cel supervisor_specs supervisor_github supervisor_ldap)
+  supervisor_sealed supervisor_cel supervisor_specs supervisor_github supervisor_ldap supervisor_saml)
 # libFuzzer runs a target's whole corpus before it mutates anything, whatever -max_total_time says.
 # One input of these costs milliseconds (supervisor_cel: parsing CEL under AddressSanitizer), so a
 # corpus kept between runs would soon take longer to run than the run's time: theirs is dropped.

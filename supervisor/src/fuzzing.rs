@@ -13,7 +13,9 @@
 //!   fetched;
 //! * [`Entry`], [`directory`] and the `ldap_*` functions: directory entries as the LDAP and
 //!   Active Directory identity providers read them (the directory types are the crate's own:
-//!   [`crate::Directory`], [`crate::Flavor`], [`crate::UserSearch`], [`crate::GroupSearch`]).
+//!   [`crate::Directory`], [`crate::Flavor`], [`crate::UserSearch`], [`crate::GroupSearch`]);
+//! * [`saml_metadata`] and [`saml_verify`]: SAML identity-provider metadata and responses as the
+//!   SAMLIdentityProvider reconciler and the assertion consumer service read them.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -697,4 +699,44 @@ pub fn ldap_fill_filter(template: &str, value: &str) -> String {
 /// Active Directory's `objectGUID` bytes as a GUID string.
 pub fn microsoft_guid(raw: &[u8]) -> Option<String> {
     crate::idp::ldap::microsoft_guid(raw)
+}
+
+/// What a verified SAML response says: its NameID, attributes and assertion ID.
+pub type SamlIdentity = (String, BTreeMap<String, Vec<String>>, String);
+
+/// SAML identity-provider metadata as a SAMLIdentityProvider's is read: its entity ID and SSO
+/// URL, or why it is refused.
+pub fn saml_metadata(xml: &str) -> Result<(String, String), String> {
+    crate::idp::saml::IdpMetadata::parse(xml)
+        .map(|metadata| (metadata.entity_id, metadata.sso_redirect_url))
+        .map_err(|error| error.to_string())
+}
+
+/// The base64 `SAMLResponse` `response` as the assertion consumer service verifies it: against
+/// the identity provider `metadata` (which must read, see [`saml_metadata`]), for the service
+/// provider `sp_entity_id` with its ACS `acs_url`, as the answer to `request_id`, at `now` with
+/// no clock skew. What the signed assertion says, or why it is refused.
+pub fn saml_verify(
+    response: &str,
+    metadata: &str,
+    sp_entity_id: &str,
+    acs_url: &str,
+    request_id: &str,
+    now: time::OffsetDateTime,
+) -> Result<SamlIdentity, String> {
+    let metadata = crate::idp::saml::IdpMetadata::parse(metadata).map_err(|error| error.to_string())?;
+    let sp = crate::idp::saml::ServiceProvider {
+        entity_id: sp_entity_id.to_string(),
+        acs_url: acs_url.to_string(),
+    };
+    crate::idp::saml::verify_response(
+        response,
+        &metadata,
+        &sp,
+        request_id,
+        now,
+        std::time::Duration::ZERO,
+    )
+    .map(|verified| (verified.name_id, verified.attributes, verified.assertion_id))
+    .map_err(|error| error.to_string())
 }

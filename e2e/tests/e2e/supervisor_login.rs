@@ -626,6 +626,38 @@ async fn sessions_refresh_silently_until_the_user_is_gone_upstream() -> anyhow::
     Ok(())
 }
 
+/// A cluster of its own (under `dir`) whose kube-apiserver takes the tokens of `supervisor`'s
+/// FederationDomain for `audience` directly (a structured `--authentication-config` with the
+/// issuer as JWT issuer, the `username` and `groups` claims unprefixed): no Concierge.
+pub(crate) async fn cluster_trusting(
+    supervisor: &Supervisor,
+    audience: &str,
+    dir: &Path,
+) -> anyhow::Result<Cluster> {
+    let authentication = dir.join("authentication.yaml");
+    let config = json!({
+        "apiVersion": "apiserver.config.k8s.io/v1beta1",
+        "kind": "AuthenticationConfiguration",
+        "jwt": [{
+            "issuer": {
+                "url": supervisor.issuer(),
+                "audiences": [audience],
+                "certificateAuthority": supervisor.ca_pem(),
+            },
+            "claimMappings": {
+                "username": {"claim": "username", "prefix": ""},
+                "groups": {"claim": "groups", "prefix": ""},
+            },
+        }],
+    });
+    std::fs::write(&authentication, serde_yaml::to_string(&config)?)?;
+    Ok(Cluster::builder()
+        .dir(dir.join("cluster"))
+        .apiserver_arg(format!("--authentication-config={}", authentication.display()))
+        .start()
+        .await?)
+}
+
 /// Supervisor + CLI without a Concierge: a kube-apiserver started with a structured
 /// `--authentication-config` whose JWT issuer is the FederationDomain accepts the Supervisor's
 /// token for its audience directly; a token for another audience is refused.
@@ -644,28 +676,7 @@ async fn deployment_strategy_static_cluster_integration_a_kube_apiserver_with_th
     let dir = tempfile::Builder::new()
         .prefix("selkie-supervisor-static-")
         .tempdir()?;
-    let authentication = dir.path().join("authentication.yaml");
-    let config = json!({
-        "apiVersion": "apiserver.config.k8s.io/v1beta1",
-        "kind": "AuthenticationConfiguration",
-        "jwt": [{
-            "issuer": {
-                "url": supervisor.issuer(),
-                "audiences": ["static-cluster"],
-                "certificateAuthority": supervisor.ca_pem(),
-            },
-            "claimMappings": {
-                "username": {"claim": "username", "prefix": ""},
-                "groups": {"claim": "groups", "prefix": ""},
-            },
-        }],
-    });
-    std::fs::write(&authentication, serde_yaml::to_string(&config)?)?;
-    let static_cluster = Cluster::builder()
-        .dir(dir.path().join("cluster"))
-        .apiserver_arg(format!("--authentication-config={}", authentication.display()))
-        .start()
-        .await?;
+    let static_cluster = cluster_trusting(&supervisor, "static-cluster", dir.path()).await?;
     let server_ca = static_cluster.pki().server_ca.cert_pem();
 
     // kubectl with `selkie login oidc --request-audience static-cluster` as its credential plugin.

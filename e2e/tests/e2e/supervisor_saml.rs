@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use crate::{
     supervisor_ldap::{get_kubeconfig, groups},
-    supervisor_login::{cli_says_logged_in, opened_url, recording_browser},
+    supervisor_login::{cli_says_logged_in, cluster_trusting, opened_url, recording_browser},
 };
 
 const IDP_NAME: &str = "Keycloak SAML";
@@ -238,32 +238,10 @@ async fn a_saml_login_through_keycloak_reaches_the_cluster_as_the_keycloak_user_
         );
     }
 
-    // A cluster trusting the FederationDomain's tokens for its own audience (a kube-apiserver
-    // with a structured authentication configuration: no Concierge needed).
+    // A cluster trusting the FederationDomain's tokens for its own audience (no Concierge).
     const AUDIENCE: &str = "saml-cluster";
     let dir = tempfile::Builder::new().prefix("selkie-saml-").tempdir()?;
-    let authentication = dir.path().join("authentication.yaml");
-    let config = json!({
-        "apiVersion": "apiserver.config.k8s.io/v1beta1",
-        "kind": "AuthenticationConfiguration",
-        "jwt": [{
-            "issuer": {
-                "url": issuer,
-                "audiences": [AUDIENCE],
-                "certificateAuthority": supervisor.ca_pem(),
-            },
-            "claimMappings": {
-                "username": {"claim": "username", "prefix": ""},
-                "groups": {"claim": "groups", "prefix": ""},
-            },
-        }],
-    });
-    std::fs::write(&authentication, serde_yaml::to_string(&config)?)?;
-    let member = Cluster::builder()
-        .dir(dir.path().join("cluster"))
-        .apiserver_arg(format!("--authentication-config={}", authentication.display()))
-        .start()
-        .await?;
+    let member = cluster_trusting(supervisor, AUDIENCE, dir.path()).await?;
 
     // `selkie get kubeconfig` discovers the SAML provider and its browser flow.
     let output = get_kubeconfig(
@@ -457,6 +435,21 @@ async fn capture_response(
     })
 }
 
+/// The CLI's authorization request to the FederationDomain at `issuer` for the SAML provider,
+/// and a browser whose pages run no scripts, to [`capture_response`] with.
+async fn capturing(issuer: &str) -> anyhow::Result<(String, Browser)> {
+    let (base, path) = split_issuer(issuer);
+    let authorize = authorize_url(
+        &base,
+        &path,
+        &["pinniped_idp_name"],
+        &[("pinniped_idp_name", IDP_NAME)],
+    );
+    let browser = Browser::start().await?;
+    browser.set_scripts_enabled(false).await?;
+    Ok((authorize, browser))
+}
+
 /// POSTs `saml_response` (base64) and `relay_state` to the assertion consumer service `acs` with
 /// the CSRF cookie `cookie`, as the browser would: the answer, whatever it is (redirects are not
 /// followed).
@@ -594,15 +587,7 @@ async fn a_tampered_or_unsigned_saml_response_is_refused() -> anyhow::Result<()>
     let issuer = supervisor.issuer().to_string();
     let acs = acs_url(&issuer);
     let http = supervisor.client()?;
-    let (base, path) = split_issuer(&issuer);
-    let authorize = authorize_url(
-        &base,
-        &path,
-        &["pinniped_idp_name"],
-        &[("pinniped_idp_name", IDP_NAME)],
-    );
-    let browser = Browser::start().await?;
-    browser.set_scripts_enabled(false).await?;
+    let (authorize, browser) = capturing(&issuer).await?;
     let capture = || async {
         let captured = capture_response(&http, &authorize, &browser, keycloak, email)
             .await
@@ -798,15 +783,7 @@ async fn a_bad_saml_identity_provider_is_refused_or_named_and_never_replaces_a_w
     // The working configuration still serves: a login through Keycloak still gets a code.
     let issuer = world.supervisor.issuer().to_string();
     let http = world.supervisor.client()?;
-    let (base, path) = split_issuer(&issuer);
-    let authorize = authorize_url(
-        &base,
-        &path,
-        &["pinniped_idp_name"],
-        &[("pinniped_idp_name", IDP_NAME)],
-    );
-    let browser = Browser::start().await?;
-    browser.set_scripts_enabled(false).await?;
+    let (authorize, browser) = capturing(&issuer).await?;
     let captured = capture_response(&http, &authorize, &browser, &world.keycloak, &world.email).await?;
     let accepted = post_to_acs(
         &http,
