@@ -79,7 +79,9 @@ fuzz_target!(|data: &[u8]| {
             encoded
         }
     };
-    if let Ok((name_id, attributes, assertion_id)) = saml_verify(&posted, &metadata(), SP, ACS, REQUEST, now()) {
+    if let Ok((name_id, attributes, assertion_id)) =
+        saml_verify(&posted, &metadata(), SP, ACS, REQUEST, now())
+    {
         // Only the seeds' signed assertion verifies: its subject and attributes, nothing else.
         assert_eq!(name_id, "alice", "a response verified for another subject");
         assert_eq!(assertion_id, "ID_assertion");
