@@ -2554,7 +2554,7 @@ async fn saml_metadata_is_fetched_and_a_clock_skew_out_of_bounds_is_refused() {
         [
             "False",
             "Invalid",
-            r#"spec.allowedClockSkew ("6m") must be at most 5m"#,
+            r#"spec.allowedClockSkew: "6m" is out of range: it must be from 0s to 5m"#,
         ],
     );
     assert_eq!(condition(&status, "MetadataValid")[0], "True");

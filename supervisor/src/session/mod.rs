@@ -97,8 +97,9 @@ pub(crate) fn written(duration: time::Duration) -> String {
     selkie_api::duration::format(duration.unsigned_abs())
 }
 
-/// `text` as a duration from `least` to `most`; the error names `path`.
-fn bounded(
+/// `text` as a duration from `least` to `most` (Go's form, `90s`, `1h30m`); the error names
+/// `path` and says what is wrong (not a duration, or out of range and the range).
+pub(crate) fn bounded(
     path: &str,
     text: &str,
     least: time::Duration,
