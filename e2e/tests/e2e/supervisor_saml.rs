@@ -138,22 +138,8 @@ impl SamlWorld {
     /// Waits (60 s at most) until the SAMLIdentityProvider's phase is Ready with its metadata
     /// valid: Keycloak's descriptor fetched over TLS and understood.
     async fn wait_until_ready(&self) -> anyhow::Result<Value> {
-        let kubectl = self.cluster.kubectl();
-        let resource = format!("samlidentityprovider.{SELKIE_IDP_GROUP}");
         selkie_e2e::eventually(Duration::from_secs(60), || async {
-            let idp: Value = serde_json::from_str(
-                &kubectl
-                    .run(&[
-                        "get",
-                        &resource,
-                        IDP_RESOURCE,
-                        "-n",
-                        &self.namespace,
-                        "-o",
-                        "json",
-                    ])
-                    .await?,
-            )?;
+            let idp = self.identity_provider().await?;
             let status = &idp["status"];
             anyhow::ensure!(status["phase"] == "Ready", "not Ready: {status}");
             let metadata = selkie_e2e::crds::condition(&idp, "MetadataValid");
@@ -172,6 +158,25 @@ impl SamlWorld {
         })
         .await
         .map_err(|e| crate::with_log(e, self.supervisor.log()))
+    }
+
+    /// The SAMLIdentityProvider [`IDP_RESOURCE`] as `kubectl get -o json` shows it.
+    async fn identity_provider(&self) -> anyhow::Result<Value> {
+        let resource = format!("samlidentityprovider.{SELKIE_IDP_GROUP}");
+        let shown = self
+            .cluster
+            .kubectl()
+            .run(&[
+                "get",
+                &resource,
+                IDP_RESOURCE,
+                "-n",
+                &self.namespace,
+                "-o",
+                "json",
+            ])
+            .await?;
+        Ok(serde_json::from_str(&shown)?)
     }
 }
 
@@ -746,21 +751,8 @@ async fn a_bad_saml_identity_provider_is_refused_or_named_and_never_replaces_a_w
             )),
         )
         .await?;
-    let resource = format!("samlidentityprovider.{SELKIE_IDP_GROUP}");
     let idp = selkie_e2e::eventually(Duration::from_secs(60), || async {
-        let idp: Value = serde_json::from_str(
-            &kubectl
-                .run(&[
-                    "get",
-                    &resource,
-                    IDP_RESOURCE,
-                    "-n",
-                    &world.namespace,
-                    "-o",
-                    "json",
-                ])
-                .await?,
-        )?;
+        let idp = world.identity_provider().await?;
         let metadata = selkie_e2e::crds::condition(&idp, "MetadataValid");
         anyhow::ensure!(
             metadata["status"] == "False" && idp["status"]["phase"] == "Error",
