@@ -101,17 +101,29 @@ where
     };
 
     // 4. The response.
-    let sp = issuer.saml_service_provider();
-    let verified = match verify_response(
-        saml_response,
-        &saml.metadata,
-        &sp,
-        &state.saml_request_id,
-        now,
+    // Parsing, canonicalization and the signature check are CPU work in C libraries: on the
+    // blocking pool, not on a worker that serves other requests.
+    let (sp, metadata, request_id, clock_skew) = (
+        issuer.saml_service_provider(),
+        saml.metadata.clone(),
+        state.saml_request_id.clone(),
         saml.clock_skew,
-    ) {
-        Ok(verified) => verified,
-        Err(error) => {
+    );
+    let posted = saml_response.to_string();
+    let checked = tokio::task::spawn_blocking(move || {
+        verify_response(&posted, &metadata, &sp, &request_id, now, clock_skew)
+    })
+    .await;
+    let verified = match checked {
+        Ok(Ok(verified)) => verified,
+        Err(_) => {
+            tracing::error!(issuer = %issuer.issuer, idp = %saml.display_name, "the SAML response check did not finish");
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal Server Error: the SAML response could not be checked",
+            );
+        }
+        Ok(Err(error)) => {
             tracing::info!(issuer = %issuer.issuer, idp = %saml.display_name, %error, "SAML response refused");
             return text(
                 StatusCode::FORBIDDEN,

@@ -547,7 +547,7 @@ impl SamlUpstream {
                 }
             },
         };
-        let groups = self
+        let groups: Vec<String> = self
             .groups_attribute
             .as_deref()
             .and_then(|attribute| verified.attributes.get(attribute))
@@ -557,7 +557,7 @@ impl SamlUpstream {
             Identity {
                 subject: subject::oidc(entity_id, &verified.name_id, &self.display_name),
                 username: username.clone(),
-                groups: Vec::clone(&groups),
+                groups: groups.clone(),
                 additional_claims: BTreeMap::new(),
             },
             session::Upstream {
@@ -636,5 +636,76 @@ mod refresh_tests {
             .await
             .unwrap_err();
         assert!(matches!(failure, UpstreamFailure::Refused(_)), "{failure:?}");
+    }
+}
+
+#[cfg(test)]
+mod saml_login_tests {
+    use super::*;
+
+    fn upstream(username: Option<&str>, groups: Option<&str>) -> SamlUpstream {
+        SamlUpstream {
+            display_name: "Corp SAML".into(),
+            resource_name: "corp".into(),
+            resource_uid: "corp-uid".into(),
+            metadata: Arc::new(saml::IdpMetadata::parse(&saml::tests::test_idp_metadata_xml()).unwrap()),
+            username_attribute: username.map(Into::into),
+            groups_attribute: groups.map(Into::into),
+            clock_skew: Duration::ZERO,
+        }
+    }
+
+    fn verified() -> saml::Verified {
+        saml::Verified {
+            name_id: "alice id".into(),
+            attributes: BTreeMap::from([
+                (
+                    "mail".into(),
+                    vec!["alice@example.com".into(), "a@example.com".into()],
+                ),
+                (
+                    "groups".into(),
+                    vec!["seals".into(), String::new(), "pups".into()],
+                ),
+            ]),
+            assertion_id: "ID_1".into(),
+            valid_until: time::OffsetDateTime::UNIX_EPOCH,
+            session_not_on_or_after: None,
+        }
+    }
+
+    /// The username is the NameID, or the first value of its attribute; the groups every
+    /// non-empty value of theirs; `sub` names the entity ID, the display name and the NameID.
+    #[test]
+    fn the_identity_comes_from_the_name_id_or_the_configured_attributes() {
+        let (identity, kept) = upstream(None, None).login(&verified()).unwrap();
+        assert_eq!(identity.username, "alice id");
+        assert!(identity.groups.is_empty());
+        assert_eq!(
+            identity.subject,
+            "http://keycloak.test/realms/selkie?idpName=Corp+SAML&sub=alice+id"
+        );
+        assert_eq!(kept.idp_type, "saml");
+        assert_eq!(kept.issuer, "http://keycloak.test/realms/selkie");
+        assert_eq!(kept.subject, "alice id");
+
+        let (identity, kept) = upstream(Some("mail"), Some("groups")).login(&verified()).unwrap();
+        assert_eq!(identity.username, "alice@example.com");
+        assert_eq!(identity.groups, ["seals", "pups"]);
+        assert_eq!(kept.username.as_deref(), Some("alice@example.com"));
+        assert_eq!(
+            kept.groups.as_deref(),
+            Some(&["seals".to_string(), "pups".to_string()][..])
+        );
+    }
+
+    /// An assertion without the username attribute is no login, and the reason names it.
+    #[test]
+    fn a_missing_username_attribute_refuses_the_login() {
+        let refused = upstream(Some("uid"), None).login(&verified()).unwrap_err();
+        assert_eq!(
+            refused,
+            r#"Reason: the assertion has no value of the username attribute "uid"."#
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! user, and the same bytes Pinniped's Supervisor writes, so a user keeps their identity when a
 //! cluster moves between the two.
 //!
-//! * OIDC: `<upstream issuer>?idpName=<display name>&sub=<upstream sub>`;
+//! * OIDC: `<upstream issuer>?idpName=<display name>&sub=<upstream sub>`; SAML (Selkie's) the
+//!   same with the identity provider's entity ID and the assertion's `NameID` ([`oidc`]);
 //! * LDAP and Active Directory: the `ldaps://` URL of the provider with `idpName` and `sub` (the
 //!   user's UID) added to its query, the query's parameters sorted by name;
 //! * GitHub: `<API base URL>?idpName=<display name>&login=<login>&id=<id>`.
