@@ -5,6 +5,10 @@ CARGO ?= cargo
 CLUSTER_DIR ?= .selkie/cluster
 SELKIE_CLUSTER := target/debug/selkie-cluster
 FUZZ_SECONDS ?= 20
+# make's builds are one-shot (CI on a fresh machine): cargo's incremental caches would about
+# double the size of target/ on a disk whose free space is not ours to choose, for no gain there.
+# A developer iterating keeps them with `CARGO_INCREMENTAL=1 make test`.
+export CARGO_INCREMENTAL ?= 0
 
 .PHONY: setup test lint unit demo cluster-up cluster-down components fuzz crds manifests
 

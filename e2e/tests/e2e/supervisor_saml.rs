@@ -309,10 +309,18 @@ async fn a_saml_login_through_keycloak_reaches_the_cluster_as_the_keycloak_user_
         browser.goto(&url).await?;
         let at = browser.current_url().await?;
         anyhow::ensure!(
-            at.starts_with(&format!("{}?", keycloak.saml_sso_url()))
-                && at.contains("SAMLRequest=")
-                && at.contains("RelayState="),
+            at.starts_with(&format!("{}?", keycloak.saml_sso_url())) && at.contains("SAMLRequest="),
             "not sent to Keycloak's SAML endpoint with an AuthnRequest: {at}"
+        );
+        // SAML's bindings allow a RelayState of at most 80 bytes (§3.4.3): some IdPs refuse more.
+        let query = at.split_once('?').map(|(_, query)| query).unwrap_or_default();
+        let relay_state = form_urlencoded::parse(query.as_bytes())
+            .find(|(name, _)| name == "RelayState")
+            .map(|(_, value)| value.into_owned())
+            .unwrap_or_default();
+        anyhow::ensure!(
+            !relay_state.is_empty() && relay_state.len() <= 80,
+            "the RelayState is missing or longer than 80 bytes: {relay_state}"
         );
         Keycloak::fill_login_form(&browser, email, PASSWORD).await?;
         cli_says_logged_in(&browser).await?;
@@ -350,7 +358,7 @@ async fn a_saml_login_through_keycloak_reaches_the_cluster_as_the_keycloak_user_
 }
 
 /// What Keycloak's HTTP-POST binding page holds for the Supervisor after a login: the form's
-/// target, the SAML response (base64) and the RelayState, with the Supervisor's CSRF cookie of
+/// target, the SAML response (base64) and the RelayState, with the Supervisor's state cookie of
 /// the login (`name=value`).
 struct CapturedResponse {
     action: String,
@@ -360,7 +368,8 @@ struct CapturedResponse {
 }
 
 /// Starts a browser login at the Supervisor as the browser would, with the test's own HTTPS client
-/// (which gets the CSRF cookie a browser would keep), and goes through Keycloak in `browser` —
+/// (which gets the login's state cookie a browser would keep), and goes through Keycloak in
+/// `browser` —
 /// whose pages run no scripts ([`Browser::set_scripts_enabled`]) — up to Keycloak's HTTP-POST
 /// binding page, logging in on Keycloak's form when it is shown (Keycloak's own SSO session skips
 /// it after the first login). That page normally submits its form on load; without scripts it
@@ -404,8 +413,8 @@ async fn capture_response(
         .iter()
         .filter_map(|value| value.to_str().ok())
         .map(|value| value.split(';').next().unwrap_or_default().to_string())
-        .find(|cookie| cookie.starts_with("__Host-pinniped-csrf-v2="))
-        .ok_or_else(|| anyhow::anyhow!("no CSRF cookie: {:?}", started.headers))?;
+        .find(|cookie| cookie.starts_with("__Host-selkie-saml-"))
+        .ok_or_else(|| anyhow::anyhow!("no SAML state cookie: {:?}", started.headers))?;
 
     browser.goto(&location).await?;
     // Either Keycloak's login form or, with Keycloak's SSO session, its POST binding page.
@@ -456,7 +465,7 @@ async fn capturing(issuer: &str) -> anyhow::Result<(String, Browser)> {
 }
 
 /// POSTs `saml_response` (base64) and `relay_state` to the assertion consumer service `acs` with
-/// the CSRF cookie `cookie`, as the browser would: the answer, whatever it is (redirects are not
+/// the login's state cookie `cookie`, as the browser would: the answer, whatever it is (redirects are not
 /// followed).
 async fn post_to_acs(
     http: &HttpsClient,
@@ -579,7 +588,7 @@ async fn redeem(http: &HttpsClient, issuer: &str, accepted: &Response) -> anyhow
 /// Supervisor. Chromium runs no page scripts here, so Keycloak's POST binding page (whose script
 /// submits its form on load) stays, and the test reads the form's SAMLResponse and RelayState
 /// through WebDriver. The login is started by the test's HTTPS client (the Supervisor's
-/// authorization endpoint answers it with the redirect to Keycloak and the CSRF cookie, as it
+/// authorization endpoint answers it with the redirect to Keycloak and the state cookie, as it
 /// would a browser), so the test holds the cookie the ACS checks and posts to the ACS itself,
 /// seeing the status, headers and body of each answer. Every case has a login of its own (a fresh
 /// AuthnRequest, RelayState and cookie), so no case depends on what an earlier refusal did to the
@@ -614,6 +623,18 @@ async fn a_tampered_or_unsigned_saml_response_is_refused() -> anyhow::Result<()>
     // their groups — and refused when posted again: an assertion is single-use.
     let genuine = capture().await?;
     let accepted = post(&genuine, genuine.saml_response.clone()).await?;
+    // The answer clears the login's state cookie: the login is over.
+    let (cookie_name, _) = genuine.cookie.split_once('=').unwrap_or_default();
+    anyhow::ensure!(
+        accepted
+            .headers
+            .get_all(http::header::SET_COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .any(|value| value.starts_with(&format!("{cookie_name}=;")) && value.contains("Max-Age=0")),
+        "the ACS did not clear the login's state cookie: {:?}",
+        accepted.headers
+    );
     let tokens = redeem(&http, &issuer, &accepted)
         .await
         .map_err(|e| crate::with_log(e, supervisor.log()))?;
@@ -657,6 +678,22 @@ async fn a_tampered_or_unsigned_saml_response_is_refused() -> anyhow::Result<()>
     // A signed value altered: the user's group becomes one they do not have. The signatures no
     // longer match the content.
     let altered = capture().await?;
+    // Posted with another login's cookie (not the browser that started this one): refused before
+    // anything else is looked at.
+    let elsewhere = post_to_acs(
+        &http,
+        &acs,
+        &genuine.cookie,
+        &altered.saml_response,
+        &altered.relay_state,
+    )
+    .await?;
+    let why = refusal(&elsewhere).map_err(|e| crate::with_log(e, supervisor.log()))?;
+    anyhow::ensure!(
+        elsewhere.status == 403 && why.contains("did not start this saml login"),
+        "a response posted with another login's cookie: {} {why}",
+        elsewhere.status
+    );
     let xml = decode(&altered.saml_response)?;
     anyhow::ensure!(
         xml.matches(">seals<").count() == 1,
@@ -696,7 +733,7 @@ async fn a_tampered_or_unsigned_saml_response_is_refused() -> anyhow::Result<()>
             .unwrap_or_default();
         anyhow::ensure!(
             !log.contains(&captured.saml_response) && !log.contains(cookie_value),
-            "a SAML response or a CSRF cookie is in the Supervisor's log"
+            "a SAML response or a state cookie is in the Supervisor's log"
         );
     }
     anyhow::ensure!(!log.contains(PASSWORD), "the Supervisor logged the password");

@@ -243,7 +243,17 @@ where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let reading = Limited::new(body, MAX_FORM_BYTES).collect();
+    read_form_of_at_most(body, MAX_FORM_BYTES).await
+}
+
+/// [`read_form`] with a bound of its own, `limit` bytes, for the one form that carries a large
+/// document (the SAML assertion consumer service's).
+pub(crate) async fn read_form_of_at_most<B>(body: B, limit: usize) -> Option<Vec<(String, String)>>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let reading = Limited::new(body, limit).collect();
     let bytes = tokio::time::timeout(BODY_READ_TIMEOUT, reading)
         .await
         .ok()?
@@ -280,6 +290,23 @@ mod tests {
         assert_eq!(
             read_form(whole).await,
             Some(vec![("a".into(), "1".into()), ("b".into(), "two".into())])
+        );
+    }
+
+    /// A form over [`MAX_FORM_BYTES`] is refused by [`read_form`], and read whole under a larger
+    /// bound of its own.
+    #[tokio::test]
+    async fn a_form_is_read_up_to_its_bound() {
+        let large = format!("SAMLResponse={}&RelayState=r", "A".repeat(200 * 1024));
+        assert_eq!(read_form(Full::new(Bytes::from(large.clone()))).await, None);
+        let form = read_form_of_at_most(Full::new(Bytes::from(large.clone())), large.len())
+            .await
+            .unwrap();
+        assert_eq!(form[0].1.len(), 200 * 1024);
+        assert_eq!(form[1], ("RelayState".into(), "r".into()));
+        assert_eq!(
+            read_form_of_at_most(Full::new(Bytes::from(large.clone())), large.len() - 1).await,
+            None
         );
     }
 }

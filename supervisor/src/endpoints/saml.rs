@@ -5,9 +5,10 @@
 //!
 //! A login reaches the assertion consumer service in these steps:
 //! 1. the form (`SAMLResponse`, `RelayState`) is read;
-//! 2. `RelayState` is the login's sealed state ([`crate::endpoints::authorize::browser`]): it is
-//!    opened and checked against the browser's CSRF cookie, and the client's authorization
-//!    request in it is checked again;
+//! 2. `RelayState` is the AuthnRequest's ID, which names the browser's cookie holding the login's
+//!    sealed state ([`crate::endpoints::authorize::SAML_STATE_COOKIE_PREFIX`]): it is opened,
+//!    and the client's authorization request in it is checked again; the answer clears the
+//!    cookie, whatever it is;
 //! 3. the identity provider of the state must still be a SAML one;
 //! 4. the response is verified ([`crate::idp::saml::verify_response`]: the signature by the
 //!    identity provider's certificates, issuer, audience, recipient, the request it answers,
@@ -29,12 +30,12 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use sha2::Digest as _;
 use time::OffsetDateTime;
 
-use crate::endpoints::authorize::{self, open_state, Refusal};
+use crate::endpoints::authorize::{self, clear_saml_state_cookie, open_saml_state, Refusal, UpstreamState};
 use crate::endpoints::code::issue_code_until;
 use crate::endpoints::html::refused;
 use crate::endpoints::oauth::{Code, OAuthError};
-use crate::endpoints::{read_form, text, Body, Endpoints};
-use crate::idp::saml::verify_response;
+use crate::endpoints::{read_form_of_at_most, text, Body, Endpoints};
+use crate::idp::saml::{verify_response, MAX_RESPONSE_BASE64};
 use crate::idp::Upstream;
 use crate::issuer::Issuer;
 
@@ -49,6 +50,10 @@ pub(crate) fn metadata(issuer: &Issuer) -> Response<Body> {
     response
 }
 
+/// The largest form the assertion consumer service reads: the largest `SAMLResponse` the
+/// verifier takes, URL-encoded (each base64 `+`, `/` and `=` becomes three bytes), and the rest.
+const MAX_ACS_FORM_BYTES: usize = 3 * MAX_RESPONSE_BASE64 + 4096;
+
 /// `POST /saml/acs`: see the module documentation.
 pub(crate) async fn acs<B>(endpoints: &Endpoints, issuer: &Arc<Issuer>, request: Request<B>) -> Response<Body>
 where
@@ -58,7 +63,7 @@ where
     let now = OffsetDateTime::now_utc();
     // 1. The form.
     let (parts, body) = request.into_parts();
-    let Some(form) = read_form(body).await else {
+    let Some(form) = read_form_of_at_most(body, MAX_ACS_FORM_BYTES).await else {
         return text(
             StatusCode::BAD_REQUEST,
             "Bad Request: the SAML response is too large or unreadable",
@@ -76,17 +81,24 @@ where
         );
     };
 
-    // 2. The login's state, the browser's CSRF cookie, the client's request.
-    let state = match open_state(issuer, relay_state, &parts.headers, now) {
-        Ok(state) if !state.saml_request_id.is_empty() => state,
-        Ok(_) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "Bad Request: the RelayState is not that of a SAML login",
-            )
-        }
+    // 2. The login's state in the browser's cookie, the client's request.
+    let state = match open_saml_state(issuer, relay_state, &parts.headers, now) {
+        Ok(state) => state,
         Err((status, message)) => return text(status, &message),
     };
+    let mut response = answer(endpoints, issuer, &state, saml_response, now).await;
+    clear_saml_state_cookie(&mut response, &state.saml_request_id);
+    response
+}
+
+/// Steps 3–6 of [`acs`] for the login `state`.
+async fn answer(
+    endpoints: &Endpoints,
+    issuer: &Arc<Issuer>,
+    state: &UpstreamState,
+    saml_response: &str,
+    now: OffsetDateTime,
+) -> Response<Body> {
     let request = match authorize::parse(&state.authorize_query, &|id| endpoints.client(issuer, id)) {
         Ok(request) => request,
         Err(refusal) => return refused(refusal),
@@ -186,5 +198,23 @@ where
             response_mode: request.response_mode,
             state: Some(request.state.clone()),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The largest `SAMLResponse` the verifier takes fits the ACS's form however it is
+    /// URL-encoded (every character a `+`, `/` or `=`), with its RelayState.
+    #[test]
+    fn the_acs_form_holds_the_largest_response_the_verifier_takes() {
+        let response = "+/=".repeat(MAX_RESPONSE_BASE64 / 3);
+        let form = form_urlencoded::Serializer::new(String::new())
+            .append_pair("SAMLResponse", &response)
+            .append_pair("RelayState", &format!("_{}", "0".repeat(32)))
+            .finish();
+        assert!(form.len() > crate::endpoints::MAX_FORM_BYTES);
+        assert!(form.len() <= MAX_ACS_FORM_BYTES, "{}", form.len());
     }
 }

@@ -35,8 +35,9 @@ use std::collections::BTreeMap;
 
 use time::OffsetDateTime;
 
-/// The largest `SAMLResponse` (base64) read: Keycloak's signed responses are a few KiB.
-const MAX_RESPONSE_BASE64: usize = 512 * 1024;
+/// The largest `SAMLResponse` (base64) read: Keycloak's signed responses are a few KiB; a user in
+/// hundreds of groups makes hundreds of KiB.
+pub(crate) const MAX_RESPONSE_BASE64: usize = 512 * 1024;
 
 /// The largest IdP metadata document read.
 const MAX_METADATA: usize = 1024 * 1024;

@@ -87,6 +87,14 @@ impl ServiceProvider {
         let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
         Some(format!("_{hex}"))
     }
+
+    /// Whether `value` has the shape of an ID [`Self::new_request_id`] makes: `_` and 32 hex
+    /// digits. Checked before a value from the browser names a cookie.
+    pub(crate) fn is_request_id(value: &str) -> bool {
+        value.strip_prefix('_').is_some_and(|hex| {
+            hex.len() == 32 && hex.bytes().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+        })
+    }
 }
 
 /// Raw DEFLATE (RFC 1951, no zlib header) of `bytes`, as the HTTP-Redirect binding encodes.
