@@ -10,7 +10,7 @@ use selkie_api::login::{TokenCredentialRequest, TokenCredentialRequestSpec, Type
 
 use crate::{
     exec::CredentialStatus,
-    http::{is_retryable_status, HttpError, HttpsClient, Response, TlsOptions},
+    http::{is_retryable_status, HttpError, HttpsClient, Response, TlsOptions, RETRY_DELAYS},
     timestamp,
 };
 
@@ -354,16 +354,6 @@ impl ConciergeClient {
         }
     }
 }
-
-/// The pauses before sending a TokenCredentialRequest again ([`ConciergeClient::exchange`]):
-/// about 4 s in all, the time a Service and its load balancers take to forget a killed pod.
-pub const RETRY_DELAYS: [Duration; 5] = [
-    Duration::from_millis(200),
-    Duration::from_millis(400),
-    Duration::from_millis(800),
-    Duration::from_millis(1200),
-    Duration::from_millis(1600),
-];
 
 /// What an error answer says, on one line and bounded to 300 characters: the `message` of a
 /// `metav1.Status` body; else a short plain-text body (kube-apiserver's aggregation layer answers

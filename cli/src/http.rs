@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-pub use selkie_oidc::https::{is_retryable_status, ClientIdentity, HttpError, Response, TlsOptions};
+pub use selkie_oidc::https::{
+    is_retryable_status, ClientIdentity, HttpError, Response, TlsOptions, RETRY_DELAYS,
+};
 
 /// The largest response body read.
 pub const MAX_RESPONSE_BYTES: usize = 4 << 20;

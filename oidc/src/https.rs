@@ -434,6 +434,17 @@ pub fn https_url(url: &str) -> Result<http::Uri, HttpError> {
     Ok(uri)
 }
 
+/// The pauses before a request that may be sent twice is sent again after a failure a moment may
+/// cure ([`HttpError::is_retryable`]): about 4 s in all, the time a Service and its load balancers
+/// take to forget a killed pod.
+pub const RETRY_DELAYS: [Duration; 5] = [
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+    Duration::from_millis(1200),
+    Duration::from_millis(1600),
+];
+
 /// Whether an answer with `status` says "not now" rather than "no": 429, or a gateway's 502, 503
 /// or 504.
 pub fn is_retryable_status(status: http::StatusCode) -> bool {

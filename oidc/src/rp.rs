@@ -35,7 +35,7 @@ pub use crate::discovery::Discovery;
 use crate::{
     discovery::{DiscoveryError, MAX_DOCUMENT_BYTES},
     dpop,
-    https::{accept_json, HttpError, HttpsClient, Response, TlsError, TlsOptions},
+    https::{accept_json, HttpError, HttpsClient, Response, TlsError, TlsOptions, RETRY_DELAYS},
     jose::{parse_jwks, sign::SigningKey, JoseError, Jws, VerifyingKey},
 };
 
@@ -180,6 +180,20 @@ impl OidcError {
             Self::Request { .. } | Self::Discovery { .. } => true,
             Self::TokenEndpoint { status, .. } | Self::DeviceAuthorization { status, .. } => {
                 *status == 429 || *status >= 500
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether sending the same request again at once may succeed, in the narrower sense of
+    /// [`HttpError::is_retryable`]: the connection was refused, reset or closed before an
+    /// answer, or the token endpoint answered 429, 502, 503 or 504 (an issuer's pod restarting
+    /// or killed behind its Service or load balancer). A timeout has spent its time already.
+    pub fn is_retryable_at_once(&self) -> bool {
+        match self {
+            Self::Request { cause, .. } => cause.is_retryable(),
+            Self::TokenEndpoint { status, .. } => {
+                http::StatusCode::from_u16(*status).is_ok_and(crate::https::is_retryable_status)
             }
             _ => false,
         }
@@ -1031,7 +1045,10 @@ impl Provider {
         }
     }
 
-    /// RFC 8693: exchanges the access token for an ID token with audience `audience`.
+    /// RFC 8693: exchanges the access token for an ID token with audience `audience`. The
+    /// request is sent again after [`RETRY_DELAYS`] while its failure is one a moment may cure
+    /// ([`OidcError::is_retryable_at_once`]): the exchange issues a token and changes nothing, so
+    /// a Supervisor replica restarting does not fail the `kubectl` command that needed it.
     pub async fn token_exchange(
         &self,
         config: &ClientConfig,
@@ -1049,7 +1066,17 @@ impl Provider {
                 "urn:ietf:params:oauth:token-type:access_token",
             )
             .finish();
-        let response = self.token_request(what, config, body).await?;
+        // An exchange changes nothing at the issuer: what a moment may cure is sent again.
+        let mut delays = RETRY_DELAYS.iter();
+        let response = loop {
+            match self.token_request(what, config, body.clone()).await {
+                Err(error) if error.is_retryable_at_once() => match delays.next() {
+                    Some(delay) => tokio::time::sleep(*delay).await,
+                    None => return Err(error),
+                },
+                outcome => break outcome?,
+            }
+        };
         let answer: TokenResponse =
             serde_json::from_slice(&response.body).map_err(|e| OidcError::BadTokenResponse {
                 what,
@@ -2496,6 +2523,53 @@ mod tests {
         for request in &requests[5..] {
             assert!(!request.headers.contains_key("dpop"), "{}", request.path);
         }
+    }
+
+    /// An RFC 8693 exchange is sent again while the issuer answers 503, 502 or 429 (a replica
+    /// restarting behind its Service), and the ID token of the answer that comes is returned; a
+    /// refusal (400) is the answer at once.
+    #[tokio::test]
+    async fn a_token_exchange_is_sent_again_while_the_issuer_is_briefly_unavailable() {
+        let exchanged = |signer: &SigningKey| {
+            serde_json::json!({"access_token": id_token_for(signer, "cluster-a", None),
+                "token_type": "N_A", "issued_token_type": "urn:ietf:params:oauth:token-type:jwt"})
+            .to_string()
+        };
+        let (signer, jwks) = es256_key();
+        let (base, seen) = fake_issuer(|_| {
+            vec![
+                (503, r#"{"error":"temporarily_unavailable"}"#.into()),
+                (502, String::new()),
+                (429, String::new()),
+                (200, exchanged(&signer)),
+            ]
+        });
+        let id = provider_at(&base, jwks)
+            .token_exchange(&cli_config(), "secret-access-token", "cluster-a")
+            .await
+            .unwrap();
+        assert_eq!(id.claims["aud"], "cluster-a");
+        let requests: Vec<Seen> = seen.try_iter().collect();
+        assert_eq!(requests.len(), 4);
+        assert!(requests.iter().all(|request| request.path == "/token"));
+
+        let (signer, jwks) = es256_key();
+        let (base, seen) = fake_issuer(|_| {
+            vec![
+                (400, r#"{"error":"invalid_grant"}"#.into()),
+                (200, exchanged(&signer)),
+            ]
+        });
+        let refused = provider_at(&base, jwks)
+            .token_exchange(&cli_config(), "secret-access-token", "cluster-a")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, OidcError::TokenEndpoint { status: 400, error, .. } if error == "invalid_grant"),
+            "{refused}"
+        );
+        assert!(!refused.is_retryable_at_once());
+        assert_eq!(seen.try_iter().count(), 1);
     }
 
     #[tokio::test]
