@@ -445,6 +445,29 @@ pub const RETRY_DELAYS: [Duration; 5] = [
     Duration::from_millis(1600),
 ];
 
+/// Runs `attempt`, and again after each of `delays` while its failure is one `again` says a
+/// moment may cure; returns the first success, the first other failure, or the last failure when
+/// the delays are spent. Only for requests that may be sent twice.
+pub async fn retrying<T, E, Attempt>(
+    delays: &[Duration],
+    again: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Attempt,
+) -> Result<T, E>
+where
+    Attempt: std::future::Future<Output = Result<T, E>>,
+{
+    let mut delays = delays.iter();
+    loop {
+        match attempt().await {
+            Err(error) if again(&error) => match delays.next() {
+                Some(delay) => tokio::time::sleep(*delay).await,
+                None => return Err(error),
+            },
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Whether an answer with `status` says "not now" rather than "no": 429, or a gateway's 502, 503
 /// or 504.
 pub fn is_retryable_status(status: http::StatusCode) -> bool {

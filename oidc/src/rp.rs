@@ -35,7 +35,7 @@ pub use crate::discovery::Discovery;
 use crate::{
     discovery::{DiscoveryError, MAX_DOCUMENT_BYTES},
     dpop,
-    https::{accept_json, HttpError, HttpsClient, Response, TlsError, TlsOptions, RETRY_DELAYS},
+    https::{accept_json, retrying, HttpError, HttpsClient, Response, TlsError, TlsOptions, RETRY_DELAYS},
     jose::{parse_jwks, sign::SigningKey, JoseError, Jws, VerifyingKey},
 };
 
@@ -560,21 +560,41 @@ struct OAuthError {
 
 impl Provider {
     /// Fetches `<issuer>/.well-known/openid-configuration` with `tls` and checks it names the
-    /// same issuer and has the endpoints a login needs.
+    /// same issuer and has the endpoints a login needs. The fetch is sent again after
+    /// [`RETRY_DELAYS`] while its failure is one a moment may cure ([`HttpError::is_retryable`]:
+    /// a lost connection, 429, 502, 503, 504): a GET changes nothing, and a CLI run should not
+    /// fail because an issuer replica is restarting behind its Service.
     pub async fn discover(issuer: &str, tls: &TlsOptions) -> Result<Self, OidcError> {
         let client = HttpsClient::new(tls).map_err(OidcError::Tls)?;
-        Self::discover_with(issuer, Arc::new(client)).await
+        Self::discover_retrying(issuer, Arc::new(client), &RETRY_DELAYS).await
     }
 
     /// [`Provider::discover`] with `client` for discovery and every later request to the
     /// issuer: a client (and its connection pool) shared with other providers of the same TLS
-    /// options ([`crate::https::SharedClients`]) rather than one of its own.
+    /// options ([`crate::https::SharedClients`]) rather than one of its own. Sent once: the
+    /// caller retries as it sees fit.
     pub async fn discover_with(issuer: &str, client: Arc<HttpsClient>) -> Result<Self, OidcError> {
+        Self::discover_retrying(issuer, client, &[]).await
+    }
+
+    /// [`Provider::discover_with`], the fetch sent again after each of `delays` while its failure
+    /// is one a moment may cure.
+    async fn discover_retrying(
+        issuer: &str,
+        client: Arc<HttpsClient>,
+        delays: &[Duration],
+    ) -> Result<Self, OidcError> {
         let bad = |reason: String| OidcError::BadDiscovery {
             issuer: issuer.into(),
             reason,
         };
-        let discovery = match Discovery::fetch(&client, issuer, HTTP_TIMEOUT).await {
+        let fetched = retrying(
+            delays,
+            |error| matches!(error, DiscoveryError::Fetch(cause) if cause.is_retryable()),
+            || Discovery::fetch(&client, issuer, HTTP_TIMEOUT),
+        )
+        .await;
+        let discovery = match fetched {
             Ok(discovery) => discovery,
             Err(DiscoveryError::BadIssuer(_)) => return Err(OidcError::BadIssuer(issuer.into())),
             Err(DiscoveryError::Fetch(cause @ HttpError::Status { .. })) => {
@@ -1067,16 +1087,10 @@ impl Provider {
             )
             .finish();
         // An exchange changes nothing at the issuer: what a moment may cure is sent again.
-        let mut delays = RETRY_DELAYS.iter();
-        let response = loop {
-            match self.token_request(what, config, body.clone()).await {
-                Err(error) if error.is_retryable_at_once() => match delays.next() {
-                    Some(delay) => tokio::time::sleep(*delay).await,
-                    None => return Err(error),
-                },
-                outcome => break outcome?,
-            }
-        };
+        let response = retrying(&RETRY_DELAYS, OidcError::is_retryable_at_once, || {
+            self.token_request(what, config, body.clone())
+        })
+        .await?;
         let answer: TokenResponse =
             serde_json::from_slice(&response.body).map_err(|e| OidcError::BadTokenResponse {
                 what,
@@ -2523,6 +2537,35 @@ mod tests {
         for request in &requests[5..] {
             assert!(!request.headers.contains_key("dpop"), "{}", request.path);
         }
+    }
+
+    /// Discovery is sent again while the issuer answers 503 or 502 (a replica restarting behind
+    /// its Service); a 404 is the answer at once.
+    #[tokio::test]
+    async fn discovery_is_sent_again_while_the_issuer_is_briefly_unavailable() {
+        let tls = TlsOptions {
+            ca_pem: Some(test_pki().0.as_bytes().to_vec()),
+            ..TlsOptions::default()
+        };
+        let document = |base: &str| {
+            serde_json::json!({"issuer": base, "authorization_endpoint": format!("{base}/authorize"),
+                "token_endpoint": format!("{base}/token"), "jwks_uri": format!("{base}/jwks")})
+            .to_string()
+        };
+        let (base, seen) =
+            fake_issuer(|base| vec![(503, String::new()), (502, String::new()), (200, document(base))]);
+        let provider = Provider::discover(&base, &tls).await.unwrap();
+        assert_eq!(provider.discovery.token_endpoint, format!("{base}/token"));
+        let requests: Vec<Seen> = seen.try_iter().collect();
+        assert_eq!(requests.len(), 3);
+        assert!(requests
+            .iter()
+            .all(|request| request.path == "/.well-known/openid-configuration"));
+
+        let (base, seen) = fake_issuer(|base| vec![(404, String::new()), (200, document(base))]);
+        let refused = Provider::discover(&base, &tls).await.err().unwrap();
+        assert!(matches!(refused, OidcError::BadDiscovery { .. }), "{refused}");
+        assert_eq!(seen.try_iter().count(), 1);
     }
 
     /// An RFC 8693 exchange is sent again while the issuer answers 503, 502 or 429 (a replica
