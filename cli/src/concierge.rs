@@ -10,7 +10,7 @@ use selkie_api::login::{TokenCredentialRequest, TokenCredentialRequestSpec, Type
 
 use crate::{
     exec::CredentialStatus,
-    http::{is_retryable_status, HttpError, HttpsClient, Response, TlsOptions, RETRY_DELAYS},
+    http::{is_retryable_status, retrying, HttpError, HttpsClient, Response, TlsOptions, RETRY_DELAYS},
     timestamp,
 };
 
@@ -337,21 +337,17 @@ impl ConciergeClient {
     /// only a credential asked for: sending it twice issues nothing the caller does not get.
     async fn post_retrying(&self, body: Vec<u8>, timeout: Duration) -> Result<Response, ExchangeError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut delays = RETRY_DELAYS.iter();
-        loop {
+        let path = self.path();
+        let again = |outcome: &Result<Response, HttpError>| match outcome {
+            Ok(response) => is_retryable_status(response.status),
+            Err(error) => error.is_retryable(),
+        };
+        retrying(&RETRY_DELAYS, Some(deadline), again, || {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let outcome = self.http.post_json(&self.path(), body.clone(), Some(left)).await;
-            let again = match &outcome {
-                Ok(response) => is_retryable_status(response.status),
-                Err(error) => error.is_retryable(),
-            };
-            match delays.next() {
-                Some(delay) if again && tokio::time::Instant::now() + *delay < deadline => {
-                    tokio::time::sleep(*delay).await;
-                }
-                _ => return outcome.map_err(ExchangeError::Unreachable),
-            }
-        }
+            self.http.post_json(&path, body.clone(), Some(left))
+        })
+        .await
+        .map_err(ExchangeError::Unreachable)
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 pub use selkie_oidc::https::{
-    is_retryable_status, ClientIdentity, HttpError, Response, TlsOptions, RETRY_DELAYS,
+    is_retryable_status, retrying, ClientIdentity, HttpError, Response, TlsOptions, RETRY_DELAYS,
 };
 
 /// The largest response body read.

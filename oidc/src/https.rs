@@ -445,12 +445,14 @@ pub const RETRY_DELAYS: [Duration; 5] = [
     Duration::from_millis(1600),
 ];
 
-/// Runs `attempt`, and again after each of `delays` while its failure is one `again` says a
-/// moment may cure; returns the first success, the first other failure, or the last failure when
-/// the delays are spent. Only for requests that may be sent twice.
+/// Runs `attempt`, and again after each of `delays` while `again` says its outcome is a failure
+/// a moment may cure and the pause ends before `deadline` (when there is one); returns the last
+/// outcome: a success, a failure `again` rejects, or the failure of the last attempt made. Only
+/// for requests that may be sent twice.
 pub async fn retrying<T, E, Attempt>(
     delays: &[Duration],
-    again: impl Fn(&E) -> bool,
+    deadline: Option<tokio::time::Instant>,
+    again: impl Fn(&Result<T, E>) -> bool,
     mut attempt: impl FnMut() -> Attempt,
 ) -> Result<T, E>
 where
@@ -458,12 +460,17 @@ where
 {
     let mut delays = delays.iter();
     loop {
-        match attempt().await {
-            Err(error) if again(&error) => match delays.next() {
-                Some(delay) => tokio::time::sleep(*delay).await,
-                None => return Err(error),
-            },
-            outcome => return outcome,
+        let outcome = attempt().await;
+        if !again(&outcome) {
+            return outcome;
+        }
+        match delays.next() {
+            Some(delay)
+                if deadline.is_none_or(|deadline| tokio::time::Instant::now() + *delay < deadline) =>
+            {
+                tokio::time::sleep(*delay).await;
+            }
+            _ => return outcome,
         }
     }
 }

@@ -590,7 +590,8 @@ impl Provider {
         };
         let fetched = retrying(
             delays,
-            |error| matches!(error, DiscoveryError::Fetch(cause) if cause.is_retryable()),
+            None,
+            |outcome| matches!(outcome, Err(DiscoveryError::Fetch(cause)) if cause.is_retryable()),
             || Discovery::fetch(&client, issuer, HTTP_TIMEOUT),
         )
         .await;
@@ -1087,9 +1088,12 @@ impl Provider {
             )
             .finish();
         // An exchange changes nothing at the issuer: what a moment may cure is sent again.
-        let response = retrying(&RETRY_DELAYS, OidcError::is_retryable_at_once, || {
-            self.token_request(what, config, body.clone())
-        })
+        let response = retrying(
+            &RETRY_DELAYS,
+            None,
+            |outcome| outcome.as_ref().is_err_and(OidcError::is_retryable_at_once),
+            || self.token_request(what, config, body.clone()),
+        )
         .await?;
         let answer: TokenResponse =
             serde_json::from_slice(&response.body).map_err(|e| OidcError::BadTokenResponse {
