@@ -45,7 +45,7 @@ use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
 use crate::{
     coalesce::Coalescer,
-    metrics::{Active, Metrics, VerbClass},
+    metrics::{Active, Metrics, UpstreamConnection, VerbClass},
     snapshot::{ConciergePaths, Snapshot, Upstream, UpstreamCredential},
     status::{status_body, Failure},
     tls::PeerCertificate,
@@ -788,11 +788,11 @@ impl ImpersonationProxy {
         )
     }
 
-    /// Records that the request has an upstream connection (`reused` from a pool or new).
-    pub(crate) fn connected(&self, reused: bool, ctx: &mut RequestContext) {
-        self.metrics.upstream_connected(reused);
+    /// Records that the request has an upstream connection, got as `connection` says.
+    pub(crate) fn connected(&self, connection: UpstreamConnection, ctx: &mut RequestContext) {
+        self.metrics.upstream_connected(connection);
         if let Some(stream) = &mut ctx.upstream_stream {
-            stream.connected(reused);
+            stream.connected(connection == UpstreamConnection::Reused);
         }
     }
 
@@ -945,7 +945,7 @@ impl ProxyHttp for ImpersonationProxy {
         _digest: Option<&pingora::protocols::Digest>,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
-        self.connected(reused, ctx);
+        self.connected(UpstreamConnection::pooled(reused), ctx);
         Ok(())
     }
 

@@ -59,6 +59,7 @@ use tokio::{
 use tokio_rustls::{client::TlsStream, TlsConnector};
 
 use crate::{
+    metrics::UpstreamConnection,
     service::{ImpersonationProxy, RequestContext},
     snapshot::{Upstream, TLS_HANDSHAKE_TIMEOUT},
 };
@@ -71,10 +72,14 @@ const MAX_ANSWER_BODY: usize = 1024 * 1024;
 /// The copy buffer of each direction: one TLS record's plaintext.
 const PIPE_BUFFER: usize = 16 * 1024;
 
-/// Whether [`serve`] takes the request of `session`: an HTTP/1.x upgrade without a body
-/// ([`without_body_or_close`]). pingora's loop serves any other request.
+/// Whether [`serve`] takes the request of `session`: an HTTP/1.1 upgrade without a body
+/// ([`without_body_or_close`]). pingora's loop serves any other request (HTTP/1.0 knows no
+/// upgrades, nor a connection kept without asking).
 pub(crate) fn takes(session: &ServerSession) -> bool {
-    !session.is_http2() && session.is_upgrade_req() && without_body_or_close(session.req_header())
+    !session.is_http2()
+        && session.req_header().version == http::Version::HTTP_11
+        && session.is_upgrade_req()
+        && without_body_or_close(session.req_header())
 }
 
 /// Whether `request` has no body (no `Transfer-Encoding`, no `Content-Length` other than 0) and
@@ -141,7 +146,15 @@ async fn open(
 ) -> Result<Opened> {
     let (upstream, own_credential) = service.upstream(ctx)?;
     let mut stream = connect(&upstream, own_credential).await?;
-    service.connected(false, ctx);
+    let resumed = stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+    service.connected(
+        if resumed {
+            UpstreamConnection::Resumed
+        } else {
+            UpstreamConnection::New
+        },
+        ctx,
+    );
     let mut request = session.req_header().clone();
     service.identify(&mut request, ctx)?;
     let wire = http_req_header_to_wire(&request).ok_or_else(|| {
