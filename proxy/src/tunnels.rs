@@ -118,7 +118,9 @@ pub(crate) async fn serve(service: &ImpersonationProxy, slot: &mut ServerSession
         Ok(Opened::Switched(upstream, head)) => {
             let request = session.req_header().clone();
             let (sent, error) = tunnel(service, session, upstream, head, ctx).await;
-            service.end_of(&request, 101, sent, error.as_deref(), ctx);
+            // 0 when the connection could not be handed over: no `101` went out.
+            let status = sent.map_or(0, |_| 101);
+            service.end_of(&request, status, sent.unwrap_or(0), error.as_deref(), ctx);
         }
         Err(error) => {
             Box::pin(service.fail(&mut session, &error, ctx)).await;
@@ -477,18 +479,19 @@ async fn read_chunked(stream: &mut (impl AsyncRead + Unpin), mut buffer: BytesMu
 /// The tunnel, from the `101` to its end: takes the client's connection out of pingora's
 /// session (with what the client sent past its request head), sends the `101` head and what
 /// followed it upstream to the client, the client's early bytes upstream, then [`pipe`]s.
-/// Returns the body bytes sent to the client (everything after the `101` head) and the error
-/// that ended the tunnel, if any.
+/// Returns the body bytes sent to the client (everything after the `101` head; `None` when the
+/// connection could not be handed over and nothing was sent) and the error that ended the
+/// tunnel, if any.
 async fn tunnel(
     service: &ImpersonationProxy,
     session: ServerSession,
     mut upstream: Box<TlsStream<TcpStream>>,
     head: Box<Head>,
     ctx: &mut RequestContext,
-) -> (usize, Option<Box<Error>>) {
+) -> (Option<usize>, Option<Box<Error>>) {
     let ServerSession::H1(mut session) = session else {
         return (
-            0,
+            None,
             Some(Error::explain(
                 ErrorType::InternalError,
                 "not an HTTP/1.1 connection",
@@ -504,14 +507,14 @@ async fn tunnel(
         Ok(Some(reusable)) => reusable.into_parts(),
         Ok(None) => {
             return (
-                0,
+                None,
                 Some(Error::explain(
                     ErrorType::InternalError,
                     "the client connection was not handed over",
                 )),
             )
         }
-        Err(error) => return (0, Some(error.into_down())),
+        Err(error) => return (None, Some(error.into_down())),
     };
     service.tunnel_opened(ctx);
     let mut client = Counted {
@@ -535,7 +538,7 @@ async fn tunnel(
     let error = result
         .err()
         .map(|error| Error::because(ErrorType::ConnectionClosed, "the tunnel broke", error));
-    (client.written, error)
+    (Some(client.written), error)
 }
 
 /// Copies both ways between `client` and `upstream` until kube-apiserver's side has ended and
