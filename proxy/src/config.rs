@@ -34,7 +34,7 @@ use serde::Deserialize;
 use crate::{
     admission::ListenerLimits,
     downstream::Timeouts,
-    snapshot::{ConciergePaths, Snapshot, TokenFile, Upstream, UpstreamCredential},
+    snapshot::{ConciergePaths, Snapshot, TokenFile, Upstream, UpstreamCredential, UpstreamTls},
     upstream_gate::ConnectionGate,
 };
 
@@ -592,11 +592,17 @@ impl UpstreamConfig {
                 ))
             }
         };
+        let certificate = match &credential {
+            UpstreamCredential::ClientCertificate(certificate) => Some(&**certificate),
+            UpstreamCredential::TokenFile(_) => None,
+        };
+        let tls = UpstreamTls::new(&ca, certificate).map_err(|e| invalid("upstream", e))?;
         Ok(Upstream {
             address,
             sni: host,
             ca,
             credential,
+            tls,
             connect_timeout: Duration::from_secs(5),
             max_h2_streams: MAX_H2_STREAMS,
             h2_ping_interval: Duration::from_secs(30),

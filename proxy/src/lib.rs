@@ -8,9 +8,12 @@
 //! * [`service`]: the request path — snapshot, authentication through the `selkie-filters` chain,
 //!   removal of client-supplied `Authorization`, `Impersonate-*`, `X-Remote-*` and
 //!   `X-Forwarded-For`, then forwarding to kube-apiserver with the proxy's credential and
-//!   `Impersonate-*` headers over pooled HTTP/2 (HTTP/1.1 for upgrades);
+//!   `Impersonate-*` headers over pooled HTTP/2;
 //! * [`streams`]: watches and followed logs over HTTP/2, served outside pingora's request loop
 //!   by the same steps, so that an idle stream holds only what it needs;
+//! * [`tunnels`]: upgraded requests (exec, attach, port-forward) served by the same steps over
+//!   kube-apiserver connections of their own, whose TLS configuration is built once per
+//!   credential and resumes sessions, and copied both ways after the `101`;
 //! * [`coalesce`]: the body chunks of a response that ends on its own (a list, a GET) written
 //!   together rather than one by one as kube-apiserver's encoder produces them;
 //! * [`downstream`]: what a client connection is allowed before authentication: header-read and
@@ -47,4 +50,5 @@ pub mod snapshot;
 pub mod status;
 pub mod streams;
 pub mod tls;
+pub mod tunnels;
 pub mod upstream_gate;

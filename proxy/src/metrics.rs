@@ -8,7 +8,7 @@
 //! | `requests_total` | counter | `code` (HTTP status; `0` when no response was sent), `verb_class` |
 //! | `request_duration_seconds` | histogram, 100 µs … 60 s | `verb_class` |
 //! | `authentications_total` | counter | `authenticator`, `result`, `reason` |
-//! | `upstream_connections_total` | counter | `connection` (`new` or `reused`) |
+//! | `upstream_connections_total` | counter | `connection` ([`UpstreamConnection`]: `new`, `resumed` or `reused`) |
 //! | `in_flight_requests` | gauge | `verb_class` |
 //! | `active_tunnels` | gauge | — |
 //! | `connections_open` | gauge | — |
@@ -157,6 +157,29 @@ fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
 }
 
+/// How a request reached kube-apiserver, the `connection` label of `upstream_connections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamConnection {
+    /// A new connection, with a full TLS handshake.
+    New,
+    /// A new connection whose TLS handshake resumed an earlier session (a tunnel's: pingora's
+    /// own connections never resume).
+    Resumed,
+    /// A pooled connection.
+    Reused,
+}
+
+impl UpstreamConnection {
+    /// A connection from pingora's pools: `Reused` when it was pooled, `New` otherwise.
+    pub fn pooled(reused: bool) -> Self {
+        if reused {
+            Self::Reused
+        } else {
+            Self::New
+        }
+    }
+}
+
 /// Counts one request or tunnel in a gauge for as long as it lives: dropping it (at the end of
 /// the request, on an error, or when the request's task is cancelled) takes it out again.
 #[derive(Debug)]
@@ -175,7 +198,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     durations: [Histogram; 5],
     authentications: Family<AuthenticationLabels, Counter>,
-    upstream_connections: [Counter; 2],
+    upstream_connections: [Counter; 3],
     in_flight: [Gauge; 5],
     tunnels: Gauge,
     connections_open: Gauge,
@@ -224,7 +247,7 @@ impl Metrics {
             "Requests sent to kube-apiserver, by whether the connection was new or reused",
             connections_family.clone(),
         );
-        let upstream_connections = ["new", "reused"]
+        let upstream_connections = ["new", "resumed", "reused"]
             .map(|connection| connections_family.get_or_create_owned(&ConnectionLabel { connection }));
 
         let in_flight_family = Family::<VerbClassLabel, Gauge>::default();
@@ -315,10 +338,9 @@ impl Metrics {
         }
     }
 
-    /// Call each time a request is about to be sent upstream, on a `reused` pooled connection or
-    /// a new one.
-    pub fn upstream_connected(&self, reused: bool) {
-        self.upstream_connections[usize::from(reused)].inc();
+    /// Call each time a request is about to be sent upstream, with how it got its connection.
+    pub fn upstream_connected(&self, connection: UpstreamConnection) {
+        self.upstream_connections[connection as usize].inc();
     }
 
     /// Call when a request has been upgraded (101 Switching Protocols): it counts as an active

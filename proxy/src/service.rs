@@ -45,7 +45,7 @@ use selkie_api::{identity::WhoAmIRequest, login::TokenCredentialRequest};
 
 use crate::{
     coalesce::Coalescer,
-    metrics::{Active, Metrics, VerbClass},
+    metrics::{Active, Metrics, UpstreamConnection, VerbClass},
     snapshot::{ConciergePaths, Snapshot, Upstream, UpstreamCredential},
     status::{status_body, Failure},
     tls::PeerCertificate,
@@ -126,6 +126,8 @@ pub struct RequestContext {
     upstream_stream: Option<Ticket>,
     /// Holds the body chunks of a response that ends on its own, to write them together.
     coalescer: Coalescer,
+    /// The request's audit line is written ([`ImpersonationProxy::end`] ran).
+    ended: bool,
 }
 
 /// The connection's client certificate, if the client presented one.
@@ -652,6 +654,7 @@ impl ImpersonationProxy {
             tunnel: None,
             upstream_stream: None,
             coalescer: Coalescer::default(),
+            ended: false,
         }
     }
 
@@ -751,12 +754,19 @@ impl ImpersonationProxy {
     /// The peer [`ImpersonationProxy::choose_peer`] chose for the request of `ctx`, built again
     /// from the same snapshot (so it names the same connection pool), without the gate.
     pub(crate) fn peer(&self, upgrade: bool, ctx: &RequestContext) -> Result<HttpPeer> {
+        let (upstream, own_credential) = self.upstream(ctx)?;
+        Ok(upstream.peer(upgrade, own_credential))
+    }
+
+    /// kube-apiserver as the request of `ctx` reaches it: the upstream of its snapshot, and
+    /// whether with the proxy's own credential (false when the caller's token passes through).
+    pub(crate) fn upstream(&self, ctx: &RequestContext) -> Result<(Arc<Upstream>, bool)> {
         let snapshot = ctx
             .snapshot
             .as_ref()
             .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded"))?;
         let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
-        Ok(snapshot.upstream.peer(upgrade, own_credential))
+        Ok((snapshot.upstream.clone(), own_credential))
     }
 
     /// Step 6 on the request about to go upstream ([`identify_upstream`]), with what the earlier
@@ -778,21 +788,51 @@ impl ImpersonationProxy {
         )
     }
 
-    /// Records that the request has an upstream connection (`reused` from a pool or new).
-    pub(crate) fn connected(&self, reused: bool, ctx: &mut RequestContext) {
-        self.metrics.upstream_connected(reused);
+    /// Records that the request has an upstream connection, got as `connection` says.
+    pub(crate) fn connected(&self, connection: UpstreamConnection, ctx: &mut RequestContext) {
+        self.metrics.upstream_connected(connection);
         if let Some(stream) = &mut ctx.upstream_stream {
-            stream.connected(reused);
+            stream.connected(connection == UpstreamConnection::Reused);
         }
     }
 
+    /// Records that the request of `ctx` was upgraded (`101 Switching Protocols`): it counts as
+    /// an open tunnel until it ends.
+    pub(crate) fn tunnel_opened(&self, ctx: &mut RequestContext) {
+        ctx.tunnel = Some(self.metrics.tunnel_opened());
+    }
+
     /// Runs last, however the request ended: the audit line and the request's metrics, and the
-    /// request stops counting as in flight (and as a tunnel, and in the upstream gate).
+    /// request stops counting as in flight (and as a tunnel, and in the upstream gate). Runs
+    /// once: a request that already ended (a tunnel, which ends outside pingora's loop) is left
+    /// as it is.
     pub(crate) fn end(&self, session: &ServerSession, error: Option<&Error>, ctx: &mut RequestContext) {
         let status = session
             .response_written()
             .map_or(0, |response| response.status.as_u16());
-        let request = session.req_header();
+        self.end_of(
+            session.req_header(),
+            status,
+            session.body_bytes_sent(),
+            error,
+            ctx,
+        );
+    }
+
+    /// [`ImpersonationProxy::end`] for a request whose session is gone (a tunnel, whose
+    /// connection left pingora's session at the `101`): its head, the status answered (0 when
+    /// none was) and the body bytes sent to the client.
+    pub(crate) fn end_of(
+        &self,
+        request: &RequestHeader,
+        status: u16,
+        bytes_sent: usize,
+        error: Option<&Error>,
+        ctx: &mut RequestContext,
+    ) {
+        if std::mem::replace(&mut ctx.ended, true) {
+            return;
+        }
         let user = match &ctx.effective {
             Some(Effective::Impersonate(identity) | Effective::PassThrough(identity, _)) => {
                 identity.user.username.as_str()
@@ -817,7 +857,7 @@ impl ImpersonationProxy {
             verb: request.method.as_str(),
             path: request.uri.path(),
             status,
-            bytes_sent: session.body_bytes_sent(),
+            bytes_sent,
             latency_us: u64::try_from(ctx.started.elapsed().as_micros()).unwrap_or(u64::MAX),
             refusal: ctx.refusal.as_deref().unwrap_or(""),
             error: error.map(|e| e.etype().as_str()).unwrap_or(""),
@@ -866,8 +906,17 @@ impl ProxyHttp for ImpersonationProxy {
         self.begin(session, ctx).await
     }
 
+    /// Admits the request ([`ImpersonationProxy::admit`]); an upgrade [`crate::tunnels`] takes
+    /// is then served there to its end, and pingora's loop only finishes.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
-        self.admit(session, ctx).await
+        if self.admit(session, ctx).await? {
+            return Ok(true);
+        }
+        if crate::tunnels::takes(session) {
+            crate::tunnels::serve(self, &mut session.downstream_session, ctx).await;
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<Box<HttpPeer>> {
@@ -896,7 +945,7 @@ impl ProxyHttp for ImpersonationProxy {
         _digest: Option<&pingora::protocols::Digest>,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
-        self.connected(reused, ctx);
+        self.connected(UpstreamConnection::pooled(reused), ctx);
         Ok(())
     }
 
@@ -907,7 +956,7 @@ impl ProxyHttp for ImpersonationProxy {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
-            ctx.tunnel = Some(self.metrics.tunnel_opened());
+            self.tunnel_opened(ctx);
         }
         ctx.coalescer.start(session.req_header(), upstream_response);
         Ok(())

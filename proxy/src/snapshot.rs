@@ -10,6 +10,7 @@ use pingora::{
     upstreams::peer::HttpPeer,
     utils::tls::{CertKey, WrappedX509},
 };
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub use selkie_filters::https::{TokenFile, TokenFileError};
 use selkie_filters::impersonation::headers::PreparedIdentity;
 use selkie_filters::{
@@ -67,6 +68,74 @@ pub struct Upstream {
     /// The same for the connections of long-lived responses ([`crate::streams`]), which have
     /// a pool of their own. Must be built with `max_h2_streams`.
     pub stream_gate: Arc<ConnectionGate>,
+    /// The TLS client configurations of the tunnels' connections ([`crate::tunnels`]), built
+    /// from `ca` and `credential`.
+    pub tls: UpstreamTls,
+}
+
+/// kube-apiserver's TLS client configurations for HTTP/1.1 (the tunnels' connections): with the
+/// proxy's client certificate and without it. Built once with their [`Upstream`], so every
+/// connection shares the parsed CA and key and the session cache, and resumes kube-apiserver's
+/// TLS sessions; a rotated CA or certificate comes with a new `Upstream` and new configurations.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    own: Arc<rustls::ClientConfig>,
+    anonymous: Arc<rustls::ClientConfig>,
+}
+
+impl UpstreamTls {
+    /// Configurations trusting `ca` (TLS 1.2 and 1.3, ALPN `http/1.1`), the first with
+    /// `certificate` when there is one. Fails when a CA or the certificate's key is unusable.
+    pub fn new(ca: &[WrappedX509], certificate: Option<&CertKey>) -> Result<Self, rustls::Error> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in ca {
+            roots.add(CertificateDer::from(cert.borrow_raw_cert().clone()))?;
+        }
+        let roots = Arc::new(roots);
+        let build = |certificate: Option<&CertKey>| {
+            let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots.clone());
+            let mut config = match certificate {
+                Some(certificate) => {
+                    let chain = std::iter::once(certificate.leaf())
+                        .chain(certificate.intermediates())
+                        .map(|cert| CertificateDer::from(cert.borrow_raw_cert().clone()))
+                        .collect();
+                    let key = PrivateKeyDer::try_from(certificate.key().clone())
+                        .map_err(|error| rustls::Error::General(error.into()))?;
+                    builder.with_client_auth_cert(chain, key)?
+                }
+                None => builder.with_no_client_auth(),
+            };
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Ok::<_, rustls::Error>(Arc::new(config))
+        };
+        let anonymous = build(None)?;
+        let own = match certificate {
+            Some(_) => build(certificate)?,
+            None => anonymous.clone(),
+        };
+        Ok(Self { own, anonymous })
+    }
+
+    /// The configuration with the proxy's own client certificate (when it has one), or without
+    /// any when `own_credential` is false (the caller's token passes through).
+    pub fn config(&self, own_credential: bool) -> &Arc<rustls::ClientConfig> {
+        if own_credential {
+            &self.own
+        } else {
+            &self.anonymous
+        }
+    }
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls").finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Upstream {

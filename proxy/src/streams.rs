@@ -44,7 +44,10 @@ use pingora::{
     Error, ErrorType, Result,
 };
 
-use crate::service::{ImpersonationProxy, RequestContext};
+use crate::{
+    metrics::UpstreamConnection,
+    service::{ImpersonationProxy, RequestContext},
+};
 
 /// pingora's HTTP application with long-lived HTTP/2 responses taken out of its request loop
 /// (see the module documentation).
@@ -208,7 +211,7 @@ async fn open(
             .choose_peer(false, |upstream| &upstream.stream_gate, ctx)
             .await?;
         let (client, reused) = Box::pin(connector.get_http_session(&peer)).await?;
-        service.connected(reused, ctx);
+        service.connected(UpstreamConnection::pooled(reused), ctx);
         let ClientSession::H2(mut upstream) = client else {
             Box::pin(connector.release_http_session(client, &peer, peer.idle_timeout())).await;
             return Err(Error::explain(

@@ -625,6 +625,22 @@ async fn a_thousand_consecutive_websocket_upgrades_complete() -> anyhow::Result<
         Ok(())
     })
     .await?;
+
+    // Each upgrade had a connection to kube-apiserver of its own, and all but the first few
+    // resumed a TLS session (kube-apiserver sends session tickets; the proxy keeps them).
+    let text = crate::proxy_operations::metrics(&setup.proxy).await?;
+    let connections = |connection| {
+        crate::proxy_operations::value(
+            &text,
+            "selkie_proxy_upstream_connections_total",
+            &[("connection", connection)],
+        )
+    };
+    let (new, resumed) = (connections("new")?, connections("resumed")?);
+    ensure!(
+        resumed >= (UPGRADES as f64) * 0.9 && new + resumed >= UPGRADES as f64,
+        "{new} new and {resumed} resumed upstream connections for {UPGRADES} upgrades:\n{text}"
+    );
     Ok(())
 }
 

@@ -134,7 +134,8 @@ fn the_exposition_has_every_family_with_bounded_labels() {
         "alice@example.com",
         "client-certificate",
     )));
-    metrics.upstream_connected(false);
+    metrics.upstream_connected(UpstreamConnection::New);
+    metrics.upstream_connected(UpstreamConnection::Resumed);
     metrics.request_finished(VerbClass::Read, 403, Duration::from_micros(1500));
     drop(read);
 
@@ -146,8 +147,8 @@ fn the_exposition_has_every_family_with_bounded_labels() {
     ]));
     metrics.request_finished(VerbClass::Read, 401, Duration::from_millis(2));
     metrics.request_finished(VerbClass::Read, 401, Duration::from_millis(3));
-    metrics.upstream_connected(true);
-    metrics.upstream_connected(true);
+    metrics.upstream_connected(UpstreamConnection::pooled(true));
+    metrics.upstream_connected(UpstreamConnection::pooled(true));
 
     let watch = metrics.request_started(VerbClass::Watch);
     let exec = metrics.request_started(VerbClass::Upgrade);
@@ -244,6 +245,13 @@ fn the_exposition_has_every_family_with_bounded_labels() {
             r#"selkie_proxy_upstream_connections_total{connection="reused"}"#
         ),
         Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"selkie_proxy_upstream_connections_total{connection="resumed"}"#
+        ),
+        Some(1.0)
     );
     assert!(text.ends_with("# EOF\n"), "{text}");
     for private in ["alice", "secret-team"] {
