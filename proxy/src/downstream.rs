@@ -93,6 +93,7 @@ pub const REQUEST_HEAD_TOO_LARGE: Failure = Failure {
     code: 431,
     reason: "RequestHeaderFieldsTooLarge",
     message: "the request's header fields are too large",
+    retry_after: None,
 };
 
 /// How long a client connection may take to send a request head, and may stay idle between

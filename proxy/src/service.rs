@@ -145,15 +145,36 @@ fn bearer_token(value: &HeaderValue) -> Option<&str> {
 }
 
 async fn refuse(session: &mut ServerSession, failure: Failure) -> Result<bool> {
-    refuse_with(session, failure.code, failure.reason, failure.message).await
+    answer_failure(
+        session,
+        failure.code,
+        failure.reason,
+        failure.message,
+        failure.retry_after,
+    )
+    .await
 }
 
 /// Answers the request with a `metav1.Status` failure and ends it.
 async fn refuse_with(session: &mut ServerSession, code: u16, reason: &str, message: &str) -> Result<bool> {
+    answer_failure(session, code, reason, message, None).await
+}
+
+/// [`refuse_with`], with a `Retry-After` header when `retry_after` is set.
+async fn answer_failure(
+    session: &mut ServerSession,
+    code: u16,
+    reason: &str,
+    message: &str,
+    retry_after: Option<u32>,
+) -> Result<bool> {
     let body = status_body(code, reason, message);
-    let mut response = ResponseHeader::build(code, Some(3))?;
+    let mut response = ResponseHeader::build(code, Some(4))?;
     response.insert_header(header::CONTENT_TYPE, "application/json")?;
     response.insert_header(header::CONTENT_LENGTH, body.len())?;
+    if let Some(seconds) = retry_after {
+        response.insert_header(header::RETRY_AFTER, seconds)?;
+    }
     // An HTTP/1.1 connection may still hold an unread request body, so it is not reused. On
     // HTTP/2 the refusal ends one stream; the connection and its other streams carry on.
     if !session.is_http2() {
@@ -796,6 +817,25 @@ impl ImpersonationProxy {
         }
     }
 
+    /// Runs on kube-apiserver's answer to the request of `ctx` (its status), before anything of
+    /// it goes to the client. A 401 to a request the proxy sent with its own credential means
+    /// kube-apiserver refused the proxy, not the caller (whose credential never reaches it): a
+    /// replica whose pod was deleted is in that state until it stops. Forwarded, it would tell
+    /// kubectl its user is not logged in; instead this fails with
+    /// [`PROXY_CREDENTIALS_REFUSED`], which [`ImpersonationProxy::fail`] answers with a 503 the
+    /// client may retry. Any other answer passes.
+    pub(crate) fn answered(&self, status: http::StatusCode, ctx: &RequestContext) -> Result<()> {
+        let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
+        if status == http::StatusCode::UNAUTHORIZED && own_credential {
+            return Err(Error::explain(
+                PROXY_CREDENTIALS_REFUSED,
+                "kube-apiserver answered 401 to the impersonation proxy's own credentials",
+            )
+            .into_up());
+        }
+        Ok(())
+    }
+
     /// Records that the request of `ctx` was upgraded (`101 Switching Protocols`): it counts as
     /// an open tunnel until it ends.
     pub(crate) fn tunnel_opened(&self, ctx: &mut RequestContext) {
@@ -955,6 +995,7 @@ impl ProxyHttp for ImpersonationProxy {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
+        self.answered(upstream_response.status, ctx)?;
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             self.tunnel_opened(ctx);
         }
@@ -1016,11 +1057,15 @@ const INVALID_CHUNK: pingora::ErrorType = pingora::ErrorType::new("InvalidChunk"
 const INVALID_TRAILER_END: pingora::ErrorType = pingora::ErrorType::new("InvalidTrailerEnd");
 /// pingora's error type for a body that ended before its `Content-Length`.
 const PREMATURE_BODY_END: pingora::ErrorType = pingora::ErrorType::new("PrematureBodyEnd");
+/// The error type of a request kube-apiserver refused because of the proxy's own credentials
+/// ([`ImpersonationProxy::answered`]).
+const PROXY_CREDENTIALS_REFUSED: pingora::ErrorType = pingora::ErrorType::new("ProxyCredentialsRefused");
 
 /// The answer to a request that failed after it was accepted: what the client sent could not be
 /// read (400 saying what was wrong — a malformed chunked body, a truncated body, a broken HTTP/2
-/// stream; 408 when the body stopped arriving), kube-apiserver could not be reached (502) or
-/// failed mid-exchange (503), or anything else (503, not ready).
+/// stream; 408 when the body stopped arriving), kube-apiserver could not be reached (502),
+/// refused the proxy's own credentials (503 with `Retry-After`) or failed mid-exchange (503), or
+/// anything else (503, not ready).
 ///
 /// Chosen from where the error came from and its type only, never from its context: on the way
 /// up pingora replaces that with the upstream peer (its address and SNI, the proxy's own
@@ -1030,6 +1075,7 @@ const PREMATURE_BODY_END: pingora::ErrorType = pingora::ErrorType::new("Prematur
 fn failure_of(error: &Error) -> Failure {
     use pingora::{ErrorSource, ErrorType};
     match (error.esource(), error.etype()) {
+        (_, etype) if *etype == PROXY_CREDENTIALS_REFUSED => Failure::PROXY_CREDENTIALS_REFUSED,
         (ErrorSource::Downstream, etype) => downstream_failure(etype),
         (
             _,

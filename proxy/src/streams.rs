@@ -275,6 +275,7 @@ async fn exchange_headers(
         .response_header()
         .ok_or_else(|| Error::explain(ErrorType::InternalError, "no upstream response header"))?
         .clone();
+    service.answered(response.status, ctx)?;
     let ServerSession::H2(session) = session else {
         return Err(Error::explain(ErrorType::InternalError, "not an HTTP/2 stream"));
     };

@@ -176,6 +176,7 @@ async fn open(
         .or_err(ErrorType::WriteError, "sending the request head upstream")
         .map_err(|error| error.into_up())?;
     let mut head = read_head(&mut stream).await.map_err(|error| error.into_up())?;
+    service.answered(head.response.status, ctx)?;
     if head.response.status == http::StatusCode::SWITCHING_PROTOCOLS {
         return Ok(Opened::Switched(Box::new(stream), Box::new(head)));
     }

@@ -15,6 +15,7 @@ mod crds;
 mod faults_abuse;
 mod faults_apiserver;
 mod faults_churn;
+mod faults_credentials;
 mod faults_idp;
 mod faults_signer;
 mod harness_failures;

@@ -200,3 +200,38 @@ async fn a_passed_through_caller_asking_for_impersonation_of_a_local_answer_is_c
     assert_eq!(identity.user.username, "system:serviceaccount:ns:robot");
     assert!(headers.is_empty());
 }
+
+/// kube-apiserver's 401 to a request the proxy sent as itself refuses the proxy (its token was
+/// invalidated, say), not the caller: it becomes the proxy's own failure, a 503 the client may
+/// retry. A 401 to a passed-through token is the caller's and goes back as it is, as does every
+/// other answer.
+#[test]
+fn a_401_to_the_proxys_own_credential_is_the_proxys_failure_and_to_a_passed_through_token_the_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = ImpersonationProxy::new(
+        Arc::new(ArcSwap::from_pointee(snapshot(dir.path()))),
+        Metrics::new(&mut prometheus_client::registry::Registry::default()),
+    );
+    let answered = |effective: Effective, status: http::StatusCode| {
+        let mut ctx = service.new_context();
+        ctx.effective = Some(effective);
+        service.answered(status, &ctx)
+    };
+    for effective in [Effective::Impersonate(service_account()), Effective::Anonymous] {
+        let error = answered(effective, http::StatusCode::UNAUTHORIZED).unwrap_err();
+        let failure = failure_of(&error);
+        assert_eq!(failure, Failure::PROXY_CREDENTIALS_REFUSED);
+        assert_eq!((failure.code, failure.retry_after), (503, Some(1)));
+        // What the log gets names the cause, not any credential.
+        assert!(!root_detail(&error).contains("proxy-own-token"));
+    }
+    assert!(answered(pass_through(), http::StatusCode::UNAUTHORIZED).is_ok());
+    for status in [
+        http::StatusCode::OK,
+        http::StatusCode::SWITCHING_PROTOCOLS,
+        http::StatusCode::FORBIDDEN,
+        http::StatusCode::SERVICE_UNAVAILABLE,
+    ] {
+        assert!(answered(Effective::Impersonate(service_account()), status).is_ok());
+    }
+}
