@@ -742,7 +742,8 @@ async fn attach_with_stdin(
 
 /// Runs kubectl with `input` on stdin. Without `until`, stdin is closed after the input and all
 /// output is returned; with it, stdin stays open until a line containing `until` is read (attach
-/// would otherwise end the pod's stream at once), then kubectl is stopped.
+/// would otherwise end the pod's stream at once), the input sent again every 3 s until then, and
+/// kubectl is stopped.
 async fn interactive(
     env: &NodeEnv,
     kubeconfig: &Path,
@@ -777,13 +778,24 @@ async fn interactive(
                 anyhow::Ok(out)
             }
             Some(marker) => {
+                // containerd starts copying an attach's stdin into the container before it adds
+                // the attach to the container's stdout (`ContainerIO.Attach` in its
+                // internal/cri/io/container_io.go): the answer to input that was already waiting
+                // can go out in between, to no one. A user would type again; so does this, every
+                // 3 s until the answer comes.
                 let mut lines = tokio::io::BufReader::new(stdout).lines();
-                while let Some(line) = lines.next_line().await? {
-                    if line.contains(marker) {
-                        return Ok(line);
+                loop {
+                    // `next_line` is cancel-safe: a line cut short by the timeout is kept.
+                    match tokio::time::timeout(Duration::from_secs(3), lines.next_line()).await {
+                        Ok(Ok(Some(line))) if line.contains(marker) => return Ok(line),
+                        Ok(Ok(Some(_))) => {}
+                        Ok(Err(error)) => return Err(error.into()),
+                        Ok(Ok(None)) => {
+                            anyhow::bail!("kubectl {} ended without printing {marker:?}", args.join(" "))
+                        }
+                        Err(_) => stdin.write_all(input.as_bytes()).await?,
                     }
                 }
-                anyhow::bail!("kubectl {} ended without printing {marker:?}", args.join(" "))
             }
         }
     })
