@@ -80,7 +80,9 @@ impl Failure {
     /// proxy sent as itself): the client's credentials were fine, and kube-apiserver did not act
     /// on the request. A replica whose pod was deleted answers this until it stops (its bound
     /// service account token is invalid from the deletion on), so the client is told to try
-    /// again, which reaches another replica: pingora closes the connection after a failure.
+    /// again. An HTTP/1.1 connection is closed after the answer, so a retry may reach another
+    /// replica at once; an HTTP/2 client retries on the same connection, which ends when this
+    /// replica stops.
     pub const PROXY_CREDENTIALS_REFUSED: Self = Self {
         code: 503,
         reason: "ServiceUnavailable",
