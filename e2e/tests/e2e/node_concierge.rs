@@ -720,7 +720,8 @@ async fn exec_with_stdin(
     .await
 }
 
-/// `kubectl attach -i <pod>` fed `input`, read until the pod's answer to it arrives.
+/// `kubectl attach -i <pod>` fed `input`, read until the pod's answer to it (`got:<input>`)
+/// arrives: an answer to an earlier attach's input, should the pod print one late, is passed over.
 async fn attach_with_stdin(
     env: &NodeEnv,
     kubeconfig: &Path,
@@ -735,7 +736,7 @@ async fn attach_with_stdin(
         &["attach", "-i", "-q", "-n", namespace, pod],
         vars,
         input,
-        Some("got:"),
+        Some(&format!("got:{}", input.trim_end())),
     )
     .await
 }
