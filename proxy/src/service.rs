@@ -130,6 +130,14 @@ pub struct RequestContext {
     ended: bool,
 }
 
+impl RequestContext {
+    /// Whether the request goes to kube-apiserver with the proxy's own credential: every request
+    /// but one whose caller's token passes through.
+    fn sends_own_credential(&self) -> bool {
+        !matches!(self.effective, Some(Effective::PassThrough(..)))
+    }
+}
+
 /// The connection's client certificate, if the client presented one.
 fn peer_certificate(session: &ServerSession) -> Option<&PeerCertificate> {
     session
@@ -761,7 +769,7 @@ impl ImpersonationProxy {
         ctx: &mut RequestContext,
     ) -> Result<HttpPeer> {
         let peer = self.peer(upgrade, ctx)?;
-        let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
+        let own_credential = ctx.sends_own_credential();
         // Upgrades get a connection of their own anyway; passed-through tokens use another pool.
         if let (false, true, None, Some(snapshot)) =
             (upgrade, own_credential, &ctx.upstream_stream, &ctx.snapshot)
@@ -786,8 +794,7 @@ impl ImpersonationProxy {
             .snapshot
             .as_ref()
             .ok_or_else(|| Error::explain(pingora::ErrorType::InternalError, "no snapshot loaded"))?;
-        let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
-        Ok((snapshot.upstream.clone(), own_credential))
+        Ok((snapshot.upstream.clone(), ctx.sends_own_credential()))
     }
 
     /// Step 6 on the request about to go upstream ([`identify_upstream`]), with what the earlier
@@ -825,8 +832,7 @@ impl ImpersonationProxy {
     /// [`PROXY_CREDENTIALS_REFUSED`], which [`ImpersonationProxy::fail`] answers with a 503 the
     /// client may retry. Any other answer passes.
     pub(crate) fn answered(&self, status: http::StatusCode, ctx: &RequestContext) -> Result<()> {
-        let own_credential = !matches!(ctx.effective, Some(Effective::PassThrough(..)));
-        if status == http::StatusCode::UNAUTHORIZED && own_credential {
+        if status == http::StatusCode::UNAUTHORIZED && ctx.sends_own_credential() {
             return Err(Error::explain(
                 PROXY_CREDENTIALS_REFUSED,
                 "kube-apiserver answered 401 to the impersonation proxy's own credentials",
